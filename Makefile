@@ -1,0 +1,55 @@
+# X-Ray: two commands do all set-up on a fresh machine.
+#   make demo   - venv + build + fixtures, then `xray check` on real Whisper tiny.en (reports/)
+#   make test   - the same set-up, then every test (cargo + pytest + xray selftest)
+SHELL := /bin/bash
+PY_BASE ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+export PYO3_PYTHON ?= $(shell command -v $(PY_BASE))
+# The embedded interpreter's libpython must be found at run time.
+export LD_LIBRARY_PATH := $(shell $(PY_BASE) -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")'):$(LD_LIBRARY_PATH)
+CARGO ?= cargo
+XRAY := target/release/xray
+AUDIO ?= fixtures/audio/fox.wav
+
+.PHONY: all venv fixtures build demo test test-rust test-python selftest bench clean
+
+all: build
+
+$(VENV)/.stamp: oracle/requirements.txt
+	$(PY_BASE) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r oracle/requirements.txt
+	touch $@
+
+venv: $(VENV)/.stamp
+
+fixtures: venv
+	$(PY) fixtures/build.py
+
+build:
+	$(CARGO) build --release --workspace
+
+demo: venv fixtures build
+	mkdir -p reports
+	$(XRAY) check --model fixtures/whisper-tiny-en --audio $(AUDIO) \
+	  --evidence reports/demo.evidence.json --report reports/demo.html --markdown reports/demo.md
+	@echo "report: reports/demo.html  evidence: reports/demo.evidence.json"
+
+test-rust: venv fixtures
+	$(CARGO) test --release --workspace
+
+test-python: venv fixtures
+	$(PY) -m pytest -q oracle/tests
+
+selftest: build fixtures
+	$(XRAY) selftest
+
+test: test-rust test-python
+
+bench: build fixtures
+	$(XRAY) bench --model fixtures/whisper-tiny-en --audio $(AUDIO)
+
+clean:
+	$(CARGO) clean
+	rm -rf fixtures/build fixtures/whisper-tiny-en

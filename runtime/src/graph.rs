@@ -1,0 +1,869 @@
+//! The graph is the spec: ops in a Vec, tensor edges declared once with producer, consumers, shape,
+//! dtype and physical layout, checkpoint labels on edges, feeds as sources. It holds no weights
+//! and no caches: weights are a [`Weights`] table passed to [`Graph::run`], caches are feeds.
+//!
+//! A formula is a choice of feeds and wanted outputs on the same graph: only the ops between them
+//! run. Whisper's encode, prefill, decode-step and full-window formulas all run on one graph.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use ndarray::ArrayD;
+use serde::Serialize;
+
+use crate::capture::{Observer, Substitute};
+use crate::error::{Result, RuntimeError};
+use crate::faults::FaultPlan;
+use crate::weights::Weights;
+
+/// Every tensor the runtime computes is f32 (weights are converted on load).
+pub type Tensor = ArrayD<f32>;
+
+/// Index of an edge in its graph.
+pub type EdgeId = usize;
+
+/// Physical layout of a tensor edge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layout {
+    /// `[tokens, channels]` rows are tokens.
+    TokenMajor,
+    /// `[heads, tokens, head_dim]`.
+    HeadMajor,
+    /// `[channels, time]` (conv and mel layout).
+    ChannelMajor,
+    /// Anything else (ids, pcm samples, scalars); no layout transform applies.
+    Plain,
+}
+
+impl fmt::Display for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Layout::TokenMajor => "token_major",
+            Layout::HeadMajor => "head_major",
+            Layout::ChannelMajor => "channel_major",
+            Layout::Plain => "plain",
+        })
+    }
+}
+
+/// One dimension of a declared shape: a number fixed by the config, or a symbol bound per run
+/// (`tokens`, `past`, `past+tokens`, `frames`, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Dim {
+    /// Fixed by the config.
+    Fixed(usize),
+    /// Bound at run time; `a+b` is the sum of two symbols.
+    Sym(String),
+}
+
+impl Dim {
+    /// A symbolic dim.
+    pub fn sym(s: &str) -> Dim {
+        Dim::Sym(s.to_string())
+    }
+}
+
+impl From<usize> for Dim {
+    fn from(n: usize) -> Dim {
+        Dim::Fixed(n)
+    }
+}
+
+impl From<&str> for Dim {
+    fn from(s: &str) -> Dim {
+        Dim::Sym(s.to_string())
+    }
+}
+
+impl fmt::Display for Dim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Dim::Fixed(n) => write!(f, "{n}"),
+            Dim::Sym(s) => f.write_str(s),
+        }
+    }
+}
+
+/// A declared shape.
+pub type Shape = Vec<Dim>;
+
+/// Build a [`Shape`] from a mix of numbers and symbol names: `shape![tokens, 384]` is not valid
+/// Rust, so write `shape!["tokens", 384]`.
+#[macro_export]
+macro_rules! shape {
+    ($($d:expr),* $(,)?) => { vec![$($crate::graph::Dim::from($d)),*] };
+}
+
+/// Render a shape as `[a, b, c]`.
+pub fn fmt_shape(s: &[Dim]) -> String {
+    let parts: Vec<String> = s.iter().map(|d| d.to_string()).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+/// The layout a kernel port requires or produces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortLayout {
+    /// Exactly this layout.
+    Is(Layout),
+    /// Layout-polymorphic: all `Same` ports of the op carry one layout (elementwise ops).
+    Same,
+}
+
+/// A kernel port: its name and layout contract.
+#[derive(Debug, Clone, Copy)]
+pub struct Port {
+    /// Port name (`x`, `q`, `k`, `v`, `y`...).
+    pub name: &'static str,
+    /// Layout contract.
+    pub layout: PortLayout,
+}
+
+/// Shorthand for a port with a fixed layout.
+pub const fn port(name: &'static str, layout: Layout) -> Port {
+    Port {
+        name,
+        layout: PortLayout::Is(layout),
+    }
+}
+
+/// Shorthand for a layout-polymorphic port.
+pub const fn port_any(name: &'static str) -> Port {
+    Port {
+        name,
+        layout: PortLayout::Same,
+    }
+}
+
+/// Context a kernel gets at run time.
+pub struct KernelCtx<'a> {
+    /// The op's name.
+    pub op: &'a str,
+    /// The decode step.
+    pub step: usize,
+}
+
+/// An op's computation. Kernels are pure: outputs depend on inputs, weights and parameters only.
+pub trait Kernel: Send + Sync + fmt::Debug {
+    /// Kind name (`linear`, `layer_norm`, `attention`...).
+    fn kind(&self) -> &'static str;
+    /// Input ports, in order.
+    fn inputs(&self) -> Vec<Port>;
+    /// Output ports, in order.
+    fn outputs(&self) -> Vec<Port>;
+    /// Weight roles, in order (matched to the op's weight refs).
+    fn weight_roles(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+    /// Infer output shapes from input shapes and weight shapes; `Err` says why they don't fit.
+    fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> std::result::Result<Vec<Shape>, String>;
+    /// Compute.
+    fn run(&self, ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> std::result::Result<Vec<Tensor>, String>;
+    /// Parameters for the JSON export.
+    fn params(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
+    /// A copy of this kernel with a parameter fault applied (`eps`, `scale`, `causal`, ...), or
+    /// `None` when this kernel has no such parameter. This is the one seam for parameter faults.
+    fn with_param_fault(&self, _fault: &crate::faults::ParamFault) -> Option<Box<dyn Kernel>> {
+        None
+    }
+}
+
+/// A weight reference of an op: role, HF state-dict key, expected shape.
+#[derive(Debug, Clone, Serialize)]
+pub struct WeightRef {
+    /// The kernel's role name for it.
+    pub role: &'static str,
+    /// HF state-dict key.
+    pub key: String,
+    /// Expected shape.
+    pub shape: Vec<usize>,
+}
+
+/// An op instance.
+#[derive(Debug)]
+pub struct Op {
+    /// Unique name (`decoder.layer.3.cross_attn`).
+    pub name: String,
+    /// The computation.
+    pub kernel: Box<dyn Kernel>,
+    /// Input edges, one per kernel input port.
+    pub inputs: Vec<EdgeId>,
+    /// Output edges, one per kernel output port.
+    pub outputs: Vec<EdgeId>,
+    /// Weights, one per kernel weight role.
+    pub weights: Vec<WeightRef>,
+}
+
+/// An endpoint of an edge: op and port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Endpoint {
+    /// Op name.
+    pub op: String,
+    /// Port name.
+    pub port: String,
+}
+
+/// A declared tensor edge.
+#[derive(Debug, Clone)]
+pub struct Edge {
+    /// Unique edge name.
+    pub name: String,
+    /// Producer (None for a feed).
+    pub producer: Option<(usize, usize)>,
+    /// Consumers: (op index, input port index).
+    pub consumers: Vec<(usize, usize)>,
+    /// Declared shape.
+    pub shape: Shape,
+    /// Declared layout.
+    pub layout: Layout,
+    /// Checkpoint label, if this edge is a checkpoint.
+    pub checkpoint: Option<String>,
+}
+
+/// Declaration of one output edge for [`GraphBuilder::op`].
+#[derive(Debug, Clone)]
+pub struct Out {
+    /// Edge name; `None` = `{op}.{port}`.
+    pub name: Option<String>,
+    /// Declared shape.
+    pub shape: Shape,
+    /// Declared layout.
+    pub layout: Layout,
+}
+
+impl Out {
+    /// Output with the default name.
+    pub fn new(shape: Shape, layout: Layout) -> Out {
+        Out {
+            name: None,
+            shape,
+            layout,
+        }
+    }
+}
+
+/// Builds and validates a [`Graph`].
+pub struct GraphBuilder {
+    family: String,
+    ops: Vec<Op>,
+    edges: Vec<Edge>,
+    outputs: Vec<EdgeId>,
+    allowed_unused: Vec<String>,
+}
+
+impl GraphBuilder {
+    /// A new empty graph for a model family.
+    pub fn new(family: &str) -> Self {
+        GraphBuilder {
+            family: family.to_string(),
+            ops: Vec::new(),
+            edges: Vec::new(),
+            outputs: Vec::new(),
+            allowed_unused: Vec::new(),
+        }
+    }
+
+    fn new_edge(&mut self, name: String, shape: Shape, layout: Layout) -> Result<EdgeId> {
+        if self.edges.iter().any(|e| e.name == name) {
+            return Err(RuntimeError::Graph(format!("edge '{name}' declared twice")));
+        }
+        self.edges.push(Edge {
+            name,
+            producer: None,
+            consumers: Vec::new(),
+            shape,
+            layout,
+            checkpoint: None,
+        });
+        Ok(self.edges.len() - 1)
+    }
+
+    /// Declare a feed (a source edge: audio, token ids, a cache).
+    pub fn feed(&mut self, name: &str, shape: Shape, layout: Layout) -> Result<EdgeId> {
+        self.new_edge(name.to_string(), shape, layout)
+    }
+
+    /// Add an op with declared outputs; returns the output edges.
+    pub fn op(
+        &mut self,
+        name: &str,
+        kernel: Box<dyn Kernel>,
+        inputs: &[EdgeId],
+        weights: &[(&str, Vec<usize>)],
+        outputs: Vec<Out>,
+    ) -> Result<Vec<EdgeId>> {
+        if self.ops.iter().any(|o| o.name == name) {
+            return Err(RuntimeError::Graph(format!("op '{name}' declared twice")));
+        }
+        let in_ports = kernel.inputs();
+        let out_ports = kernel.outputs();
+        let roles = kernel.weight_roles();
+        if in_ports.len() != inputs.len() {
+            return Err(RuntimeError::Graph(format!(
+                "op '{name}' ({}) takes {} inputs, {} given",
+                kernel.kind(),
+                in_ports.len(),
+                inputs.len()
+            )));
+        }
+        if out_ports.len() != outputs.len() {
+            return Err(RuntimeError::Graph(format!(
+                "op '{name}' ({}) has {} outputs, {} declared",
+                kernel.kind(),
+                out_ports.len(),
+                outputs.len()
+            )));
+        }
+        if roles.len() != weights.len() {
+            return Err(RuntimeError::Graph(format!(
+                "op '{name}' ({}) takes weights {:?}, {} given",
+                kernel.kind(),
+                roles,
+                weights.len()
+            )));
+        }
+        for &e in inputs {
+            if e >= self.edges.len() {
+                return Err(RuntimeError::Graph(format!("op '{name}' reads unknown edge #{e}")));
+            }
+        }
+        let op_idx = self.ops.len();
+        let mut out_ids = Vec::with_capacity(outputs.len());
+        for (p, o) in out_ports.iter().zip(outputs) {
+            let ename = o.name.unwrap_or_else(|| format!("{name}.{}", p.name));
+            let id = self.new_edge(ename, o.shape, o.layout)?;
+            self.edges[id].producer = Some((op_idx, out_ids.len()));
+            out_ids.push(id);
+        }
+        for (i, &e) in inputs.iter().enumerate() {
+            self.edges[e].consumers.push((op_idx, i));
+        }
+        let weights = roles
+            .iter()
+            .zip(weights)
+            .map(|(role, (key, shape))| WeightRef {
+                role,
+                key: key.to_string(),
+                shape: shape.clone(),
+            })
+            .collect();
+        self.ops.push(Op {
+            name: name.to_string(),
+            kernel,
+            inputs: inputs.to_vec(),
+            outputs: out_ids.clone(),
+            weights,
+        });
+        Ok(out_ids)
+    }
+
+    /// Add a single-output op; returns its output edge.
+    pub fn op1(
+        &mut self,
+        name: &str,
+        kernel: Box<dyn Kernel>,
+        inputs: &[EdgeId],
+        weights: &[(&str, Vec<usize>)],
+        shape: Shape,
+        layout: Layout,
+    ) -> Result<EdgeId> {
+        Ok(self.op(name, kernel, inputs, weights, vec![Out::new(shape, layout)])?[0])
+    }
+
+    /// Label an edge as a checkpoint.
+    pub fn checkpoint(&mut self, edge: EdgeId, name: &str) -> Result<()> {
+        if self.edges.iter().any(|e| e.checkpoint.as_deref() == Some(name)) {
+            return Err(RuntimeError::Graph(format!("checkpoint '{name}' labelled twice")));
+        }
+        let e = self
+            .edges
+            .get_mut(edge)
+            .ok_or_else(|| RuntimeError::Graph(format!("checkpoint '{name}' on unknown edge #{edge}")))?;
+        if e.checkpoint.is_some() {
+            return Err(RuntimeError::Graph(format!("edge '{}' already labelled", e.name)));
+        }
+        e.checkpoint = Some(name.to_string());
+        Ok(())
+    }
+
+    /// Mark an edge as a graph output (a formula result such as logits or an updated cache).
+    pub fn output(&mut self, edge: EdgeId) {
+        if !self.outputs.contains(&edge) {
+            self.outputs.push(edge);
+        }
+    }
+
+    /// Weights in the file that the graph deliberately does not read (e.g. a tied duplicate).
+    /// Each must be named; anything else unused is an error at bind time.
+    pub fn allow_unused(&mut self, key: &str) {
+        self.allowed_unused.push(key.to_string());
+    }
+
+    /// Validate every edge and op, fail closed, and return the graph.
+    pub fn build(self) -> Result<Graph> {
+        let g = Graph {
+            family: self.family,
+            ops: self.ops,
+            edges: self.edges,
+            outputs: self.outputs,
+            allowed_unused: self.allowed_unused,
+        };
+        g.validate()?;
+        Ok(g)
+    }
+}
+
+/// A validated graph.
+#[derive(Debug)]
+pub struct Graph {
+    family: String,
+    ops: Vec<Op>,
+    edges: Vec<Edge>,
+    outputs: Vec<EdgeId>,
+    allowed_unused: Vec<String>,
+}
+
+/// Inputs of one run: edge name -> tensor.
+pub type Feeds = HashMap<String, Tensor>;
+
+/// Per-run options: step, capture, substitution (isolation), faults.
+#[derive(Default)]
+pub struct RunCtx<'a> {
+    /// Decode step (0 = encoder + prefill).
+    pub step: usize,
+    /// Receives each checkpoint tensor as it is produced.
+    pub observer: Option<&'a mut dyn Observer>,
+    /// Substitutes a reference tensor at checkpoint edges before consumers run (isolation).
+    pub substitute: Option<&'a dyn Substitute>,
+    /// Deliberate faults (self-test).
+    pub faults: Option<&'a FaultPlan>,
+}
+
+fn endpoint(g: &Graph, (op, port): (usize, usize), output: bool) -> String {
+    let o = &g.ops[op];
+    let ports = if output { o.kernel.outputs() } else { o.kernel.inputs() };
+    let p = ports.get(port).map(|p| p.name).unwrap_or("?");
+    format!("{}:{}", o.name, p)
+}
+
+impl Graph {
+    /// Family name.
+    pub fn family(&self) -> &str {
+        &self.family
+    }
+
+    /// All ops in topological order.
+    pub fn ops(&self) -> &[Op] {
+        &self.ops
+    }
+
+    /// All edges.
+    pub fn edges(&self) -> &[Edge] {
+        &self.edges
+    }
+
+    /// Edge id by name.
+    pub fn edge_id(&self, name: &str) -> Result<EdgeId> {
+        self.edges
+            .iter()
+            .position(|e| e.name == name)
+            .ok_or_else(|| RuntimeError::Graph(format!("no edge named '{name}'")))
+    }
+
+    /// Edge id of a checkpoint label.
+    pub fn checkpoint_edge(&self, checkpoint: &str) -> Option<EdgeId> {
+        self.edges.iter().position(|e| e.checkpoint.as_deref() == Some(checkpoint))
+    }
+
+    /// Checkpoint labels in topological order of their producers (feeds first).
+    pub fn checkpoints(&self) -> Vec<(String, EdgeId)> {
+        let mut v: Vec<(usize, String, EdgeId)> = self
+            .edges
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| {
+                e.checkpoint
+                    .as_ref()
+                    .map(|c| (e.producer.map(|p| p.0 + 1).unwrap_or(0), c.clone(), i))
+            })
+            .collect();
+        v.sort_by_key(|(o, _, i)| (*o, *i));
+        v.into_iter().map(|(_, c, i)| (c, i)).collect()
+    }
+
+    /// Producer op name of an edge (`None` for a feed).
+    pub fn producer_name(&self, edge: EdgeId) -> Option<&str> {
+        self.edges[edge].producer.map(|(o, _)| self.ops[o].name.as_str())
+    }
+
+    /// Consumer op names of an edge.
+    pub fn consumer_names(&self, edge: EdgeId) -> Vec<String> {
+        self.edges[edge].consumers.iter().map(|(o, _)| self.ops[*o].name.clone()).collect()
+    }
+
+    fn validate(&self) -> Result<()> {
+        // Layouts: every edge's declared layout must equal the producer port's and every consumer
+        // port's; polymorphic ports take one layout per op.
+        for (oi, op) in self.ops.iter().enumerate() {
+            let ins = op.kernel.inputs();
+            let outs = op.kernel.outputs();
+            let mut same: Option<(Layout, String)> = None;
+            for (pi, (&e, p)) in op.inputs.iter().zip(&ins).enumerate() {
+                let edge = &self.edges[e];
+                let prod = match edge.producer {
+                    Some(pp) => format!("{}/{}", endpoint(self, pp, true), edge.layout),
+                    None => format!("feed:{}/{}", edge.name, edge.layout),
+                };
+                match p.layout {
+                    PortLayout::Is(l) if l != edge.layout => {
+                        return Err(RuntimeError::LayoutMismatch {
+                            edge: edge.name.clone(),
+                            producer: prod,
+                            consumer: format!("{}/{}", endpoint(self, (oi, pi), false), l),
+                        });
+                    }
+                    PortLayout::Same => match &same {
+                        Some((l, first)) if *l != edge.layout => {
+                            return Err(RuntimeError::LayoutMismatch {
+                                edge: edge.name.clone(),
+                                producer: prod,
+                                consumer: format!(
+                                    "{}/{} (op joins it with {first}/{l})",
+                                    endpoint(self, (oi, pi), false),
+                                    edge.layout
+                                ),
+                            });
+                        }
+                        None => same = Some((edge.layout, format!("{}:{}", op.name, p.name))),
+                        _ => {}
+                    },
+                    _ => {}
+                }
+            }
+            for (pi, (&e, p)) in op.outputs.iter().zip(&outs).enumerate() {
+                let edge = &self.edges[e];
+                let want = match p.layout {
+                    PortLayout::Is(l) => Some(l),
+                    PortLayout::Same => same.as_ref().map(|(l, _)| *l),
+                };
+                if let Some(l) = want {
+                    if l != edge.layout {
+                        return Err(RuntimeError::LayoutMismatch {
+                            edge: edge.name.clone(),
+                            producer: format!("{}/{}", endpoint(self, (oi, pi), true), l),
+                            consumer: format!("edge declaration/{}", edge.layout),
+                        });
+                    }
+                }
+            }
+            // Shapes: inference from declared input shapes and weight shapes must give the
+            // declared output shapes.
+            let in_shapes: Vec<Shape> = op.inputs.iter().map(|&e| self.edges[e].shape.clone()).collect();
+            let w_shapes: Vec<Vec<usize>> = op.weights.iter().map(|w| w.shape.clone()).collect();
+            let inferred = op.kernel.infer(&in_shapes, &w_shapes).map_err(|reason| RuntimeError::Op {
+                op: op.name.clone(),
+                reason: format!(
+                    "inputs {} do not fit: {reason}",
+                    op.inputs
+                        .iter()
+                        .map(|&e| format!("{}{}", self.edges[e].name, fmt_shape(&self.edges[e].shape)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            })?;
+            for (&e, s) in op.outputs.iter().zip(&inferred) {
+                let edge = &self.edges[e];
+                if !shapes_agree(&edge.shape, s) {
+                    return Err(RuntimeError::ShapeMismatch {
+                        edge: edge.name.clone(),
+                        declared: fmt_shape(&edge.shape),
+                        context: format!("producer '{}' ({})", op.name, op.kernel.kind()),
+                        found: fmt_shape(s),
+                    });
+                }
+            }
+        }
+        for e in &self.edges {
+            if e.producer.is_none() && e.consumers.is_empty() {
+                return Err(RuntimeError::Graph(format!("feed '{}' has no consumer", e.name)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Check a weight table against every op's weight refs. Missing key: error naming the key and
+    /// the file; wrong shape: error with both shapes; unused keys: error unless allowed.
+    pub fn check_weights(&self, w: &Weights) -> Result<()> {
+        let mut used = std::collections::HashSet::new();
+        for op in &self.ops {
+            for r in &op.weights {
+                let t = w.get(&r.key).ok_or_else(|| RuntimeError::MissingWeight {
+                    key: r.key.clone(),
+                    op: op.name.clone(),
+                    file: w.path().to_path_buf(),
+                })?;
+                if t.shape() != r.shape.as_slice() {
+                    return Err(RuntimeError::WeightShape {
+                        key: r.key.clone(),
+                        op: op.name.clone(),
+                        file: w.path().to_path_buf(),
+                        expected: r.shape.clone(),
+                        found: t.shape().to_vec(),
+                    });
+                }
+                used.insert(r.key.as_str());
+            }
+        }
+        let mut unused: Vec<&str> = w
+            .keys()
+            .filter(|k| !used.contains(k) && !self.allowed_unused.iter().any(|a| a == k))
+            .collect();
+        unused.sort();
+        if !unused.is_empty() {
+            return Err(RuntimeError::UnusedWeights {
+                file: w.path().to_path_buf(),
+                count: unused.len(),
+                keys: unused.iter().take(8).copied().collect::<Vec<_>>().join(", "),
+            });
+        }
+        Ok(())
+    }
+
+    /// Run a formula: compute `want` from `feeds`, running only the ops in between. Every
+    /// produced tensor is checked against its edge's declared shape (symbols bind per run).
+    pub fn run(&self, weights: &Weights, mut feeds: Feeds, want: &[EdgeId], ctx: &mut RunCtx) -> Result<Vec<Tensor>> {
+        let n = self.edges.len();
+        let mut fed = vec![false; n];
+        for name in feeds.keys() {
+            let id = self
+                .edge_id(name)
+                .map_err(|_| RuntimeError::Feed { edge: name.clone(), reason: "no such edge in the graph".into() })?;
+            fed[id] = true;
+        }
+        // Backward reachability from `want`, stopping at fed edges.
+        let mut need_edge = vec![false; n];
+        let mut need_op = vec![false; self.ops.len()];
+        let mut stack: Vec<EdgeId> = want.to_vec();
+        while let Some(e) = stack.pop() {
+            if need_edge[e] {
+                continue;
+            }
+            need_edge[e] = true;
+            if fed[e] {
+                continue;
+            }
+            match self.edges[e].producer {
+                Some((o, _)) => {
+                    if !need_op[o] {
+                        need_op[o] = true;
+                        stack.extend(self.ops[o].inputs.iter().copied());
+                    }
+                }
+                None => {
+                    return Err(RuntimeError::Feed {
+                        edge: self.edges[e].name.clone(),
+                        reason: "required by this formula but not fed".into(),
+                    })
+                }
+            }
+        }
+        // Remaining consumer counts, to free edges early.
+        let mut remaining = vec![0usize; n];
+        for (oi, op) in self.ops.iter().enumerate() {
+            if need_op[oi] {
+                for &e in &op.inputs {
+                    remaining[e] += 1;
+                }
+            }
+        }
+        for &e in want {
+            remaining[e] += 1;
+        }
+        let mut syms: HashMap<String, usize> = HashMap::new();
+        let mut values: Vec<Option<Tensor>> = (0..n).map(|_| None).collect();
+        for (id, v) in values.iter_mut().enumerate() {
+            if fed[id] && need_edge[id] {
+                let t = feeds.remove(&self.edges[id].name).unwrap_or_default();
+                bind_shape(&self.edges[id], t.shape(), &mut syms, "feed")?;
+                *v = Some(t.as_standard_layout().into_owned());
+            }
+        }
+        for (oi, op) in self.ops.iter().enumerate() {
+            if !need_op[oi] {
+                continue;
+            }
+            let patched = ctx.faults.and_then(|f| f.patch_kernel(op));
+            let kernel: &dyn Kernel = patched.as_deref().unwrap_or(op.kernel.as_ref());
+            let ins: Vec<&Tensor> = op
+                .inputs
+                .iter()
+                .map(|&e| values[e].as_ref())
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| RuntimeError::Graph(format!("op '{}' input not computed", op.name)))?;
+            let ws: Vec<&Tensor> = op
+                .weights
+                .iter()
+                .map(|r| {
+                    weights.get(&r.key).ok_or_else(|| RuntimeError::MissingWeight {
+                        key: r.key.clone(),
+                        op: op.name.clone(),
+                        file: weights.path().to_path_buf(),
+                    })
+                })
+                .collect::<Result<_>>()?;
+            let kctx = KernelCtx { op: &op.name, step: ctx.step };
+            let mut outs = kernel
+                .run(&kctx, &ins, &ws)
+                .map_err(|reason| RuntimeError::Op { op: op.name.clone(), reason })?;
+            if outs.len() != op.outputs.len() {
+                return Err(RuntimeError::Op {
+                    op: op.name.clone(),
+                    reason: format!("kernel returned {} outputs, {} declared", outs.len(), op.outputs.len()),
+                });
+            }
+            for &e in &op.inputs {
+                remaining[e] -= 1;
+                if remaining[e] == 0 {
+                    values[e] = None;
+                }
+            }
+            for (pi, (&e, t)) in op.outputs.iter().zip(outs.iter_mut()).enumerate() {
+                let edge = &self.edges[e];
+                if let Some(f) = ctx.faults {
+                    f.patch_output(op, pi, edge, ctx.step, t);
+                }
+                bind_shape(edge, t.shape(), &mut syms, &format!("op '{}' output", op.name))?;
+                if let Some(cp) = &edge.checkpoint {
+                    if let Some(obs) = ctx.observer.as_deref_mut() {
+                        if obs.wants(cp, ctx.step) {
+                            obs.observe(cp, ctx.step, edge.layout, t.view());
+                        }
+                    }
+                    if let Some(sub) = ctx.substitute {
+                        if let Some(r) = sub.substitute(cp, ctx.step) {
+                            if r.shape() != t.shape() {
+                                return Err(RuntimeError::ShapeMismatch {
+                                    edge: edge.name.clone(),
+                                    declared: format!("{:?}", t.shape()),
+                                    context: format!("substituted reference for {cp}@step{}", ctx.step),
+                                    found: format!("{:?}", r.shape()),
+                                });
+                            }
+                            *t = r;
+                        }
+                    }
+                }
+            }
+            for (&e, t) in op.outputs.iter().zip(outs) {
+                if remaining[e] > 0 {
+                    values[e] = Some(t);
+                }
+            }
+        }
+        want.iter()
+            .map(|&e| {
+                values[e]
+                    .take()
+                    .ok_or_else(|| RuntimeError::Graph(format!("wanted edge '{}' not computed", self.edges[e].name)))
+            })
+            .collect()
+    }
+
+    /// Export ops, edges, checkpoints and layouts as JSON (the harness walks divergence on it).
+    pub fn to_json(&self) -> serde_json::Value {
+        let ops: Vec<serde_json::Value> = self
+            .ops
+            .iter()
+            .map(|o| {
+                let ins = o.kernel.inputs();
+                let outs = o.kernel.outputs();
+                serde_json::json!({
+                    "name": o.name,
+                    "kind": o.kernel.kind(),
+                    "params": o.kernel.params(),
+                    "inputs": o.inputs.iter().zip(&ins).map(|(&e, p)| serde_json::json!({"port": p.name, "edge": self.edges[e].name})).collect::<Vec<_>>(),
+                    "outputs": o.outputs.iter().zip(&outs).map(|(&e, p)| serde_json::json!({"port": p.name, "edge": self.edges[e].name})).collect::<Vec<_>>(),
+                    "weights": o.weights,
+                })
+            })
+            .collect();
+        let edges: Vec<serde_json::Value> = self
+            .edges
+            .iter()
+            .map(|e| {
+                serde_json::json!({
+                    "name": e.name,
+                    "producer": e.producer.map(|p| {
+                        let ports = self.ops[p.0].kernel.outputs();
+                        serde_json::json!({"op": self.ops[p.0].name, "port": ports.get(p.1).map(|x| x.name)})
+                    }),
+                    "consumers": e.consumers.iter().map(|&(o, p)| {
+                        let ports = self.ops[o].kernel.inputs();
+                        serde_json::json!({"op": self.ops[o].name, "port": ports.get(p).map(|x| x.name)})
+                    }).collect::<Vec<_>>(),
+                    "shape": e.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+                    "dtype": "f32",
+                    "layout": e.layout,
+                    "checkpoint": e.checkpoint,
+                })
+            })
+            .collect();
+        let checkpoints: BTreeMap<String, String> = self
+            .checkpoints()
+            .into_iter()
+            .map(|(c, e)| (c, self.edges[e].name.clone()))
+            .collect();
+        serde_json::json!({
+            "schema": "xray.graph/v1",
+            "family": self.family,
+            "ops": ops,
+            "edges": edges,
+            "outputs": self.outputs.iter().map(|&e| self.edges[e].name.clone()).collect::<Vec<_>>(),
+            "checkpoints": checkpoints,
+        })
+    }
+}
+
+/// Symbolic shape agreement: fixed dims equal; a symbol agrees with the same symbol.
+fn shapes_agree(declared: &[Dim], inferred: &[Dim]) -> bool {
+    declared.len() == inferred.len() && declared.iter().zip(inferred).all(|(a, b)| a == b)
+}
+
+/// Check a concrete shape against an edge's declared shape, binding symbols for this run.
+fn bind_shape(edge: &Edge, got: &[usize], syms: &mut HashMap<String, usize>, ctx: &str) -> Result<()> {
+    let mismatch = || RuntimeError::ShapeMismatch {
+        edge: edge.name.clone(),
+        declared: fmt_shape(&edge.shape),
+        context: ctx.to_string(),
+        found: format!("{got:?}"),
+    };
+    if got.len() != edge.shape.len() {
+        return Err(mismatch());
+    }
+    for (d, &g) in edge.shape.iter().zip(got) {
+        match d {
+            Dim::Fixed(n) if *n != g => return Err(mismatch()),
+            Dim::Fixed(_) => {}
+            Dim::Sym(s) => {
+                if let Some((a, b)) = s.split_once('+') {
+                    if let (Some(x), Some(y)) = (syms.get(a), syms.get(b)) {
+                        if x + y != g {
+                            return Err(mismatch());
+                        }
+                    }
+                } else {
+                    match syms.get(s) {
+                        Some(&v) if v != g => return Err(mismatch()),
+                        Some(_) => {}
+                        None => {
+                            syms.insert(s.clone(), g);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}

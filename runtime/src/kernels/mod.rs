@@ -1,0 +1,1 @@
+//! f32 kernels, each an implementation of [`crate::graph::Kernel`].

@@ -14,12 +14,13 @@ use crate::graph::Layout;
 pub fn contract_text(family: &str) -> Option<&'static str> {
     match family {
         "whisper" => Some(include_str!("../contracts/whisper.json")),
+        "granite_nar" => Some(include_str!("../contracts/granite_nar.json")),
         _ => None,
     }
 }
 
 /// Families with a contract.
-pub const FAMILIES: &[&str] = &["whisper"];
+pub const FAMILIES: &[&str] = &["whisper", "granite_nar"];
 
 /// When a checkpoint exists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,6 +54,9 @@ pub struct RawCheckpoint {
     /// Repeat count name (from `repeats`), if templated by `{layer}`.
     #[serde(default)]
     pub repeat: Option<String>,
+    /// Restricts the repeat to `[start, end)` (expressions); `inputs_at_first` applies to `start`.
+    #[serde(default)]
+    pub range: Option<[String; 2]>,
     /// When it exists.
     pub steps: Steps,
     /// Optional kind (`logits` adds argmax/top-k/KL metrics).
@@ -88,8 +92,24 @@ pub struct ContractFile {
     /// Named repeat counts: expressions over config keys.
     #[serde(default)]
     pub repeats: BTreeMap<String, String>,
+    /// Integer lists read from the config (`{each:NAME}` in inputs expands once per element).
+    #[serde(default)]
+    pub lists: BTreeMap<String, ListSpec>,
+    /// Data-dependent dims and how they relate (documentation for readers; checked per run).
+    #[serde(default)]
+    pub symbols: BTreeMap<String, String>,
     /// Checkpoint templates in graph order.
     pub checkpoints: Vec<RawCheckpoint>,
+}
+
+/// An integer list from the config, wrapped Python-style into `[0, wrap)`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ListSpec {
+    /// Config key of the list.
+    pub config: String,
+    /// Negative elements wrap modulo this expression.
+    #[serde(default)]
+    pub wrap: Option<String>,
 }
 
 /// One dimension of a resolved checkpoint shape.
@@ -136,6 +156,8 @@ pub struct Contract {
     pub repeats: BTreeMap<String, usize>,
     /// Checkpoints in graph order.
     pub checkpoints: Vec<CheckpointSpec>,
+    /// Data-dependent symbols and their relations (from the contract file).
+    pub symbols: BTreeMap<String, String>,
     /// The raw contract text (handed to the oracle).
     pub text: String,
 }
@@ -256,6 +278,34 @@ impl Contract {
             }
             repeats.insert(k.clone(), v as usize);
         }
+        let global = |t: &str| -> Option<i64> {
+            repeats
+                .get(t)
+                .or_else(|| dims.get(t))
+                .map(|&n| n as i64)
+                .or_else(|| config_int(config, t))
+        };
+        let mut lists: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+        for (k, l) in &file.lists {
+            let mut v = config;
+            for part in l.config.split('.') {
+                v = v.get(part).ok_or_else(|| cerr(&fam, format!("list '{k}': config has no '{}'", l.config)))?;
+            }
+            let raw: Vec<i64> = serde_json::from_value(v.clone())
+                .map_err(|_| cerr(&fam, format!("list '{k}': config '{}' is not a list of integers", l.config)))?;
+            let wrap = match &l.wrap {
+                Some(w) => Some(eval_expr(w, &global).map_err(|r| cerr(&fam, format!("list '{k}' wrap: {r}")))?),
+                None => None,
+            };
+            let vals = raw
+                .into_iter()
+                .map(|x| match wrap {
+                    Some(w) if x < 0 => x.rem_euclid(w),
+                    _ => x,
+                })
+                .collect();
+            lists.insert(k.clone(), vals);
+        }
         let mut checkpoints = Vec::new();
         for raw in &file.checkpoints {
             let layers: Vec<Option<usize>> = match &raw.repeat {
@@ -263,12 +313,28 @@ impl Contract {
                     let n = *repeats
                         .get(r)
                         .ok_or_else(|| cerr(&fam, format!("'{}' repeats over unknown '{r}'", raw.name)))?;
-                    (0..n).map(Some).collect()
+                    let (lo, hi) = match &raw.range {
+                        Some([a, b]) => {
+                            let lo = eval_expr(a, &global).map_err(|e| cerr(&fam, format!("range of '{}': {e}", raw.name)))?;
+                            let hi = eval_expr(b, &global).map_err(|e| cerr(&fam, format!("range of '{}': {e}", raw.name)))?;
+                            if lo < 0 || hi as usize > n || lo > hi {
+                                return Err(cerr(&fam, format!("range [{lo}, {hi}) of '{}' outside 0..{n}", raw.name)));
+                            }
+                            (lo as usize, hi as usize)
+                        }
+                        None => (0, n),
+                    };
+                    (lo..hi).map(Some).collect()
                 }
                 None => vec![None],
             };
+            let first = layers.first().copied().flatten();
             for layer in layers {
+                let each: std::cell::Cell<Option<i64>> = std::cell::Cell::new(None);
                 let vars = |t: &str| -> Option<i64> {
+                    if t.starts_with("each:") {
+                        return each.get();
+                    }
                     if t == "layer" {
                         return layer.map(|l| l as i64);
                     }
@@ -304,7 +370,7 @@ impl Contract {
                 let producer = expand(&raw.producer)?
                     .ok_or_else(|| cerr(&fam, format!("producer of '{name}' expands negative")))?;
                 let inputs_tpl = match (&raw.inputs_at_first, layer) {
-                    (Some(f), Some(0)) => f,
+                    (Some(f), Some(l)) if Some(l) == first => f,
                     _ => &raw.inputs,
                 };
                 let mut inputs = Vec::new();
@@ -315,10 +381,23 @@ impl Contract {
                         Some((_, s)) => return Err(cerr(&fam, format!("input '{i}' of '{name}': unknown step '@{s}'"))),
                         None => (i.as_str(), StepRef::Same),
                     };
-                    let n = expand(n)?.ok_or_else(|| {
-                        cerr(&fam, format!("input '{i}' of '{name}' expands to a negative layer; declare inputs_at_first"))
-                    })?;
-                    inputs.push((n, step));
+                    let elems: Vec<Option<i64>> = match n.find("each:") {
+                        Some(at) => {
+                            let list: String = n[at + 5..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                            let l = lists
+                                .get(&list)
+                                .ok_or_else(|| cerr(&fam, format!("input '{i}' of '{name}': unknown list '{list}'")))?;
+                            l.iter().map(|&x| Some(x)).collect()
+                        }
+                        None => vec![None],
+                    };
+                    for el in elems {
+                        each.set(el);
+                        let n = expand(n)?.ok_or_else(|| {
+                            cerr(&fam, format!("input '{i}' of '{name}' expands to a negative layer; declare inputs_at_first"))
+                        })?;
+                        inputs.push((n, step));
+                    }
                 }
                 let shape = raw
                     .shape
@@ -359,6 +438,7 @@ impl Contract {
             dims,
             repeats,
             checkpoints,
+            symbols: file.symbols.clone(),
             text: text.to_string(),
         })
     }
@@ -399,6 +479,29 @@ mod tests {
         assert_eq!(l0.inputs, vec![("audio.encoder.conv2.out".to_string(), StepRef::Same)]);
         let logits = c.get("audio.decoder.logits").unwrap();
         assert_eq!(logits.inputs[0].0, "audio.decoder.layer.3.out");
+    }
+
+    #[test]
+    fn granite_contract_expands_ranges_and_lists() {
+        let cfg_text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/build/granite-nar-tiny/config.json"));
+        let Ok(cfg_text) = cfg_text else {
+            eprintln!("skip: granite fixture not built (make fixtures)");
+            return;
+        };
+        let cfg: serde_json::Value = serde_json::from_str(&cfg_text).unwrap();
+        let c = Contract::for_family("granite_nar", &cfg).unwrap();
+        let n = c.repeats["enc_layers"];
+        let sc = c.dims["sc_layer"];
+        let names: Vec<&str> = c.checkpoints.iter().map(|c| c.name.as_str()).collect();
+        let pos = |s: &str| names.iter().position(|n| *n == s).unwrap();
+        // The bypass sits between block sc-1 and block sc, in graph order.
+        assert!(pos(&format!("enc.block.{}.out", sc - 1)) < pos("enc.ctc_logits"));
+        assert!(pos("enc.mid_blank_probs") < pos(&format!("enc.block.{sc}.out")));
+        let after = c.get(&format!("enc.block.{sc}.out")).unwrap();
+        assert!(after.inputs.iter().any(|(i, _)| i == "enc.ctc_logits"));
+        let cat = c.get("enc.cat_out").unwrap();
+        assert!(cat.inputs.iter().any(|(i, _)| *i == format!("enc.block.{}.out", n - 1)));
+        assert_eq!(names.iter().filter(|x| x.starts_with("enc.block.")).count(), n);
     }
 
     #[test]

@@ -1,0 +1,64 @@
+"""X-Ray oracle: the HuggingFace transformers reference, run in-process (from Rust through pyo3, or
+as `python -m xray_oracle`), returning the checkpoint contract's tensors as numpy arrays.
+
+Pure Python; imports torch/transformers lazily so that `xray_oracle.dump` works with numpy alone.
+"""
+from .errors import CaptureError, ContractError, DumpError, OracleError, OracleInputError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "run",
+    "run_whisper",
+    "write_dump",
+    "read_dump",
+    "OracleError",
+    "OracleInputError",
+    "ContractError",
+    "CaptureError",
+    "DumpError",
+]
+
+
+def run(family: str, model_dir: str, audio_path: str, contract_json: str, *, dtype: str = "float32",
+        max_new_tokens=None, teacher=None, only=None, threads=None) -> dict:
+    """One entry for the Rust side: dispatch on the family name with the common options.
+
+    `teacher` is the granite CTC hypothesis to force; Whisper's reference is never teacher-forced
+    (its generate is the reference token stream).
+    """
+    if family == "whisper":
+        if teacher is not None:
+            raise OracleError("whisper: the reference is not teacher-forced; teacher must be None")
+        kw = {} if threads is None else {"threads": threads}
+        return run_whisper(model_dir, audio_path, contract_json, max_new_tokens=max_new_tokens,
+                           dtype=dtype, only=only, **kw)
+    if family == "granite_nar":
+        if threads is not None:
+            import torch
+            torch.set_num_threads(int(threads))
+        from .granite_nar import run_granite_nar
+        return run_granite_nar(model_dir, audio_path, contract_json, dtype=dtype,
+                               teacher_hypothesis=teacher, only=only)
+    raise OracleError(f"unknown family '{family}' (known: whisper, granite_nar)")
+
+
+def run_whisper(*args, **kwargs):
+    """See `xray_oracle.whisper.run_whisper`."""
+    from .whisper import run_whisper as _run
+
+    return _run(*args, **kwargs)
+
+
+def write_dump(*args, **kwargs):
+    """See `xray_oracle.dump.write_dump`."""
+    from .dump import write_dump as _w
+
+    return _w(*args, **kwargs)
+
+
+def read_dump(*args, **kwargs):
+    """See `xray_oracle.dump.read_dump`."""
+    from .dump import read_dump as _r
+
+    return _r(*args, **kwargs)

@@ -1,0 +1,336 @@
+"""Pure-Python writer and reader of the `xray.dump` version 1 format (docs/dump-format.md).
+
+A dump made here loads in the Rust harness and vice versa, so an engine under bring-up can produce
+one without Rust. The `.npy` files are written byte for byte as `numpy.save` writes them (format
+1.0, header padded to a multiple of 64 bytes) and read with a strict parser of our own; loading
+fails closed, naming the file, on any mismatch with the manifest.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import shutil
+import struct
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional
+
+import numpy as np
+
+from .errors import DumpError
+
+SCHEMA = "xray.dump"
+VERSION = 1
+MAGIC = b"\x93NUMPY"
+NPY_ALIGN = 64
+
+# manifest dtype name <-> numpy descr
+DTYPES = {"f32": "<f4", "f64": "<f8", "f16": "<f2", "i64": "<i8", "i32": "<i4"}
+DESCR_TO_NAME = {v: k for k, v in DTYPES.items()}
+LAYOUTS = ("token_major", "head_major", "channel_major", "plain")
+
+
+def file_name(name: str, step: int) -> str:
+    """The conventional file name of a checkpoint at a step: `{name}@step{K}.npy`."""
+    return f"{name}@step{step}.npy"
+
+
+def sha256_bytes(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# .npy
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    """Serialize an array as NumPy format 1.0, C order, little-endian (what numpy.save writes)."""
+    a = np.asarray(array)
+    descr = a.dtype.newbyteorder("<").str
+    if descr not in DESCR_TO_NAME:
+        raise DumpError(f"dtype {a.dtype} cannot be stored in a dump (allowed: {sorted(DESCR_TO_NAME)})")
+    a = np.ascontiguousarray(a, dtype=np.dtype(descr))
+    shape = repr(tuple(int(d) for d in a.shape))
+    header = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}"
+    # magic(6) + version(2) + header length(2) + header + padding + '\n' is a multiple of 64
+    pad = NPY_ALIGN - (10 + len(header) + 1) % NPY_ALIGN
+    if pad == NPY_ALIGN:
+        pad = 0
+    header = header + " " * pad + "\n"
+    if len(header) > 0xFFFF:
+        raise DumpError(f"npy header of {len(header)} bytes does not fit format 1.0")
+    return MAGIC + b"\x01\x00" + struct.pack("<H", len(header)) + header.encode("latin1") + a.tobytes(order="C")
+
+
+def parse_npy(data: bytes, where: str) -> np.ndarray:
+    """Strictly parse NumPy format 1.0 bytes; `where` names the file in errors."""
+    if len(data) < 10 or data[:6] != MAGIC:
+        raise DumpError(f"{where}: not a .npy file (bad magic)")
+    major, minor = data[6], data[7]
+    if (major, minor) != (1, 0):
+        raise DumpError(f"{where}: .npy format version {major}.{minor}, only 1.0 is accepted")
+    (hlen,) = struct.unpack("<H", data[8:10])
+    if len(data) < 10 + hlen:
+        raise DumpError(f"{where}: truncated .npy header")
+    try:
+        header = ast.literal_eval(data[10 : 10 + hlen].decode("latin1"))
+    except (ValueError, SyntaxError, UnicodeDecodeError) as e:
+        raise DumpError(f"{where}: .npy header does not parse ({e})") from None
+    if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
+        raise DumpError(f"{where}: .npy header is not {{descr, fortran_order, shape}}: {header!r}")
+    if header["fortran_order"] is not False:
+        raise DumpError(f"{where}: .npy is Fortran-ordered, dumps are C order")
+    descr = header["descr"]
+    if descr not in DESCR_TO_NAME:
+        raise DumpError(f"{where}: .npy dtype {descr!r} is not one of {sorted(DESCR_TO_NAME)}")
+    shape = header["shape"]
+    if not isinstance(shape, tuple) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise DumpError(f"{where}: .npy shape {shape!r} is not a tuple of non-negative integers")
+    dt = np.dtype(descr)
+    expected = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    payload = data[10 + hlen :]
+    if len(payload) != expected:
+        raise DumpError(
+            f"{where}: payload is {len(payload)} bytes, shape {list(shape)} of {descr} needs exactly {expected}"
+        )
+    return np.frombuffer(payload, dtype=dt).reshape(shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+@dataclass
+class DumpCheckpoint:
+    """One (checkpoint, step) tensor of a dump."""
+
+    name: str
+    step: int
+    array: Optional[np.ndarray]
+    layout: str
+    # filled by the reader / writer
+    shape: list[int] = field(default_factory=list)
+    dtype: str = ""
+    file: Optional[str] = None
+    sha256: Optional[str] = None
+    stats: Optional[dict] = None
+    content_sha256: Optional[str] = None
+
+
+def tensor_stats(a: np.ndarray) -> dict:
+    """`stats` of a stats-only dump entry (over the values as f64)."""
+    x = np.asarray(a, dtype=np.float64).ravel()
+    finite = x[np.isfinite(x)]
+    return {
+        "count": int(x.size),
+        "min": float(finite.min()) if finite.size else None,
+        "max": float(finite.max()) if finite.size else None,
+        "mean": float(finite.mean()) if finite.size else None,
+        "rms": float(np.sqrt(np.mean(finite * finite))) if finite.size else None,
+        "nan": int(np.isnan(x).sum()),
+        "inf": int(np.isinf(x).sum()),
+    }
+
+
+def content_sha256(a: np.ndarray) -> str:
+    """sha256 of the raw little-endian f32 bytes of the C-order tensor (stats-only dumps)."""
+    return sha256_bytes(np.ascontiguousarray(a, dtype="<f4").tobytes())
+
+
+def write_dump(
+    out_dir: str | Path,
+    checkpoints: Iterable[DumpCheckpoint | dict],
+    *,
+    family: str,
+    model_id: str,
+    producer: str,
+    weights_sha256: Optional[str] = None,
+    audio_sha256: Optional[str] = None,
+    tools: Optional[dict] = None,
+    tokens: Optional[list[int]] = None,
+    transcript: Optional[str] = None,
+    stats_only: bool = False,
+    overwrite: bool = False,
+    extra: Optional[dict] = None,
+) -> Path:
+    """Write a dump atomically: everything goes into a temporary sibling directory that is renamed
+    into place at the end. An existing `out_dir` is an error unless `overwrite`.
+
+    `checkpoints` items are DumpCheckpoint or dicts with name, step, layout, array (the result of
+    `run_whisper` fits as is)."""
+    out = Path(out_dir)
+    if out.exists() and not overwrite:
+        raise DumpError(f"{out} already exists; pass overwrite=True (CLI: --force) to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        entries = []
+        seen: set[tuple[str, int]] = set()
+        for c in checkpoints:
+            if isinstance(c, dict):
+                c = DumpCheckpoint(name=c["name"], step=int(c["step"]), array=c["array"], layout=c["layout"])
+            key = (c.name, c.step)
+            if key in seen:
+                raise DumpError(f"checkpoint {c.name}@step{c.step} is given twice")
+            seen.add(key)
+            if c.layout not in LAYOUTS:
+                raise DumpError(f"checkpoint {c.name}@step{c.step}: layout {c.layout!r} is not one of {LAYOUTS}")
+            if not isinstance(c.step, int) or c.step < 0:
+                raise DumpError(f"checkpoint {c.name}: step {c.step!r} must be a non-negative integer")
+            a = np.asarray(c.array)
+            descr = a.dtype.newbyteorder("<").str
+            if descr not in DESCR_TO_NAME:
+                raise DumpError(f"checkpoint {c.name}@step{c.step}: dtype {a.dtype} is not storable ({sorted(DTYPES)})")
+            entry = {
+                "name": c.name,
+                "step": c.step,
+                "shape": [int(d) for d in a.shape],
+                "dtype": DESCR_TO_NAME[descr],
+                "layout": c.layout,
+            }
+            if stats_only:
+                entry["stats"] = tensor_stats(a)
+                entry["content_sha256"] = content_sha256(a)
+            else:
+                fname = file_name(c.name, c.step)
+                if "/" in fname or fname.startswith("."):
+                    raise DumpError(f"checkpoint name {c.name!r} does not make a safe file name")
+                data = npy_bytes(a)
+                (tmp / fname).write_bytes(data)
+                entry["file"] = fname
+                entry["sha256"] = sha256_bytes(data)
+            entries.append(entry)
+        manifest = {
+            "schema": SCHEMA,
+            "version": VERSION,
+            "family": family,
+            "model_id": model_id,
+            "producer": producer,
+            "weights_sha256": weights_sha256,
+            "audio_sha256": audio_sha256,
+            "tools": dict(tools or {}),
+            "tokens": None if tokens is None else [int(t) for t in tokens],
+            "transcript": transcript,
+            "stats_only": bool(stats_only),
+            "checkpoints": entries,
+        }
+        if extra:
+            for k, v in extra.items():
+                if k in manifest:
+                    raise DumpError(f"extra manifest key {k!r} collides with a standard key")
+                manifest[k] = v
+        manifest = {k: v for k, v in manifest.items() if v is not None or k in ("weights_sha256", "audio_sha256")}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        os.chmod(tmp, 0o755)
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(out, old)
+            os.rename(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+@dataclass
+class Dump:
+    """A loaded dump: the manifest, its checkpoints (arrays loaded unless stats-only), and the
+    files present in the directory that the manifest does not list (reported, ignored)."""
+
+    path: Path
+    manifest: dict
+    checkpoints: list[DumpCheckpoint]
+    unlisted: list[str]
+
+    def get(self, name: str, step: int) -> DumpCheckpoint:
+        for c in self.checkpoints:
+            if c.name == name and c.step == step:
+                return c
+        raise KeyError(f"{self.path}: no checkpoint {name}@step{step}")
+
+
+def read_dump(path: str | Path) -> Dump:
+    """Load and verify a dump (docs/dump-format.md, "Loading rules"). Any failure raises DumpError
+    naming the file; nothing is returned from a dump that did not load completely."""
+    d = Path(path)
+    mpath = d / "manifest.json"
+    if not mpath.is_file():
+        raise DumpError(f"{mpath}: missing (is {d} a dump directory?)")
+    try:
+        m = json.loads(mpath.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DumpError(f"{mpath}: does not parse as JSON ({e})") from None
+    if not isinstance(m, dict) or m.get("schema") != SCHEMA:
+        raise DumpError(f"{mpath}: schema is {m.get('schema') if isinstance(m, dict) else None!r}, expected {SCHEMA!r}")
+    if m.get("version") != VERSION:
+        raise DumpError(f"{mpath}: version {m.get('version')!r}, this reader reads version {VERSION}")
+    for key in ("family", "producer", "checkpoints"):
+        if key not in m:
+            raise DumpError(f"{mpath}: lacks the key {key!r}")
+    stats_only = bool(m.get("stats_only", False))
+    if not isinstance(m["checkpoints"], list):
+        raise DumpError(f"{mpath}: 'checkpoints' is not a list")
+    out: list[DumpCheckpoint] = []
+    seen: set[tuple[str, int]] = set()
+    listed: set[str] = {"manifest.json"}
+    for i, e in enumerate(m["checkpoints"]):
+        where = f"{mpath} checkpoints[{i}]"
+        if not isinstance(e, dict):
+            raise DumpError(f"{where}: not an object")
+        for key in ("name", "step", "shape", "dtype", "layout"):
+            if key not in e:
+                raise DumpError(f"{where}: lacks {key!r}")
+        name, step = e["name"], e["step"]
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise DumpError(f"{where} ({name}): step {step!r} is not a non-negative integer")
+        where = f"{mpath} checkpoint {name}@step{step}"
+        if (name, step) in seen:
+            raise DumpError(f"{where}: listed twice")
+        seen.add((name, step))
+        if e["dtype"] not in DTYPES:
+            raise DumpError(f"{where}: dtype {e['dtype']!r} is not one of {sorted(DTYPES)}")
+        if e["layout"] not in LAYOUTS:
+            raise DumpError(f"{where}: layout {e['layout']!r} is not one of {LAYOUTS}")
+        shape = e["shape"]
+        if not isinstance(shape, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape):
+            raise DumpError(f"{where}: shape {shape!r} is not a list of non-negative integers")
+        c = DumpCheckpoint(name=name, step=step, array=None, layout=e["layout"], shape=list(shape), dtype=e["dtype"])
+        if stats_only:
+            if "stats" not in e or "content_sha256" not in e:
+                raise DumpError(f"{where}: a stats-only entry needs 'stats' and 'content_sha256'")
+            c.stats, c.content_sha256 = e["stats"], e["content_sha256"]
+        else:
+            for key in ("file", "sha256"):
+                if key not in e:
+                    raise DumpError(f"{where}: lacks {key!r}")
+            fname = e["file"]
+            if not isinstance(fname, str) or "/" in fname or "\\" in fname or fname.startswith("."):
+                raise DumpError(f"{where}: file {fname!r} is not a plain file name inside the dump")
+            fpath = d / fname
+            listed.add(fname)
+            if not fpath.is_file():
+                raise DumpError(f"{fpath}: missing (listed in {mpath} for {name}@step{step})")
+            data = fpath.read_bytes()
+            got = sha256_bytes(data)
+            if got != e["sha256"]:
+                raise DumpError(f"{fpath}: sha256 {got} does not match the manifest's {e['sha256']} (corrupt or modified)")
+            arr = parse_npy(data, str(fpath))
+            if arr.dtype.str != DTYPES[e["dtype"]]:
+                raise DumpError(f"{fpath}: dtype {arr.dtype.str} but the manifest says {e['dtype']}")
+            if list(arr.shape) != list(shape):
+                raise DumpError(f"{fpath}: shape {list(arr.shape)} but the manifest says {shape}")
+            c.array, c.file, c.sha256 = arr, fname, e["sha256"]
+        out.append(c)
+    unlisted = sorted(p.name for p in d.iterdir() if p.name not in listed)
+    return Dump(d, m, out, unlisted)

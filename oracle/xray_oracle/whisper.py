@@ -1,0 +1,399 @@
+"""The Whisper reference run: transformers' own feature extractor and greedy `generate`, with the
+contract's checkpoints captured by forward hooks / pre-hooks at each decode step.
+
+Pinned upstream: transformers 5.24.0, `models/whisper/modeling_whisper.py` and
+`models/whisper/generation_whisper.py`. Facts this module relies on (checked by the tests):
+- the decoder (`model.model.decoder`) runs once per decode step; step K = its K-th call, step 0
+  is the prefill of the whole forced prefix <|startoftranscript|> <|notimestamps|>;
+- the encoder runs once, before the first decoder call, so encoder checkpoints are at step 0;
+- `encoder_attn.k_proj` / `v_proj` run at step 0 only (the cross-attention cache is reused);
+- `proj_out` runs on every position of the step's input (no `logits_to_keep` in Whisper's forward);
+- decoder and encoder layers return a bare tensor; attention modules return a tuple.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from .audio import read_wav
+from .contract import Checkpoint, Contract, load_contract_text, resolve
+from .errors import FIXTURES_HINT, CaptureError, ContractError, OracleInputError
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+REQUIRED_FILES = ("config.json", "preprocessor_config.json", "generation_config.json")
+DTYPES = ("float32", "float64")
+
+_sha_cache: dict[tuple[str, int, int], str] = {}
+
+
+def _sha256_file(path: Path) -> str:
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _sha_cache:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        _sha_cache[key] = h.hexdigest()
+    return _sha_cache[key]
+
+
+def check_model_dir(model_dir: str | Path) -> tuple[Path, dict, str]:
+    """Refuse anything but a local safetensors Whisper directory. Returns (dir, config, weights sha256)."""
+    d = Path(model_dir)
+    if not d.is_dir():
+        raise OracleInputError(f"model directory {d} does not exist; {FIXTURES_HINT}")
+    pickles = sorted(p.name for p in d.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise OracleInputError(
+            f"{d} contains pickle-format weights {pickles}; the oracle loads safetensors only and never unpickles. "
+            "Remove them (keep model.safetensors)"
+        )
+    st = sorted(d.glob("*.safetensors"))
+    if not st:
+        raise OracleInputError(f"{d} has no .safetensors weights; {FIXTURES_HINT}")
+    for f in REQUIRED_FILES:
+        if not (d / f).is_file():
+            raise OracleInputError(f"{d / f} is missing; {FIXTURES_HINT}")
+    try:
+        config = json.loads((d / "config.json").read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise OracleInputError(f"{d / 'config.json'} does not parse: {e}") from None
+    if config.get("model_type") != "whisper":
+        raise OracleInputError(f"{d / 'config.json'}: model_type is {config.get('model_type')!r}, expected 'whisper'")
+    if "auto_map" in config:
+        raise OracleInputError(f"{d / 'config.json'} has an auto_map (remote code); the oracle never runs remote code")
+    if len(st) == 1:
+        weights_sha = _sha256_file(st[0])
+    else:  # sharded: hash of the sorted (file name, file hash) list
+        weights_sha = hashlib.sha256(
+            "".join(f"{p.name}:{_sha256_file(p)}\n" for p in st).encode()
+        ).hexdigest()
+    return d, config, weights_sha
+
+
+def tool_versions() -> dict:
+    import numpy
+    import torch
+    import transformers
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "numpy": numpy.__version__,
+    }
+
+
+def log_mel_float64(feature_extractor, samples: np.ndarray):
+    """WhisperFeatureExtractor's torch path in float64, for calibration runs.
+
+    Port of transformers 5.24.0 `WhisperFeatureExtractor.__call__` (pad with zeros / truncate to
+    n_samples) + `_torch_extract_fbank_features` (models/whisper/feature_extraction_whisper.py),
+    which hard-codes float32; every operation is the same, in float64."""
+    import torch
+
+    fe = feature_extractor
+    if fe.dither != 0.0:
+        raise OracleInputError("the float64 oracle path does not implement dither; preprocessor_config.json has dither != 0")
+    x = np.zeros(fe.n_samples, dtype=np.float64)
+    n = min(len(samples), fe.n_samples)
+    x[:n] = samples[:n]
+    waveform = torch.from_numpy(x)
+    window = torch.hann_window(fe.n_fft, dtype=torch.float64)
+    stft = torch.stft(waveform, fe.n_fft, fe.hop_length, window=window, return_complex=True)
+    magnitudes = stft[..., :-1].abs() ** 2
+    mel_filters = torch.from_numpy(np.asarray(fe.mel_filters, dtype=np.float64))
+    mel_spec = mel_filters.T @ magnitudes
+    log_spec = torch.clamp(mel_spec, min=1e-10).log10()
+    log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
+    log_spec = (log_spec + 4.0) / 4.0
+    return log_spec.unsqueeze(0)
+
+
+class _Recorder:
+    """Forward hooks / pre-hooks that copy the contract's checkpoints out, per decode step."""
+
+    def __init__(self, model, contract: Contract, selected: list[Checkpoint]):
+        self.model = model
+        self.contract = contract
+        self.selected = selected
+        self.step = 0
+        self.decoder_calls = 0
+        self.step_input_ids: list[list[int]] = []
+        self.captured: dict[tuple[str, int], np.ndarray] = {}
+        self.handles: list = []
+
+    def _module(self, path: str):
+        try:
+            return self.model.get_submodule(path)
+        except AttributeError:
+            raise ContractError(
+                f"contract reference module {path!r} does not exist in {type(self.model).__name__}"
+            ) from None
+
+    def install(self) -> None:
+        decoder = self.model.model.decoder
+
+        def on_decoder(module, args, kwargs):
+            self.step = self.decoder_calls
+            self.decoder_calls += 1
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if ids is None:
+                raise CaptureError("the decoder was called without input_ids; cannot tell the step's tokens")
+            self.step_input_ids.append([int(t) for t in ids[0].tolist()])
+
+        self.handles.append(decoder.register_forward_pre_hook(on_decoder, with_kwargs=True))
+        for ckpt in self.selected:
+            mod = self._module(ckpt.reference.module)
+            if ckpt.reference.hook == "forward":
+                h = mod.register_forward_hook(lambda m, a, k, out, c=ckpt: self._take(c, out, "output"), with_kwargs=True)
+            else:
+                h = mod.register_forward_pre_hook(lambda m, a, k, c=ckpt: self._take(c, a, "positional inputs"), with_kwargs=True)
+            self.handles.append(h)
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+    def _take(self, ckpt: Checkpoint, value: Any, what: str) -> None:
+        import torch
+
+        ref = ckpt.reference
+        if isinstance(value, (tuple, list)):
+            if ref.index >= len(value):
+                raise CaptureError(
+                    f"checkpoint {ckpt.name}: {ref.module} {what} has {len(value)} elements, contract index is {ref.index}"
+                )
+            t = value[ref.index]
+        elif torch.is_tensor(value):
+            # A module returning a bare tensor (WhisperEncoderLayer, WhisperDecoderLayer, nn.Linear):
+            # index 0 means the tensor itself.
+            if ref.index != 0:
+                raise CaptureError(f"checkpoint {ckpt.name}: {ref.module} {what} is a single tensor, contract index is {ref.index}")
+            t = value
+        else:
+            t = getattr(value, "last_hidden_state", None) if ref.index == 0 else None
+            if t is None:
+                raise CaptureError(f"checkpoint {ckpt.name}: {ref.module} {what} is a {type(value).__name__}, not a tensor or tuple")
+        if not torch.is_tensor(t):
+            raise CaptureError(f"checkpoint {ckpt.name}: {ref.module} {what}[{ref.index}] is a {type(t).__name__}, not a tensor")
+        t = t.detach()
+        for tr in ref.transform:
+            if tr == "squeeze_batch":
+                if t.dim() == 0 or t.shape[0] != 1:
+                    raise CaptureError(f"checkpoint {ckpt.name}: squeeze_batch needs a leading batch axis of 1, got shape {list(t.shape)}")
+                t = t[0]
+            elif tr == "split_heads":
+                h, hd = self.contract.dims.get("heads"), self.contract.dims.get("head_dim")
+                if h is None or hd is None:
+                    raise ContractError(f"checkpoint {ckpt.name}: split_heads needs dims 'heads' and 'head_dim' in the contract")
+                if t.dim() != 2 or t.shape[1] != h * hd:
+                    raise CaptureError(
+                        f"checkpoint {ckpt.name}: split_heads expects [T, {h}*{hd}], got shape {list(t.shape)} from {ref.module}"
+                    )
+                t = t.reshape(t.shape[0], h, hd).transpose(0, 1)
+        key = (ckpt.name, self.step)
+        if key in self.captured:
+            raise CaptureError(
+                f"checkpoint {ckpt.name}: {ref.module} ran twice at step {self.step}; the contract expects one call per step"
+            )
+        self.captured[key] = np.ascontiguousarray(t.to("cpu").numpy()).copy()
+
+
+def run_whisper(
+    model_dir: str,
+    audio_path: str,
+    contract_json: str,
+    max_new_tokens: Optional[int] = None,
+    dtype: str = "float32",
+    only: Optional[list[str]] = None,
+    attn_implementation: str = "eager",
+    threads: Optional[int] = 1,
+) -> dict:
+    """Run the HF Whisper reference on one WAV and capture the contract's checkpoints.
+
+    - model_dir: a local HF Whisper directory with safetensors weights (no pickles, no hub).
+    - audio_path: 16 kHz mono 16-bit PCM WAV no longer than the model's chunk_length.
+    - contract_json: the contract text (or a path to it).
+    - max_new_tokens: passed to generate (None: the generation config's max_length).
+    - dtype: "float32" (the reference) or "float64" (model.double(), log-mel in f64; calibration).
+    - only: restrict capture to these checkpoint names (expanded names or templates).
+    - attn_implementation: "eager" (default: the plain matmul/softmax path) or "sdpa".
+    - threads: torch intra-op threads for this call (restored afterwards); None keeps torch's
+      setting. The default 1 makes the reference independent of the host's core count and immune
+      to oversubscription: on a busy 2-core machine torch's 2-thread CPU ops (e.g. torch.isin in
+      generate's suppress-tokens processor) ran up to 100x slower than with one thread.
+
+    Returns {"family", "tokens", "transcript", "checkpoints": [{"name", "step", "layout",
+    "array"}], "tools", "weights_sha256", "audio_sha256", "config", "dims", "dtype",
+    "step_tokens"}; arrays are C-contiguous float32 (float64 when dtype="float64"), batch squeezed,
+    in the contract's canonical shape. `tokens` is the full decoder sequence: forced prefix +
+    generated tokens, including the final EOS when generation stopped on it.
+    """
+    if dtype not in DTYPES:
+        raise OracleInputError(f"dtype {dtype!r} is not one of {DTYPES}")
+    if max_new_tokens is not None and (not isinstance(max_new_tokens, int) or max_new_tokens < 1):
+        raise OracleInputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise OracleInputError(f"threads must be a positive integer or None, got {threads!r}")
+    if attn_implementation not in ("eager", "sdpa"):
+        raise OracleInputError(f"attn_implementation {attn_implementation!r} is not 'eager' or 'sdpa'")
+    d, config, weights_sha = check_model_dir(model_dir)
+    data = load_contract_text(contract_json)
+    if data.get("family") != "whisper":
+        raise ContractError(f"run_whisper got the contract of family {data.get('family')!r}")
+    contract = resolve(data, config)
+    selected = _select(contract, only)
+
+    import torch
+
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _run(d, config, weights_sha, contract, selected, audio_path, max_new_tokens, dtype, attn_implementation)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run(d: Path, config: dict, weights_sha: str, contract: Contract, selected: list[Checkpoint], audio_path: str,
+         max_new_tokens: Optional[int], dtype: str, attn_implementation: str) -> dict:
+    import torch
+    import transformers
+    from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizer
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    tdtype = torch.float64 if dtype == "float64" else torch.float32
+
+    fe = WhisperFeatureExtractor.from_pretrained(str(d), local_files_only=True)
+    audio = read_wav(audio_path, max_seconds=fe.chunk_length, dtype=np.float64 if dtype == "float64" else np.float32)
+    if fe.sampling_rate != audio.sample_rate:
+        raise OracleInputError(f"{d / 'preprocessor_config.json'}: sampling_rate {fe.sampling_rate}, the oracle feeds 16000 Hz")
+    tokenizer = WhisperTokenizer.from_pretrained(str(d), local_files_only=True)
+    model = WhisperForConditionalGeneration.from_pretrained(
+        str(d),
+        local_files_only=True,
+        use_safetensors=True,
+        dtype=torch.float32,
+        attn_implementation=attn_implementation,
+    )
+    model.eval()
+    if dtype == "float64":
+        model = model.double()
+    expected_frames = 2 * model.config.max_source_positions
+    if fe.nb_max_frames != expected_frames:
+        raise OracleInputError(
+            f"{d}: preprocessor_config.json makes {fe.nb_max_frames} mel frames (chunk_length {fe.chunk_length} s), "
+            f"config.json's max_source_positions {model.config.max_source_positions} needs {expected_frames}"
+        )
+
+    if dtype == "float64":
+        feats = log_mel_float64(fe, audio.samples)
+    else:
+        feats = fe(audio.samples, sampling_rate=audio.sample_rate, return_tensors="pt").input_features
+    feats = feats.to(tdtype)
+
+    rec = _Recorder(model, contract, selected)
+    rec.install()
+    try:
+        with torch.inference_mode():
+            kwargs = {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
+            out = model.generate(feats, do_sample=False, num_beams=1, return_dict_in_generate=True, **kwargs)
+    finally:
+        rec.remove()
+
+    seq = [int(t) for t in out.sequences[0].tolist()]
+    steps = rec.decoder_calls
+    _check_steps(rec, seq, steps)
+    checkpoints = _verify_and_collect(rec, contract, selected, steps)
+    transcript = tokenizer.decode(seq, skip_special_tokens=True)
+    return {
+        "family": "whisper",
+        "tokens": seq,
+        "transcript": transcript,
+        "checkpoints": checkpoints,
+        "tools": tool_versions(),
+        "weights_sha256": weights_sha,
+        "audio_sha256": audio.sha256,
+        "config": config,
+        "dims": dict(contract.dims),
+        "dtype": dtype,
+        "attn_implementation": attn_implementation,
+        "step_tokens": rec.step_input_ids,
+    }
+
+
+def _select(contract: Contract, only: Optional[list[str]]) -> list[Checkpoint]:
+    if only is None:
+        return list(contract.checkpoints)
+    names = {c.name for c in contract.checkpoints} | {c.template for c in contract.checkpoints}
+    unknown = [o for o in only if o not in names]
+    if unknown:
+        raise OracleInputError(
+            f"unknown checkpoint name(s) {unknown}; the contract has e.g. "
+            f"{[c.name for c in contract.checkpoints[:3]]} (templates such as {contract.checkpoints[-2].template!r} select every layer)"
+        )
+    want = set(only)
+    return [c for c in contract.checkpoints if c.name in want or c.template in want]
+
+
+def _check_steps(rec: _Recorder, seq: list[int], steps: int) -> None:
+    """The decoder's per-step inputs must be the returned sequence: prefix at step 0, then each
+    generated token fed back one step later."""
+    if steps == 0:
+        raise CaptureError("generate() never called the decoder")
+    prefix = rec.step_input_ids[0]
+    fed = list(prefix)
+    for k, ids in enumerate(rec.step_input_ids[1:], start=1):
+        if len(ids) != 1:
+            raise CaptureError(f"decoder step {k} got {len(ids)} input tokens, expected 1 (KV-cached decoding)")
+        fed += ids
+    if seq[: len(fed)] != fed or len(seq) != len(fed) + 1:
+        raise CaptureError(
+            f"generate() returned {seq}, but the decoder was fed {fed} over {steps} steps "
+            "(expected the returned sequence to be the fed tokens plus the last step's token)"
+        )
+
+
+def _verify_and_collect(rec: _Recorder, contract: Contract, selected: list[Checkpoint], steps: int) -> list[dict]:
+    prefix_len = len(rec.step_input_ids[0])
+    out = []
+    for ckpt in selected:
+        want_steps = range(steps) if ckpt.steps == "every" else range(1)
+        got_steps = sorted(s for (n, s) in rec.captured if n == ckpt.name)
+        if got_steps != list(want_steps):
+            extra = sorted(set(got_steps) - set(want_steps))
+            missing = sorted(set(want_steps) - set(got_steps))
+            raise CaptureError(
+                f"checkpoint {ckpt.name} (steps: {ckpt.steps}, hook {ckpt.reference.hook} on {ckpt.reference.module}): "
+                f"captured at steps {got_steps} of {steps}; missing {missing}, unexpected {extra}"
+            )
+        for s in want_steps:
+            a = rec.captured[(ckpt.name, s)]
+            tokens = prefix_len if s == 0 else 1
+            expected = []
+            for dim in ckpt.shape:
+                if isinstance(dim, int):
+                    expected.append(dim)
+                elif dim == "tokens":
+                    expected.append(tokens)
+                else:
+                    raise ContractError(f"checkpoint {ckpt.name}: shape symbol {dim!r} is neither a dim nor 'tokens'")
+            if list(a.shape) != expected:
+                raise CaptureError(
+                    f"checkpoint {ckpt.name}@step{s}: HF gives shape {list(a.shape)}, the contract says "
+                    f"{ckpt.shape} = {expected} (tokens = {tokens})"
+                )
+            out.append({"name": ckpt.name, "step": s, "layout": ckpt.layout, "array": a, "order": ckpt.order})
+    out.sort(key=lambda c: (c["step"], c["order"]))
+    for c in out:
+        del c["order"]
+    return out

@@ -314,3 +314,46 @@ fn extract_run(py: Python<'_>, res: &Bound<'_, PyAny>) -> Result<OracleRun> {
         extra,
     })
 }
+
+/// The PyTorch-eager half of `xray bench`: a Whisper model loaded once in the interpreter, timed
+/// one operation per call so the caller can interleave it with the runtime.
+pub struct TorchBench {
+    oracle: Oracle,
+    handle: Py<PyAny>,
+}
+
+impl TorchBench {
+    /// Load HF Whisper from `model_dir` (f32, eager attention, `threads` intra-op threads).
+    pub fn whisper(oracle: &Oracle, model_dir: &Path, audio: &Path, threads: usize) -> Result<TorchBench> {
+        let handle = oracle.with_python(|py, _m| {
+            let bench = py.import("xray_oracle.bench").map_err(|e| py_err(py, e))?;
+            let h = bench
+                .getattr("WhisperBench")
+                .and_then(|c| c.call1((model_dir.to_string_lossy().to_string(), audio.to_string_lossy().to_string(), threads)))
+                .map_err(|e| py_err(py, e))?;
+            Ok(h.unbind())
+        })?;
+        Ok(TorchBench {
+            oracle: oracle.clone(),
+            handle,
+        })
+    }
+
+    /// Seconds for one encoder forward on the 30 s window.
+    pub fn encoder(&self) -> Result<f64> {
+        self.oracle.with_python(|py, _| {
+            self.handle.bind(py).call_method0("encoder").and_then(|r| r.extract()).map_err(|e| py_err(py, e))
+        })
+    }
+
+    /// Seconds and generated-token count for one greedy generate capped at `max_new_tokens`.
+    pub fn generate(&self, max_new_tokens: usize) -> Result<(f64, usize)> {
+        self.oracle.with_python(|py, _| {
+            self.handle
+                .bind(py)
+                .call_method1("generate", (max_new_tokens,))
+                .and_then(|r| r.extract())
+                .map_err(|e| py_err(py, e))
+        })
+    }
+}

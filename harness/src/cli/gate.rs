@@ -1,0 +1,70 @@
+//! `xray gate --evidence NEW --baseline OLD [--junit FILE] [--factor F]`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use xray_harness::evidence::{write_atomic, Evidence};
+use xray_harness::gate::{gate, junit_xml, GateOptions};
+
+use super::exit_fail;
+
+/// Arguments of `xray gate`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// New evidence JSON.
+    #[arg(long, value_name = "NEW")]
+    pub evidence: PathBuf,
+    /// Baseline evidence JSON.
+    #[arg(long, value_name = "OLD")]
+    pub baseline: PathBuf,
+    /// Write JUnit XML here.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
+    /// Allowed growth factor of rel_l2 and max_abs.
+    #[arg(long, value_name = "F", default_value_t = GateOptions::default().factor)]
+    pub factor: f64,
+    /// rel_l2 at or below this never fails.
+    #[arg(long, value_name = "X", default_value_t = GateOptions::default().rel_l2_floor)]
+    pub rel_l2_floor: f64,
+    /// max_abs at or below this never fails.
+    #[arg(long, value_name = "X", default_value_t = GateOptions::default().max_abs_floor)]
+    pub max_abs_floor: f64,
+}
+
+/// Runs the gate: prints findings, writes JUnit, exit 0 pass / 1 failure / 2 input error.
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let ok = |v: f64| v.is_finite() && v >= 0.0;
+    if !(ok(a.factor) && a.factor >= 1.0 && ok(a.rel_l2_floor) && ok(a.max_abs_floor)) {
+        bail!("--factor must be >= 1 and the floors finite and >= 0");
+    }
+    let new = Evidence::load(&a.evidence)?;
+    let base = Evidence::load(&a.baseline)?;
+    let opts = GateOptions {
+        factor: a.factor,
+        rel_l2_floor: a.rel_l2_floor,
+        max_abs_floor: a.max_abs_floor,
+    };
+    let r = gate(&new, &base, &opts);
+    let mut out = String::new();
+    for f in &r.findings {
+        let tag = if f.failing { "FAIL" } else { "info" };
+        out += &format!("{tag} {}\n", f.message);
+    }
+    out += &format!(
+        "gate: {} checkpoints checked, {} failing finding(s): {}\n",
+        r.checked.len(),
+        r.failures().count(),
+        if r.passed() { "PASS" } else { "FAIL" }
+    );
+    super::say(&out)?;
+    if let Some(p) = &a.junit {
+        write_atomic(p, junit_xml(&r).as_bytes())
+            .with_context(|| format!("writing JUnit XML {}", p.display()))?;
+    }
+    Ok(if r.passed() {
+        ExitCode::SUCCESS
+    } else {
+        exit_fail()
+    })
+}

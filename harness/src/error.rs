@@ -1,0 +1,110 @@
+//! The harness library's error type: one enum with structured fields.
+
+/// Errors of the harness library.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The two tensors of a comparison do not have the same shape.
+    #[error("shape mismatch: reference {reference:?} vs runtime {runtime:?}")]
+    ShapeMismatch {
+        /// Reference shape.
+        reference: Vec<usize>,
+        /// Runtime shape.
+        runtime: Vec<usize>,
+    },
+    /// Logits metrics need a `[positions, vocab]` tensor.
+    #[error("logits must be 2-D [positions, vocab], got shape {shape:?}")]
+    NotLogits {
+        /// The offending shape.
+        shape: Vec<usize>,
+    },
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// File path.
+        path: String,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+    /// A JSON document does not parse into the expected type.
+    #[error("{path}: invalid JSON: {source}")]
+    Json {
+        /// File path (or `<string>`).
+        path: String,
+        /// Underlying error.
+        source: serde_json::Error,
+    },
+    /// A policy glob does not compile.
+    #[error("invalid glob {glob:?} in policy rule {rule}: {source}")]
+    Glob {
+        /// Rule index (0-based).
+        rule: usize,
+        /// The glob text.
+        glob: String,
+        /// Underlying error.
+        source: globset::Error,
+    },
+    /// A policy value is outside its domain.
+    #[error("invalid policy: {0}")]
+    Policy(String),
+    /// Two graph nodes share a name and step.
+    #[error("duplicate checkpoint {name}@step{step}")]
+    DuplicateNode {
+        /// Checkpoint name.
+        name: String,
+        /// Step.
+        step: u32,
+    },
+    /// An input refers to a checkpoint that is not in the graph.
+    #[error("{node}: input {input} is not a checkpoint of the graph")]
+    DanglingInput {
+        /// Consumer id (`name@stepK`).
+        node: String,
+        /// Missing input id.
+        input: String,
+    },
+    /// An input lies at a later step than its consumer.
+    #[error("{node}: input {input} is at a later step")]
+    ForwardInStep {
+        /// Consumer id.
+        node: String,
+        /// Input id.
+        input: String,
+    },
+    /// The same-step edges contain a cycle.
+    #[error("cycle among checkpoints at step {step}, involving {node}")]
+    Cycle {
+        /// Step of the cycle.
+        step: u32,
+        /// One node on or after the cycle.
+        node: String,
+    },
+    /// A contract template could not be expanded.
+    #[error("template {template:?}: {reason}")]
+    Template {
+        /// The template text.
+        template: String,
+        /// Why.
+        reason: String,
+    },
+    /// A per-node slice has the wrong length.
+    #[error("expected {expected} per-node entries, got {found}")]
+    Length {
+        /// Node count.
+        expected: usize,
+        /// Slice length.
+        found: usize,
+    },
+    /// An evidence document has an unsupported schema identifier.
+    #[error("{path}: schema {found:?}, expected {expected:?}")]
+    Schema {
+        /// File path.
+        path: String,
+        /// Schema found.
+        found: String,
+        /// Schema expected.
+        expected: String,
+    },
+}
+
+/// Result alias of the harness library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,484 @@
+//! CI gate: compares new evidence with a baseline and lists findings; writes JUnit XML.
+//!
+//! Failing findings:
+//! - the verdict worsens (`pass` -> `diverged`/`error`);
+//! - a checkpoint's status worsens (`pass` -> anything else);
+//! - a checkpoint of the baseline is absent from the new evidence;
+//! - a checkpoint's `rel_l2` or `max_abs` grows past `factor` times the baseline **and** past the
+//!   metric's absolute floor (so `1e-9 -> 3e-9` does not fail).
+//!
+//! Informational findings (do not fail): checkpoints new in the new evidence, improvements of
+//! status.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use crate::evidence::{CheckpointEvidence, Evidence, Verdict};
+use crate::localize::Status;
+
+/// Gate thresholds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GateOptions {
+    /// Allowed growth factor of `rel_l2` and `max_abs` (default 2).
+    pub factor: f64,
+    /// `rel_l2` at or below this never fails (default 1e-6).
+    pub rel_l2_floor: f64,
+    /// `max_abs` at or below this never fails (default 1e-4).
+    pub max_abs_floor: f64,
+}
+
+impl Default for GateOptions {
+    fn default() -> Self {
+        GateOptions {
+            factor: 2.0,
+            rel_l2_floor: 1e-6,
+            max_abs_floor: 1e-4,
+        }
+    }
+}
+
+/// What a finding is about.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FindingKind {
+    /// The overall verdict worsened.
+    VerdictWorsened {
+        /// Baseline verdict.
+        from: Verdict,
+        /// New verdict.
+        to: Verdict,
+    },
+    /// A checkpoint's status worsened.
+    StatusWorsened {
+        /// Baseline status.
+        from: Status,
+        /// New status.
+        to: Status,
+    },
+    /// A metric grew past the limit.
+    ErrorGrew {
+        /// `rel_l2` or `max_abs`.
+        metric: &'static str,
+        /// Baseline value.
+        baseline: f64,
+        /// New value.
+        new: f64,
+        /// The limit it exceeded.
+        limit: f64,
+    },
+    /// In the baseline, absent from the new evidence.
+    Removed,
+    /// In the new evidence only (informational).
+    Added,
+    /// Status improved (informational).
+    StatusImproved {
+        /// Baseline status.
+        from: Status,
+        /// New status.
+        to: Status,
+    },
+}
+
+/// One gate finding.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finding {
+    /// `name@stepK`, or `None` for the verdict.
+    pub checkpoint: Option<String>,
+    /// What happened.
+    pub kind: FindingKind,
+    /// Whether it fails the gate.
+    pub failing: bool,
+    /// Human-readable message.
+    pub message: String,
+}
+
+/// Outcome of [`gate`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct GateReport {
+    /// Family of the new evidence (JUnit class name).
+    pub family: String,
+    /// Every checkpoint id checked, in new-evidence order followed by removed ones.
+    pub checked: Vec<String>,
+    /// Findings in check order.
+    pub findings: Vec<Finding>,
+}
+
+impl GateReport {
+    /// Whether no finding fails.
+    pub fn passed(&self) -> bool {
+        !self.findings.iter().any(|f| f.failing)
+    }
+
+    /// Failing findings.
+    pub fn failures(&self) -> impl Iterator<Item = &Finding> {
+        self.findings.iter().filter(|f| f.failing)
+    }
+}
+
+fn growth(
+    out: &mut Vec<Finding>,
+    id: &str,
+    metric: &'static str,
+    base: f64,
+    new: f64,
+    factor: f64,
+    floor: f64,
+) {
+    let limit = (factor * base).max(floor);
+    if new > limit {
+        out.push(Finding {
+            checkpoint: Some(id.to_string()),
+            kind: FindingKind::ErrorGrew {
+                metric,
+                baseline: base,
+                new,
+                limit,
+            },
+            failing: true,
+            message: format!(
+                "{id}: {metric} grew from {base:.3e} to {new:.3e} (limit {limit:.3e} = max({factor} x baseline, floor {floor:.1e}))"
+            ),
+        });
+    }
+}
+
+/// Compares `new` evidence with `baseline`.
+pub fn gate(new: &Evidence, baseline: &Evidence, opts: &GateOptions) -> GateReport {
+    let mut findings = Vec::new();
+    let rank = |v: Verdict| match v {
+        Verdict::Pass => 0,
+        Verdict::Diverged | Verdict::Error => 1,
+    };
+    if rank(new.verdict) > rank(baseline.verdict) {
+        findings.push(Finding {
+            checkpoint: None,
+            kind: FindingKind::VerdictWorsened {
+                from: baseline.verdict,
+                to: new.verdict,
+            },
+            failing: true,
+            message: format!(
+                "verdict worsened: {} -> {}",
+                baseline.verdict.as_str(),
+                new.verdict.as_str()
+            ),
+        });
+    }
+    let base: HashMap<String, &CheckpointEvidence> =
+        baseline.checkpoints.iter().map(|c| (c.id(), c)).collect();
+    let mut checked = Vec::with_capacity(new.checkpoints.len());
+    let mut seen = std::collections::HashSet::new();
+    for c in &new.checkpoints {
+        let id = c.id();
+        checked.push(id.clone());
+        seen.insert(id.clone());
+        let Some(b) = base.get(&id) else {
+            findings.push(Finding {
+                checkpoint: Some(id.clone()),
+                kind: FindingKind::Added,
+                failing: false,
+                message: format!("{id}: not in the baseline"),
+            });
+            continue;
+        };
+        if b.status == Status::Pass && c.status != Status::Pass {
+            findings.push(Finding {
+                checkpoint: Some(id.clone()),
+                kind: FindingKind::StatusWorsened {
+                    from: b.status,
+                    to: c.status,
+                },
+                failing: true,
+                message: format!("{id}: status worsened: pass -> {}", c.status.as_str()),
+            });
+        } else if b.status != Status::Pass && c.status == Status::Pass {
+            findings.push(Finding {
+                checkpoint: Some(id.clone()),
+                kind: FindingKind::StatusImproved {
+                    from: b.status,
+                    to: c.status,
+                },
+                failing: false,
+                message: format!("{id}: status improved: {} -> pass", b.status.as_str()),
+            });
+        }
+        if let (Some(bm), Some(nm)) = (&b.metrics, &c.metrics) {
+            growth(
+                &mut findings,
+                &id,
+                "rel_l2",
+                bm.rel_l2,
+                nm.rel_l2,
+                opts.factor,
+                opts.rel_l2_floor,
+            );
+            growth(
+                &mut findings,
+                &id,
+                "max_abs",
+                bm.max_abs,
+                nm.max_abs,
+                opts.factor,
+                opts.max_abs_floor,
+            );
+        }
+    }
+    for b in &baseline.checkpoints {
+        let id = b.id();
+        if !seen.contains(&id) {
+            checked.push(id.clone());
+            findings.push(Finding {
+                checkpoint: Some(id.clone()),
+                kind: FindingKind::Removed,
+                failing: true,
+                message: format!("{id}: in the baseline, absent from the new evidence"),
+            });
+        }
+    }
+    GateReport {
+        family: new.run.family.clone(),
+        checked,
+        findings,
+    }
+}
+
+/// Escapes text for XML attributes and content; drops characters XML 1.0 forbids.
+pub fn xml_escape(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&apos;"),
+            '\t' | '\n' | '\r' => o.push(c),
+            c if (c as u32) < 0x20 || c == '\u{FFFE}' || c == '\u{FFFF}' => o.push('\u{FFFD}'),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+/// JUnit XML: one test case for the verdict and one per checked `checkpoint@step`, with a
+/// `<failure>` per failing finding.
+pub fn junit_xml(r: &GateReport) -> String {
+    let mut by_id: HashMap<Option<&str>, Vec<&Finding>> = HashMap::new();
+    for f in r.failures() {
+        by_id.entry(f.checkpoint.as_deref()).or_default().push(f);
+    }
+    let tests = r.checked.len() + 1;
+    let failures = by_id.values().count();
+    let class = xml_escape(&format!("xray.gate.{}", r.family));
+    let mut s = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    let _ = writeln!(
+        s,
+        "<testsuites name=\"xray gate\" tests=\"{tests}\" failures=\"{failures}\">\n  <testsuite name=\"{class}\" tests=\"{tests}\" failures=\"{failures}\" errors=\"0\" skipped=\"0\">"
+    );
+    let mut case = |name: &str, fs: Option<&Vec<&Finding>>| {
+        let _ = write!(
+            s,
+            "    <testcase classname=\"{class}\" name=\"{}\"",
+            xml_escape(name)
+        );
+        match fs {
+            None => s.push_str("/>\n"),
+            Some(fs) => {
+                s.push_str(">\n");
+                for f in fs {
+                    let ty = match f.kind {
+                        FindingKind::VerdictWorsened { .. } => "verdict",
+                        FindingKind::StatusWorsened { .. } => "status",
+                        FindingKind::ErrorGrew { .. } => "error_growth",
+                        _ => "removed",
+                    };
+                    let m = xml_escape(&f.message);
+                    let _ = writeln!(
+                        s,
+                        "      <failure type=\"{ty}\" message=\"{m}\">{m}</failure>"
+                    );
+                }
+                s.push_str("    </testcase>\n");
+            }
+        }
+    };
+    case("verdict", by_id.get(&None));
+    for id in &r.checked {
+        case(id, by_id.get(&Some(id.as_str())));
+    }
+    s.push_str("  </testsuite>\n</testsuites>\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::evidence::{Run, ToleranceEvidence, SCHEMA};
+    use crate::localize::ErrorProfile;
+    use crate::metrics::{compare_slices, Metrics};
+    use crate::tolerance::Tolerance;
+
+    fn metrics(rel: f64, max_abs: f64) -> Metrics {
+        let mut m = compare_slices(&[1.0], &[1.0], &[1], &Tolerance::default_f32());
+        m.rel_l2 = rel;
+        m.max_abs = max_abs;
+        m
+    }
+
+    fn cp(name: &str, status: Status, rel: f64, max_abs: f64) -> CheckpointEvidence {
+        CheckpointEvidence {
+            name: name.into(),
+            step: 0,
+            producer: "op".into(),
+            consumers: vec![],
+            shape: vec![1],
+            dtype: "f32".into(),
+            layout: "plain".into(),
+            metrics: Some(metrics(rel, max_abs)),
+            local_metrics: None,
+            tolerance: ToleranceEvidence {
+                atol: 1e-4,
+                rtol: 1e-3,
+                max_outlier_fraction: 0.0,
+                max_rel_l2: None,
+                source: "default:f32".into(),
+            },
+            status,
+            propagated_from: vec![],
+            note: None,
+        }
+    }
+
+    fn ev(verdict: Verdict, cps: Vec<CheckpointEvidence>) -> Evidence {
+        Evidence {
+            schema: SCHEMA.into(),
+            verdict,
+            run: Run {
+                family: "whisper".into(),
+                ..Default::default()
+            },
+            checkpoints: cps,
+            first_divergence: None,
+            error_profile: ErrorProfile::default(),
+            drill_down: None,
+            capture_neutral: None,
+            transcript: None,
+            notes: vec![],
+        }
+    }
+
+    #[test]
+    fn identical_evidence_passes() {
+        let e = ev(Verdict::Pass, vec![cp("a", Status::Pass, 1e-6, 1e-5)]);
+        let r = gate(&e, &e, &GateOptions::default());
+        assert!(r.passed());
+        assert!(r.findings.is_empty());
+    }
+
+    #[test]
+    fn status_and_verdict_worsening_fail() {
+        let b = ev(
+            Verdict::Pass,
+            vec![
+                cp("a", Status::Pass, 1e-6, 1e-5),
+                cp("b", Status::Pass, 1e-6, 1e-5),
+            ],
+        );
+        let n = ev(
+            Verdict::Diverged,
+            vec![
+                cp("a", Status::Origin, 1e-6, 1e-5),
+                cp("b", Status::Pass, 1e-6, 1e-5),
+            ],
+        );
+        let r = gate(&n, &b, &GateOptions::default());
+        assert!(!r.passed());
+        let kinds: Vec<_> = r.failures().map(|f| f.checkpoint.clone()).collect();
+        assert_eq!(kinds, vec![None, Some("a@step0".into())]);
+        // The reverse direction is an improvement, not a failure.
+        assert!(gate(&b, &n, &GateOptions::default()).passed());
+    }
+
+    #[test]
+    fn error_growth_respects_factor_and_floor() {
+        let b = ev(
+            Verdict::Pass,
+            vec![
+                cp("a", Status::Pass, 1e-9, 1e-9),
+                cp("b", Status::Pass, 1e-4, 1e-3),
+            ],
+        );
+        let n = ev(
+            Verdict::Pass,
+            vec![
+                cp("a", Status::Pass, 3e-9, 3e-9),
+                cp("b", Status::Pass, 2.5e-4, 1.9e-3),
+            ],
+        );
+        let r = gate(&n, &b, &GateOptions::default());
+        let f: Vec<_> = r.failures().collect();
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(matches!(
+            f[0].kind,
+            FindingKind::ErrorGrew {
+                metric: "rel_l2",
+                ..
+            }
+        ));
+        assert_eq!(f[0].checkpoint.as_deref(), Some("b@step0"));
+        let loose = GateOptions {
+            factor: 3.0,
+            ..Default::default()
+        };
+        assert!(gate(&n, &b, &loose).passed());
+    }
+
+    #[test]
+    fn removed_fails_and_added_informs() {
+        let b = ev(
+            Verdict::Pass,
+            vec![
+                cp("a", Status::Pass, 0.0, 0.0),
+                cp("gone", Status::Pass, 0.0, 0.0),
+            ],
+        );
+        let n = ev(
+            Verdict::Pass,
+            vec![
+                cp("a", Status::Pass, 0.0, 0.0),
+                cp("new", Status::Pass, 0.0, 0.0),
+            ],
+        );
+        let r = gate(&n, &b, &GateOptions::default());
+        assert!(!r.passed());
+        assert_eq!(r.checked, ["a@step0", "new@step0", "gone@step0"]);
+        assert!(r
+            .findings
+            .iter()
+            .any(|f| f.kind == FindingKind::Added && !f.failing));
+    }
+
+    #[test]
+    fn junit_has_one_case_per_checkpoint_and_escapes() {
+        let b = ev(
+            Verdict::Pass,
+            vec![
+                cp("a<&>\"'", Status::Pass, 1e-3, 1e-3),
+                cp("ok", Status::Pass, 0.0, 0.0),
+            ],
+        );
+        let n = ev(
+            Verdict::Pass,
+            vec![
+                cp("a<&>\"'", Status::Propagated, 1e-3, 1e-3),
+                cp("ok", Status::Pass, 0.0, 0.0),
+            ],
+        );
+        let x = junit_xml(&gate(&n, &b, &GateOptions::default()));
+        assert_eq!(x.matches("<testcase ").count(), 3);
+        assert_eq!(x.matches("<failure ").count(), 1);
+        assert!(x.contains("name=\"a&lt;&amp;&gt;&quot;&apos;@step0\""));
+        assert!(x.contains("tests=\"3\" failures=\"1\""));
+        assert!(!x.contains("a<&"));
+        assert_eq!(xml_escape("a\u{1}b"), "a\u{FFFD}b");
+    }
+}

@@ -1,0 +1,1126 @@
+//! Localization of the first divergence along the checkpoint graph.
+//!
+//! The graph ([`CheckpointGraph`]) has one node per `(checkpoint name, step)` and an edge from each
+//! checkpoint to every checkpoint computed from it (the contract's `inputs`). It is built from
+//! resolved specs ([`CheckpointSpec`], [`build_graph`]) or from explicit nodes
+//! ([`CheckpointGraph::from_nodes`]); [`expand_templates`] resolves the contract's template syntax
+//! into specs.
+//!
+//! [`localize`] walks the nodes in topological order (step-major, then graph order) and classifies
+//! every failing node:
+//! - **origin**: the first failing node all of whose upstream nodes pass;
+//! - **fail**: a later failing node all of whose upstream nodes pass (an independent divergence that
+//!   the origin cannot explain; fix the origin first);
+//! - **propagated**: a failing node with at least one non-passing upstream node (failing, missing or
+//!   alignment fault); `propagated_from` names the root nodes it inherits from.
+
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use crate::metrics::LogitsMetrics;
+use crate::Error;
+
+/// Step of an input edge relative to its consumer's step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepRef {
+    /// The consumer's own step (no suffix).
+    Same,
+    /// Step 0 (`@prefill`).
+    Prefill,
+    /// The consumer's step minus one (`@previous`); no edge at step 0.
+    Previous,
+}
+
+/// Steps at which a checkpoint exists (the contract's `steps`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Steps {
+    /// Once per input, at step 0 (encoder tensors).
+    Once,
+    /// At the decoder prefill only, step 0 (cross-attention K/V cache).
+    Prefill,
+    /// At every step.
+    Every,
+}
+
+impl Steps {
+    /// Whether the checkpoint exists at `step`.
+    pub fn present_at(self, step: u32) -> bool {
+        matches!(self, Steps::Every) || step == 0
+    }
+
+    /// Parses the contract spelling (`once`, `prefill`, `every`).
+    pub fn parse(s: &str) -> Option<Steps> {
+        match s {
+            "once" => Some(Steps::Once),
+            "prefill" => Some(Steps::Prefill),
+            "every" => Some(Steps::Every),
+            _ => None,
+        }
+    }
+}
+
+/// A checkpoint with concrete name and inputs (templates already expanded).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointSpec {
+    /// Canonical checkpoint name.
+    pub name: String,
+    /// Producing op.
+    pub producer: String,
+    /// Steps where it exists.
+    pub steps: Steps,
+    /// Upstream checkpoints with their step references.
+    pub inputs: Vec<(String, StepRef)>,
+    /// Repeat group and index (`("decoder_layers", 2)`) for the error profile.
+    pub layer: Option<(String, u32)>,
+    /// Whether the checkpoint holds `[positions, vocab]` logits.
+    pub logits: bool,
+}
+
+/// A node given explicitly to [`CheckpointGraph::from_nodes`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeDef {
+    /// Checkpoint name.
+    pub name: String,
+    /// Step.
+    pub step: u32,
+    /// Producing op.
+    pub producer: String,
+    /// Upstream `(name, step)` pairs.
+    pub upstream: Vec<(String, u32)>,
+    /// Repeat group and index.
+    pub layer: Option<(String, u32)>,
+    /// Whether the node holds logits.
+    pub logits: bool,
+}
+
+/// A node of the checkpoint graph.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    /// Checkpoint name.
+    pub name: String,
+    /// Step.
+    pub step: u32,
+    /// Producing op.
+    pub producer: String,
+    /// Consumer ops (by default the producers of downstream checkpoints; a caller holding the
+    /// runtime graph may overwrite them).
+    pub consumers: Vec<String>,
+    /// Upstream node indices.
+    pub upstream: Vec<usize>,
+    /// Downstream node indices.
+    pub downstream: Vec<usize>,
+    /// Repeat group and index.
+    pub layer: Option<(String, u32)>,
+    /// Whether the node holds logits.
+    pub logits: bool,
+}
+
+impl Node {
+    /// `name@stepK`.
+    pub fn id(&self) -> String {
+        format!("{}@step{}", self.name, self.step)
+    }
+}
+
+/// Checkpoint DAG with nodes in topological order (step-major, then declaration order among ready
+/// nodes).
+#[derive(Debug, Clone, Default)]
+pub struct CheckpointGraph {
+    nodes: Vec<Node>,
+    index: HashMap<(String, u32), usize>,
+}
+
+impl CheckpointGraph {
+    /// Builds a graph from explicit nodes; their order is the tie-break of the topological sort.
+    pub fn from_nodes(defs: Vec<NodeDef>) -> Result<CheckpointGraph, Error> {
+        let mut pos: HashMap<(String, u32), usize> = HashMap::with_capacity(defs.len());
+        for (i, d) in defs.iter().enumerate() {
+            if pos.insert((d.name.clone(), d.step), i).is_some() {
+                return Err(Error::DuplicateNode {
+                    name: d.name.clone(),
+                    step: d.step,
+                });
+            }
+        }
+        let n = defs.len();
+        let mut ups: Vec<Vec<usize>> = vec![Vec::new(); n];
+        let mut downs: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (i, d) in defs.iter().enumerate() {
+            for (un, us) in &d.upstream {
+                let id = || format!("{}@step{}", d.name, d.step);
+                let Some(&j) = pos.get(&(un.clone(), *us)) else {
+                    return Err(Error::DanglingInput {
+                        node: id(),
+                        input: format!("{un}@step{us}"),
+                    });
+                };
+                if *us > d.step {
+                    return Err(Error::ForwardInStep {
+                        node: id(),
+                        input: format!("{un}@step{us}"),
+                    });
+                }
+                if !ups[i].contains(&j) {
+                    ups[i].push(j);
+                    downs[j].push(i);
+                }
+            }
+        }
+        // Kahn's algorithm; the ready node with the smallest (step, declaration index) goes next.
+        let mut indeg: Vec<usize> = ups.iter().map(Vec::len).collect();
+        let mut heap: BinaryHeap<std::cmp::Reverse<(u32, usize)>> = (0..n)
+            .filter(|&i| indeg[i] == 0)
+            .map(|i| std::cmp::Reverse((defs[i].step, i)))
+            .collect();
+        let mut order = Vec::with_capacity(n);
+        while let Some(std::cmp::Reverse((_, i))) = heap.pop() {
+            order.push(i);
+            for &k in &downs[i] {
+                indeg[k] -= 1;
+                if indeg[k] == 0 {
+                    heap.push(std::cmp::Reverse((defs[k].step, k)));
+                }
+            }
+        }
+        if order.len() < n {
+            let stuck = (0..n).find(|&i| indeg[i] > 0).unwrap_or(0);
+            return Err(Error::Cycle {
+                step: defs[stuck].step,
+                node: format!("{}@step{}", defs[stuck].name, defs[stuck].step),
+            });
+        }
+        let mut new_of = vec![0; n];
+        for (new, &old) in order.iter().enumerate() {
+            new_of[old] = new;
+        }
+        let mut defs: Vec<Option<NodeDef>> = defs.into_iter().map(Some).collect();
+        let mut nodes = Vec::with_capacity(n);
+        for &old in &order {
+            let Some(d) = defs[old].take() else { continue };
+            nodes.push(Node {
+                name: d.name,
+                step: d.step,
+                producer: d.producer,
+                consumers: Vec::new(),
+                upstream: ups[old].iter().map(|&u| new_of[u]).collect(),
+                downstream: downs[old].iter().map(|&u| new_of[u]).collect(),
+                layer: d.layer,
+                logits: d.logits,
+            });
+        }
+        for i in 0..n {
+            let mut cons: Vec<String> = Vec::new();
+            for &k in &nodes[i].downstream {
+                if !cons.contains(&nodes[k].producer) {
+                    cons.push(nodes[k].producer.clone());
+                }
+            }
+            nodes[i].consumers = cons;
+        }
+        let index = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, nd)| ((nd.name.clone(), nd.step), i))
+            .collect();
+        Ok(CheckpointGraph { nodes, index })
+    }
+
+    /// Nodes in topological order.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// Mutable nodes (to overwrite `consumers` from a runtime graph).
+    pub fn nodes_mut(&mut self) -> &mut [Node] {
+        &mut self.nodes
+    }
+
+    /// Index of `(name, step)`.
+    pub fn find(&self, name: &str, step: u32) -> Option<usize> {
+        self.index.get(&(name.to_string(), step)).copied()
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether the graph has no node.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+}
+
+/// Builds the graph of `specs` over the given steps (deduplicated; need not be contiguous).
+///
+/// A spec yields one node per step where [`Steps::present_at`] holds. `Same` inputs resolve to the
+/// same step, or to step 0 when the input exists only at step 0 (`once`/`prefill`); `Prefill` to
+/// step 0; `Previous` to `step - 1` (dropped at step 0 and when step - 1 is not among `steps`). An
+/// input that resolves to no node is an error.
+pub fn build_graph(specs: &[CheckpointSpec], steps: &[u32]) -> Result<CheckpointGraph, Error> {
+    let mut steps: Vec<u32> = steps.to_vec();
+    steps.sort_unstable();
+    steps.dedup();
+    let kinds: HashMap<&str, Steps> = specs.iter().map(|s| (s.name.as_str(), s.steps)).collect();
+    let mut defs = Vec::new();
+    for &s in &steps {
+        for spec in specs.iter().filter(|sp| sp.steps.present_at(s)) {
+            let mut upstream = Vec::with_capacity(spec.inputs.len());
+            for (name, r) in &spec.inputs {
+                let us = match r {
+                    StepRef::Same if kinds.get(name.as_str()) == Some(&Steps::Every) => s,
+                    StepRef::Same => 0,
+                    StepRef::Prefill => 0,
+                    StepRef::Previous => {
+                        if s == 0 || steps.binary_search(&(s - 1)).is_err() {
+                            continue;
+                        }
+                        s - 1
+                    }
+                };
+                upstream.push((name.clone(), us));
+            }
+            defs.push(NodeDef {
+                name: spec.name.clone(),
+                step: s,
+                producer: spec.producer.clone(),
+                upstream,
+                layer: spec.layer.clone(),
+                logits: spec.logits,
+            });
+        }
+    }
+    CheckpointGraph::from_nodes(defs)
+}
+
+/// One checkpoint of a contract before template expansion (the fields the graph needs; any
+/// other contract field is ignored when deserializing).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TemplateSpec {
+    /// Name, possibly with `{layer}`.
+    pub name: String,
+    /// Repeat key (`encoder_layers`), if repeated.
+    #[serde(default)]
+    pub repeat: Option<String>,
+    /// `once`, `prefill` or `every`.
+    pub steps: String,
+    /// Producer op, possibly with `{layer}`.
+    pub producer: String,
+    /// Inputs with `{layer}`, `{layer-1}`, `{last:KEY}` and `@prefill` / `@previous`.
+    #[serde(default)]
+    pub inputs: Vec<String>,
+    /// Inputs of repeat index 0, replacing `inputs` there.
+    #[serde(default)]
+    pub inputs_at_first: Option<Vec<String>>,
+    /// `logits` for logits checkpoints.
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// Partial repeat ranges are not supported by this expander (an error if present; the
+    /// runtime's contract parser handles them).
+    #[serde(default)]
+    pub range: Option<serde_json::Value>,
+}
+
+/// Substitutes `{layer}`, `{layer-1}` and `{last:KEY}` in `t`.
+fn substitute(
+    t: &str,
+    layer: Option<u32>,
+    repeats: &HashMap<String, u32>,
+) -> Result<String, Error> {
+    let err = |reason: String| Error::Template {
+        template: t.to_string(),
+        reason,
+    };
+    let mut out = String::with_capacity(t.len());
+    let mut rest = t;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let close = rest[open..]
+            .find('}')
+            .ok_or_else(|| err("unclosed '{'".into()))?
+            + open;
+        let key = &rest[open + 1..close];
+        let value = match key {
+            "layer" => layer.ok_or_else(|| err("{layer} outside a repeat".into()))?,
+            "layer-1" => layer
+                .ok_or_else(|| err("{layer-1} outside a repeat".into()))?
+                .checked_sub(1)
+                .ok_or_else(|| err("{layer-1} at layer 0 without inputs_at_first".into()))?,
+            k if k.starts_with("last:") => {
+                let n = repeats
+                    .get(&k[5..])
+                    .copied()
+                    .ok_or_else(|| err(format!("unknown repeat {:?}", &k[5..])))?;
+                n.checked_sub(1)
+                    .ok_or_else(|| err(format!("repeat {:?} is 0", &k[5..])))?
+            }
+            other => return Err(err(format!("unknown placeholder {{{other}}}"))),
+        };
+        out.push_str(&value.to_string());
+        rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Splits `name@prefill` / `name@previous` into name and [`StepRef`].
+fn parse_input(s: &str) -> Result<(&str, StepRef), Error> {
+    match s.split_once('@') {
+        None => Ok((s, StepRef::Same)),
+        Some((n, "prefill")) => Ok((n, StepRef::Prefill)),
+        Some((n, "previous")) => Ok((n, StepRef::Previous)),
+        Some((_, other)) => Err(Error::Template {
+            template: s.to_string(),
+            reason: format!("unknown step reference @{other}"),
+        }),
+    }
+}
+
+/// Expands contract templates into resolved specs, given the repeat counts.
+///
+/// Consecutive templates with the same `repeat` key are expanded layer-major (layer 0 of each,
+/// then layer 1, ...), so declaration order follows depth.
+pub fn expand_templates(
+    templates: &[TemplateSpec],
+    repeats: &HashMap<String, u32>,
+) -> Result<Vec<CheckpointSpec>, Error> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < templates.len() {
+        let key = templates[i].repeat.clone();
+        let mut j = i + 1;
+        while key.is_some() && j < templates.len() && templates[j].repeat == key {
+            j += 1;
+        }
+        let group = &templates[i..j];
+        let layers: Vec<Option<u32>> = match &key {
+            None => vec![None],
+            Some(k) => {
+                let n = repeats.get(k).copied().ok_or_else(|| Error::Template {
+                    template: templates[i].name.clone(),
+                    reason: format!("unknown repeat {k:?}"),
+                })?;
+                (0..n).map(Some).collect()
+            }
+        };
+        if let Some(t) = group.iter().find(|t| t.range.is_some()) {
+            return Err(Error::Template {
+                template: t.name.clone(),
+                reason: "\"range\" is not supported by the harness expander".into(),
+            });
+        }
+        for layer in layers {
+            for t in group {
+                let steps = Steps::parse(&t.steps).ok_or_else(|| Error::Template {
+                    template: t.name.clone(),
+                    reason: format!("unknown steps {:?}", t.steps),
+                })?;
+                let src = match (&t.inputs_at_first, layer) {
+                    (Some(first), Some(0)) => first,
+                    _ => &t.inputs,
+                };
+                let mut inputs = Vec::with_capacity(src.len());
+                for inp in src {
+                    let (n, r) = parse_input(inp)?;
+                    inputs.push((substitute(n, layer, repeats)?, r));
+                }
+                out.push(CheckpointSpec {
+                    name: substitute(&t.name, layer, repeats)?,
+                    producer: substitute(&t.producer, layer, repeats)?,
+                    steps,
+                    inputs,
+                    layer: key.clone().zip(layer),
+                    logits: t.kind.as_deref() == Some("logits"),
+                });
+            }
+        }
+        i = j;
+    }
+    Ok(out)
+}
+
+/// Observed status of one node after comparing its tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Observed {
+    /// Within tolerance.
+    Pass,
+    /// Outside tolerance.
+    Fail,
+    /// Absent from one side.
+    Missing,
+    /// Shape or layout could not be aligned.
+    AlignmentFault,
+}
+
+/// Final status of a checkpoint in the evidence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Within tolerance.
+    Pass,
+    /// The first failing node whose upstream nodes all pass.
+    Origin,
+    /// Fails downstream of a non-passing node.
+    Propagated,
+    /// Could not be aligned.
+    AlignmentFault,
+    /// Absent from one side.
+    Missing,
+    /// Fails although every upstream node passes, after the origin (independent divergence).
+    Fail,
+}
+
+impl Status {
+    /// Lower-case name as in the evidence.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pass => "pass",
+            Status::Origin => "origin",
+            Status::Propagated => "propagated",
+            Status::AlignmentFault => "alignment_fault",
+            Status::Missing => "missing",
+            Status::Fail => "fail",
+        }
+    }
+
+    /// Whether the node diverged (origin, fail or propagated).
+    pub fn is_divergent(self) -> bool {
+        matches!(self, Status::Origin | Status::Fail | Status::Propagated)
+    }
+}
+
+/// Result of [`localize`], indexed like [`CheckpointGraph::nodes`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Localization {
+    /// Final status per node.
+    pub status: Vec<Status>,
+    /// The origin node.
+    pub origin: Option<usize>,
+    /// Failing nodes with all-passing inputs after the origin.
+    pub independent: Vec<usize>,
+    /// For propagated nodes: the root nodes (origin, fail, missing, alignment fault) they inherit
+    /// from, ascending; empty otherwise.
+    pub propagated_from: Vec<Vec<usize>>,
+    /// First divergent node in topological order (may be propagated from a missing node).
+    pub first_divergent: Option<usize>,
+}
+
+/// Classifies every node (see the module doc).
+pub fn localize(g: &CheckpointGraph, observed: &[Observed]) -> Result<Localization, Error> {
+    if observed.len() != g.len() {
+        return Err(Error::Length {
+            expected: g.len(),
+            found: observed.len(),
+        });
+    }
+    let n = g.len();
+    let mut status = vec![Status::Pass; n];
+    let mut from: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut origin = None;
+    let mut independent = Vec::new();
+    let mut first_divergent = None;
+    for (i, node) in g.nodes().iter().enumerate() {
+        status[i] = match observed[i] {
+            Observed::Pass => Status::Pass,
+            Observed::Missing => Status::Missing,
+            Observed::AlignmentFault => Status::AlignmentFault,
+            Observed::Fail => {
+                let mut roots = BTreeSet::new();
+                for &u in &node.upstream {
+                    match status[u] {
+                        Status::Pass => {}
+                        Status::Propagated => roots.extend(from[u].iter().copied()),
+                        _ => {
+                            roots.insert(u);
+                        }
+                    }
+                }
+                first_divergent.get_or_insert(i);
+                if !roots.is_empty() {
+                    from[i] = roots.into_iter().collect();
+                    Status::Propagated
+                } else if origin.is_none() {
+                    origin = Some(i);
+                    Status::Origin
+                } else {
+                    independent.push(i);
+                    Status::Fail
+                }
+            }
+        };
+    }
+    Ok(Localization {
+        status,
+        origin,
+        independent,
+        propagated_from: from,
+        first_divergent,
+    })
+}
+
+/// Error of one node for the profile.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ErrorPoint {
+    /// `rel_l2` of the node.
+    pub rel_l2: f64,
+    /// `max_abs` of the node.
+    pub max_abs: f64,
+}
+
+/// Largest error within one layer of a repeat group at one step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LayerProfile {
+    /// Repeat group (`encoder_layers`, `decoder_layers`).
+    pub stack: String,
+    /// Layer index.
+    pub layer: u32,
+    /// Step.
+    pub step: u32,
+    /// Largest `rel_l2` in the layer.
+    pub max_rel_l2: f64,
+    /// Largest `max_abs` in the layer.
+    pub max_abs: f64,
+    /// Checkpoint with the largest `rel_l2`.
+    pub worst_checkpoint: String,
+}
+
+/// Largest error at one step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepProfile {
+    /// Step.
+    pub step: u32,
+    /// Largest `rel_l2` at the step.
+    pub max_rel_l2: f64,
+    /// Largest `max_abs` at the step.
+    pub max_abs: f64,
+    /// Checkpoint with the largest `rel_l2`.
+    pub worst_checkpoint: String,
+    /// Number of divergent checkpoints at the step.
+    pub divergent: u32,
+}
+
+/// Error profile along depth: per layer and step, and per step.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ErrorProfile {
+    /// Per (stack, layer, step), in first-appearance (topological) order.
+    pub by_layer: Vec<LayerProfile>,
+    /// Per step, ascending.
+    pub by_step: Vec<StepProfile>,
+}
+
+/// Aggregates per-node errors (`None` for nodes without metrics) into an [`ErrorProfile`].
+pub fn error_profile(
+    g: &CheckpointGraph,
+    errors: &[Option<ErrorPoint>],
+    status: &[Status],
+) -> Result<ErrorProfile, Error> {
+    for len in [errors.len(), status.len()] {
+        if len != g.len() {
+            return Err(Error::Length {
+                expected: g.len(),
+                found: len,
+            });
+        }
+    }
+    let mut layers: Vec<LayerProfile> = Vec::new();
+    let mut layer_pos: HashMap<(String, u32, u32), usize> = HashMap::new();
+    let mut steps: Vec<StepProfile> = Vec::new();
+    let mut step_pos: HashMap<u32, usize> = HashMap::new();
+    for (i, node) in g.nodes().iter().enumerate() {
+        let sp = *step_pos.entry(node.step).or_insert_with(|| {
+            steps.push(StepProfile {
+                step: node.step,
+                max_rel_l2: 0.0,
+                max_abs: 0.0,
+                worst_checkpoint: String::new(),
+                divergent: 0,
+            });
+            steps.len() - 1
+        });
+        steps[sp].divergent += status[i].is_divergent() as u32;
+        let Some(e) = errors[i] else { continue };
+        let s = &mut steps[sp];
+        if s.worst_checkpoint.is_empty() || e.rel_l2 > s.max_rel_l2 {
+            s.max_rel_l2 = e.rel_l2;
+            s.worst_checkpoint = node.name.clone();
+        }
+        s.max_abs = s.max_abs.max(e.max_abs);
+        if let Some((stack, layer)) = &node.layer {
+            let key = (stack.clone(), *layer, node.step);
+            let lp = *layer_pos.entry(key).or_insert_with(|| {
+                layers.push(LayerProfile {
+                    stack: stack.clone(),
+                    layer: *layer,
+                    step: node.step,
+                    max_rel_l2: 0.0,
+                    max_abs: 0.0,
+                    worst_checkpoint: String::new(),
+                });
+                layers.len() - 1
+            });
+            let l = &mut layers[lp];
+            if l.worst_checkpoint.is_empty() || e.rel_l2 > l.max_rel_l2 {
+                l.max_rel_l2 = e.rel_l2;
+                l.worst_checkpoint = node.name.clone();
+            }
+            l.max_abs = l.max_abs.max(e.max_abs);
+        }
+    }
+    steps.sort_by_key(|s| s.step);
+    Ok(ErrorProfile {
+        by_layer: layers,
+        by_step: steps,
+    })
+}
+
+/// First step whose logits disagree in argmax at any position (the first divergent token under
+/// teacher forcing).
+pub fn first_divergent_token_step<'a>(
+    logits: impl IntoIterator<Item = (u32, &'a LogitsMetrics)>,
+) -> Option<u32> {
+    logits
+        .into_iter()
+        .filter(|(_, l)| l.first_argmax_disagreement.is_some())
+        .map(|(s, _)| s)
+        .min()
+}
+
+/// Drill-down from a divergent token step to checkpoints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DrillDown {
+    /// Step K of the first divergent token.
+    pub token_step: u32,
+    /// First divergent checkpoint at step K (`name@stepK`).
+    pub first_at_step: Option<String>,
+    /// First divergent checkpoint at any step <= K.
+    pub first_up_to_step: Option<String>,
+    /// First origin or independent failure at a step <= K: the localized cause.
+    pub cause_up_to_step: Option<String>,
+}
+
+/// Finds the first divergent checkpoints at and before `token_step`.
+pub fn drill_down(g: &CheckpointGraph, loc: &Localization, token_step: u32) -> DrillDown {
+    let nodes = g.nodes();
+    let first = |pred: &dyn Fn(usize) -> bool| {
+        (0..nodes.len())
+            .find(|&i| pred(i) && loc.status.get(i).is_some_and(|s| s.is_divergent()))
+            .map(|i| nodes[i].id())
+    };
+    DrillDown {
+        token_step,
+        first_at_step: first(&|i| nodes[i].step == token_step),
+        first_up_to_step: first(&|i| nodes[i].step <= token_step),
+        cause_up_to_step: first(&|i| {
+            nodes[i].step <= token_step
+                && matches!(loc.status.get(i), Some(Status::Origin | Status::Fail))
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn def(name: &str, step: u32, up: &[(&str, u32)]) -> NodeDef {
+        NodeDef {
+            name: name.into(),
+            step,
+            producer: format!("op.{name}"),
+            upstream: up.iter().map(|(n, s)| (n.to_string(), *s)).collect(),
+            layer: None,
+            logits: false,
+        }
+    }
+
+    fn obs(g: &CheckpointGraph, failing: &[&str], missing: &[&str]) -> Vec<Observed> {
+        g.nodes()
+            .iter()
+            .map(|n| {
+                let id = n.id();
+                if missing.contains(&id.as_str()) {
+                    Observed::Missing
+                } else if failing.contains(&id.as_str()) {
+                    Observed::Fail
+                } else {
+                    Observed::Pass
+                }
+            })
+            .collect()
+    }
+
+    fn status_of(g: &CheckpointGraph, l: &Localization, id: &str) -> Status {
+        let i = g.nodes().iter().position(|n| n.id() == id).unwrap();
+        l.status[i]
+    }
+
+    fn origin_id(g: &CheckpointGraph, l: &Localization) -> Option<String> {
+        l.origin.map(|i| g.nodes()[i].id())
+    }
+
+    #[test]
+    fn chain_origin_is_first_failure() {
+        let g = CheckpointGraph::from_nodes(vec![
+            def("a", 0, &[]),
+            def("b", 0, &[("a", 0)]),
+            def("c", 0, &[("b", 0)]),
+            def("d", 0, &[("c", 0)]),
+        ])
+        .unwrap();
+        let l = localize(&g, &obs(&g, &["c@step0", "d@step0"], &[])).unwrap();
+        assert_eq!(origin_id(&g, &l).as_deref(), Some("c@step0"));
+        assert_eq!(status_of(&g, &l, "d@step0"), Status::Propagated);
+        assert_eq!(l.propagated_from[3], vec![2]);
+        let l = localize(&g, &obs(&g, &[], &[])).unwrap();
+        assert_eq!(l.origin, None);
+        assert!(l.status.iter().all(|s| *s == Status::Pass));
+    }
+
+    #[test]
+    fn topological_order_ignores_declaration_order() {
+        let g = CheckpointGraph::from_nodes(vec![
+            def("c", 0, &[("b", 0)]),
+            def("b", 0, &[("a", 0)]),
+            def("a", 0, &[]),
+        ])
+        .unwrap();
+        let names: Vec<_> = g.nodes().iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert_eq!(g.nodes()[0].consumers, vec!["op.b".to_string()]);
+    }
+
+    #[test]
+    fn graph_errors() {
+        assert!(matches!(
+            CheckpointGraph::from_nodes(vec![def("a", 0, &[("b", 0)]), def("b", 0, &[("a", 0)])]),
+            Err(Error::Cycle { .. })
+        ));
+        assert!(matches!(
+            CheckpointGraph::from_nodes(vec![def("a", 0, &[("zz", 0)])]),
+            Err(Error::DanglingInput { .. })
+        ));
+        assert!(matches!(
+            CheckpointGraph::from_nodes(vec![def("a", 0, &[]), def("a", 0, &[])]),
+            Err(Error::DuplicateNode { .. })
+        ));
+        assert!(matches!(
+            CheckpointGraph::from_nodes(vec![def("a", 1, &[]), def("b", 0, &[("a", 1)])]),
+            Err(Error::ForwardInStep { .. })
+        ));
+        let g = CheckpointGraph::from_nodes(vec![def("a", 0, &[])]).unwrap();
+        assert!(localize(&g, &[]).is_err());
+    }
+
+    /// Encoder memory feeds every decoder layer's cross K/V (fan-out).
+    fn fan_out() -> CheckpointGraph {
+        let mut d = vec![def("mem", 0, &[])];
+        for l in 0..3 {
+            d.push(def(&format!("k{l}"), 0, &[("mem", 0)]));
+            d.push(def(&format!("v{l}"), 0, &[("mem", 0)]));
+        }
+        CheckpointGraph::from_nodes(d).unwrap()
+    }
+
+    #[test]
+    fn fan_out_from_shared_memory() {
+        let g = fan_out();
+        let all: Vec<String> = g.nodes().iter().map(Node::id).collect();
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        let l = localize(&g, &obs(&g, &all, &[])).unwrap();
+        assert_eq!(origin_id(&g, &l).as_deref(), Some("mem@step0"));
+        assert_eq!(
+            l.status
+                .iter()
+                .filter(|s| **s == Status::Propagated)
+                .count(),
+            6
+        );
+        // Only one layer's K is wrong: that node is the origin, its siblings pass.
+        let l = localize(&g, &obs(&g, &["k1@step0"], &[])).unwrap();
+        assert_eq!(origin_id(&g, &l).as_deref(), Some("k1@step0"));
+    }
+
+    #[test]
+    fn fan_in_with_one_bad_branch() {
+        let g = CheckpointGraph::from_nodes(vec![
+            def("x", 0, &[]),
+            def("left", 0, &[("x", 0)]),
+            def("right", 0, &[("x", 0)]),
+            def("join", 0, &[("left", 0), ("right", 0)]),
+            def("out", 0, &[("join", 0)]),
+        ])
+        .unwrap();
+        let l = localize(
+            &g,
+            &obs(&g, &["right@step0", "join@step0", "out@step0"], &[]),
+        )
+        .unwrap();
+        assert_eq!(origin_id(&g, &l).as_deref(), Some("right@step0"));
+        assert_eq!(status_of(&g, &l, "join@step0"), Status::Propagated);
+        assert_eq!(status_of(&g, &l, "out@step0"), Status::Propagated);
+        // Both branches pass but the join fails: the join's op is the origin.
+        let l = localize(&g, &obs(&g, &["join@step0", "out@step0"], &[])).unwrap();
+        assert_eq!(origin_id(&g, &l).as_deref(), Some("join@step0"));
+        // Two independent failures: the first is the origin, the second is "fail".
+        let l = localize(
+            &g,
+            &obs(&g, &["left@step0", "right@step0", "join@step0"], &[]),
+        )
+        .unwrap();
+        assert_eq!(origin_id(&g, &l).as_deref(), Some("left@step0"));
+        assert_eq!(status_of(&g, &l, "right@step0"), Status::Fail);
+        assert_eq!(l.propagated_from[3], vec![1, 2]);
+    }
+
+    #[test]
+    fn missing_and_alignment_faults_block_attribution() {
+        let g = CheckpointGraph::from_nodes(vec![
+            def("a", 0, &[]),
+            def("b", 0, &[("a", 0)]),
+            def("c", 0, &[("b", 0)]),
+            def("d", 0, &[("a", 0)]),
+        ])
+        .unwrap();
+        let l = localize(&g, &obs(&g, &["c@step0"], &["b@step0"])).unwrap();
+        assert_eq!(l.origin, None);
+        assert_eq!(status_of(&g, &l, "b@step0"), Status::Missing);
+        assert_eq!(status_of(&g, &l, "c@step0"), Status::Propagated);
+        assert_eq!(
+            l.first_divergent.map(|i| g.nodes()[i].id()).as_deref(),
+            Some("c@step0")
+        );
+        let mut o = obs(&g, &["c@step0"], &[]);
+        o[1] = Observed::AlignmentFault;
+        let l = localize(&g, &o).unwrap();
+        assert_eq!(status_of(&g, &l, "b@step0"), Status::AlignmentFault);
+        assert_eq!(status_of(&g, &l, "c@step0"), Status::Propagated);
+        // A failing node beside the missing one is still an origin.
+        let l = localize(&g, &obs(&g, &["c@step0", "d@step0"], &["b@step0"])).unwrap();
+        assert_eq!(origin_id(&g, &l).as_deref(), Some("d@step0"));
+    }
+
+    /// A tiny decoder: cache (prefill only), self (every, @previous), out (every).
+    fn decoder_specs() -> Vec<CheckpointSpec> {
+        let spec = |name: &str, steps, inputs: Vec<(&str, StepRef)>| CheckpointSpec {
+            name: name.into(),
+            producer: format!("op.{name}"),
+            steps,
+            inputs: inputs
+                .into_iter()
+                .map(|(n, r)| (n.to_string(), r))
+                .collect(),
+            layer: None,
+            logits: false,
+        };
+        vec![
+            spec("mem", Steps::Once, vec![]),
+            spec("cache", Steps::Prefill, vec![("mem", StepRef::Same)]),
+            spec("self", Steps::Every, vec![("self", StepRef::Previous)]),
+            spec(
+                "cross",
+                Steps::Every,
+                vec![("self", StepRef::Same), ("cache", StepRef::Prefill)],
+            ),
+            spec("logits", Steps::Every, vec![("cross", StepRef::Same)]),
+        ]
+    }
+
+    #[test]
+    fn multi_step_prefill_and_previous_edges() {
+        let g = build_graph(&decoder_specs(), &[0, 1, 2, 3]).unwrap();
+        assert_eq!(g.len(), 2 + 3 * 4);
+        let cross2 = g.find("cross", 2).unwrap();
+        let ups: Vec<String> = g.nodes()[cross2]
+            .upstream
+            .iter()
+            .map(|&u| g.nodes()[u].id())
+            .collect();
+        assert_eq!(ups, ["self@step2", "cache@step0"]);
+        let self0 = g.find("self", 0).unwrap();
+        assert!(
+            g.nodes()[self0].upstream.is_empty(),
+            "@previous has no edge at step 0"
+        );
+        let self3 = g.find("self", 3).unwrap();
+        assert_eq!(g.nodes()[self3].upstream, vec![g.find("self", 2).unwrap()]);
+        // Step-major order.
+        assert!(g.nodes().windows(2).all(|w| w[0].step <= w[1].step));
+
+        // A fault planted in the self-attention at step 2 propagates along @previous.
+        let fail = [
+            "self@step2",
+            "cross@step2",
+            "logits@step2",
+            "self@step3",
+            "cross@step3",
+            "logits@step3",
+        ];
+        let l = localize(&g, &obs(&g, &fail, &[])).unwrap();
+        assert_eq!(origin_id(&g, &l).as_deref(), Some("self@step2"));
+        assert_eq!(status_of(&g, &l, "self@step3"), Status::Propagated);
+        // A stale cache: fails at prefill, everything after is propagated through @prefill.
+        let fail = [
+            "cache@step0",
+            "cross@step0",
+            "cross@step1",
+            "logits@step1",
+            "cross@step3",
+        ];
+        let l = localize(&g, &obs(&g, &fail, &[])).unwrap();
+        assert_eq!(origin_id(&g, &l).as_deref(), Some("cache@step0"));
+        assert_eq!(status_of(&g, &l, "cross@step3"), Status::Propagated);
+
+        // Drill-down from the first divergent token.
+        let d = drill_down(&g, &l, 1);
+        assert_eq!(d.first_at_step.as_deref(), Some("cross@step1"));
+        assert_eq!(d.first_up_to_step.as_deref(), Some("cache@step0"));
+        assert_eq!(d.cause_up_to_step.as_deref(), Some("cache@step0"));
+
+        // A same-step reference to a step-0-only checkpoint resolves to step 0.
+        let mut sp = decoder_specs();
+        sp[4].inputs.push(("mem".into(), StepRef::Same));
+        let g2 = build_graph(&sp, &[0, 1]).unwrap();
+        let l1 = g2.find("logits", 1).unwrap();
+        assert!(g2.nodes()[l1]
+            .upstream
+            .contains(&g2.find("mem", 0).unwrap()));
+
+        // Non-contiguous steps drop @previous edges to absent steps.
+        let g = build_graph(&decoder_specs(), &[0, 2]).unwrap();
+        assert!(g.nodes()[g.find("self", 2).unwrap()].upstream.is_empty());
+    }
+
+    #[test]
+    fn template_expansion() {
+        let t: Vec<TemplateSpec> = serde_json::from_str(
+            r#"[
+            {"name": "enc.{layer}", "repeat": "enc", "steps": "once", "producer": "e{layer}",
+             "inputs": ["enc.{layer-1}"], "inputs_at_first": ["stem"]},
+            {"name": "mem", "steps": "once", "producer": "norm", "inputs": ["enc.{last:enc}"]},
+            {"name": "dec.{layer}.a", "repeat": "dec", "steps": "every", "producer": "a{layer}",
+             "inputs": ["dec.{layer-1}.b", "dec.{layer}.a@previous"],
+             "inputs_at_first": ["dec.{layer}.a@previous"]},
+            {"name": "dec.{layer}.b", "repeat": "dec", "steps": "every", "producer": "b{layer}",
+             "inputs": ["dec.{layer}.a", "mem@prefill"]},
+            {"name": "stem", "steps": "once", "producer": "stem", "reference": {"ignored": true}},
+            {"name": "logits", "steps": "every", "producer": "proj", "kind": "logits",
+             "inputs": ["dec.{last:dec}.b"]}
+        ]"#,
+        )
+        .unwrap();
+        let reps: HashMap<String, u32> = [("enc".to_string(), 2), ("dec".to_string(), 2)].into();
+        let specs = expand_templates(&t, &reps).unwrap();
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "enc.0", "enc.1", "mem", "dec.0.a", "dec.0.b", "dec.1.a", "dec.1.b", "stem",
+                "logits"
+            ]
+        );
+        assert_eq!(specs[0].inputs, vec![("stem".to_string(), StepRef::Same)]);
+        assert_eq!(specs[2].inputs, vec![("enc.1".to_string(), StepRef::Same)]);
+        assert_eq!(
+            specs[3].inputs,
+            vec![("dec.0.a".to_string(), StepRef::Previous)]
+        );
+        assert_eq!(
+            specs[5].inputs,
+            vec![
+                ("dec.0.b".to_string(), StepRef::Same),
+                ("dec.1.a".to_string(), StepRef::Previous)
+            ]
+        );
+        assert_eq!(specs[4].inputs[1], ("mem".to_string(), StepRef::Prefill));
+        assert_eq!(specs[6].layer, Some(("dec".to_string(), 1)));
+        assert!(specs[8].logits);
+        let g = build_graph(&specs, &[0, 1]).unwrap();
+        // "stem" is declared late but sorts before its consumer.
+        assert!(g.find("stem", 0).unwrap() < g.find("enc.0", 0).unwrap());
+
+        let bad = |s: &str| {
+            let t: Vec<TemplateSpec> = serde_json::from_str(s).unwrap();
+            expand_templates(&t, &reps).is_err()
+        };
+        assert!(bad(
+            r#"[{"name": "x.{layer}", "steps": "once", "producer": "p"}]"#
+        ));
+        assert!(bad(
+            r#"[{"name": "x", "steps": "sometimes", "producer": "p"}]"#
+        ));
+        assert!(bad(
+            r#"[{"name": "x", "steps": "once", "producer": "p", "inputs": ["y@later"]}]"#
+        ));
+        assert!(bad(
+            r#"[{"name": "x.{layer}", "repeat": "enc", "steps": "once", "producer": "p", "inputs": ["x.{layer-1}"]}]"#
+        ));
+        assert!(bad(
+            r#"[{"name": "x.{last:nope}", "steps": "once", "producer": "p"}]"#
+        ));
+        assert!(bad(
+            r#"[{"name": "x.{layer}", "repeat": "enc", "range": ["1", "2"], "steps": "once", "producer": "p"}]"#
+        ));
+    }
+
+    #[test]
+    fn error_profile_per_layer_and_step() {
+        let spec = |name: &str, layer: u32| CheckpointSpec {
+            name: name.into(),
+            producer: "p".into(),
+            steps: Steps::Every,
+            inputs: vec![],
+            layer: Some(("dec".into(), layer)),
+            logits: false,
+        };
+        let g = build_graph(
+            &[spec("l0.a", 0), spec("l0.b", 0), spec("l1.a", 1)],
+            &[0, 1],
+        )
+        .unwrap();
+        let errs: Vec<Option<ErrorPoint>> = (0..g.len())
+            .map(|i| {
+                (i != 5).then_some(ErrorPoint {
+                    rel_l2: (i + 1) as f64 * 1e-6,
+                    max_abs: 1e-5,
+                })
+            })
+            .collect();
+        let st = vec![
+            Status::Pass,
+            Status::Pass,
+            Status::Pass,
+            Status::Origin,
+            Status::Propagated,
+            Status::Missing,
+        ];
+        let p = error_profile(&g, &errs, &st).unwrap();
+        assert_eq!(p.by_step.len(), 2);
+        assert_eq!(p.by_step[1].divergent, 2);
+        assert_eq!(p.by_step[1].worst_checkpoint, "l0.b");
+        assert_eq!(p.by_layer.len(), 3, "no entry for a layer without metrics");
+        assert_eq!((p.by_layer[0].layer, p.by_layer[0].step), (0, 0));
+        assert_eq!(p.by_layer[0].worst_checkpoint, "l0.b");
+    }
+
+    #[test]
+    fn first_divergent_token() {
+        let mk = |d: Option<u64>| LogitsMetrics {
+            positions: 1,
+            argmax_agreement: if d.is_some() { 0.0 } else { 1.0 },
+            first_argmax_disagreement: d,
+            top5_overlap_mean: 1.0,
+            top5_overlap_min: 5,
+            kl_mean: 0.0,
+            kl_max: 0.0,
+            per_position: vec![],
+        };
+        let (a, b) = (mk(None), mk(Some(0)));
+        assert_eq!(
+            first_divergent_token_step([(0, &a), (3, &b), (2, &b)]),
+            Some(2)
+        );
+        assert_eq!(first_divergent_token_step([(0, &a)]), None);
+    }
+}

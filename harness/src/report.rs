@@ -1,0 +1,639 @@
+//! Human renderings of evidence: one self-contained HTML page ([`html`]: inline CSS and SVG, no
+//! network) and Markdown for a pull-request comment ([`markdown`]).
+
+use std::fmt::Write as _;
+
+use crate::evidence::{CheckpointEvidence, Evidence, Verdict};
+use crate::localize::Status;
+
+/// Rows of the Markdown checkpoint table before it is cut.
+pub const MARKDOWN_MAX_ROWS: usize = 25;
+/// Rows of the Markdown per-step table before it is cut.
+pub const MARKDOWN_MAX_STEPS: usize = 20;
+
+/// Formats a metric: 3 significant digits, `0`, or `inf` for the zero-reference sentinel.
+pub fn num(x: f64) -> String {
+    if x == 0.0 {
+        "0".into()
+    } else if x >= f64::MAX {
+        "inf".into()
+    } else {
+        format!("{x:.2e}")
+    }
+}
+
+fn esc_html(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&#39;"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+/// Escapes text for a Markdown table cell or line (pipes, backticks, newlines, HTML).
+fn esc_md(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '|' => o.push_str("\\|"),
+            '`' => o.push_str("\\`"),
+            '*' | '_' | '[' | ']' | '\\' => {
+                o.push('\\');
+                o.push(c);
+            }
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '\n' | '\r' => o.push(' '),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+fn status_colour(s: Status) -> &'static str {
+    match s {
+        Status::Pass => "#2e7d32",
+        Status::Origin => "#c62828",
+        Status::Fail => "#ad1457",
+        Status::Propagated => "#ef6c00",
+        Status::Missing => "#6d6d6d",
+        Status::AlignmentFault => "#6a1b9a",
+    }
+}
+
+fn verdict_badge(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Pass => "✅ pass",
+        Verdict::Diverged => "❌ diverged",
+        Verdict::Error => "⚠️ error",
+    }
+}
+
+fn status_counts(e: &Evidence) -> String {
+    let order = [
+        Status::Pass,
+        Status::Origin,
+        Status::Fail,
+        Status::Propagated,
+        Status::AlignmentFault,
+        Status::Missing,
+    ];
+    let parts: Vec<String> = order
+        .iter()
+        .filter_map(|s| {
+            let n = e.checkpoints.iter().filter(|c| c.status == *s).count();
+            (n > 0).then(|| format!("{n} {}", s.as_str()))
+        })
+        .collect();
+    parts.join(", ")
+}
+
+fn oracle_line(e: &Evidence) -> String {
+    match &e.run.oracle {
+        Some(o) => {
+            let v = |x: &Option<String>| x.clone().unwrap_or_else(|| "?".into());
+            format!(
+                "python {}, torch {}, transformers {}",
+                v(&o.python),
+                v(&o.torch),
+                v(&o.transformers)
+            )
+        }
+        None => "n/a".into(),
+    }
+}
+
+/// Markdown for a pull-request comment.
+pub fn markdown(e: &Evidence) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "## X-Ray: {}\n", verdict_badge(e.verdict));
+    let _ = writeln!(
+        s,
+        "**{}** · `{}` · runtime `{}` · oracle {}\n",
+        esc_md(&e.run.family),
+        e.run.model_path.replace('`', "'"),
+        e.run.runtime_version.replace('`', "'"),
+        esc_md(&oracle_line(e))
+    );
+    let _ = writeln!(
+        s,
+        "{} checkpoints: {}.",
+        e.checkpoints.len(),
+        status_counts(e)
+    );
+    if let Some(c) = e.capture_neutral {
+        let _ = writeln!(
+            s,
+            "Capture neutral: {}.",
+            if c {
+                "yes"
+            } else {
+                "**no** (capture changed the outputs)"
+            }
+        );
+    }
+    s.push('\n');
+    if let Some(fd) = &e.first_divergence {
+        let _ = writeln!(s, "### First divergence\n");
+        let _ = writeln!(
+            s,
+            "`{}@step{}`, produced by `{}`.\n",
+            fd.checkpoint, fd.step, fd.producer
+        );
+        if !fd.inputs.is_empty() {
+            let _ = writeln!(s, "| input | status |\n|---|---|");
+            for i in &fd.inputs {
+                let _ = writeln!(
+                    s,
+                    "| `{}@step{}` | {} |",
+                    i.checkpoint,
+                    i.step,
+                    i.status.as_str()
+                );
+            }
+            s.push('\n');
+        }
+        if let Some(x) = &fd.explanation {
+            let _ = writeln!(
+                s,
+                "**Signature:** `{}`: {}\n",
+                x.signature,
+                esc_md(&x.detail)
+            );
+        }
+    } else if e.verdict != Verdict::Pass {
+        let _ = writeln!(
+            s,
+            "### First divergence\n\nNot localized: no failing checkpoint has all its inputs passing (see missing or alignment-fault checkpoints).\n"
+        );
+    }
+    if let Some(d) = &e.drill_down {
+        let opt = |o: &Option<String>| o.as_ref().map_or("none".into(), |x| format!("`{x}`"));
+        let _ = writeln!(
+            s,
+            "**Token drill-down:** first divergent token at step {}; first divergent checkpoint at that step {}; earliest up to it {}; cause {}.\n",
+            d.token_step,
+            opt(&d.first_at_step),
+            opt(&d.first_up_to_step),
+            opt(&d.cause_up_to_step)
+        );
+    }
+    if let Some(t) = &e.transcript {
+        let _ = writeln!(s, "### Transcript\n");
+        let _ = writeln!(s, "- reference: \"{}\"", esc_md(&t.reference));
+        let _ = writeln!(s, "- runtime: \"{}\"", esc_md(&t.runtime));
+        let _ = writeln!(
+            s,
+            "- tokens equal: {}{}\n",
+            if t.tokens_equal { "yes" } else { "no" },
+            t.first_divergent_step
+                .map(|k| format!(" (first divergent step {k})"))
+                .unwrap_or_default()
+        );
+    }
+    let bad: Vec<&CheckpointEvidence> = e
+        .checkpoints
+        .iter()
+        .filter(|c| c.status != Status::Pass)
+        .collect();
+    if !bad.is_empty() {
+        let _ = writeln!(s, "### Checkpoints not passing\n");
+        let _ = writeln!(
+            s,
+            "| checkpoint | status | max_abs | rel_l2 | cosine | outliers | tolerance |\n|---|---|---|---|---|---|---|"
+        );
+        for c in bad.iter().take(MARKDOWN_MAX_ROWS) {
+            let (ma, rl, co, ou) = match &c.metrics {
+                Some(m) => (
+                    num(m.max_abs),
+                    num(m.rel_l2),
+                    format!("{:.6}", m.cosine),
+                    format!("{:.3}%", 100.0 * m.beyond_fraction),
+                ),
+                None => ("-".into(), "-".into(), "-".into(), "-".into()),
+            };
+            let _ = writeln!(
+                s,
+                "| `{}` | {} | {ma} | {rl} | {co} | {ou} | {} |",
+                c.id(),
+                c.status.as_str(),
+                esc_md(&c.tolerance.source)
+            );
+        }
+        if bad.len() > MARKDOWN_MAX_ROWS {
+            let _ = writeln!(s, "\n… and {} more.", bad.len() - MARKDOWN_MAX_ROWS);
+        }
+        s.push('\n');
+    }
+    let steps = &e.error_profile.by_step;
+    if !steps.is_empty() {
+        let _ = writeln!(s, "### Error by step\n");
+        let _ = writeln!(s, "| step | max rel_l2 | max max_abs | worst checkpoint | divergent |\n|---|---|---|---|---|");
+        for p in steps.iter().take(MARKDOWN_MAX_STEPS) {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | `{}` | {} |",
+                p.step,
+                num(p.max_rel_l2),
+                num(p.max_abs),
+                p.worst_checkpoint,
+                p.divergent
+            );
+        }
+        if steps.len() > MARKDOWN_MAX_STEPS {
+            let _ = writeln!(
+                s,
+                "\n… and {} more steps.",
+                steps.len() - MARKDOWN_MAX_STEPS
+            );
+        }
+        s.push('\n');
+    }
+    for n in &e.notes {
+        let _ = writeln!(s, "> {}", esc_md(n));
+    }
+    s
+}
+
+const CSS: &str = "body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:0;color:#1b1b1b;background:#fafafa}
+main{max-width:1200px;margin:0 auto;padding:16px 24px}
+.banner{padding:14px 24px;color:#fff;font-size:20px;font-weight:600}
+.banner small{display:block;font-size:13px;font-weight:400;opacity:.9}
+.pass{background:#2e7d32}.diverged{background:#c62828}.error{background:#8d6e00}
+.box{background:#fff;border:1px solid #ddd;border-radius:6px;padding:12px 16px;margin:16px 0}
+.origin{border-left:6px solid #c62828}
+h2{font-size:17px;margin:4px 0 8px}
+code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;background:#f1f1f1;padding:1px 4px;border-radius:3px}
+table{border-collapse:collapse;width:100%;font-size:12.5px}
+th,td{padding:3px 6px;border-bottom:1px solid #eee;text-align:left;white-space:nowrap}
+th{position:sticky;top:0;background:#f5f5f5}
+td.n{text-align:right;font-variant-numeric:tabular-nums}
+.st{color:#fff;border-radius:3px;padding:0 5px;font-size:11.5px}
+tr.origin td{background:#ffebee}
+svg{width:100%;height:auto;background:#fff}
+.scroll{overflow-x:auto}
+.legend span{margin-right:14px}
+";
+
+fn status_chip(s: Status) -> String {
+    format!(
+        "<span class=\"st\" style=\"background:{}\">{}</span>",
+        status_colour(s),
+        s.as_str()
+    )
+}
+
+/// SVG plot of `log10(rel_l2)` along graph depth (the checkpoint order of the evidence).
+pub fn svg_plot(e: &Evidence) -> String {
+    let (w, h) = (1000.0f64, 300.0f64);
+    let (l, r, t, b) = (56.0, 12.0, 14.0, 34.0);
+    let n = e.checkpoints.len().max(2) as f64;
+    let ys: Vec<Option<f64>> = e
+        .checkpoints
+        .iter()
+        .map(|c| {
+            c.metrics.as_ref().map(|m| {
+                if m.rel_l2 > 0.0 {
+                    m.rel_l2.log10().clamp(-12.0, 3.0)
+                } else {
+                    -12.0
+                }
+            })
+        })
+        .collect();
+    let lo = ys
+        .iter()
+        .flatten()
+        .copied()
+        .fold(0.0f64, f64::min)
+        .floor()
+        .min(-8.0);
+    let hi = ys
+        .iter()
+        .flatten()
+        .copied()
+        .fold(-12.0f64, f64::max)
+        .ceil()
+        .max(0.0);
+    let px = |i: usize| l + (w - l - r) * i as f64 / (n - 1.0);
+    let py = |y: f64| t + (h - t - b) * (hi - y) / (hi - lo).max(1e-9);
+    let mut s = format!(
+        "<svg viewBox=\"0 0 {w} {h}\" xmlns=\"http://www.w3.org/2000/svg\" role=\"img\" aria-label=\"log10 rel_l2 along graph depth\">"
+    );
+    // Grid and y labels.
+    let mut y = lo;
+    while y <= hi {
+        let _ = write!(
+            s,
+            "<line x1=\"{l}\" x2=\"{}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#eee\"/><text x=\"{}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\" fill=\"#555\">1e{}</text>",
+            w - r,
+            py(y),
+            py(y),
+            l - 6.0,
+            py(y) + 4.0,
+            y as i64
+        );
+        y += 2.0;
+    }
+    // Step boundaries.
+    let mut last_step = None;
+    let mut labels = 0usize;
+    let steps = e.error_profile.by_step.len().max(1);
+    let every = steps.div_ceil(12).max(1);
+    for (i, c) in e.checkpoints.iter().enumerate() {
+        if last_step != Some(c.step) {
+            last_step = Some(c.step);
+            let x = px(i);
+            let _ = write!(
+                s,
+                "<line x1=\"{x:.1}\" x2=\"{x:.1}\" y1=\"{t}\" y2=\"{}\" stroke=\"#ccc\" stroke-dasharray=\"3,3\"/>",
+                h - b
+            );
+            if labels.is_multiple_of(every) {
+                let _ = write!(
+                    s,
+                    "<text x=\"{:.1}\" y=\"{}\" font-size=\"11\" fill=\"#555\">step {}</text>",
+                    x + 2.0,
+                    h - b + 14.0,
+                    c.step
+                );
+            }
+            labels += 1;
+        }
+    }
+    // Line through measured points.
+    let pts: Vec<String> = ys
+        .iter()
+        .enumerate()
+        .filter_map(|(i, y)| y.map(|y| format!("{:.1},{:.1}", px(i), py(y))))
+        .collect();
+    if pts.len() > 1 {
+        let _ = write!(
+            s,
+            "<polyline fill=\"none\" stroke=\"#90a4ae\" stroke-width=\"1\" points=\"{}\"/>",
+            pts.join(" ")
+        );
+    }
+    for (i, (c, y)) in e.checkpoints.iter().zip(&ys).enumerate() {
+        let (cy, rl) = match y {
+            Some(y) => (py(*y), c.metrics.as_ref().map_or(0.0, |m| m.rel_l2)),
+            None => (h - b, 0.0),
+        };
+        let rad = if c.status == Status::Origin { 5.0 } else { 2.5 };
+        let _ = write!(
+            s,
+            "<circle cx=\"{:.1}\" cy=\"{cy:.1}\" r=\"{rad}\" fill=\"{}\"><title>{} ({}) rel_l2 {}</title></circle>",
+            px(i),
+            status_colour(c.status),
+            esc_html(&c.id()),
+            c.status.as_str(),
+            num(rl)
+        );
+    }
+    let _ = write!(
+        s,
+        "<text x=\"{}\" y=\"{}\" font-size=\"11\" fill=\"#555\" text-anchor=\"end\">graph depth (topological order) →</text></svg>",
+        w - r,
+        h - 4.0
+    );
+    s
+}
+
+/// The self-contained HTML report.
+pub fn html(e: &Evidence) -> String {
+    let mut s = String::with_capacity(4096 + 400 * e.checkpoints.len());
+    let _ = write!(
+        s,
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><title>X-Ray: {} — {}</title><style>{CSS}</style></head><body>",
+        e.verdict.as_str(),
+        esc_html(&e.run.family)
+    );
+    let _ = write!(
+        s,
+        "<div class=\"banner {}\">X-Ray verdict: {}<small>{} · {} · runtime {} · oracle {} · {}</small></div><main>",
+        e.verdict.as_str(),
+        e.verdict.as_str().to_uppercase(),
+        esc_html(&e.run.family),
+        esc_html(&e.run.model_path),
+        esc_html(&e.run.runtime_version),
+        esc_html(&oracle_line(e)),
+        esc_html(&format!("{} checkpoints: {}", e.checkpoints.len(), status_counts(e)))
+    );
+    if let Some(fd) = &e.first_divergence {
+        let _ = write!(
+            s,
+            "<section class=\"box origin\"><h2>First divergence: <code>{}@step{}</code></h2><p>Produced by <code>{}</code>. Its inputs:</p><table><tr><th>input</th><th>status</th></tr>",
+            esc_html(&fd.checkpoint),
+            fd.step,
+            esc_html(&fd.producer)
+        );
+        for i in &fd.inputs {
+            let _ = write!(
+                s,
+                "<tr><td><code>{}@step{}</code></td><td>{}</td></tr>",
+                esc_html(&i.checkpoint),
+                i.step,
+                status_chip(i.status)
+            );
+        }
+        if fd.inputs.is_empty() {
+            s.push_str("<tr><td colspan=\"2\">(no captured inputs: a graph source)</td></tr>");
+        }
+        s.push_str("</table>");
+        if let Some(x) = &fd.explanation {
+            let ev = serde_json::to_string_pretty(&x.evidence).unwrap_or_default();
+            let _ = write!(
+                s,
+                "<p><b>Signature <code>{}</code></b>: {}</p><details><summary>evidence</summary><pre>{}</pre></details>",
+                esc_html(&x.signature),
+                esc_html(&x.detail),
+                esc_html(&ev)
+            );
+        }
+        s.push_str("</section>");
+    } else if e.verdict != Verdict::Pass {
+        s.push_str("<section class=\"box origin\"><h2>First divergence: not localized</h2><p>No failing checkpoint has all its inputs passing; see missing or alignment-fault checkpoints below.</p></section>");
+    }
+    if let Some(d) = &e.drill_down {
+        let opt = |o: &Option<String>| {
+            o.as_ref()
+                .map_or("none".into(), |x| format!("<code>{}</code>", esc_html(x)))
+        };
+        let _ = write!(
+            s,
+            "<section class=\"box\"><h2>Token drill-down</h2><p>First divergent token at step {}: first divergent checkpoint at that step {}; earliest up to it {}; cause {}.</p></section>",
+            d.token_step,
+            opt(&d.first_at_step),
+            opt(&d.first_up_to_step),
+            opt(&d.cause_up_to_step)
+        );
+    }
+    if e.transcript.is_some() || e.capture_neutral.is_some() {
+        s.push_str("<section class=\"box\"><h2>Transcript</h2>");
+        if let Some(t) = &e.transcript {
+            let _ = write!(
+                s,
+                "<p>reference: “{}”<br>runtime: “{}”<br>tokens equal: <b>{}</b>{}</p>",
+                esc_html(&t.reference),
+                esc_html(&t.runtime),
+                if t.tokens_equal { "yes" } else { "no" },
+                t.first_divergent_step
+                    .map(|k| format!(" (first divergent step {k})"))
+                    .unwrap_or_default()
+            );
+        }
+        if let Some(c) = e.capture_neutral {
+            let _ = write!(
+                s,
+                "<p>Capture neutral: <b>{}</b></p>",
+                if c {
+                    "yes"
+                } else {
+                    "no: capture changed the outputs"
+                }
+            );
+        }
+        s.push_str("</section>");
+    }
+    let _ = write!(
+        s,
+        "<section class=\"box\"><h2>Error along graph depth (log10 rel_l2)</h2>{}<p class=\"legend\">",
+        svg_plot(e)
+    );
+    for st in [
+        Status::Pass,
+        Status::Origin,
+        Status::Fail,
+        Status::Propagated,
+        Status::AlignmentFault,
+        Status::Missing,
+    ] {
+        let _ = write!(s, "<span>{}</span>", status_chip(st));
+    }
+    s.push_str("</p></section>");
+    if !e.error_profile.by_step.is_empty() {
+        s.push_str("<section class=\"box\"><details><summary><b>Error by step and layer</b></summary><table><tr><th>step</th><th>max rel_l2</th><th>max max_abs</th><th>worst checkpoint</th><th>divergent</th></tr>");
+        for p in &e.error_profile.by_step {
+            let _ = write!(
+                s,
+                "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td><code>{}</code></td><td class=\"n\">{}</td></tr>",
+                p.step,
+                num(p.max_rel_l2),
+                num(p.max_abs),
+                esc_html(&p.worst_checkpoint),
+                p.divergent
+            );
+        }
+        s.push_str("</table><table><tr><th>stack</th><th>layer</th><th>step</th><th>max rel_l2</th><th>max max_abs</th><th>worst checkpoint</th></tr>");
+        for p in &e.error_profile.by_layer {
+            let _ = write!(
+                s,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td><code>{}</code></td></tr>",
+                esc_html(&p.stack),
+                p.layer,
+                p.step,
+                num(p.max_rel_l2),
+                num(p.max_abs),
+                esc_html(&p.worst_checkpoint)
+            );
+        }
+        s.push_str("</table></details></section>");
+    }
+    let local = e.checkpoints.iter().any(|c| c.local_metrics.is_some());
+    let _ = write!(
+        s,
+        "<section class=\"box\"><h2>Checkpoints</h2><div class=\"scroll\"><table><tr><th>#</th><th>checkpoint</th><th>step</th><th>producer</th><th>status</th><th>shape</th><th>max_abs</th><th>rel_l2</th>{}<th>cosine</th><th>max_ulp</th><th>outliers</th><th>worst element</th><th>tolerance</th></tr>",
+        if local { "<th>local rel_l2</th>" } else { "" }
+    );
+    for (i, c) in e.checkpoints.iter().enumerate() {
+        let cls = if c.status == Status::Origin {
+            " class=\"origin\""
+        } else {
+            ""
+        };
+        let _ = write!(
+            s,
+            "<tr{cls}><td class=\"n\">{i}</td><td><code>{}</code></td><td class=\"n\">{}</td><td><code>{}</code></td><td>{}</td><td>{:?}</td>",
+            esc_html(&c.name),
+            c.step,
+            esc_html(&c.producer),
+            status_chip(c.status),
+            c.shape
+        );
+        match &c.metrics {
+            Some(m) => {
+                let _ = write!(
+                    s,
+                    "<td class=\"n\">{}</td><td class=\"n\">{}</td>",
+                    num(m.max_abs),
+                    num(m.rel_l2)
+                );
+                if local {
+                    let lr = c
+                        .local_metrics
+                        .as_ref()
+                        .map_or("-".into(), |l| num(l.rel_l2));
+                    let _ = write!(s, "<td class=\"n\">{lr}</td>");
+                }
+                let worst = m.worst.as_ref().map_or(String::from("-"), |w| {
+                    format!("{:?}: {} vs {}", w.index, w.reference, w.runtime)
+                });
+                let _ = write!(
+                    s,
+                    "<td class=\"n\">{:.6}</td><td class=\"n\">{}</td><td class=\"n\">{:.3}%</td><td>{}</td>",
+                    m.cosine,
+                    m.max_ulp,
+                    100.0 * m.beyond_fraction,
+                    esc_html(&worst)
+                );
+            }
+            None => {
+                let cols = if local { 7 } else { 6 };
+                let _ = write!(
+                    s,
+                    "<td colspan=\"{cols}\">{}</td>",
+                    esc_html(c.note.as_deref().unwrap_or("no metrics"))
+                );
+            }
+        }
+        let _ = write!(s, "<td>{}</td></tr>", esc_html(&c.tolerance.source));
+    }
+    s.push_str("</table></div></section>");
+    if !e.notes.is_empty() {
+        s.push_str("<section class=\"box\"><h2>Notes</h2><ul>");
+        for n in &e.notes {
+            let _ = write!(s, "<li>{}</li>", esc_html(n));
+        }
+        s.push_str("</ul></section>");
+    }
+    s.push_str("</main></body></html>\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaping() {
+        assert_eq!(
+            esc_html("<a href=\"x\">&'"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
+        assert_eq!(esc_md("a|b`c\nd_e"), "a\\|b\\`c d\\_e");
+    }
+
+    #[test]
+    fn numbers() {
+        assert_eq!(num(0.0), "0");
+        assert_eq!(num(f64::MAX), "inf");
+        assert_eq!(num(1.23456e-5), "1.23e-5");
+    }
+}

@@ -1,0 +1,1272 @@
+//! Divergence signatures: *how* the runtime tensor differs from the reference at the origin.
+//!
+//! [`diagnose`] tests the difference between a reference `R` and a runtime tensor `X` against
+//! candidate explanations and returns every one that holds, most specific first; [`explain`] turns
+//! the best into an [`Explanation`] for the evidence. The candidates, in precedence order:
+//!
+//! | signature | holds when |
+//! |---|---|
+//! | `non_finite` | `X` is NaN/Inf where `R` is finite (first index reported) |
+//! | `permutation` | `X`'s data equals `R` with axes permuted, optionally after splitting one axis in two, read back in `X`'s shape (checks data, not shape) |
+//! | `shift` | `X[t] = R[t±1]` along one axis on the overlap |
+//! | `sign_flip` | `X = -R` |
+//! | `scale` | `X = αR` for a least-squares `α ≠ 1` |
+//! | `mask` | on the last two axes (`[.., rows, cols]`) the differences sit in the strict upper or lower triangle only, or one side is masked (zero or ≤ -1e4) above the causal diagonal and the other is not |
+//! | `rounding` | `X = round_bf16(R)` or `round_f16(R)`, or `X` is representable in bf16/f16 while `R` is not and the error is format-level, or every relative error is within half an f16/bf16 ULP with most of them at that scale |
+//! | `subset` | only some slices along one axis differ (which ones; and whether they are swapped among themselves) |
+//!
+//! "Equals" means a residual `||X - C(R)|| <= explain_rel * ||X||` (default `1e-3`) and at most a
+//! tenth of the unexplained difference `||X - R||`, so a plain noisy tensor never qualifies.
+
+use half::{bf16, f16};
+use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Slice};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::tolerance::Tolerance;
+
+/// Options for [`diagnose`] / [`explain`].
+#[derive(Debug, Clone)]
+pub struct ExplainOptions {
+    /// Axis names of the canonical layout (e.g. `["heads", "tokens", "head_dim"]`); empty for
+    /// generic `axis i` wording.
+    pub axis_names: Vec<String>,
+    /// The checkpoint's tolerance: decides which elements and slices differ.
+    pub tolerance: Tolerance,
+    /// Relative residual below which a candidate explains the difference.
+    pub explain_rel: f64,
+}
+
+impl Default for ExplainOptions {
+    fn default() -> Self {
+        ExplainOptions {
+            axis_names: Vec::new(),
+            tolerance: Tolerance::default_f32(),
+            explain_rel: 1e-3,
+        }
+    }
+}
+
+/// Triangle of the last two axes, relative to the causal diagonal `col = row + (cols - rows)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Triangle {
+    /// `col > row + offset` (the future under a causal mask).
+    Upper,
+    /// `col < row + offset`.
+    Lower,
+}
+
+/// What happened in the masked triangle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MaskKind {
+    /// All differences lie in the triangle.
+    Confined,
+    /// The reference is masked there and the runtime is not (mask dropped).
+    Dropped,
+    /// The runtime is masked there and the reference is not (mask added).
+    Added,
+}
+
+/// A floating-point storage format for the rounding signature.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RoundFormat {
+    /// IEEE binary16.
+    F16,
+    /// bfloat16.
+    Bf16,
+}
+
+impl RoundFormat {
+    fn round(self, v: f32) -> f32 {
+        match self {
+            RoundFormat::F16 => f16::from_f32(v).to_f32(),
+            RoundFormat::Bf16 => bf16::from_f32(v).to_f32(),
+        }
+    }
+    /// Half an ULP relative to the value (2^-11 for f16, 2^-8 for bf16).
+    fn half_ulp(self) -> f64 {
+        match self {
+            RoundFormat::F16 => 2f64.powi(-11),
+            RoundFormat::Bf16 => 2f64.powi(-8),
+        }
+    }
+    /// Smallest normal value.
+    fn min_normal(self) -> f64 {
+        match self {
+            RoundFormat::F16 => 6.103_515_625e-5,
+            RoundFormat::Bf16 => f32::MIN_POSITIVE as f64,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            RoundFormat::F16 => "f16",
+            RoundFormat::Bf16 => "bf16",
+        }
+    }
+}
+
+/// How the rounding signature was established.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RoundingEvidence {
+    /// `X == round(R)` bit for bit.
+    Exact,
+    /// `X` is representable in the format, `R` is not, and errors are at format scale.
+    Representable,
+    /// Relative errors are bounded by half an ULP of the format, most at that scale.
+    Distribution,
+}
+
+/// One divergence signature with its evidence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "signature", rename_all = "snake_case")]
+pub enum Signature {
+    /// Non-finite runtime values where the reference is finite.
+    NonFinite {
+        /// Index of the first one (C order).
+        first_index: Vec<usize>,
+        /// Runtime value there (`"NaN"`, `"inf"`, `"-inf"`).
+        first_value: String,
+        /// How many.
+        count: u64,
+    },
+    /// Axis permutation / transpose (possibly after splitting one axis), read in `X`'s shape.
+    Permutation {
+        /// Shape `R` was viewed as before permuting (equals `R`'s shape without a split).
+        view_shape: Vec<usize>,
+        /// Axis order applied to the view (`X = view.permuted_axes(axes)`).
+        axes: Vec<usize>,
+        /// `(axis of R, [outer, inner])` when one axis was split first.
+        split: Option<(usize, [usize; 2])>,
+        /// Whether the permuted data was reinterpreted in a different shape (flat data equal).
+        reinterpreted: bool,
+        /// Relative residual.
+        residual: f64,
+    },
+    /// Off-by-one shift along an axis: `X[t] = R[t + offset]`.
+    Shift {
+        /// Axis.
+        axis: usize,
+        /// `+1` or `-1`.
+        offset: i32,
+        /// Relative residual on the overlap.
+        residual: f64,
+    },
+    /// `X = -R`.
+    SignFlip {
+        /// Relative residual.
+        residual: f64,
+    },
+    /// `X = factor * R`.
+    Scale {
+        /// Least-squares factor.
+        factor: f64,
+        /// Relative residual.
+        residual: f64,
+        /// A simple closed form close to the factor (`1/sqrt(64)`), if any.
+        hint: Option<String>,
+    },
+    /// Difference pattern on the triangle of the last two axes.
+    Mask {
+        /// Triangle.
+        region: Triangle,
+        /// What happened there.
+        kind: MaskKind,
+        /// Rows and columns of the last two axes.
+        rows: usize,
+        /// Columns.
+        cols: usize,
+        /// Diagonal offset `cols - rows`.
+        diagonal_offset: i64,
+        /// Differing elements inside the triangle.
+        differing_inside: u64,
+        /// Elements inside the triangle.
+        inside: u64,
+        /// Differing elements outside it.
+        differing_outside: u64,
+    },
+    /// Rounding-level noise of a narrower float format.
+    Rounding {
+        /// The format.
+        format: RoundFormat,
+        /// How it was established.
+        evidence: RoundingEvidence,
+        /// Fraction of nonzero runtime values representable in the format.
+        runtime_representable: f64,
+        /// Largest relative error in units of the format's half ULP.
+        max_rel_half_ulps: f64,
+    },
+    /// Only some slices along one axis differ.
+    Subset {
+        /// Axis (`None` for steps, see [`steps_subset`]).
+        axis: Option<usize>,
+        /// Axis name (`heads`, `tokens`, `step`, or `axis i`).
+        axis_name: String,
+        /// Differing slice indices.
+        indices: Vec<usize>,
+        /// Axis length.
+        of: usize,
+        /// `(i, j)` pairs with `X[i] = R[j]` when the differing slices are a permutation of each
+        /// other (e.g. two heads swapped); empty otherwise.
+        swapped: Vec<(usize, usize)>,
+    },
+}
+
+impl Signature {
+    /// Short name as in the evidence.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Signature::NonFinite { .. } => "non_finite",
+            Signature::Permutation { .. } => "permutation",
+            Signature::Shift { .. } => "shift",
+            Signature::SignFlip { .. } => "sign_flip",
+            Signature::Scale { .. } => "scale",
+            Signature::Mask { .. } => "mask",
+            Signature::Rounding { .. } => "rounding",
+            Signature::Subset { .. } => "subset",
+        }
+    }
+
+    /// One-sentence human description.
+    pub fn detail(&self, axis_names: &[String]) -> String {
+        let ax = |a: usize| axis_label(axis_names, a);
+        match self {
+            Signature::NonFinite {
+                first_index,
+                first_value,
+                count,
+            } => format!(
+                "{count} non-finite runtime value(s) where the reference is finite; the first is {first_value} at {first_index:?}"
+            ),
+            Signature::Permutation {
+                view_shape,
+                axes,
+                split,
+                reinterpreted,
+                residual,
+            } => {
+                let names: Vec<String> = if split.is_none() {
+                    axes.iter().map(|&a| ax(a)).collect()
+                } else {
+                    axes.iter().map(|a| format!("v{a}")).collect()
+                };
+                let mut s = String::from("runtime holds the reference ");
+                if let Some((a, [o, i])) = split {
+                    s += &format!("with {} split into ({o}, {i}) (view {view_shape:?}) and ", ax(*a));
+                }
+                s += &format!("with axes permuted to {axes:?} [{}]", names.join(", "));
+                if *reinterpreted {
+                    s += ", its flat data read back in the canonical shape (a layout mix-up such as token-major data read as head-major)";
+                }
+                s + &format!("; {}", resid_text(*residual))
+            }
+            Signature::Shift {
+                axis,
+                offset,
+                residual,
+            } => format!(
+                "runtime is the reference shifted by one along {}: X[t] = R[t{}1] ({})",
+                ax(*axis),
+                if *offset > 0 { "+" } else { "-" },
+                resid_text(*residual)
+            ),
+            Signature::SignFlip { residual } => {
+                format!("runtime = -reference ({})", resid_text(*residual))
+            }
+            Signature::Scale {
+                factor,
+                residual,
+                hint,
+            } => {
+                let h = hint.as_ref().map(|h| format!(", ≈ {h}")).unwrap_or_default();
+                format!(
+                    "runtime = {factor:.6} × reference{h} (least squares, {})",
+                    resid_text(*residual)
+                )
+            }
+            Signature::Mask {
+                region,
+                kind,
+                rows,
+                cols,
+                differing_inside,
+                inside,
+                differing_outside,
+                ..
+            } => {
+                let tri = match region {
+                    Triangle::Upper => "upper",
+                    Triangle::Lower => "lower",
+                };
+                let what = match kind {
+                    MaskKind::Confined => format!("differences confined to the strict {tri} triangle"),
+                    MaskKind::Dropped => format!("the reference is masked in the strict {tri} triangle and the runtime is not (mask dropped)"),
+                    MaskKind::Added => format!("the runtime is masked in the strict {tri} triangle and the reference is not (mask added)"),
+                };
+                format!(
+                    "on the last two axes [{rows}, {cols}]: {what}; {differing_inside} of {inside} inside differ, {differing_outside} outside"
+                )
+            }
+            Signature::Rounding {
+                format,
+                evidence,
+                runtime_representable,
+                max_rel_half_ulps,
+            } => {
+                let f = format.name();
+                match evidence {
+                    RoundingEvidence::Exact => format!("runtime = round_to_{f}(reference) exactly"),
+                    RoundingEvidence::Representable => format!(
+                        "{:.1}% of runtime values are exactly representable in {f} and the reference's are not; errors at {f} scale (max {max_rel_half_ulps:.1} half-ULPs): computed or stored in {f}",
+                        100.0 * runtime_representable
+                    ),
+                    RoundingEvidence::Distribution => format!(
+                        "every relative error is within half an {f} ULP (max {max_rel_half_ulps:.2} half-ULPs): rounding-level noise of {f}"
+                    ),
+                }
+            }
+            Signature::Subset {
+                axis_name,
+                indices,
+                of,
+                swapped,
+                ..
+            } => {
+                let mut s = format!(
+                    "only {} of {of} slices along {axis_name} differ: {indices:?}; the rest match",
+                    indices.len()
+                );
+                if !swapped.is_empty() {
+                    let pairs: Vec<String> =
+                        swapped.iter().map(|(i, j)| format!("X[{i}] = R[{j}]")).collect();
+                    s += &format!(" (swapped among themselves: {})", pairs.join(", "));
+                }
+                s
+            }
+        }
+    }
+}
+
+/// Explanation of the origin in the evidence: `signature` is a [`Signature::name`] or `none`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Explanation {
+    /// Signature name.
+    pub signature: String,
+    /// Human-readable sentence.
+    pub detail: String,
+    /// Structured evidence (the signature's fields; `also` lists other matching signatures).
+    pub evidence: Value,
+}
+
+/// `exact` for a zero residual, else `residual 1.2e-5`.
+fn resid_text(r: f64) -> String {
+    if r == 0.0 {
+        "exact".into()
+    } else {
+        format!("residual {r:.1e}")
+    }
+}
+
+fn axis_label(names: &[String], a: usize) -> String {
+    names.get(a).cloned().unwrap_or_else(|| format!("axis {a}"))
+}
+
+/// Finite-or-zero copy in standard layout.
+fn clean(a: &ArrayViewD<f32>) -> ArrayD<f32> {
+    let v = a
+        .iter()
+        .map(|&v| if v.is_finite() { v } else { 0.0 })
+        .collect();
+    ArrayD::from_shape_vec(a.raw_dim(), v).unwrap_or_else(|_| ArrayD::zeros(a.raw_dim()))
+}
+
+fn sumsq<'a>(it: impl Iterator<Item = (&'a f32, &'a f32)>) -> f64 {
+    it.map(|(a, b)| {
+        let d = *a as f64 - *b as f64;
+        d * d
+    })
+    .sum()
+}
+
+/// Sum of squared differences between `pred` (in iteration order) and `x`, or `None` as soon as it
+/// exceeds `budget`.
+fn resid_within<'a>(pred: impl Iterator<Item = &'a f32>, x: &[f32], budget: f64) -> Option<f64> {
+    let mut s = 0f64;
+    for (i, (p, v)) in pred.zip(x).enumerate() {
+        let d = *p as f64 - *v as f64;
+        s += d * d;
+        if i % 64 == 63 && s > budget {
+            return None;
+        }
+    }
+    (s <= budget).then_some(s)
+}
+
+fn permutations(n: usize) -> Vec<Vec<usize>> {
+    fn rec(cur: &mut Vec<usize>, used: &mut Vec<bool>, out: &mut Vec<Vec<usize>>) {
+        if cur.len() == used.len() {
+            out.push(cur.clone());
+            return;
+        }
+        for i in 0..used.len() {
+            if !used[i] {
+                used[i] = true;
+                cur.push(i);
+                rec(cur, used, out);
+                cur.pop();
+                used[i] = false;
+            }
+        }
+    }
+    let mut out = Vec::new();
+    rec(&mut Vec::new(), &mut vec![false; n], &mut out);
+    out
+}
+
+/// Context shared by the candidate tests.
+struct Ctx<'a> {
+    r: ArrayD<f32>,
+    x: ArrayD<f32>,
+    opts: &'a ExplainOptions,
+    /// `||X||^2`.
+    xx: f64,
+    /// `||X - R||^2` (only meaningful when shapes agree).
+    orig: f64,
+}
+
+impl Ctx<'_> {
+    /// Largest accepted squared residual for a candidate.
+    fn budget(&self, same_shape: bool) -> f64 {
+        let b = self.opts.explain_rel.powi(2) * self.xx;
+        if same_shape {
+            b.min(0.01 * self.orig)
+        } else {
+            b
+        }
+    }
+    fn rel(&self, sq: f64) -> f64 {
+        if self.xx > 0.0 {
+            (sq / self.xx).sqrt()
+        } else {
+            0.0
+        }
+    }
+    fn differs(&self, r: f32, x: f32) -> bool {
+        let t = &self.opts.tolerance;
+        (x as f64 - r as f64).abs() > t.atol + t.rtol * (r as f64).abs()
+    }
+}
+
+fn non_finite(r: &ArrayViewD<f32>, x: &ArrayViewD<f32>) -> Option<Signature> {
+    let mut first: Option<(usize, f32)> = None;
+    let mut count = 0u64;
+    for (i, (a, b)) in r.iter().zip(x.iter()).enumerate() {
+        if a.is_finite() && !b.is_finite() {
+            count += 1;
+            first.get_or_insert((i, *b));
+        }
+    }
+    let (i, v) = first?;
+    Some(Signature::NonFinite {
+        first_index: crate::metrics::unravel(i, r.shape()),
+        first_value: if v.is_nan() {
+            "NaN".into()
+        } else if v > 0.0 {
+            "inf".into()
+        } else {
+            "-inf".into()
+        },
+        count,
+    })
+}
+
+const MAX_PERMUTE_RANK: usize = 5;
+
+/// A view of `R` for the permutation search: its shape and the split that produced it.
+type SplitView = (Vec<usize>, Option<(usize, [usize; 2])>);
+
+fn permutation(c: &Ctx) -> Option<Signature> {
+    let same = c.r.shape() == c.x.shape();
+    let budget = c.budget(same);
+    let xs = c.x.as_slice()?;
+    let rshape = c.r.shape().to_vec();
+    // Views of R: as is, and with one axis split in two.
+    let mut views: Vec<SplitView> = vec![(rshape.clone(), None)];
+    for (a, &n) in rshape.iter().enumerate() {
+        for o in 2..n {
+            if n % o == 0 && rshape.len() < MAX_PERMUTE_RANK {
+                let mut v = rshape.clone();
+                v.splice(a..=a, [o, n / o]);
+                views.push((v, Some((a, [o, n / o]))));
+            }
+        }
+    }
+    let mut best: Option<(f64, Signature)> = None;
+    for (vshape, split) in views {
+        if vshape.len() > MAX_PERMUTE_RANK {
+            continue;
+        }
+        let Ok(view) = c.r.view().into_shape_with_order(IxDyn(&vshape)) else {
+            continue;
+        };
+        for p in permutations(vshape.len()) {
+            // Skip orders that leave the flat data unchanged (only size-1 axes move).
+            let moved: Vec<usize> = p.iter().copied().filter(|&a| vshape[a] > 1).collect();
+            if moved.windows(2).all(|w| w[0] < w[1]) {
+                continue;
+            }
+            let pv = view.view().permuted_axes(IxDyn(&p));
+            let Some(sq) = resid_within(pv.iter(), xs, budget) else {
+                continue;
+            };
+            if best.as_ref().is_none_or(|(b, _)| sq < *b) {
+                let exact = sq == 0.0;
+                let reinterpreted = pv.shape() != c.x.shape();
+                best = Some((
+                    sq,
+                    Signature::Permutation {
+                        view_shape: vshape.clone(),
+                        axes: p,
+                        split,
+                        reinterpreted,
+                        residual: c.rel(sq),
+                    },
+                ));
+                if exact {
+                    return best.map(|(_, s)| s);
+                }
+            }
+        }
+    }
+    best.map(|(_, s)| s)
+}
+
+fn shift(c: &Ctx) -> Option<Signature> {
+    let mut best: Option<(f64, Signature)> = None;
+    for a in 0..c.r.ndim() {
+        let n = c.r.shape()[a];
+        if n < 3 {
+            continue;
+        }
+        for off in [1i32, -1] {
+            let (xr, rr) = if off > 0 {
+                (Slice::from(0..n - 1), Slice::from(1..n))
+            } else {
+                (Slice::from(1..n), Slice::from(0..n - 1))
+            };
+            let xv = c.x.slice_axis(Axis(a), xr);
+            let rv = c.r.slice_axis(Axis(a), rr);
+            let unshifted = c.r.slice_axis(Axis(a), xr);
+            let sq = sumsq(xv.iter().zip(rv.iter()));
+            let orig = sumsq(xv.iter().zip(unshifted.iter()));
+            let xx: f64 = xv.iter().map(|v| (*v as f64).powi(2)).sum();
+            let ok = sq <= c.opts.explain_rel.powi(2) * xx && sq <= 0.01 * orig && orig > 0.0;
+            if ok && best.as_ref().is_none_or(|(b, _)| sq < *b) {
+                let residual = if xx > 0.0 { (sq / xx).sqrt() } else { 0.0 };
+                best = Some((
+                    sq,
+                    Signature::Shift {
+                        axis: a,
+                        offset: off,
+                        residual,
+                    },
+                ));
+            }
+        }
+    }
+    best.map(|(_, s)| s)
+}
+
+/// Recognizable closed forms near `f` (`k`, `1/k`, `sqrt(k)`, `1/sqrt(k)` for `k` in 2..=1024),
+/// joined with ` = ` (e.g. `1/8 = 1/sqrt(64)`).
+fn scale_hint(f: f64) -> Option<String> {
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-3 * b.abs();
+    let m = f.abs();
+    let sign = if f < 0.0 { "-" } else { "" };
+    let mut forms: Vec<String> = Vec::new();
+    for k in 2..=1024u32 {
+        let kf = k as f64;
+        let cands = [
+            (kf.recip(), format!("{sign}1/{k}")),
+            (kf.sqrt().recip(), format!("{sign}1/sqrt({k})")),
+            (kf, format!("{sign}{k}")),
+            (kf.sqrt(), format!("{sign}sqrt({k})")),
+        ];
+        for (v, s) in cands {
+            if close(m, v) && forms.len() < 3 {
+                forms.push(s);
+            }
+        }
+    }
+    (!forms.is_empty()).then(|| forms.join(" = "))
+}
+
+fn scale_and_sign(c: &Ctx) -> Vec<Signature> {
+    let rr: f64 = c.r.iter().map(|v| (*v as f64).powi(2)).sum();
+    if rr == 0.0 || c.r.shape() != c.x.shape() {
+        return vec![];
+    }
+    let rx: f64 =
+        c.r.iter()
+            .zip(c.x.iter())
+            .map(|(a, b)| *a as f64 * *b as f64)
+            .sum();
+    let alpha = rx / rr;
+    let budget = c.budget(true);
+    let resid = |k: f64| -> f64 {
+        c.r.iter()
+            .zip(c.x.iter())
+            .map(|(a, b)| (*b as f64 - k * *a as f64).powi(2))
+            .sum()
+    };
+    let mut out = Vec::new();
+    let flip = resid(-1.0);
+    if flip <= budget {
+        out.push(Signature::SignFlip {
+            residual: c.rel(flip),
+        });
+        return out;
+    }
+    let sq = resid(alpha);
+    let residual = c.rel(sq);
+    if sq <= budget && (alpha - 1.0).abs() > (10.0 * residual).max(1e-4) {
+        out.push(Signature::Scale {
+            factor: alpha,
+            residual,
+            hint: scale_hint(alpha),
+        });
+    }
+    out
+}
+
+fn is_masked(v: f32) -> bool {
+    v == 0.0 || v <= -1e4
+}
+
+fn mask(c: &Ctx) -> Option<Signature> {
+    let nd = c.r.ndim();
+    if nd < 2 || c.r.shape() != c.x.shape() {
+        return None;
+    }
+    let (rows, cols) = (c.r.shape()[nd - 2], c.r.shape()[nd - 1]);
+    if rows < 2 || cols < 2 {
+        return None;
+    }
+    let off = cols as i64 - rows as i64;
+    // Counters per triangle: [upper, lower, diagonal].
+    let mut size = [0u64; 3];
+    let mut diff = [0u64; 3];
+    let (mut ref_masked_up, mut run_masked_up) = (0u64, 0u64);
+    let plane = rows * cols;
+    for (k, (a, b)) in c.r.iter().zip(c.x.iter()).enumerate() {
+        let e = k % plane;
+        let (i, j) = ((e / cols) as i64, (e % cols) as i64);
+        let t = match j.cmp(&(i + off)) {
+            std::cmp::Ordering::Greater => 0,
+            std::cmp::Ordering::Less => 1,
+            std::cmp::Ordering::Equal => 2,
+        };
+        size[t] += 1;
+        diff[t] += c.differs(*a, *b) as u64;
+        if t == 0 {
+            ref_masked_up += is_masked(*a) as u64;
+            run_masked_up += is_masked(*b) as u64;
+        }
+    }
+    let total: u64 = diff.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let mk = |region, kind, t: usize| Signature::Mask {
+        region,
+        kind,
+        rows,
+        cols,
+        diagonal_offset: off,
+        differing_inside: diff[t],
+        inside: size[t],
+        differing_outside: total - diff[t],
+    };
+    let half = |t: usize| size[t] > 0 && 2 * diff[t] >= size[t];
+    if size[0] > 0 && ref_masked_up == size[0] && 2 * (size[0] - run_masked_up) >= size[0] {
+        return Some(mk(Triangle::Upper, MaskKind::Dropped, 0));
+    }
+    if size[0] > 0 && run_masked_up == size[0] && 2 * (size[0] - ref_masked_up) >= size[0] {
+        return Some(mk(Triangle::Upper, MaskKind::Added, 0));
+    }
+    for (t, region) in [(0, Triangle::Upper), (1, Triangle::Lower)] {
+        if diff[t] == total && half(t) {
+            return Some(mk(region, MaskKind::Confined, t));
+        }
+    }
+    None
+}
+
+/// Statistics of one narrow format against the pair.
+struct RoundStats {
+    fmt: RoundFormat,
+    exact: bool,
+    rep_x: f64,
+    rep_r: f64,
+    max_units: f64,
+    at_scale: f64,
+}
+
+fn round_stats(c: &Ctx, fmt: RoundFormat) -> RoundStats {
+    let hu = fmt.half_ulp();
+    let tiny = fmt.min_normal();
+    let (mut exact, mut rep_x, mut rep_r, mut nz_x, mut nz_r) = (true, 0u64, 0u64, 0u64, 0u64);
+    let (mut max_units, mut at_scale) = (0f64, 0u64);
+    for (a, b) in c.r.iter().zip(c.x.iter()) {
+        exact &= fmt.round(*a).to_bits() == b.to_bits();
+        if *b != 0.0 {
+            nz_x += 1;
+            rep_x += (fmt.round(*b) == *b) as u64;
+        }
+        if *a != 0.0 {
+            nz_r += 1;
+            rep_r += (fmt.round(*a) == *a) as u64;
+        }
+        let (a, d) = (*a as f64, (*b as f64 - *a as f64).abs());
+        // Error in half-ULPs; below the normal range the spacing is absolute.
+        let units = d / (hu * a.abs().max(tiny));
+        max_units = max_units.max(units);
+        at_scale += (units > 0.125) as u64;
+    }
+    let frac = |k: u64, n: usize| if n > 0 { k as f64 / n as f64 } else { 0.0 };
+    RoundStats {
+        fmt,
+        exact,
+        rep_x: frac(rep_x, nz_x as usize),
+        rep_r: frac(rep_r, nz_r as usize),
+        max_units,
+        at_scale: frac(at_scale, c.r.len()),
+    }
+}
+
+fn rounding(c: &Ctx) -> Option<Signature> {
+    if c.r.shape() != c.x.shape() || c.orig == 0.0 {
+        return None;
+    }
+    // bf16 values are mostly f16-representable, so the representability test goes bf16 first;
+    // f16 noise is finer, so the distribution test goes f16 first.
+    let b = round_stats(c, RoundFormat::Bf16);
+    let h = round_stats(c, RoundFormat::F16);
+    let pick = [
+        (&b, RoundingEvidence::Exact),
+        (&h, RoundingEvidence::Exact),
+        (&b, RoundingEvidence::Representable),
+        (&h, RoundingEvidence::Representable),
+        (&h, RoundingEvidence::Distribution),
+        (&b, RoundingEvidence::Distribution),
+    ]
+    .into_iter()
+    .find(|(s, e)| match e {
+        RoundingEvidence::Exact => s.exact,
+        RoundingEvidence::Representable => s.rep_x >= 0.99 && s.rep_r <= 0.5 && s.max_units <= 32.0,
+        RoundingEvidence::Distribution => s.max_units <= 1.01 && s.at_scale >= 0.25,
+    })?;
+    let (s, evidence) = pick;
+    Some(Signature::Rounding {
+        format: s.fmt,
+        evidence,
+        runtime_representable: s.rep_x,
+        max_rel_half_ulps: s.max_units,
+    })
+}
+
+const MAX_SWAP_SLICES: usize = 8;
+
+fn subset(c: &Ctx) -> Option<Signature> {
+    if c.r.shape() != c.x.shape() {
+        return None;
+    }
+    let maxf = c.opts.tolerance.max_outlier_fraction;
+    let mut best: Option<(f64, Signature)> = None;
+    for a in 0..c.r.ndim() {
+        let n = c.r.shape()[a];
+        if n < 2 {
+            continue;
+        }
+        let mut idx = Vec::new();
+        for (i, (rs, xs)) in
+            c.r.axis_iter(Axis(a))
+                .zip(c.x.axis_iter(Axis(a)))
+                .enumerate()
+        {
+            let bad = rs
+                .iter()
+                .zip(xs.iter())
+                .filter(|(p, q)| c.differs(**p, **q))
+                .count();
+            if bad as f64 > maxf * rs.len() as f64 {
+                idx.push(i);
+            }
+        }
+        if idx.is_empty() || 2 * idx.len() > n {
+            continue;
+        }
+        let frac = idx.len() as f64 / n as f64;
+        if best.as_ref().is_some_and(|(f, _)| *f <= frac) {
+            continue;
+        }
+        let swapped = swaps(c, a, &idx);
+        best = Some((
+            frac,
+            Signature::Subset {
+                axis: Some(a),
+                axis_name: axis_label(&c.opts.axis_names, a),
+                indices: idx,
+                of: n,
+                swapped,
+            },
+        ));
+    }
+    best.map(|(_, s)| s)
+}
+
+/// If the differing slices along `a` are a permutation of each other, the `(i, j)` pairs with
+/// `X[i] = R[j]`.
+fn swaps(c: &Ctx, a: usize, idx: &[usize]) -> Vec<(usize, usize)> {
+    if idx.len() < 2 || idx.len() > MAX_SWAP_SLICES {
+        return vec![];
+    }
+    let mut pairs = Vec::new();
+    for &i in idx {
+        let xs = c.x.index_axis(Axis(a), i);
+        let xx: f64 = xs.iter().map(|v| (*v as f64).powi(2)).sum();
+        let hit = idx.iter().copied().find(|&j| {
+            j != i && {
+                let rs = c.r.index_axis(Axis(a), j);
+                sumsq(xs.iter().zip(rs.iter())) <= c.opts.explain_rel.powi(2) * xx
+            }
+        });
+        match hit {
+            Some(j) => pairs.push((i, j)),
+            None => return vec![],
+        }
+    }
+    pairs
+}
+
+/// Every signature that holds for reference `r` and runtime `x`, most specific first (empty when
+/// none does). `x` may have another shape with the same element count; then only `permutation`
+/// is tested.
+pub fn diagnose(r: &ArrayViewD<f32>, x: &ArrayViewD<f32>, opts: &ExplainOptions) -> Vec<Signature> {
+    let mut out = Vec::new();
+    if r.len() != x.len() || r.is_empty() {
+        return out;
+    }
+    let same = r.shape() == x.shape();
+    if same {
+        if let Some(s) = non_finite(r, x) {
+            out.push(s);
+        }
+    }
+    let (rc, xc) = (clean(r), clean(x));
+    let xx = xc.iter().map(|v| (*v as f64).powi(2)).sum();
+    let orig = if same {
+        sumsq(rc.iter().zip(xc.iter()))
+    } else {
+        f64::INFINITY
+    };
+    let c = Ctx {
+        r: rc,
+        x: xc,
+        opts,
+        xx,
+        orig,
+    };
+    if same && orig == 0.0 {
+        return out;
+    }
+    out.extend(permutation(&c));
+    if !same {
+        return out;
+    }
+    out.extend(shift(&c));
+    out.extend(scale_and_sign(&c));
+    out.extend(mask(&c));
+    out.extend(rounding(&c));
+    out.extend(subset(&c));
+    out
+}
+
+/// The best signature as an [`Explanation`] (`none` with summary statistics when nothing holds).
+pub fn explain(r: &ArrayViewD<f32>, x: &ArrayViewD<f32>, opts: &ExplainOptions) -> Explanation {
+    let found = diagnose(r, x, opts);
+    match found.first() {
+        Some(best) => {
+            let mut evidence = serde_json::to_value(best).unwrap_or(Value::Null);
+            if let Value::Object(m) = &mut evidence {
+                m.remove("signature");
+                let also: Vec<Value> = found[1..].iter().map(|s| Value::from(s.name())).collect();
+                if !also.is_empty() {
+                    m.insert("also".into(), Value::Array(also));
+                }
+            }
+            Explanation {
+                signature: best.name().into(),
+                detail: best.detail(&opts.axis_names),
+                evidence,
+            }
+        }
+        None => {
+            let detail = if r.shape() == x.shape() {
+                let m = crate::metrics::compare(r, x, &opts.tolerance).ok();
+                m.map(|m| {
+                    format!(
+                        "no known pattern: diffuse difference (rel_l2 {:.2e}, cosine {:.6}, {:.2}% of elements beyond tolerance)",
+                        m.rel_l2,
+                        m.cosine,
+                        100.0 * m.beyond_fraction
+                    )
+                })
+            } else {
+                None
+            };
+            Explanation {
+                signature: "none".into(),
+                detail: detail.unwrap_or_else(|| "no known pattern".into()),
+                evidence: Value::Object(Default::default()),
+            }
+        }
+    }
+}
+
+/// Subset signature over steps: given `(step, fails)` for one checkpoint name, the failing steps
+/// when they are a proper subset (at most half) of the steps.
+pub fn steps_subset(per_step: &[(u32, bool)]) -> Option<Signature> {
+    let bad: Vec<usize> = per_step
+        .iter()
+        .filter(|(_, f)| *f)
+        .map(|(s, _)| *s as usize)
+        .collect();
+    (!bad.is_empty() && 2 * bad.len() <= per_step.len()).then(|| Signature::Subset {
+        axis: None,
+        axis_name: "step".into(),
+        indices: bad,
+        of: per_step.len(),
+        swapped: vec![],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::Array;
+
+    /// Deterministic pseudo-random tensor in [-1, 1).
+    fn rand(shape: &[usize], seed: u64) -> ArrayD<f32> {
+        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect();
+        ArrayD::from_shape_vec(IxDyn(shape), v).unwrap()
+    }
+
+    fn noisy(r: &ArrayD<f32>, rel: f32, seed: u64) -> ArrayD<f32> {
+        r + &(rand(r.shape(), seed) * rel)
+    }
+
+    fn names(r: &ArrayD<f32>, x: &ArrayD<f32>) -> Vec<&'static str> {
+        diagnose(&r.view(), &x.view(), &ExplainOptions::default())
+            .iter()
+            .map(Signature::name)
+            .collect()
+    }
+
+    fn best(r: &ArrayD<f32>, x: &ArrayD<f32>) -> Signature {
+        diagnose(&r.view(), &x.view(), &ExplainOptions::default())
+            .into_iter()
+            .next()
+            .expect("a signature")
+    }
+
+    #[test]
+    fn plain_noise_matches_nothing() {
+        let r = rand(&[6, 16, 8], 1);
+        let x = noisy(&r, 1e-2, 2);
+        assert!(names(&r, &x).is_empty(), "{:?}", names(&r, &x));
+        let e = explain(&r.view(), &x.view(), &ExplainOptions::default());
+        assert_eq!(e.signature, "none");
+        assert!(e.detail.contains("diffuse"));
+        // Unrelated data is no pattern either.
+        assert!(names(&r, &rand(&[6, 16, 8], 3)).is_empty());
+    }
+
+    #[test]
+    fn head_major_token_major_mixup_is_a_permutation() {
+        // R is head-major [H, T, D]; the runtime wrote token-major [T, H, D] data into it.
+        let r = rand(&[4, 6, 8], 4);
+        let tm = r
+            .view()
+            .permuted_axes(IxDyn(&[1, 0, 2]))
+            .as_standard_layout()
+            .to_owned();
+        let x = ArrayD::from_shape_vec(IxDyn(&[4, 6, 8]), tm.iter().copied().collect()).unwrap();
+        match best(&r, &x) {
+            Signature::Permutation {
+                axes,
+                split,
+                reinterpreted,
+                ..
+            } => {
+                assert_eq!(axes, vec![1, 0, 2]);
+                assert_eq!(split, None);
+                assert!(reinterpreted);
+            }
+            s => panic!("{s:?}"),
+        }
+        // Token-major reference [T, H*D] holding head-major data: needs a split of axis 1.
+        let r2 = rand(&[6, 32], 5);
+        let hm = r2
+            .clone()
+            .into_shape_with_order(IxDyn(&[6, 4, 8]))
+            .unwrap()
+            .permuted_axes(IxDyn(&[1, 0, 2]))
+            .as_standard_layout()
+            .to_owned();
+        let x2 = ArrayD::from_shape_vec(IxDyn(&[6, 32]), hm.iter().copied().collect()).unwrap();
+        match best(&r2, &x2) {
+            Signature::Permutation { split, axes, .. } => {
+                assert_eq!(split, Some((1, [4, 8])));
+                assert_eq!(axes, vec![1, 0, 2]);
+            }
+            s => panic!("{s:?}"),
+        }
+    }
+
+    #[test]
+    fn square_transpose_is_a_permutation_in_place() {
+        let r = rand(&[8, 8], 6);
+        let x = r.t().as_standard_layout().to_owned();
+        match best(&r, &x) {
+            Signature::Permutation {
+                axes,
+                reinterpreted,
+                ..
+            } => {
+                assert_eq!(axes, vec![1, 0]);
+                assert!(!reinterpreted);
+            }
+            s => panic!("{s:?}"),
+        }
+        // Different runtime shape, same data: still found.
+        let xt = ArrayD::from_shape_vec(IxDyn(&[64]), x.iter().copied().collect()).unwrap();
+        let sig = diagnose(&r.view(), &xt.view(), &ExplainOptions::default());
+        assert_eq!(sig[0].name(), "permutation");
+    }
+
+    #[test]
+    fn scale_with_hint_and_sign_flip() {
+        let r = rand(&[4, 10, 8], 7);
+        let x = &r * (1.0 / 8.0f32);
+        match best(&r, &x) {
+            Signature::Scale { factor, hint, .. } => {
+                assert!((factor - 0.125).abs() < 1e-6);
+                assert_eq!(hint.as_deref(), Some("1/8 = 1/sqrt(64)"));
+            }
+            s => panic!("{s:?}"),
+        }
+        assert_eq!(names(&r, &(&r * -1.0f32)), ["sign_flip"]);
+        // Noise around a factor of one is not a scale.
+        assert!(!names(&r, &noisy(&r, 1e-3, 8)).contains(&"scale"));
+    }
+
+    #[test]
+    fn causal_mask_patterns() {
+        let t = 6;
+        let mut probs = rand(&[2, t, t], 9).mapv(f32::abs);
+        let scores = rand(&[2, t, t], 10);
+        for h in 0..2 {
+            for i in 0..t {
+                for j in 0..t {
+                    if j > i {
+                        probs[[h, i, j]] = 0.0;
+                    }
+                }
+            }
+        }
+        // Mask dropped on probabilities: the reference is zero above the diagonal.
+        let dropped = rand(&[2, t, t], 11).mapv(|v| v.abs() + 0.01);
+        match best(&probs, &dropped) {
+            Signature::Mask { region, kind, .. } => {
+                assert_eq!((region, kind), (Triangle::Upper, MaskKind::Dropped));
+            }
+            s => panic!("{s:?}"),
+        }
+        // Scores differ only in the strict upper triangle.
+        let mut x = scores.clone();
+        for h in 0..2 {
+            for i in 0..t {
+                for j in (i + 1)..t {
+                    x[[h, i, j]] = -1e9;
+                }
+            }
+        }
+        match best(&scores, &x) {
+            Signature::Mask { region, kind, .. } => {
+                assert_eq!((region, kind), (Triangle::Upper, MaskKind::Added));
+            }
+            s => panic!("{s:?}"),
+        }
+        // Confined to the lower triangle.
+        let mut y = scores.clone();
+        for h in 0..2 {
+            for i in 0..t {
+                for j in 0..i {
+                    y[[h, i, j]] += 1.0;
+                }
+            }
+        }
+        match best(&scores, &y) {
+            Signature::Mask { region, kind, .. } => {
+                assert_eq!((region, kind), (Triangle::Lower, MaskKind::Confined));
+            }
+            s => panic!("{s:?}"),
+        }
+        assert!(!names(&scores, &noisy(&scores, 1e-1, 12)).contains(&"mask"));
+    }
+
+    #[test]
+    fn subset_of_heads_and_swapped_heads() {
+        let r = rand(&[6, 5, 8], 13);
+        let mut x = r.clone();
+        x.index_axis_mut(Axis(0), 2).mapv_inplace(|v| v + 0.5);
+        let opts = ExplainOptions {
+            axis_names: vec!["heads".into(), "tokens".into(), "head_dim".into()],
+            ..Default::default()
+        };
+        let e = explain(&r.view(), &x.view(), &opts);
+        assert_eq!(e.signature, "subset");
+        assert_eq!(e.evidence["indices"], serde_json::json!([2]));
+        assert!(e.detail.contains("heads"), "{}", e.detail);
+        // Two heads swapped.
+        let mut s = r.clone();
+        let (h1, h3) = (
+            r.index_axis(Axis(0), 1).to_owned(),
+            r.index_axis(Axis(0), 3).to_owned(),
+        );
+        s.index_axis_mut(Axis(0), 1).assign(&h3);
+        s.index_axis_mut(Axis(0), 3).assign(&h1);
+        match best(&r, &s) {
+            Signature::Subset {
+                axis,
+                indices,
+                swapped,
+                ..
+            } => {
+                assert_eq!(axis, Some(0));
+                assert_eq!(indices, vec![1, 3]);
+                assert_eq!(swapped, vec![(1, 3), (3, 1)]);
+            }
+            sig => panic!("{sig:?}"),
+        }
+    }
+
+    #[test]
+    fn rounding_to_f16_and_bf16() {
+        let r = rand(&[4, 64], 14) * 3.0f32;
+        let f = r.mapv(|v| f16::from_f32(v).to_f32());
+        match best(&r, &f) {
+            Signature::Rounding {
+                format, evidence, ..
+            } => assert_eq!(
+                (format, evidence),
+                (RoundFormat::F16, RoundingEvidence::Exact)
+            ),
+            s => panic!("{s:?}"),
+        }
+        let b = r.mapv(|v| bf16::from_f32(v).to_f32());
+        match best(&r, &b) {
+            Signature::Rounding { format, .. } => assert_eq!(format, RoundFormat::Bf16),
+            s => panic!("{s:?}"),
+        }
+        // Computed in f16 (representable, a few ULPs off) rather than a single rounding.
+        let c = r.mapv(|v| f16::from_f32(v * 1.0007).to_f32());
+        match best(&r, &c) {
+            Signature::Rounding {
+                format, evidence, ..
+            } => assert_eq!(
+                (format, evidence),
+                (RoundFormat::F16, RoundingEvidence::Representable)
+            ),
+            s => panic!("{s:?}"),
+        }
+        // Half-ULP-bounded noise that is not representable: the distribution test.
+        let d = Array::from_iter(r.iter().zip(f.iter()).map(|(a, q)| a + 0.5 * (q - a)))
+            .into_shape_with_order(IxDyn(&[4, 64]))
+            .unwrap();
+        match best(&r, &d) {
+            Signature::Rounding {
+                format, evidence, ..
+            } => assert_eq!(
+                (format, evidence),
+                (RoundFormat::F16, RoundingEvidence::Distribution)
+            ),
+            s => panic!("{s:?}"),
+        }
+        // Plain f32-level noise is not rounding.
+        assert!(!names(&r, &noisy(&r, 1e-3, 15)).contains(&"rounding"));
+    }
+
+    #[test]
+    fn non_finite_first_index() {
+        let r = rand(&[3, 4], 16);
+        let mut x = r.clone();
+        x[[1, 2]] = f32::NAN;
+        x[[2, 0]] = f32::INFINITY;
+        match best(&r, &x) {
+            Signature::NonFinite {
+                first_index,
+                first_value,
+                count,
+            } => {
+                assert_eq!(first_index, vec![1, 2]);
+                assert_eq!(first_value, "NaN");
+                assert_eq!(count, 2);
+            }
+            s => panic!("{s:?}"),
+        }
+    }
+
+    #[test]
+    fn off_by_one_shift() {
+        let r = rand(&[10, 16], 17);
+        let mut x = r.clone();
+        for t in 0..9 {
+            let next = r.index_axis(Axis(0), t + 1).to_owned();
+            x.index_axis_mut(Axis(0), t).assign(&next);
+        }
+        match best(&r, &x) {
+            Signature::Shift { axis, offset, .. } => assert_eq!((axis, offset), (0, 1)),
+            s => panic!("{s:?}"),
+        }
+        assert!(!names(&r, &noisy(&r, 1e-2, 18)).contains(&"shift"));
+    }
+
+    #[test]
+    fn steps_subset_reports_failing_steps() {
+        let s = steps_subset(&[(0, false), (1, true), (2, false), (3, false)]).unwrap();
+        assert!(s.detail(&[]).contains("[1]"));
+        assert!(steps_subset(&[(0, true), (1, false)]).is_some());
+        assert!(steps_subset(&[(0, true), (1, true), (2, true)]).is_none());
+        assert!(steps_subset(&[(0, false)]).is_none());
+    }
+
+    #[test]
+    fn identical_tensors_have_no_signature() {
+        let r = rand(&[3, 3], 19);
+        assert!(names(&r, &r).is_empty());
+    }
+}

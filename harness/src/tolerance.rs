@@ -1,0 +1,474 @@
+//! Tolerances: per-dtype defaults, a policy file with per-checkpoint glob overrides, and a
+//! calibrated mode that gates at a multiple of a per-checkpoint noise floor.
+//!
+//! Resolution order for one checkpoint (documented in `docs/tolerances.md`):
+//! 1. the first policy rule (in file order) whose glob matches the checkpoint,
+//! 2. calibrated, when the policy enables it and a noise floor exists for the checkpoint,
+//! 3. the policy's per-dtype default, else the built-in default for the dtype.
+//!
+//! A rule glob containing `@` matches the checkpoint id `name@stepK`; any other glob matches the
+//! name, so `audio.decoder.logits` covers every step and `audio.decoder.logits@step0` only step 0.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use globset::{Glob, GlobMatcher};
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+
+/// Element dtype of a checkpoint as stored in a dump.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    /// IEEE binary32.
+    F32,
+    /// IEEE binary16.
+    F16,
+    /// bfloat16.
+    Bf16,
+    /// IEEE binary64 (calibration runs).
+    F64,
+}
+
+impl Dtype {
+    /// Parses the dump-format spelling (`f32`, `f16`, `bf16`, `f64`).
+    pub fn parse(s: &str) -> Option<Dtype> {
+        match s {
+            "f32" => Some(Dtype::F32),
+            "f16" => Some(Dtype::F16),
+            "bf16" => Some(Dtype::Bf16),
+            "f64" => Some(Dtype::F64),
+            _ => None,
+        }
+    }
+
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::F16 => "f16",
+            Dtype::Bf16 => "bf16",
+            Dtype::F64 => "f64",
+        }
+    }
+}
+
+/// A pass criterion: an element is an outlier when `|run - ref| > atol + rtol * |ref|`; the
+/// checkpoint passes when the outlier fraction is at most `max_outlier_fraction`, `rel_l2` is at
+/// most `max_rel_l2` (when set), and the runtime has no non-finite value where the reference is
+/// finite.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Tolerance {
+    /// Absolute tolerance.
+    pub atol: f64,
+    /// Relative tolerance (times `|ref|`).
+    pub rtol: f64,
+    /// Largest allowed fraction of outlier elements (0..=1).
+    pub max_outlier_fraction: f64,
+    /// Optional bound on the whole-tensor `rel_l2` (set by calibrated mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rel_l2: Option<f64>,
+}
+
+impl Tolerance {
+    /// Built-in default for `f32` checkpoints: `atol 1e-4, rtol 1e-3, outliers <= 1e-3`.
+    pub const fn default_f32() -> Tolerance {
+        Tolerance {
+            atol: 1e-4,
+            rtol: 1e-3,
+            max_outlier_fraction: 1e-3,
+            max_rel_l2: None,
+        }
+    }
+
+    /// Built-in default for a dtype (see `docs/tolerances.md` for the reasoning).
+    pub const fn default_for(dtype: Dtype) -> Tolerance {
+        match dtype {
+            Dtype::F32 => Tolerance::default_f32(),
+            // Half-ULP of f16 is 2^-11 ~ 4.9e-4 relative; allow ~10 ULPs of accumulated rounding.
+            Dtype::F16 => Tolerance {
+                atol: 1e-3,
+                rtol: 1e-2,
+                max_outlier_fraction: 1e-3,
+                max_rel_l2: None,
+            },
+            // Half-ULP of bf16 is 2^-8 ~ 3.9e-3 relative.
+            Dtype::Bf16 => Tolerance {
+                atol: 1e-2,
+                rtol: 5e-2,
+                max_outlier_fraction: 1e-3,
+                max_rel_l2: None,
+            },
+            Dtype::F64 => Tolerance {
+                atol: 1e-10,
+                rtol: 1e-9,
+                max_outlier_fraction: 0.0,
+                max_rel_l2: None,
+            },
+        }
+    }
+}
+
+/// Where a tolerance came from; rendered as `default:<dtype>`, `policy:<glob>` or
+/// `calibrated:<k>x noise floor`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToleranceSource {
+    /// Built-in or policy per-dtype default.
+    Default(Dtype),
+    /// A policy rule with this glob.
+    Policy(String),
+    /// Calibrated at this multiple of the checkpoint's noise floor.
+    Calibrated(f64),
+}
+
+impl fmt::Display for ToleranceSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ToleranceSource::Default(d) => write!(f, "default:{}", d.as_str()),
+            ToleranceSource::Policy(g) => write!(f, "policy:{g}"),
+            ToleranceSource::Calibrated(k) => write!(f, "calibrated:{k}x noise floor"),
+        }
+    }
+}
+
+/// A tolerance together with its source.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResolvedTolerance {
+    /// The criterion.
+    pub tolerance: Tolerance,
+    /// Where it came from.
+    pub source: ToleranceSource,
+}
+
+/// Noise floor of one checkpoint measured from the reference itself (for example the oracle run in
+/// `f32` compared with the same oracle in `f64`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct NoiseFloor {
+    /// Largest absolute difference of the `f32` reference from the `f64` reference.
+    pub max_abs: f64,
+    /// `rel_l2` of the `f32` reference against the `f64` reference.
+    pub rel_l2: f64,
+}
+
+impl NoiseFloor {
+    /// Takes the floor from metrics of (f64 reference cast to f32) vs (f32 reference).
+    pub fn from_metrics(m: &crate::metrics::Metrics) -> NoiseFloor {
+        NoiseFloor {
+            max_abs: m.max_abs,
+            rel_l2: m.rel_l2,
+        }
+    }
+}
+
+/// Calibrated-mode settings.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Calibration {
+    /// Gate at this multiple of the noise floor (default 10).
+    #[serde(default = "Calibration::default_multiple")]
+    pub multiple: f64,
+    /// Lower bound on the calibrated `atol` (default 1e-6), so a zero floor does not demand
+    /// bit-exactness.
+    #[serde(default = "Calibration::default_min_atol")]
+    pub min_atol: f64,
+    /// Lower bound on the calibrated `max_rel_l2` (default 1e-7).
+    #[serde(default = "Calibration::default_min_rel_l2")]
+    pub min_rel_l2: f64,
+}
+
+impl Calibration {
+    fn default_multiple() -> f64 {
+        10.0
+    }
+    fn default_min_atol() -> f64 {
+        1e-6
+    }
+    fn default_min_rel_l2() -> f64 {
+        1e-7
+    }
+
+    /// The calibrated tolerance for a floor: every element within
+    /// `max(multiple * floor.max_abs, min_atol)` and `rel_l2 <= max(multiple * floor.rel_l2,
+    /// min_rel_l2)`; no outliers allowed.
+    pub fn tolerance(&self, floor: &NoiseFloor) -> Tolerance {
+        Tolerance {
+            atol: (self.multiple * floor.max_abs).max(self.min_atol),
+            rtol: 0.0,
+            max_outlier_fraction: 0.0,
+            max_rel_l2: Some((self.multiple * floor.rel_l2).max(self.min_rel_l2)),
+        }
+    }
+}
+
+impl Default for Calibration {
+    fn default() -> Self {
+        Calibration {
+            multiple: 10.0,
+            min_atol: 1e-6,
+            min_rel_l2: 1e-7,
+        }
+    }
+}
+
+/// One policy rule as written in the file; unset fields inherit from the dtype default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleSpec {
+    /// Glob over the checkpoint name (or `name@stepK` when it contains `@`).
+    #[serde(rename = "match")]
+    pub glob: String,
+    /// Absolute tolerance override.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub atol: Option<f64>,
+    /// Relative tolerance override.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtol: Option<f64>,
+    /// Outlier fraction override.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_outlier_fraction: Option<f64>,
+    /// `rel_l2` bound override.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rel_l2: Option<f64>,
+}
+
+/// Policy file contents (`schema: "xray.policy/v1"`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySpec {
+    /// Must be `xray.policy/v1` when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<String>,
+    /// Per-dtype defaults replacing the built-in ones (keys `f32`, `f16`, `bf16`, `f64`).
+    #[serde(default)]
+    pub defaults: BTreeMap<Dtype, Tolerance>,
+    /// Ordered rules; the first match wins.
+    #[serde(default)]
+    pub rules: Vec<RuleSpec>,
+    /// Calibrated mode; absent = off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibrated: Option<Calibration>,
+}
+
+/// A compiled policy.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    spec: PolicySpec,
+    matchers: Vec<GlobMatcher>,
+}
+
+/// Policy schema identifier.
+pub const POLICY_SCHEMA: &str = "xray.policy/v1";
+
+fn check_tol(what: &str, t: &Tolerance) -> Result<(), Error> {
+    let ok = |v: f64| v.is_finite() && v >= 0.0;
+    if !(ok(t.atol) && ok(t.rtol) && ok(t.max_outlier_fraction) && t.max_outlier_fraction <= 1.0)
+        || t.max_rel_l2.is_some_and(|v| !ok(v))
+    {
+        return Err(Error::Policy(format!(
+            "{what}: atol, rtol, max_rel_l2 must be finite and >= 0, max_outlier_fraction in [0, 1]"
+        )));
+    }
+    Ok(())
+}
+
+impl Policy {
+    /// Compiles a policy, validating its values and globs.
+    pub fn new(spec: PolicySpec) -> Result<Policy, Error> {
+        if let Some(s) = &spec.schema {
+            if s != POLICY_SCHEMA {
+                return Err(Error::Policy(format!(
+                    "schema {s:?}, expected {POLICY_SCHEMA:?}"
+                )));
+            }
+        }
+        for (d, t) in &spec.defaults {
+            check_tol(&format!("defaults.{}", d.as_str()), t)?;
+        }
+        let mut matchers = Vec::with_capacity(spec.rules.len());
+        for (i, r) in spec.rules.iter().enumerate() {
+            let t = Tolerance {
+                atol: r.atol.unwrap_or(0.0),
+                rtol: r.rtol.unwrap_or(0.0),
+                max_outlier_fraction: r.max_outlier_fraction.unwrap_or(0.0),
+                max_rel_l2: r.max_rel_l2,
+            };
+            check_tol(&format!("rules[{i}]"), &t)?;
+            let g = Glob::new(&r.glob).map_err(|source| Error::Glob {
+                rule: i,
+                glob: r.glob.clone(),
+                source,
+            })?;
+            matchers.push(g.compile_matcher());
+        }
+        if let Some(c) = &spec.calibrated {
+            let ok = |v: f64| v.is_finite() && v >= 0.0;
+            if !(ok(c.multiple) && c.multiple > 0.0 && ok(c.min_atol) && ok(c.min_rel_l2)) {
+                return Err(Error::Policy(
+                    "calibrated: multiple must be > 0, minimums >= 0".into(),
+                ));
+            }
+        }
+        Ok(Policy { spec, matchers })
+    }
+
+    /// Parses and compiles a policy from JSON text.
+    pub fn from_json(text: &str) -> Result<Policy, Error> {
+        let spec = serde_json::from_str(text).map_err(|source| Error::Json {
+            path: "<string>".into(),
+            source,
+        })?;
+        Policy::new(spec)
+    }
+
+    /// Reads, parses and compiles a policy file.
+    pub fn load(path: &Path) -> Result<Policy, Error> {
+        let p = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            path: p.clone(),
+            source,
+        })?;
+        let spec = serde_json::from_str(&text).map_err(|source| Error::Json { path: p, source })?;
+        Policy::new(spec)
+    }
+
+    /// The policy as written.
+    pub fn spec(&self) -> &PolicySpec {
+        &self.spec
+    }
+
+    /// Whether calibrated mode is on.
+    pub fn calibrated(&self) -> Option<&Calibration> {
+        self.spec.calibrated.as_ref()
+    }
+
+    /// The per-dtype default in force (policy override or built-in).
+    pub fn default_for(&self, dtype: Dtype) -> Tolerance {
+        self.spec
+            .defaults
+            .get(&dtype)
+            .copied()
+            .unwrap_or(Tolerance::default_for(dtype))
+    }
+
+    /// Resolves the tolerance of checkpoint `name` at `step` (see the module doc for the order).
+    pub fn resolve(
+        &self,
+        name: &str,
+        step: u32,
+        dtype: Dtype,
+        floor: Option<&NoiseFloor>,
+    ) -> ResolvedTolerance {
+        let id = format!("{name}@step{step}");
+        let base = self.default_for(dtype);
+        for (rule, m) in self.spec.rules.iter().zip(&self.matchers) {
+            let subject = if rule.glob.contains('@') { &id } else { name };
+            if m.is_match(subject) {
+                return ResolvedTolerance {
+                    tolerance: Tolerance {
+                        atol: rule.atol.unwrap_or(base.atol),
+                        rtol: rule.rtol.unwrap_or(base.rtol),
+                        max_outlier_fraction: rule
+                            .max_outlier_fraction
+                            .unwrap_or(base.max_outlier_fraction),
+                        max_rel_l2: rule.max_rel_l2.or(base.max_rel_l2),
+                    },
+                    source: ToleranceSource::Policy(rule.glob.clone()),
+                };
+            }
+        }
+        if let (Some(c), Some(f)) = (self.calibrated(), floor) {
+            return ResolvedTolerance {
+                tolerance: c.tolerance(f),
+                source: ToleranceSource::Calibrated(c.multiple),
+            };
+        }
+        ResolvedTolerance {
+            tolerance: base,
+            source: ToleranceSource::Default(dtype),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POLICY: &str = r#"{
+      "schema": "xray.policy/v1",
+      "defaults": {"f32": {"atol": 2e-4, "rtol": 1e-3, "max_outlier_fraction": 0.0}},
+      "rules": [
+        {"match": "audio.decoder.logits@step0", "atol": 5e-3},
+        {"match": "audio.decoder.logits", "atol": 1e-3, "max_outlier_fraction": 1e-4},
+        {"match": "audio.encoder.layer.*.out", "rtol": 2e-3}
+      ],
+      "calibrated": {"multiple": 8}
+    }"#;
+
+    #[test]
+    fn builtin_defaults_per_dtype() {
+        let p = Policy::default();
+        let r = p.resolve("x", 0, Dtype::F16, None);
+        assert_eq!(r.tolerance, Tolerance::default_for(Dtype::F16));
+        assert_eq!(r.source.to_string(), "default:f16");
+        assert!(Tolerance::default_for(Dtype::Bf16).rtol > Tolerance::default_for(Dtype::F16).rtol);
+    }
+
+    #[test]
+    fn first_matching_rule_wins_and_inherits_unset_fields() {
+        let p = Policy::from_json(POLICY).unwrap();
+        let r = p.resolve("audio.decoder.logits", 0, Dtype::F32, None);
+        assert_eq!(r.tolerance.atol, 5e-3);
+        assert_eq!(r.tolerance.rtol, 1e-3);
+        assert_eq!(r.source.to_string(), "policy:audio.decoder.logits@step0");
+        let r = p.resolve("audio.decoder.logits", 3, Dtype::F32, None);
+        assert_eq!(
+            (r.tolerance.atol, r.tolerance.max_outlier_fraction),
+            (1e-3, 1e-4)
+        );
+        let r = p.resolve("audio.encoder.layer.3.out", 0, Dtype::F32, None);
+        assert_eq!((r.tolerance.atol, r.tolerance.rtol), (2e-4, 2e-3));
+    }
+
+    #[test]
+    fn calibrated_applies_when_no_rule_matches_and_a_floor_exists() {
+        let p = Policy::from_json(POLICY).unwrap();
+        let floor = NoiseFloor {
+            max_abs: 1e-5,
+            rel_l2: 1e-7,
+        };
+        let r = p.resolve("audio.encoder.memory", 0, Dtype::F32, Some(&floor));
+        assert_eq!(r.source.to_string(), "calibrated:8x noise floor");
+        assert!((r.tolerance.atol - 8e-5).abs() < 1e-12);
+        assert_eq!(r.tolerance.max_rel_l2, Some(8e-7));
+        let zero = NoiseFloor {
+            max_abs: 0.0,
+            rel_l2: 0.0,
+        };
+        let r = p.resolve("audio.encoder.memory", 0, Dtype::F32, Some(&zero));
+        assert_eq!(r.tolerance.atol, 1e-6, "minimum atol applies");
+        let r = p.resolve("audio.encoder.memory", 0, Dtype::F32, None);
+        assert_eq!(r.source.to_string(), "default:f32");
+        let r = p.resolve("audio.decoder.logits", 2, Dtype::F32, Some(&floor));
+        assert!(matches!(r.source, ToleranceSource::Policy(_)));
+    }
+
+    #[test]
+    fn invalid_policies_are_rejected() {
+        assert!(matches!(
+            Policy::from_json(r#"{"rules": [{"match": "a[", "atol": 1}]}"#),
+            Err(Error::Glob { .. })
+        ));
+        assert!(matches!(
+            Policy::from_json(r#"{"rules": [{"match": "a", "atol": -1}]}"#),
+            Err(Error::Policy(_))
+        ));
+        assert!(matches!(
+            Policy::from_json(r#"{"rules": [{"match": "a", "atoll": 1}]}"#),
+            Err(Error::Json { .. })
+        ));
+        assert!(Policy::from_json(r#"{"schema": "other"}"#).is_err());
+        assert!(Policy::from_json(r#"{"calibrated": {"multiple": 0}}"#).is_err());
+    }
+}

@@ -1,0 +1,240 @@
+//! Shared fixtures for the integration tests: a Whisper-shaped graph from the real contract with
+//! small synthetic tensors, a tiny hand-made decoder graph, and the snapshot helpers.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use ndarray::{ArrayD, IxDyn};
+use serde_json::Value;
+use xray_harness::compare::{compare_graph, CompareOptions, MemorySource};
+use xray_harness::evidence::{Evidence, OracleVersions, Run, Transcript};
+use xray_harness::localize::{
+    build_graph, expand_templates, CheckpointGraph, CheckpointSpec, StepRef, Steps, TemplateSpec,
+};
+
+/// The Whisper checkpoint contract shipped by the runtime crate.
+pub fn whisper_contract_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../runtime/contracts/whisper.json")
+}
+
+/// Templates of the Whisper contract.
+pub fn whisper_templates() -> Vec<TemplateSpec> {
+    let p = whisper_contract_path();
+    let text =
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()));
+    let v: Value = serde_json::from_str(&text).expect("contract JSON");
+    serde_json::from_value(v["checkpoints"].clone()).expect("contract checkpoints")
+}
+
+/// Whisper graph with the given layer counts over `steps`.
+pub fn whisper_graph(enc: u32, dec: u32, steps: &[u32]) -> CheckpointGraph {
+    let reps: HashMap<String, u32> = [
+        ("encoder_layers".to_string(), enc),
+        ("decoder_layers".to_string(), dec),
+    ]
+    .into();
+    let specs = expand_templates(&whisper_templates(), &reps).expect("expand");
+    build_graph(&specs, steps).expect("graph")
+}
+
+/// Deterministic smooth-ish tensor.
+pub fn tensor(shape: &[usize], seed: f32) -> ArrayD<f32> {
+    let n: usize = shape.iter().product();
+    let v = (0..n)
+        .map(|i| ((i as f32 + 1.0) * (0.37 + seed * 0.013)).sin() * (1.0 + seed * 0.01))
+        .collect();
+    ArrayD::from_shape_vec(IxDyn(shape), v).expect("shape")
+}
+
+fn shape_for(name: &str, step: u32, logits: bool) -> (Vec<usize>, &'static str) {
+    let tokens = if step == 0 { 3 } else { 1 };
+    if logits {
+        (vec![tokens, 10], "token_major")
+    } else if name.contains("frontend") || name.contains("conv") {
+        (vec![8, 6], "channel_major")
+    } else if name.ends_with("cross_k") || name.ends_with("cross_v") {
+        (vec![2, 6, 4], "head_major")
+    } else if name.contains("cross_attention.output") {
+        (vec![2, tokens, 4], "head_major")
+    } else if name.starts_with("audio.encoder") {
+        (vec![6, 8], "token_major")
+    } else {
+        (vec![tokens, 8], "token_major")
+    }
+}
+
+/// Pairs for every node of `g`; with `fault`, layer 1's cross K is stored token-major where the
+/// consumer reads head-major, and everything downstream of it drifts.
+pub fn whisper_source(g: &CheckpointGraph, fault: bool) -> MemorySource {
+    let nodes = g.nodes();
+    let bad_root = g.find("audio.decoder.layer.1.cross_k", 0);
+    let mut downstream = vec![false; nodes.len()];
+    if let (true, Some(r)) = (fault, bad_root) {
+        downstream[r] = true;
+        for i in 0..nodes.len() {
+            if nodes[i].upstream.iter().any(|&u| downstream[u]) {
+                downstream[i] = true;
+            }
+        }
+    }
+    let mut src = MemorySource::default();
+    for (i, n) in nodes.iter().enumerate() {
+        let (shape, layout) = shape_for(&n.name, n.step, n.logits);
+        let r = tensor(&shape, i as f32);
+        let mut x = r.mapv(|v| v * (1.0 + 1e-7));
+        if downstream[i] {
+            if Some(i) == bad_root {
+                let tm: Vec<f32> = r
+                    .view()
+                    .permuted_axes(IxDyn(&[1, 0, 2]))
+                    .iter()
+                    .copied()
+                    .collect();
+                x = ArrayD::from_shape_vec(IxDyn(&shape), tm).expect("shape");
+            } else if n.logits && n.step == 1 {
+                x = r.clone();
+                x[[0, 0]] += 10.0;
+            } else {
+                x = &r + &(tensor(&shape, 100.0 + i as f32) * 0.05f32);
+            }
+        }
+        src.insert(&n.name, n.step, layout, r, x);
+    }
+    src
+}
+
+/// Run information with volatile fields (redacted in snapshots).
+pub fn run_info() -> Run {
+    Run {
+        family: "whisper".into(),
+        model_path: "/tmp/volatile/whisper-tiny-en".into(),
+        weights_sha256: Some("ab".repeat(32)),
+        audio_sha256: Some("cd".repeat(32)),
+        runtime_version: "xray-runtime 0.1.0".into(),
+        oracle: Some(OracleVersions {
+            python: Some("3.11.7".into()),
+            torch: Some("2.11.0".into()),
+            transformers: Some("5.24.0".into()),
+        }),
+        isolated: false,
+    }
+}
+
+/// Evidence of the Whisper-shaped run (1 encoder layer, 2 decoder layers, steps 0..=2).
+pub fn whisper_evidence(fault: bool) -> Evidence {
+    let g = whisper_graph(1, 2, &[0, 1, 2]);
+    let src = whisper_source(&g, fault);
+    let c = compare_graph(&g, &src, &CompareOptions::default()).expect("compare");
+    let transcript = Transcript {
+        runtime: if fault {
+            " The quick brown box"
+        } else {
+            " The quick brown fox"
+        }
+        .into(),
+        reference: " The quick brown fox".into(),
+        tokens_equal: !fault,
+        first_divergent_step: None,
+    };
+    c.into_evidence(run_info(), Some(transcript), Some(true), vec![])
+}
+
+/// Tiny decoder: mem (once) -> k (prefill) -> attn (every, @prefill) -> logits (every).
+pub fn tiny_specs() -> Vec<CheckpointSpec> {
+    let s = |name: &str, steps, inputs: Vec<(&str, StepRef)>, logits| CheckpointSpec {
+        name: name.into(),
+        producer: format!("op.{name}"),
+        steps,
+        inputs: inputs.into_iter().map(|(n, r)| (n.into(), r)).collect(),
+        layer: None,
+        logits,
+    };
+    vec![
+        s("mem", Steps::Once, vec![], false),
+        s("k", Steps::Prefill, vec![("mem", StepRef::Same)], false),
+        s(
+            "attn",
+            Steps::Every,
+            vec![("k", StepRef::Prefill), ("attn", StepRef::Previous)],
+            false,
+        ),
+        s("logits", Steps::Every, vec![("attn", StepRef::Same)], true),
+    ]
+}
+
+/// Evidence of the tiny decoder with a scale fault in `k`.
+pub fn tiny_evidence() -> Evidence {
+    let g = build_graph(&tiny_specs(), &[0, 1]).expect("graph");
+    let mut src = MemorySource::default();
+    for (i, n) in g.nodes().iter().enumerate() {
+        let (shape, layout): (Vec<usize>, &str) = match n.name.as_str() {
+            "k" => (vec![2, 4, 4], "head_major"),
+            "logits" => (vec![1, 6], "token_major"),
+            _ => (vec![4, 8], "token_major"),
+        };
+        let r = tensor(&shape, i as f32);
+        let x = match n.name.as_str() {
+            "mem" => r.clone(),
+            "k" => &r * 0.125f32,
+            _ => &r + &(tensor(&shape, 50.0) * 0.1f32),
+        };
+        src.insert(&n.name, n.step, layout, r, x);
+    }
+    let c = compare_graph(&g, &src, &CompareOptions::default()).expect("compare");
+    c.into_evidence(run_info(), None, None, vec!["synthetic fixture".into()])
+}
+
+/// Replaces the volatile run fields with placeholders.
+pub fn redact(e: &Evidence) -> Evidence {
+    let mut e = e.clone();
+    e.run.model_path = "[model_path]".into();
+    e.run.weights_sha256 = e.run.weights_sha256.as_ref().map(|_| "[sha256]".into());
+    e.run.audio_sha256 = e.run.audio_sha256.as_ref().map(|_| "[sha256]".into());
+    e.run.runtime_version = "[runtime_version]".into();
+    e.run.oracle = e.run.oracle.as_ref().map(|_| OracleVersions {
+        python: Some("[python]".into()),
+        torch: Some("[torch]".into()),
+        transformers: Some("[transformers]".into()),
+    });
+    e
+}
+
+/// Rounds every non-integer JSON number to 3 significant digits (as a string), so snapshots hold
+/// no raw floats.
+pub fn round_floats(v: Value) -> Value {
+    match v {
+        Value::Number(n) if !(n.is_i64() || n.is_u64()) => {
+            let f = n.as_f64().unwrap_or(0.0);
+            if f == 0.0 {
+                Value::String("0".into())
+            } else {
+                Value::String(format!("{f:.2e}"))
+            }
+        }
+        Value::Array(a) => Value::Array(a.into_iter().map(round_floats).collect()),
+        Value::Object(m) => {
+            Value::Object(m.into_iter().map(|(k, v)| (k, round_floats(v))).collect())
+        }
+        v => v,
+    }
+}
+
+/// The one snapshot macro: `xray_snapshot!(evidence "name", &ev)` snapshots the evidence JSON with
+/// volatile fields redacted and floats rounded; `xray_snapshot!(markdown "name", &ev)` the
+/// Markdown of the redacted evidence.
+#[macro_export]
+macro_rules! xray_snapshot {
+    (evidence $name:literal, $ev:expr) => {{
+        let v = serde_json::to_value(common::redact($ev)).expect("evidence JSON");
+        insta::with_settings!({prepend_module_to_snapshot => false}, {
+            insta::assert_json_snapshot!($name, common::round_floats(v));
+        });
+    }};
+    (markdown $name:literal, $ev:expr) => {{
+        let md = xray_harness::report::markdown(&common::redact($ev));
+        insta::with_settings!({prepend_module_to_snapshot => false}, {
+            insta::assert_snapshot!($name, md);
+        });
+    }};
+}

@@ -15,12 +15,14 @@
 
 #![warn(missing_docs)]
 
+pub mod check;
 pub mod compare;
 pub mod error;
 pub mod evidence;
 pub mod gate;
 pub mod localize;
 pub mod metrics;
+pub mod pipeline;
 pub mod report;
 pub mod signatures;
 pub mod tolerance;

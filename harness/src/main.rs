@@ -19,6 +19,18 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the runtime and the HF reference on one input, compare, localize, write evidence.
+    Check(cli::check::Args),
+    /// Run the runtime and write its dump.
+    Run(cli::run::Args),
+    /// Run the HF reference and write its dump.
+    Oracle(cli::oracle::Args),
+    /// Compare two dumps offline (no Python).
+    Compare(cli::compare::Args),
+    /// List a model's checkpoints (or its whole graph with --json).
+    List(cli::list::Args),
+    /// List the deliberate-fault catalogue.
+    Faults(cli::faults::Args),
     /// Render evidence as a self-contained HTML page and/or Markdown.
     Report(cli::report::Args),
     /// Compare new evidence with a baseline; fail when it got worse.
@@ -40,6 +52,12 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
+        Command::Check(a) => cli::check::run(a),
+        Command::Run(a) => cli::run::run(a),
+        Command::Oracle(a) => cli::oracle::run(a),
+        Command::Compare(a) => cli::compare::run(a),
+        Command::List(a) => cli::list::run(a),
+        Command::Faults(a) => cli::faults::run(a),
         Command::Report(a) => cli::report::run(a),
         Command::Gate(a) => cli::gate::run(a),
         Command::BenchCompare(a) => cli::bench_compare::run(a),

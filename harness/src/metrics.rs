@@ -89,11 +89,15 @@ pub struct Metrics {
 
 impl Metrics {
     /// Whether these metrics pass `tol`: no runtime-only non-finite value, the outlier fraction is
-    /// at most `tol.max_outlier_fraction`, and `rel_l2` is within `tol.max_rel_l2` when set.
+    /// at most `tol.max_outlier_fraction`, `rel_l2` is within `tol.max_rel_l2` when set, and logits
+    /// agree in argmax at every position.
     pub fn passes(&self, tol: &Tolerance) -> bool {
         self.non_finite.runtime_only == 0
             && self.beyond_fraction <= tol.max_outlier_fraction
             && tol.max_rel_l2.is_none_or(|m| self.rel_l2 <= m)
+            // Logits whose argmax disagrees would choose another token: a divergence even inside
+            // the element tolerance.
+            && self.logits.as_ref().is_none_or(|l| l.first_argmax_disagreement.is_none())
     }
 }
 

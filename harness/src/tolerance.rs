@@ -338,6 +338,12 @@ impl Policy {
         &self.spec
     }
 
+    /// This policy with calibrated mode switched on (rules still take precedence).
+    pub fn with_calibration(mut self, c: Calibration) -> Policy {
+        self.spec.calibrated = Some(c);
+        self
+    }
+
     /// Whether calibrated mode is on.
     pub fn calibrated(&self) -> Option<&Calibration> {
         self.spec.calibrated.as_ref()

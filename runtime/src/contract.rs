@@ -141,6 +141,8 @@ pub struct CheckpointSpec {
     pub inputs: Vec<(String, StepRef)>,
     /// Repeat index (layer) if templated.
     pub layer: Option<usize>,
+    /// Repeat group name (`decoder_layers`) if templated.
+    pub repeat: Option<String>,
     /// Position in the contract's graph order.
     pub order: usize,
 }
@@ -421,6 +423,7 @@ impl Contract {
                     producer,
                     inputs,
                     layer,
+                    repeat: raw.repeat.clone(),
                     order: checkpoints.len(),
                 });
             }

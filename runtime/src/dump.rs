@@ -351,6 +351,44 @@ impl DumpWriter {
 }
 
 impl Dump {
+    /// An in-memory dump of captured tensors (not written anywhere).
+    pub fn from_captured(mut manifest: Manifest, captured: Vec<crate::capture::Captured>) -> Dump {
+        let mut tensors = BTreeMap::new();
+        manifest.checkpoints.clear();
+        for c in captured {
+            manifest.checkpoints.push(Entry {
+                name: c.name.clone(),
+                step: c.step,
+                shape: c.data.shape().to_vec(),
+                dtype: "f32".into(),
+                layout: c.layout,
+                file: None,
+                sha256: None,
+                stats: None,
+                content_sha256: None,
+            });
+            tensors.insert((c.name, c.step), c.data);
+        }
+        Dump {
+            dir: PathBuf::new(),
+            manifest,
+            tensors,
+        }
+    }
+
+    /// A writer holding the same content (to save an in-memory dump).
+    pub fn to_writer(&self) -> DumpWriter {
+        let mut m = self.manifest.clone();
+        m.checkpoints.clear();
+        let mut w = DumpWriter::new(m);
+        for e in &self.manifest.checkpoints {
+            if let Some(t) = self.get(&e.name, e.step) {
+                w.add(&e.name, e.step, e.layout, t);
+            }
+        }
+        w
+    }
+
     /// Load and verify a dump directory.
     pub fn load(dir: &Path) -> Result<Dump> {
         let mp = dir.join("manifest.json");

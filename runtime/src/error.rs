@@ -7,7 +7,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     /// A layout disagreement on an edge with no declared transform between the endpoints.
-    #[error("layout mismatch on edge '{edge}': no physical-layout route from {producer} to {consumer}; declare a layout transform op between them")]
+    #[error("layout mismatch on edge '{edge}': {producer} -> {consumer}: no physical-layout route; declare a layout transform op between them")]
     LayoutMismatch {
         /// The edge name.
         edge: String,

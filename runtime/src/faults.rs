@@ -146,3 +146,235 @@ pub fn apply_output_fault(f: &OutputFault, layout: Layout, t: &mut Tensor) {
         }
     }
 }
+
+/// A catalogue entry: a realistic bring-up bug with where it is planted by default and where the
+/// harness must localize it (the self-test checks exactly that name and step).
+#[derive(Debug, Clone)]
+pub struct CatalogueEntry {
+    /// Fault name (`--inject NAME`).
+    pub name: &'static str,
+    /// Family it applies to.
+    pub family: &'static str,
+    /// What bug it imitates.
+    pub description: &'static str,
+    /// Default target: an op-name glob (parameter faults) or an edge/checkpoint glob (outputs).
+    pub default_target: &'static str,
+    /// Only at this step (None: every step).
+    pub step: Option<usize>,
+    /// The checkpoint and step where the harness must put the origin for the default target.
+    pub expected_origin: (&'static str, usize),
+    /// The signature the harness should name for it (informational; the self-test prints it).
+    pub expected_signature: &'static str,
+    /// Needs a previous input through the same model (stale-state bugs).
+    pub needs_second_input: bool,
+    build: fn(&serde_json::Value) -> FaultKind,
+}
+
+impl CatalogueEntry {
+    /// The fault for a model config.
+    pub fn kind(&self, config: &serde_json::Value) -> FaultKind {
+        (self.build)(config)
+    }
+}
+
+fn granite_head_dim(c: &serde_json::Value) -> f32 {
+    let t = &c["text_config"];
+    let hidden = t["hidden_size"].as_f64().unwrap_or(1.0);
+    let heads = t["num_attention_heads"].as_f64().unwrap_or(1.0);
+    (hidden / heads) as f32
+}
+
+/// The fault catalogue.
+pub fn catalogue() -> Vec<CatalogueEntry> {
+    use FaultKind::*;
+    use OutputFault::*;
+    use ParamFault::*;
+    vec![
+        CatalogueEntry {
+            name: "cross_k_token_major",
+            family: "whisper",
+            description: "cross-attention K cache left token-major where the consumer reads head-major",
+            default_target: "decoder.layer.1.cross_k_to_head_major.*",
+            step: None,
+            expected_origin: ("audio.decoder.layer.1.cross_k", 0),
+            expected_signature: "permutation",
+            needs_second_input: false,
+            build: |_| Output(TokenMajorLeak),
+        },
+        CatalogueEntry {
+            name: "attn_scale_dropped",
+            family: "whisper",
+            description: "cross-attention softmax without the 1/sqrt(head_dim) scale",
+            default_target: "decoder.layer.1.cross_attn",
+            step: None,
+            expected_origin: ("audio.decoder.layer.1.cross_attention.output", 0),
+            expected_signature: "",
+            needs_second_input: false,
+            build: |_| Param(AttnScale(1.0)),
+        },
+        CatalogueEntry {
+            name: "causal_mask_dropped",
+            family: "whisper",
+            description: "decoder self-attention without its causal mask (prefill sees future tokens)",
+            default_target: "decoder.layer.0.self_attn",
+            step: None,
+            expected_origin: ("audio.decoder.layer.0.self_attention.output", 0),
+            expected_signature: "subset",
+            needs_second_input: false,
+            build: |_| Param(Causal(false)),
+        },
+        CatalogueEntry {
+            name: "causal_mask_added",
+            family: "whisper",
+            description: "encoder self-attention with a causal mask it must not have",
+            default_target: "encoder.layer.0.self_attn",
+            step: None,
+            expected_origin: ("audio.encoder.layer.0.out", 0),
+            expected_signature: "",
+            needs_second_input: false,
+            build: |_| Param(Causal(true)),
+        },
+        CatalogueEntry {
+            name: "stale_cross_cache",
+            family: "whisper",
+            description: "cross-attention K/V cache not invalidated when new encoder memory is installed",
+            default_target: "",
+            step: None,
+            expected_origin: ("audio.decoder.layer.0.cross_attention.output", 1),
+            expected_signature: "",
+            needs_second_input: true,
+            build: |_| Host("stale_cross_cache".into()),
+        },
+        CatalogueEntry {
+            name: "layernorm_eps",
+            family: "whisper",
+            description: "LayerNorm epsilon 1e-1 instead of 1e-5 (encoder layer 1, MLP norm)",
+            default_target: "encoder.layer.1.mlp_norm",
+            step: None,
+            expected_origin: ("audio.encoder.layer.1.out", 0),
+            expected_signature: "",
+            needs_second_input: false,
+            build: |_| Param(Eps(1e-1)),
+        },
+        CatalogueEntry {
+            name: "round_f16",
+            family: "whisper",
+            description: "encoder memory rounded to f16 (a half-precision buffer in the bridge)",
+            default_target: "audio.encoder.memory",
+            step: None,
+            expected_origin: ("audio.encoder.memory", 0),
+            expected_signature: "f16_rounding",
+            needs_second_input: false,
+            build: |_| Output(RoundF16),
+        },
+        CatalogueEntry {
+            name: "round_bf16",
+            family: "whisper",
+            description: "decoder layer 0 cross-attention context rounded to bf16",
+            default_target: "audio.decoder.layer.0.cross_attention.output",
+            step: None,
+            expected_origin: ("audio.decoder.layer.0.cross_attention.output", 0),
+            expected_signature: "bf16_rounding",
+            needs_second_input: false,
+            build: |_| Output(RoundBf16),
+        },
+        CatalogueEntry {
+            name: "nan_one",
+            family: "whisper",
+            description: "one NaN written into decoder layer 1's output at decode step 2",
+            default_target: "audio.decoder.layer.1.out",
+            step: Some(2),
+            expected_origin: ("audio.decoder.layer.1.out", 2),
+            expected_signature: "non_finite",
+            needs_second_input: false,
+            build: |_| Output(Nan(5)),
+        },
+        CatalogueEntry {
+            name: "swap_heads",
+            family: "whisper",
+            description: "heads 0 and 1 swapped in decoder layer 1's self-attention context",
+            default_target: "decoder.layer.1.self_attn.*",
+            step: None,
+            expected_origin: ("audio.decoder.layer.1.self_attention.output", 0),
+            expected_signature: "",
+            needs_second_input: false,
+            build: |_| Output(SwapHeads(0, 1)),
+        },
+        CatalogueEntry {
+            name: "causal_mask_added",
+            family: "granite_nar",
+            description: "bidirectional LM run with a causal mask (the transformers auto-mask trap)",
+            default_target: "dec.layer.0.attn",
+            step: None,
+            expected_origin: ("dec.layer.0.out", 0),
+            expected_signature: "",
+            needs_second_input: false,
+            build: |_| Param(Causal(true)),
+        },
+        CatalogueEntry {
+            name: "ctc_bypass_skipped",
+            family: "granite_nar",
+            description: "self-conditioned CTC bypass not added back before the second half of the encoder",
+            default_target: "enc.self_cond.bypass_add",
+            step: None,
+            expected_origin: ("enc.block.SC.out", 0),
+            expected_signature: "",
+            needs_second_input: false,
+            build: |_| Param(SkipBranch),
+        },
+        CatalogueEntry {
+            name: "rope_off_by_one",
+            family: "granite_nar",
+            description: "RoPE positions shifted by one in decoder layer 1",
+            default_target: "dec.layer.1.attn",
+            step: None,
+            expected_origin: ("dec.layer.1.out", 0),
+            expected_signature: "",
+            needs_second_input: false,
+            build: |_| Param(RopeOffset(1)),
+        },
+        CatalogueEntry {
+            name: "attn_scale_sqrt_d",
+            family: "granite_nar",
+            description: "LM attention scaled by 1/sqrt(head_dim) instead of attention_multiplier",
+            default_target: "dec.layer.0.attn",
+            step: None,
+            expected_origin: ("dec.layer.0.out", 0),
+            expected_signature: "",
+            needs_second_input: false,
+            build: |c| Param(AttnScale(1.0 / granite_head_dim(c).sqrt())),
+        },
+        CatalogueEntry {
+            name: "round_bf16",
+            family: "granite_nar",
+            description: "projector output rounded to bf16",
+            default_target: "proj.out",
+            step: None,
+            expected_origin: ("proj.out", 0),
+            expected_signature: "bf16_rounding",
+            needs_second_input: false,
+            build: |_| Output(RoundBf16),
+        },
+    ]
+}
+
+/// Resolve `NAME` or `NAME@TARGET` for a family into a planted fault.
+pub fn plant(spec: &str, family: &str, config: &serde_json::Value) -> crate::Result<Planted> {
+    let (name, target) = match spec.split_once('@') {
+        Some((n, t)) => (n, Some(t)),
+        None => (spec, None),
+    };
+    let e = catalogue()
+        .into_iter()
+        .find(|e| e.name == name && e.family == family)
+        .ok_or_else(|| {
+            let names: Vec<&str> = catalogue().iter().filter(|e| e.family == family).map(|e| e.name).collect();
+            crate::RuntimeError::Fault(format!("no fault '{name}' for family {family}; known: {}", names.join(", ")))
+        })?;
+    Ok(Planted {
+        name: name.to_string(),
+        kind: e.kind(config),
+        target: target.unwrap_or(e.default_target).to_string(),
+        step: e.step,
+    })
+}

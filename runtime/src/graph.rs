@@ -687,7 +687,8 @@ impl Graph {
             if fed[id] && need_edge[id] {
                 let t = feeds.remove(&self.edges[id].name).unwrap_or_default();
                 bind_shape(&self.edges[id], t.shape(), &mut syms, "feed")?;
-                *v = Some(t.as_standard_layout().into_owned());
+                // Move a fed tensor in when it is already contiguous (a fed cache is not copied).
+                *v = Some(if t.is_standard_layout() { t } else { t.as_standard_layout().into_owned() });
             }
         }
         for (oi, op) in self.ops.iter().enumerate() {

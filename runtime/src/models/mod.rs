@@ -1,6 +1,9 @@
 //! Model families. Each family lives in its own folder (config + constants in `mod.rs`, graph
 //! builder, frontend) and implements [`SpeechModel`], the only interface the harness uses.
 
+pub mod granite_nar;
+pub mod whisper;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -86,6 +89,8 @@ pub fn detect_family(dir: &Path) -> Result<&'static str> {
 /// Load any supported model directory.
 pub fn load(dir: &Path) -> Result<Box<dyn SpeechModel>> {
     match detect_family(dir)? {
+        "whisper" => Ok(Box::new(whisper::WhisperModel::load(dir)?)),
+        "granite_nar" => Ok(Box::new(granite_nar::GraniteNarModel::load(dir)?)),
         _ => Err(RuntimeError::Config { path: dir.to_path_buf(), reason: "family not built yet".into() }),
     }
 }

@@ -1,0 +1,296 @@
+//! `xray check`: runtime + oracle + compare in one process, the main job.
+//!
+//! 1. The HF reference runs (oracle, f32) and captures every contract checkpoint.
+//! 2. The runtime runs with capture on, teacher-forced on the reference's tokens (tokens are feeds),
+//!    so every decode step is comparable; its own greedy choice at each step is recorded.
+//! 3. The runtime runs again with capture off: final outputs must be bit-identical (capture
+//!    neutrality, a failure of its own otherwise).
+//! 4. If its greedy choices departed from the reference, a free-running run gives its transcript.
+//! 5. Optional: isolated mode (reference substituted at every checkpoint edge) and calibrated
+//!    tolerances (oracle in f64 as the noise-floor reference).
+//! 6. Compare through the family's contract, localize, explain, write evidence.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, Context};
+use xray_oracle::{Oracle, OracleRequest, OracleRun};
+use xray_runtime::audio::load_wav;
+use xray_runtime::capture::{Recorder, Substitute};
+use xray_runtime::dump::{Dump, Manifest};
+use xray_runtime::faults::FaultPlan;
+use xray_runtime::models::{self, RunHooks, RunOptions, RunOutput, SpeechModel};
+use xray_runtime::Tensor;
+
+use crate::compare::CompareOptions;
+use crate::evidence::{Evidence, Run, Transcript};
+use crate::metrics::compare as metrics_compare;
+use crate::pipeline::{compare_dumps, oracle_versions};
+use crate::tolerance::{NoiseFloor, Policy, Tolerance};
+
+/// Options of one check.
+#[derive(Debug, Clone, Default)]
+pub struct CheckOptions {
+    /// HF model directory.
+    pub model: PathBuf,
+    /// 16 kHz mono WAV.
+    pub audio: PathBuf,
+    /// Tolerance policy.
+    pub policy: Policy,
+    /// Cap on generated tokens.
+    pub max_steps: Option<usize>,
+    /// Also run isolated mode.
+    pub isolate: bool,
+    /// Calibrate tolerances against the oracle's own f32-vs-f64 noise floor.
+    pub calibrate: bool,
+    /// Feed the reference's CTC hypothesis to the runtime (non-autoregressive families).
+    pub teacher_force: bool,
+    /// Faults to plant in the runtime.
+    pub faults: FaultPlan,
+    /// Fault names for the evidence notes.
+    pub fault_names: Vec<String>,
+    /// torch threads for the oracle.
+    pub threads: Option<usize>,
+    /// A second input to run first (stale-cache faults show only on the second input).
+    pub warmup_audio: Option<PathBuf>,
+}
+
+/// Everything a check produced.
+pub struct CheckOutput {
+    /// The evidence.
+    pub evidence: Evidence,
+    /// The reference dump (in memory).
+    pub reference: Dump,
+    /// The runtime dump (in memory).
+    pub runtime: Dump,
+}
+
+/// Substitutes reference tensors from a dump (isolated mode).
+pub struct DumpSubstitute<'a>(pub &'a Dump);
+
+impl Substitute for DumpSubstitute<'_> {
+    fn substitute(&self, name: &str, step: usize) -> Option<Tensor> {
+        self.0.get(name, step).cloned()
+    }
+}
+
+fn manifest_for(model: &dyn SpeechModel, producer: &str, weights: &str, audio: &str) -> Manifest {
+    Manifest {
+        schema: xray_runtime::dump::SCHEMA.into(),
+        version: xray_runtime::dump::VERSION,
+        family: model.family().into(),
+        model_id: model.model_dir().display().to_string(),
+        producer: producer.into(),
+        weights_sha256: weights.into(),
+        audio_sha256: audio.into(),
+        tools: BTreeMap::from([("runtime".to_string(), xray_runtime::version())]),
+        tokens: vec![],
+        transcript: String::new(),
+        stats_only: false,
+        checkpoints: vec![],
+        extra: BTreeMap::new(),
+    }
+}
+
+/// The reference run as an in-memory dump.
+pub fn reference_dump(run: &OracleRun, family: &str, model_id: &str) -> Dump {
+    let mut m = Manifest {
+        schema: xray_runtime::dump::SCHEMA.into(),
+        version: xray_runtime::dump::VERSION,
+        family: family.into(),
+        model_id: model_id.into(),
+        producer: "oracle".into(),
+        weights_sha256: run.weights_sha256.clone(),
+        audio_sha256: run.audio_sha256.clone(),
+        tools: run.tools.clone(),
+        tokens: run.tokens.clone(),
+        transcript: run.transcript.clone(),
+        stats_only: false,
+        checkpoints: vec![],
+        extra: run.extra.clone(),
+    };
+    m.checkpoints.clear();
+    Dump::from_captured(m, run.checkpoints.clone())
+}
+
+/// Run the runtime once with a recorder; returns the dump and the run output.
+pub fn runtime_dump(
+    model: &dyn SpeechModel,
+    audio: &Path,
+    opts: &RunOptions,
+    faults: Option<&FaultPlan>,
+    substitute: Option<&dyn Substitute>,
+    only: Option<&[String]>,
+) -> anyhow::Result<(Dump, RunOutput)> {
+    let a = load_wav(audio, 16000)?;
+    let mut rec = match only {
+        Some(g) => Recorder::only(g).map_err(|e| anyhow!("--only: {e}"))?,
+        None => Recorder::new(),
+    };
+    let out = {
+        let mut hooks = RunHooks {
+            observer: Some(&mut rec),
+            substitute,
+            faults,
+        };
+        model.run(&a, opts, &mut hooks)?
+    };
+    let mut m = manifest_for(model, "runtime", model.weights().sha256(), &a.sha256);
+    m.tokens = out.tokens.clone();
+    m.transcript = out.transcript.clone();
+    m.extra = out.extra.clone();
+    Ok((Dump::from_captured(m, rec.captured), out))
+}
+
+fn bits_equal(a: &[Tensor], b: &[Tensor]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            x.shape() == y.shape() && x.iter().zip(y.iter()).all(|(p, q)| p.to_bits() == q.to_bits())
+        })
+}
+
+/// Teacher tokens for the runtime from the reference run.
+fn teacher_for(family: &str, reference: &OracleRun, teacher_force: bool) -> Option<Vec<i64>> {
+    match family {
+        "whisper" => Some(reference.tokens.clone()),
+        _ if teacher_force => reference
+            .extra
+            .get("hypothesis")
+            .and_then(|v| serde_json::from_value::<Vec<i64>>(v.clone()).ok()),
+        _ => None,
+    }
+}
+
+/// The whole check.
+pub fn check(opts: &CheckOptions, progress: &dyn Fn(&str)) -> anyhow::Result<CheckOutput> {
+    progress(&format!("loading runtime model {}", opts.model.display()));
+    let model = models::load(&opts.model)?;
+    let family = model.family();
+    let contract = model.contract().clone();
+    let oracle = Oracle::discover()?;
+    progress("running the HF reference (oracle, f32)");
+    let mut req = OracleRequest::new(family, &opts.model, &opts.audio, &contract.text);
+    req.max_new_tokens = opts.max_steps;
+    req.threads = opts.threads;
+    let ref_run = oracle.run(&req)?;
+    let reference = reference_dump(&ref_run, family, &opts.model.display().to_string());
+
+    let teacher_force = opts.teacher_force || (opts.isolate && family != "whisper");
+    let mut run_opts = RunOptions {
+        max_new_tokens: opts.max_steps,
+        teacher_tokens: teacher_for(family, &ref_run, teacher_force),
+    };
+    if let Some(w) = &opts.warmup_audio {
+        // Stale-cache bugs show only when a second input reuses state from the first.
+        progress(&format!("warm-up input {}", w.display()));
+        model.run(&load_wav(w, 16000)?, &RunOptions { max_new_tokens: Some(2), teacher_tokens: None }, &mut RunHooks { faults: Some(&opts.faults), ..Default::default() })?;
+    }
+    progress("running the runtime with capture (teacher-forced on the reference tokens)");
+    let (runtime, out_on) = runtime_dump(model.as_ref(), &opts.audio, &run_opts, Some(&opts.faults), None, None)?;
+    progress("running the runtime with capture off (neutrality)");
+    let a = load_wav(&opts.audio, 16000)?;
+    let out_off = model.run(&a, &run_opts, &mut RunHooks { faults: Some(&opts.faults), ..Default::default() })?;
+    let capture_neutral = bits_equal(&out_on.outputs, &out_off.outputs);
+
+    // The runtime's own transcript: free-running unless its teacher-forced choices already equal
+    // the reference's (then the free run is the same computation).
+    let (runtime_tokens, runtime_text) = match family {
+        "whisper" => {
+            let prefix = ref_run.tokens.len().saturating_sub(out_on.predicted.len());
+            if ref_run.tokens.get(prefix..) == Some(&out_on.predicted[..]) {
+                (out_on.predicted.clone(), out_on.transcript.clone())
+            } else {
+                progress("runtime departs from the reference tokens: free-running for its transcript");
+                run_opts.teacher_tokens = None;
+                let free = model.run(&a, &run_opts, &mut RunHooks { faults: Some(&opts.faults), ..Default::default() })?;
+                (free.predicted.clone(), free.transcript)
+            }
+        }
+        _ => (out_on.predicted.clone(), out_on.transcript.clone()),
+    };
+    let ref_generated: Vec<i64> = match family {
+        "whisper" => ref_run.tokens[ref_run.tokens.len().saturating_sub(out_on.predicted.len())..].to_vec(),
+        _ => ref_run.tokens.clone(),
+    };
+
+    let isolated = if opts.isolate {
+        progress("isolated mode: reference substituted at every checkpoint edge");
+        let sub = DumpSubstitute(&reference);
+        let ro = RunOptions {
+            max_new_tokens: opts.max_steps,
+            teacher_tokens: teacher_for(family, &ref_run, true),
+        };
+        Some(runtime_dump(model.as_ref(), &opts.audio, &ro, Some(&opts.faults), Some(&sub), None)?.0)
+    } else {
+        None
+    };
+
+    let mut copts = CompareOptions {
+        policy: opts.policy.clone(),
+        floors: HashMap::new(),
+    };
+    let mut notes = vec![];
+    if family == "whisper" {
+        notes.push("runtime teacher-forced on the reference token sequence for checkpoint alignment; its own greedy choices give its transcript".into());
+    } else if teacher_force {
+        notes.push("runtime teacher-forced on the reference CTC hypothesis (--teacher-force)".into());
+    }
+    if !opts.fault_names.is_empty() {
+        notes.push(format!("faults planted in the runtime: {}", opts.fault_names.join(", ")));
+    }
+    if opts.calibrate {
+        progress("calibrating: oracle in f64 for the noise floor");
+        let mut r64 = req.clone();
+        r64.dtype = "float64".into();
+        let f64_run = oracle.run(&r64)?;
+        let f64_dump = reference_dump(&f64_run, family, "");
+        for ((name, step), t32) in &reference.tensors {
+            if let Some(t64) = f64_dump.get(name, *step) {
+                if t64.shape() == t32.shape() {
+                    let m = metrics_compare(&t64.view(), &t32.view(), &Tolerance::default_for(crate::tolerance::Dtype::F32))
+                        .with_context(|| format!("calibrating {name}@step{step}"))?;
+                    copts.floors.insert((name.clone(), *step as u32), NoiseFloor::from_metrics(&m));
+                }
+            }
+        }
+        if copts.policy.calibrated().is_none() {
+            copts.policy = copts.policy.with_calibration(Default::default());
+        }
+        notes.push(format!("calibrated tolerances from the oracle's f32-vs-f64 noise floor over {} checkpoints", copts.floors.len()));
+    }
+    progress("comparing");
+    let cmp = compare_dumps(&contract, &reference, &runtime, isolated.as_ref(), &copts)?;
+    let run = Run {
+        family: family.into(),
+        model_path: opts.model.display().to_string(),
+        weights_sha256: Some(ref_run.weights_sha256.clone()),
+        audio_sha256: Some(ref_run.audio_sha256.clone()),
+        runtime_version: xray_runtime::version(),
+        oracle: Some(oracle_versions(&ref_run.tools)),
+        isolated: opts.isolate,
+    };
+    if model.weights().sha256() != ref_run.weights_sha256 {
+        notes.push(format!(
+            "weights differ: runtime read sha256 {}, oracle {}",
+            model.weights().sha256(),
+            ref_run.weights_sha256
+        ));
+    }
+    let transcript = Transcript {
+        runtime: runtime_text,
+        reference: ref_run.transcript.clone(),
+        tokens_equal: runtime_tokens == ref_generated,
+        first_divergent_step: None,
+    };
+    let evidence = cmp.into_evidence(run, Some(transcript), Some(capture_neutral), notes);
+    Ok(CheckOutput {
+        evidence,
+        reference,
+        runtime,
+    })
+}
+
+/// The sha256-free model id used in dumps.
+pub fn model_id(p: &Path) -> String {
+    p.display().to_string()
+}

@@ -1,0 +1,108 @@
+//! `xray compare REF_DIR GOT_DIR`: offline comparison of two dumps; no Python needed. The
+//! checkpoint graph comes from the family's contract, resolved against the model config the
+//! reference dump carries (or `--model DIR`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{anyhow, Context};
+use xray_harness::compare::CompareOptions;
+use xray_harness::evidence::{write_atomic, Run, Transcript, Verdict};
+use xray_harness::pipeline::{compare_dumps, oracle_versions};
+use xray_harness::report;
+use xray_harness::tolerance::Policy;
+use xray_runtime::contract::Contract;
+use xray_runtime::dump::Dump;
+
+/// Arguments of `xray compare`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Reference dump directory (e.g. from `xray oracle`).
+    pub reference: PathBuf,
+    /// Dump under test (e.g. from `xray run`, or another engine).
+    pub got: PathBuf,
+    /// Model directory whose config.json resolves the contract (default: the config recorded in
+    /// the reference dump).
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+    /// Write the evidence JSON here.
+    #[arg(long, value_name = "FILE")]
+    pub evidence: Option<PathBuf>,
+    /// Tolerance policy.
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    /// Write the HTML report here.
+    #[arg(long, value_name = "FILE.html")]
+    pub report: Option<PathBuf>,
+    /// Write Markdown here.
+    #[arg(long, value_name = "FILE.md")]
+    pub markdown: Option<PathBuf>,
+    /// Print the evidence JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Compares two dumps. Exit 0 pass, 1 divergence, 2 input error.
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let reference = Dump::load(&a.reference)?;
+    let got = Dump::load(&a.got)?;
+    if reference.manifest.family != got.manifest.family {
+        return Err(anyhow!("family mismatch: reference is {}, got is {}", reference.manifest.family, got.manifest.family));
+    }
+    let config = match &a.model {
+        Some(m) => super::read_config(m)?,
+        None => reference
+            .manifest
+            .extra
+            .get("config")
+            .cloned()
+            .ok_or_else(|| anyhow!("{}: the manifest records no model config; pass --model DIR", a.reference.display()))?,
+    };
+    let contract = Contract::for_family(&reference.manifest.family, &config)?;
+    let policy = match &a.policy {
+        Some(p) => Policy::load(p)?,
+        None => Policy::default(),
+    };
+    if reference.manifest.stats_only || got.manifest.stats_only {
+        return Err(anyhow!("stats-only dumps compare by content hash and statistics only: use `xray compare-stats`"));
+    }
+    let cmp = compare_dumps(&contract, &reference, &got, None, &CompareOptions { policy, floors: Default::default() })
+        .context("comparing")?;
+    let mut notes = vec![];
+    if reference.manifest.weights_sha256 != got.manifest.weights_sha256 {
+        notes.push(format!("weights sha256 differ: reference {} vs {}", reference.manifest.weights_sha256, got.manifest.weights_sha256));
+    }
+    if reference.manifest.audio_sha256 != got.manifest.audio_sha256 {
+        notes.push(format!("audio sha256 differ: reference {} vs {}", reference.manifest.audio_sha256, got.manifest.audio_sha256));
+    }
+    let run = Run {
+        family: reference.manifest.family.clone(),
+        model_path: reference.manifest.model_id.clone(),
+        weights_sha256: Some(reference.manifest.weights_sha256.clone()),
+        audio_sha256: Some(reference.manifest.audio_sha256.clone()),
+        runtime_version: got.manifest.tools.get("runtime").cloned().unwrap_or_else(|| got.manifest.producer.clone()),
+        oracle: Some(oracle_versions(&reference.manifest.tools)),
+        isolated: false,
+    };
+    let transcript = Transcript {
+        runtime: got.manifest.transcript.clone(),
+        reference: reference.manifest.transcript.clone(),
+        tokens_equal: got.manifest.tokens == reference.manifest.tokens,
+        first_divergent_step: None,
+    };
+    let ev = cmp.into_evidence(run, Some(transcript), None, notes);
+    if let Some(p) = &a.evidence {
+        ev.save(p)?;
+    }
+    if let Some(p) = &a.report {
+        write_atomic(p, report::html(&ev).as_bytes())?;
+    }
+    if let Some(p) = &a.markdown {
+        write_atomic(p, report::markdown(&ev).as_bytes())?;
+    }
+    if a.json {
+        super::say(&ev.to_json()?)?;
+    }
+    super::note(&super::summary(&ev));
+    Ok(if ev.verdict == Verdict::Pass { ExitCode::SUCCESS } else { super::exit_fail() })
+}

@@ -1,0 +1,53 @@
+//! `xray oracle --model DIR --audio WAV --out DIR`: the HF reference's dump.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use xray_oracle::{Oracle, OracleRequest};
+
+/// Arguments of `xray oracle`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// HF model directory.
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// 16 kHz mono 16-bit WAV.
+    #[arg(long, value_name = "WAV")]
+    pub audio: PathBuf,
+    /// Dump directory to write (atomically).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// `float32` (the reference) or `float64` (noise-floor calibration).
+    #[arg(long, default_value = "float32")]
+    pub dtype: String,
+    /// Cap on generated tokens.
+    #[arg(long, value_name = "N")]
+    pub max_steps: Option<usize>,
+    /// Only checkpoints matching these names.
+    #[arg(long, value_name = "NAME")]
+    pub only: Vec<String>,
+    /// torch threads (default 1).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// Runs the reference and writes its dump.
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let family = xray_runtime::models::detect_family(&a.model)?;
+    let config = super::read_config(&a.model)?;
+    let contract = xray_runtime::contract::Contract::for_family(family, &config)?;
+    let oracle = Oracle::discover()?;
+    let mut req = OracleRequest::new(family, &a.model, &a.audio, &contract.text);
+    req.dtype = a.dtype.clone();
+    req.max_new_tokens = a.max_steps;
+    req.only = (!a.only.is_empty()).then(|| a.only.clone());
+    req.threads = Some(a.threads.unwrap_or(1));
+    let run = oracle.run(&req)?;
+    let mut w = run.to_dump(family, &a.model.display().to_string());
+    w.manifest.extra.insert("config".into(), config);
+    w.manifest.extra.insert("dtype".into(), serde_json::json!(a.dtype));
+    w.write(&a.out)?;
+    super::note(&format!("xray: {} checkpoints -> {}", w.manifest.checkpoints.len(), a.out.display()));
+    super::say(&format!("{}\n", run.transcript))?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,63 @@
+//! `xray run --model DIR --audio WAV --out DIR`: the runtime's dump (docs/dump-format.md).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use xray_runtime::models::{self, RunOptions};
+
+/// Arguments of `xray run`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// HF model directory.
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// 16 kHz mono 16-bit WAV.
+    #[arg(long, value_name = "WAV")]
+    pub audio: PathBuf,
+    /// Dump directory to write (atomically).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Only checkpoints matching these globs (re-tap a range to bisect a large model).
+    #[arg(long, value_name = "GLOB")]
+    pub only: Vec<String>,
+    /// Keep per-checkpoint statistics and a content hash instead of tensors.
+    #[arg(long)]
+    pub stats_only: bool,
+    /// Cap on generated tokens.
+    #[arg(long, value_name = "N")]
+    pub max_steps: Option<usize>,
+    /// Teacher-force these token ids (comma separated).
+    #[arg(long, value_name = "IDS", value_delimiter = ',')]
+    pub teacher: Vec<i64>,
+    /// Plant a deliberate fault (see `xray faults`). Repeatable.
+    #[arg(long, value_name = "FAULT")]
+    pub inject: Vec<String>,
+}
+
+/// Runs the runtime and writes its dump.
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let model = models::load(&a.model)?;
+    let (faults, _) = super::faults::plan(&a.inject, &a.model)?;
+    let opts = RunOptions {
+        max_new_tokens: a.max_steps,
+        teacher_tokens: (!a.teacher.is_empty()).then(|| a.teacher.clone()),
+    };
+    let only = (!a.only.is_empty()).then_some(a.only.as_slice());
+    let (dump, out) = xray_harness::check::runtime_dump(model.as_ref(), &a.audio, &opts, Some(&faults), None, only)?;
+    let mut w = dump.to_writer();
+    w.manifest.extra.insert("config".into(), super::read_config(&a.model)?);
+    if a.stats_only {
+        let m = w.manifest.clone();
+        let mut s = xray_runtime::dump::DumpWriter::new(xray_runtime::dump::Manifest { stats_only: true, checkpoints: vec![], ..m });
+        for e in &dump.manifest.checkpoints {
+            if let Some(t) = dump.get(&e.name, e.step) {
+                s.add(&e.name, e.step, e.layout, t);
+            }
+        }
+        w = s;
+    }
+    w.write(&a.out)?;
+    super::note(&format!("xray: {} checkpoints -> {}", w.manifest.checkpoints.len(), a.out.display()));
+    super::say(&format!("{}\n", out.transcript))?;
+    Ok(ExitCode::SUCCESS)
+}

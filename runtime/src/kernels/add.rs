@@ -1,0 +1,109 @@
+//! Elementwise additions: the residual add and the add of a learned table (positional embedding).
+
+use super::{data, dims, fixed, rank, simd};
+use crate::faults::ParamFault;
+use crate::graph::{port, port_any, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+
+/// `y = a + b`, same shape and layout (residual connections: `a` = the residual stream, `b` = the
+/// branch).
+#[derive(Debug, Clone, Default)]
+pub struct Add {
+    /// Fault only: drop the branch and return `a` (see [`ParamFault::SkipBranch`]).
+    skip_branch: bool,
+}
+
+impl Add {
+    /// A plain add.
+    pub fn new() -> Self {
+        Add { skip_branch: false }
+    }
+}
+
+impl Kernel for Add {
+    fn kind(&self) -> &'static str {
+        "add"
+    }
+    fn inputs(&self) -> Vec<Port> {
+        vec![port_any("a"), port_any("b")]
+    }
+    fn outputs(&self) -> Vec<Port> {
+        vec![port_any("y")]
+    }
+    fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        if inputs[0] != inputs[1] {
+            return Err(format!(
+                "a {} and b {} differ",
+                crate::graph::fmt_shape(&inputs[0]),
+                crate::graph::fmt_shape(&inputs[1])
+            ));
+        }
+        Ok(vec![inputs[0].clone()])
+    }
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+        if inputs[0].shape() != inputs[1].shape() {
+            return Err(format!("a {:?} and b {:?} differ", inputs[0].shape(), inputs[1].shape()));
+        }
+        let mut y = inputs[0].as_standard_layout().into_owned();
+        if !self.skip_branch {
+            let b = data(inputs[1], "b")?;
+            let ys = y.as_slice_mut().ok_or("add output not contiguous")?;
+            simd::add_inplace(ys, b);
+        }
+        Ok(vec![y])
+    }
+    fn params(&self) -> serde_json::Value {
+        if self.skip_branch {
+            serde_json::json!({"skip_branch": true})
+        } else {
+            serde_json::Value::Null
+        }
+    }
+    fn with_param_fault(&self, fault: &ParamFault) -> Option<Box<dyn Kernel>> {
+        match fault {
+            ParamFault::SkipBranch => Some(Box::new(Add { skip_branch: true })),
+            _ => None,
+        }
+    }
+}
+
+/// `y = x + table`, token-major `[rows, d]` plus a weight of the same shape (Whisper's encoder
+/// adds `embed_positions.weight`, all 1500 rows, to the conv output).
+///
+/// Upstream: transformers v5.24.0 src/transformers/models/whisper/modeling_whisper.py
+/// `WhisperEncoder.forward` (`inputs_embeds + self.embed_positions(all_positions)`).
+#[derive(Debug, Clone, Default)]
+pub struct AddTable;
+
+impl Kernel for AddTable {
+    fn kind(&self) -> &'static str {
+        "add_table"
+    }
+    fn inputs(&self) -> Vec<Port> {
+        vec![port("x", Layout::TokenMajor)]
+    }
+    fn outputs(&self) -> Vec<Port> {
+        vec![port("y", Layout::TokenMajor)]
+    }
+    fn weight_roles(&self) -> Vec<&'static str> {
+        vec!["table"]
+    }
+    fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        rank(&inputs[0], 2, "x")?;
+        let r = fixed(&inputs[0][0], "x rows")?;
+        let d = fixed(&inputs[0][1], "x features")?;
+        if weights[0] != [r, d] {
+            return Err(format!("table must be [{r}, {d}], got {:?}", weights[0]));
+        }
+        Ok(vec![vec![Dim::Fixed(r), Dim::Fixed(d)]])
+    }
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+        let s = dims(inputs[0], 2, "x")?;
+        if weights[0].shape() != s.as_slice() {
+            return Err(format!("table {:?} does not match x {s:?}", weights[0].shape()));
+        }
+        let mut y = inputs[0].as_standard_layout().into_owned();
+        let t = data(weights[0], "table")?;
+        simd::add_inplace(y.as_slice_mut().ok_or("add output not contiguous")?, t);
+        Ok(vec![y])
+    }
+}

@@ -1,0 +1,123 @@
+//! Scaled dot-product attention over head-major q/k/v, with an optional causal mask that accounts
+//! for cached keys (`past = keys - queries`).
+
+use super::{data, dims, par_ranges, par_rows, rank, same_dim, sgemm, simd, tensor, MatmulStrategy};
+use crate::faults::ParamFault;
+use crate::graph::{port, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+
+/// `softmax((q * scale) k^T + mask) v` per head: q `[H, T, D]`, k `[H, S, D]`, v `[H, S, Dv]`
+/// -> context `[H, T, Dv]` (head-major, before merging heads and the output projection).
+///
+/// The scale multiplies q before the product, as Whisper does (`q_proj(x) * scaling`, then the
+/// attention call with `scaling=1.0`). Causal: query `t` sees keys `0 ..= past + t`; masked keys
+/// are never summed (their probability is exactly 0), so a row's bits do not depend on how many
+/// later keys exist (full window == incremental decode).
+///
+/// Upstream: transformers v5.24.0 src/transformers/models/whisper/modeling_whisper.py
+/// `WhisperAttention.forward` and `eager_attention_forward`.
+#[derive(Debug, Clone)]
+pub struct Attention {
+    /// Multiplies q before `q k^T` (Whisper: `head_dim ** -0.5`).
+    pub scale: f32,
+    /// Causal mask with past offset.
+    pub causal: bool,
+    /// `gemm`: two sgemm per head (encoder, long rows); `row_stable`: fixed-order dot products per
+    /// query row (decoder).
+    pub strategy: MatmulStrategy,
+}
+
+impl Kernel for Attention {
+    fn kind(&self) -> &'static str {
+        "attention"
+    }
+    fn inputs(&self) -> Vec<Port> {
+        vec![port("q", Layout::HeadMajor), port("k", Layout::HeadMajor), port("v", Layout::HeadMajor)]
+    }
+    fn outputs(&self) -> Vec<Port> {
+        vec![port("y", Layout::HeadMajor)]
+    }
+    fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        for (s, n) in inputs.iter().zip(["q", "k", "v"]) {
+            rank(s, 3, n)?;
+        }
+        same_dim(&inputs[0][0], &inputs[1][0], "heads of q and k")?;
+        same_dim(&inputs[0][0], &inputs[2][0], "heads of q and v")?;
+        same_dim(&inputs[0][2], &inputs[1][2], "head_dim of q and k")?;
+        same_dim(&inputs[1][1], &inputs[2][1], "keys of k and v")?;
+        Ok(vec![vec![inputs[0][0].clone(), inputs[0][1].clone(), inputs[2][2].clone()]])
+    }
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+        let qs = dims(inputs[0], 3, "q")?;
+        let ks = dims(inputs[1], 3, "k")?;
+        let vs = dims(inputs[2], 3, "v")?;
+        let (h, t, d) = (qs[0], qs[1], qs[2]);
+        let (s, dv) = (ks[1], vs[2]);
+        if ks[0] != h || vs[0] != h || ks[2] != d || vs[1] != s {
+            return Err(format!("q {qs:?}, k {ks:?}, v {vs:?} do not fit together"));
+        }
+        if self.causal && s < t {
+            return Err(format!("causal attention with {t} queries needs at least {t} keys, got {s}"));
+        }
+        let past = s - t.min(s);
+        let valid = |ti: usize| if self.causal { past + ti + 1 } else { s };
+        let q = data(inputs[0], "q")?;
+        let k = data(inputs[1], "k")?;
+        let v = data(inputs[2], "v")?;
+        let mut out = vec![0f32; h * t * dv];
+        match self.strategy {
+            MatmulStrategy::Gemm => {
+                let mut scores = vec![0f32; t * s];
+                let mut qh = vec![0f32; t * d];
+                for hi in 0..h {
+                    qh.copy_from_slice(&q[hi * t * d..(hi + 1) * t * d]);
+                    simd::scale(&mut qh, self.scale);
+                    let kh = &k[hi * s * d..(hi + 1) * s * d];
+                    sgemm(t, d, s, &qh, (d, 1), kh, (1, d), 0.0, &mut scores, (s, 1))?;
+                    par_rows(&mut scores, s, 12 * s, |r0, rows| {
+                        for (i, row) in rows.chunks_exact_mut(s).enumerate() {
+                            let n = valid(r0 + i);
+                            simd::softmax_row(&mut row[..n]);
+                            row[n..].fill(0.0);
+                        }
+                    });
+                    let vh = &v[hi * s * dv..(hi + 1) * s * dv];
+                    sgemm(t, s, dv, &scores, (s, 1), vh, (dv, 1), 0.0, &mut out[hi * t * dv..(hi + 1) * t * dv], (dv, 1))?;
+                }
+            }
+            MatmulStrategy::RowStable => {
+                let parts = par_ranges(h, t * s * (d + dv), |heads| {
+                    let mut part = vec![0f32; heads.len() * t * dv];
+                    let mut qrow = vec![0f32; d];
+                    let mut sc = vec![0f32; s];
+                    for (j, hi) in heads.enumerate() {
+                        for ti in 0..t {
+                            qrow.copy_from_slice(&q[(hi * t + ti) * d..(hi * t + ti + 1) * d]);
+                            simd::scale(&mut qrow, self.scale);
+                            let o = &mut part[(j * t + ti) * dv..(j * t + ti + 1) * dv];
+                            let kh = &k[hi * s * d..(hi + 1) * s * d];
+                            let vh = &v[hi * s * dv..(hi + 1) * s * dv];
+                            simd::attend_row(&qrow, kh, vh, valid(ti), &mut sc, o);
+                        }
+                    }
+                    part
+                });
+                let mut off = 0;
+                for p in parts {
+                    out[off..off + p.len()].copy_from_slice(&p);
+                    off += p.len();
+                }
+            }
+        }
+        Ok(vec![tensor(&[h, t, dv], out)?])
+    }
+    fn params(&self) -> serde_json::Value {
+        serde_json::json!({"scale": self.scale, "causal": self.causal, "strategy": self.strategy})
+    }
+    fn with_param_fault(&self, fault: &ParamFault) -> Option<Box<dyn Kernel>> {
+        match fault {
+            ParamFault::AttnScale(f) => Some(Box::new(Attention { scale: self.scale * f, ..self.clone() })),
+            ParamFault::Causal(c) => Some(Box::new(Attention { causal: *c, ..self.clone() })),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! 1-D convolution over channel-major `[channels, time]` input, by im2col + sgemm.
+
+use super::{data, dims, fixed, rank, sgemm, tensor};
+use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+
+/// `torch.nn.Conv1d(c_in, c_out, kernel_size, stride, padding)` with bias, zero padding.
+///
+/// Upstream: transformers v5.24.0 src/transformers/models/whisper/modeling_whisper.py
+/// `WhisperEncoder.__init__` (conv1: k=3, padding=1; conv2: k=3, stride=2, padding=1).
+#[derive(Debug, Clone)]
+pub struct Conv1d {
+    /// Kernel width.
+    pub kernel: usize,
+    /// Stride.
+    pub stride: usize,
+    /// Zero padding on each side.
+    pub padding: usize,
+}
+
+impl Conv1d {
+    fn out_len(&self, l: usize) -> Result<usize, String> {
+        if self.stride == 0 || l + 2 * self.padding < self.kernel {
+            return Err(format!("input length {l} too short for kernel {} (padding {})", self.kernel, self.padding));
+        }
+        Ok((l + 2 * self.padding - self.kernel) / self.stride + 1)
+    }
+}
+
+impl Kernel for Conv1d {
+    fn kind(&self) -> &'static str {
+        "conv1d"
+    }
+    fn inputs(&self) -> Vec<Port> {
+        vec![port("x", Layout::ChannelMajor)]
+    }
+    fn outputs(&self) -> Vec<Port> {
+        vec![port("y", Layout::ChannelMajor)]
+    }
+    fn weight_roles(&self) -> Vec<&'static str> {
+        vec!["weight", "bias"]
+    }
+    fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        rank(&inputs[0], 2, "x")?;
+        let c = fixed(&inputs[0][0], "x channels")?;
+        let l = fixed(&inputs[0][1], "x length")?;
+        let w = &weights[0];
+        if w.len() != 3 || w[1] != c || w[2] != self.kernel {
+            return Err(format!("weight must be [out, {c}, {}], got {w:?}", self.kernel));
+        }
+        if weights[1] != [w[0]] {
+            return Err(format!("bias must be [{}], got {:?}", w[0], weights[1]));
+        }
+        Ok(vec![vec![Dim::Fixed(w[0]), Dim::Fixed(self.out_len(l)?)]])
+    }
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+        let s = dims(inputs[0], 2, "x")?;
+        let (c, l) = (s[0], s[1]);
+        let ws = dims(weights[0], 3, "weight")?;
+        let (co, kw) = (ws[0], ws[2]);
+        if ws[1] != c || kw != self.kernel {
+            return Err(format!("weight {ws:?} does not fit input channels {c} / kernel {}", self.kernel));
+        }
+        let lo = self.out_len(l)?;
+        let x = data(inputs[0], "x")?;
+        let w = data(weights[0], "weight")?;
+        let b = data(weights[1], "bias")?;
+        if b.len() != co {
+            return Err(format!("bias has {} elements, expected {co}", b.len()));
+        }
+        // im2col: cols[(ci * k + j), t] = x[ci, t * stride + j - padding] (0 outside).
+        let kk = c * kw;
+        let mut cols = vec![0f32; kk * lo];
+        for ci in 0..c {
+            let xr = &x[ci * l..(ci + 1) * l];
+            for j in 0..kw {
+                let row = &mut cols[(ci * kw + j) * lo..(ci * kw + j + 1) * lo];
+                for (t, v) in row.iter_mut().enumerate() {
+                    let p = (t * self.stride + j) as isize - self.padding as isize;
+                    if p >= 0 && (p as usize) < l {
+                        *v = xr[p as usize];
+                    }
+                }
+            }
+        }
+        let mut y = vec![0f32; co * lo];
+        for (o, row) in y.chunks_exact_mut(lo).enumerate() {
+            row.fill(b[o]);
+        }
+        sgemm(co, kk, lo, w, (kk, 1), &cols, (lo, 1), 1.0, &mut y, (lo, 1))?;
+        Ok(vec![tensor(&[co, lo], y)?])
+    }
+    fn params(&self) -> serde_json::Value {
+        serde_json::json!({"kernel": self.kernel, "stride": self.stride, "padding": self.padding})
+    }
+}

@@ -1,0 +1,55 @@
+//! KV-cache append: scatter the new rows after the past rows, per head.
+
+use super::{data, dims, rank, same_dim, tensor};
+use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+
+/// head_major past `[H, P, D]` + new `[H, T, D]` -> `[H, P + T, D]`. The cache is a feed and
+/// this op's output is the updated cache (a formula output), never a hidden buffer.
+///
+/// Upstream: transformers v5.24.0 src/transformers/cache_utils.py `DynamicLayer.update`
+/// (`torch.cat([self.keys, key_states], dim=-2)`).
+#[derive(Debug, Clone, Default)]
+pub struct KvAppend;
+
+fn sum_dim(a: &Dim, b: &Dim) -> Dim {
+    match (a, b) {
+        (Dim::Fixed(x), Dim::Fixed(y)) => Dim::Fixed(x + y),
+        _ => Dim::Sym(format!("{a}+{b}")),
+    }
+}
+
+impl Kernel for KvAppend {
+    fn kind(&self) -> &'static str {
+        "kv_append"
+    }
+    fn inputs(&self) -> Vec<Port> {
+        vec![port("past", Layout::HeadMajor), port("new", Layout::HeadMajor)]
+    }
+    fn outputs(&self) -> Vec<Port> {
+        vec![port("y", Layout::HeadMajor)]
+    }
+    fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        rank(&inputs[0], 3, "past")?;
+        rank(&inputs[1], 3, "new")?;
+        same_dim(&inputs[0][0], &inputs[1][0], "heads of past and new")?;
+        same_dim(&inputs[0][2], &inputs[1][2], "head_dim of past and new")?;
+        Ok(vec![vec![inputs[0][0].clone(), sum_dim(&inputs[0][1], &inputs[1][1]), inputs[0][2].clone()]])
+    }
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+        let ps = dims(inputs[0], 3, "past")?;
+        let ns = dims(inputs[1], 3, "new")?;
+        if ps[0] != ns[0] || ps[2] != ns[2] {
+            return Err(format!("past {ps:?} and new {ns:?} disagree on heads/head_dim"));
+        }
+        let (h, p, t, d) = (ps[0], ps[1], ns[1], ps[2]);
+        let past = data(inputs[0], "past")?;
+        let new = data(inputs[1], "new")?;
+        let s = p + t;
+        let mut y = vec![0f32; h * s * d];
+        for hi in 0..h {
+            y[hi * s * d..(hi * s + p) * d].copy_from_slice(&past[hi * p * d..(hi + 1) * p * d]);
+            y[(hi * s + p) * d..(hi + 1) * s * d].copy_from_slice(&new[hi * t * d..(hi + 1) * t * d]);
+        }
+        Ok(vec![tensor(&[h, s, d], y)?])
+    }
+}

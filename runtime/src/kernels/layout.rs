@@ -1,0 +1,132 @@
+//! Declared layout transforms (bit-exact copies): the only way an edge changes physical layout.
+
+use super::{data, dims, fixed, rank, tensor};
+use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+
+/// channel_major `[C, T]` -> token_major `[T, C]`.
+///
+/// Upstream: transformers v5.24.0 src/transformers/models/whisper/modeling_whisper.py
+/// `WhisperEncoder.forward` (`inputs_embeds.permute(0, 2, 1)`).
+#[derive(Debug, Clone, Default)]
+pub struct ChannelToToken;
+
+impl Kernel for ChannelToToken {
+    fn kind(&self) -> &'static str {
+        "channel_to_token_major"
+    }
+    fn inputs(&self) -> Vec<Port> {
+        vec![port("x", Layout::ChannelMajor)]
+    }
+    fn outputs(&self) -> Vec<Port> {
+        vec![port("y", Layout::TokenMajor)]
+    }
+    fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        rank(&inputs[0], 2, "x")?;
+        Ok(vec![vec![inputs[0][1].clone(), inputs[0][0].clone()]])
+    }
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+        let s = dims(inputs[0], 2, "x")?;
+        let (c, t) = (s[0], s[1]);
+        let x = data(inputs[0], "x")?;
+        let mut y = vec![0f32; c * t];
+        const B: usize = 32;
+        for c0 in (0..c).step_by(B) {
+            for t0 in (0..t).step_by(B) {
+                for ci in c0..(c0 + B).min(c) {
+                    for ti in t0..(t0 + B).min(t) {
+                        y[ti * c + ci] = x[ci * t + ti];
+                    }
+                }
+            }
+        }
+        Ok(vec![tensor(&[t, c], y)?])
+    }
+}
+
+/// token_major `[T, H * D]` -> head_major `[H, T, D]` (split heads).
+///
+/// Upstream: transformers v5.24.0 src/transformers/models/whisper/modeling_whisper.py
+/// `WhisperAttention.forward` (`.view(*, -1, head_dim).transpose(1, 2)`).
+#[derive(Debug, Clone)]
+pub struct SplitHeads {
+    /// Number of heads.
+    pub heads: usize,
+}
+
+impl Kernel for SplitHeads {
+    fn kind(&self) -> &'static str {
+        "token_to_head_major"
+    }
+    fn inputs(&self) -> Vec<Port> {
+        vec![port("x", Layout::TokenMajor)]
+    }
+    fn outputs(&self) -> Vec<Port> {
+        vec![port("y", Layout::HeadMajor)]
+    }
+    fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        rank(&inputs[0], 2, "x")?;
+        let f = fixed(&inputs[0][1], "x features")?;
+        if self.heads == 0 || f % self.heads != 0 {
+            return Err(format!("{f} features do not split into {} heads", self.heads));
+        }
+        Ok(vec![vec![Dim::Fixed(self.heads), inputs[0][0].clone(), Dim::Fixed(f / self.heads)]])
+    }
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+        let s = dims(inputs[0], 2, "x")?;
+        let (t, f) = (s[0], s[1]);
+        if self.heads == 0 || f % self.heads != 0 {
+            return Err(format!("{f} features do not split into {} heads", self.heads));
+        }
+        let (h, d) = (self.heads, f / self.heads);
+        let x = data(inputs[0], "x")?;
+        let mut y = vec![0f32; t * f];
+        for hi in 0..h {
+            for ti in 0..t {
+                y[(hi * t + ti) * d..(hi * t + ti + 1) * d].copy_from_slice(&x[ti * f + hi * d..ti * f + (hi + 1) * d]);
+            }
+        }
+        Ok(vec![tensor(&[h, t, d], y)?])
+    }
+    fn params(&self) -> serde_json::Value {
+        serde_json::json!({"heads": self.heads})
+    }
+}
+
+/// head_major `[H, T, D]` -> token_major `[T, H * D]` (merge heads).
+///
+/// Upstream: transformers v5.24.0 src/transformers/models/whisper/modeling_whisper.py
+/// `eager_attention_forward` (`attn_output.transpose(1, 2)`) + `WhisperAttention.forward`
+/// (`reshape(*input_shape, -1)`).
+#[derive(Debug, Clone, Default)]
+pub struct MergeHeads;
+
+impl Kernel for MergeHeads {
+    fn kind(&self) -> &'static str {
+        "head_to_token_major"
+    }
+    fn inputs(&self) -> Vec<Port> {
+        vec![port("x", Layout::HeadMajor)]
+    }
+    fn outputs(&self) -> Vec<Port> {
+        vec![port("y", Layout::TokenMajor)]
+    }
+    fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        rank(&inputs[0], 3, "x")?;
+        let h = fixed(&inputs[0][0], "heads")?;
+        let d = fixed(&inputs[0][2], "head_dim")?;
+        Ok(vec![vec![inputs[0][1].clone(), Dim::Fixed(h * d)]])
+    }
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+        let s = dims(inputs[0], 3, "x")?;
+        let (h, t, d) = (s[0], s[1], s[2]);
+        let x = data(inputs[0], "x")?;
+        let f = h * d;
+        let mut y = vec![0f32; t * f];
+        for hi in 0..h {
+            for ti in 0..t {
+                y[ti * f + hi * d..ti * f + (hi + 1) * d].copy_from_slice(&x[(hi * t + ti) * d..(hi * t + ti + 1) * d]);
+            }
+        }
+        Ok(vec![tensor(&[t, f], y)?])
+    }
+}

@@ -1,0 +1,549 @@
+//! Row primitives with a fixed arithmetic order: the same inputs give the same bits on every code
+//! path (an AVX2 build of each function is selected at run time; it executes the same IEEE
+//! operations in the same order, only wider, and never fuses a multiply-add).
+
+/// Lanes of the dot-product accumulators (two 8-wide vectors).
+const L: usize = 16;
+
+/// The scalar definition of every primitive. The AVX2 versions perform the same IEEE operations
+/// per lane in the same order (no fused multiply-add), so both give the same bits.
+mod scalar {
+    use super::L;
+
+    /// Fixed reduction of the 16 lane accumulators: `(a[i] + a[i+8])`, then halves, then pairs.
+    #[inline(always)]
+    pub fn reduce(acc: &[f32; L]) -> f32 {
+        let mut s8 = [0f32; 8];
+        for i in 0..8 {
+            s8[i] = acc[i] + acc[i + 8];
+        }
+        let s4 = [s8[0] + s8[4], s8[1] + s8[5], s8[2] + s8[6], s8[3] + s8[7]];
+        (s4[0] + s4[2]) + (s4[1] + s4[3])
+    }
+
+    /// Dot product: 16 lane accumulators over `k = 16c + lane`, [`reduce`], then the tail
+    /// (`k >= 16 * (n / 16)`) added left to right.
+    pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let full = n / L * L;
+        let mut acc = [0f32; L];
+        for c in (0..full).step_by(L) {
+            for l in 0..L {
+                acc[l] += a[c + l] * b[c + l];
+            }
+        }
+        let mut s = reduce(&acc);
+        for i in full..n {
+            s += a[i] * b[i];
+        }
+        s
+    }
+
+    pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+        for (yi, xi) in y.iter_mut().zip(x) {
+            *yi += a * *xi;
+        }
+    }
+
+    pub fn exp(x: f32) -> f32 {
+        super::exp_f32(x)
+    }
+
+    pub fn softmax(x: &mut [f32]) {
+        let mut m = f32::NEG_INFINITY;
+        for &v in x.iter() {
+            m = super::max_f32(m, v);
+        }
+        let n = x.len();
+        let full = n / L * L;
+        let mut acc = [0f32; L];
+        for c in (0..full).step_by(L) {
+            for l in 0..L {
+                let e = exp(x[c + l] - m);
+                x[c + l] = e;
+                acc[l] += e;
+            }
+        }
+        let mut s = reduce(&acc);
+        for v in x[full..].iter_mut() {
+            let e = exp(*v - m);
+            *v = e;
+            s += e;
+        }
+        let inv = 1.0 / s;
+        for v in x.iter_mut() {
+            *v *= inv;
+        }
+    }
+
+    pub fn gelu(x: &mut [f32]) {
+        for v in x.iter_mut() {
+            *v = super::gelu_f32(*v);
+        }
+    }
+}
+
+/// `max` as `_mm256_max_ps` computes it: `if a > b { a } else { b }` (the second operand when
+/// either is NaN).
+#[inline(always)]
+fn max_f32(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// Cephes-style single-precision exp (range reduction by ln 2 in two parts, degree-5
+/// polynomial), about 1 ulp. Inputs are clamped to [-87.34, 88]; below about -87.3 the result
+/// flushes to (near) zero.
+#[inline(always)]
+pub(crate) fn exp_f32(x: f32) -> f32 {
+    let x = max_f32(-87.336_55, if x < 88.0 { x } else { 88.0 });
+    let z = x * std::f32::consts::LOG2_E + 0.5;
+    let t = z as i32;
+    let fl = t - ((t as f32) > z) as i32;
+    let n = fl as f32;
+    let r = (x - n * EXP_C1) - n * EXP_C2;
+    let p = ((((EXP_P0 * r + EXP_P1) * r + EXP_P2) * r + EXP_P3) * r + EXP_P4) * r + EXP_P5;
+    let y = (p * (r * r) + r) + 1.0;
+    y * f32::from_bits(((fl + 127) as u32) << 23)
+}
+
+const EXP_C1: f32 = 0.693_359_4;
+const EXP_C2: f32 = -2.121_944_4e-4;
+const EXP_P0: f32 = 1.987_569_1e-4;
+const EXP_P1: f32 = 1.398_199_9e-3;
+const EXP_P2: f32 = 8.333_452e-3;
+const EXP_P3: f32 = 4.166_579_6e-2;
+const EXP_P4: f32 = 1.666_666_5e-1;
+const EXP_P5: f32 = 5.000_000_1e-1;
+
+const ERF_P: f32 = 0.327_591_1;
+const ERF_A1: f32 = 0.254_829_6;
+const ERF_A2: f32 = -0.284_496_74;
+const ERF_A3: f32 = 1.421_413_7;
+const ERF_A4: f32 = -1.453_152_1;
+const ERF_A5: f32 = 1.061_405_4;
+
+/// erf as PyTorch's vectorised CPU kernel computes it (Abramowitz & Stegun 7.1.26:
+/// `1 - t * poly(t) * exp(-x^2)`, `t = 1 / (1 + p|x|)`, |error| < 1.5e-7), without fused
+/// multiply-adds.
+///
+/// Upstream: pytorch v2.11.0 aten/src/ATen/cpu/vec/vec256/vec256_float.h `Vectorized<float>::erf`.
+#[inline(always)]
+fn erf_f32(x: f32) -> f32 {
+    let a = x.abs();
+    let t = 1.0 / (ERF_P * a + 1.0);
+    let r = (((ERF_A5 * t + ERF_A4) * t + ERF_A3) * t + ERF_A2) * t + ERF_A1;
+    let e = exp_f32(-(x * x));
+    let v = 1.0 - (e * t) * r;
+    v.copysign(x)
+}
+
+/// Exact-erf GELU `x * 0.5 * (1 + erf(x / sqrt 2))`.
+///
+/// Upstream: pytorch v2.11.0 aten/src/ATen/native/cpu/Activation.cpp `GeluKernelImpl`
+/// (GeluType::None).
+#[inline(always)]
+fn gelu_f32(x: f32) -> f32 {
+    (x * 0.5) * (1.0 + erf_f32(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! AVX2 versions of [`super::scalar`]: same operations per lane, same order.
+    #![allow(unsafe_op_in_unsafe_fn)]
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx,avx2")]
+    #[inline]
+    unsafe fn ld(p: &[f32], i: usize) -> __m256 {
+        debug_assert!(i + 8 <= p.len());
+        _mm256_loadu_ps(p.as_ptr().add(i))
+    }
+
+    /// [`super::scalar::reduce`] of the accumulators (lanes 0-7 in `a`, 8-15 in `b`).
+    #[target_feature(enable = "avx,avx2")]
+    #[inline]
+    unsafe fn reduce(a: __m256, b: __m256) -> f32 {
+        let s8 = _mm256_add_ps(a, b);
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+        let t = _mm_add_ps(s4, _mm_movehl_ps(s4, s4)); // [s4[0]+s4[2], s4[1]+s4[3], ..]
+        _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)))
+    }
+
+    #[target_feature(enable = "avx,avx2")]
+    pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let full = n / 16 * 16;
+        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut k = 0;
+        while k < full {
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(ld(a, k), ld(b, k)));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(ld(a, k + 8), ld(b, k + 8)));
+            k += 16;
+        }
+        let mut s = reduce(a0, a1);
+        for i in full..n {
+            s += a[i] * b[i];
+        }
+        s
+    }
+
+    /// Four [`dot`]s of `x` with rows `w[0..4]`, sharing the loads of `x`.
+    #[target_feature(enable = "avx,avx2")]
+    pub unsafe fn dot4(x: &[f32], w: [&[f32]; 4]) -> [f32; 4] {
+        let n = x.len();
+        let full = n / 16 * 16;
+        let z = _mm256_setzero_ps();
+        let mut acc = [z; 8];
+        let mut k = 0;
+        while k < full {
+            let x0 = ld(x, k);
+            let x1 = ld(x, k + 8);
+            for j in 0..4 {
+                acc[2 * j] = _mm256_add_ps(acc[2 * j], _mm256_mul_ps(x0, ld(w[j], k)));
+                acc[2 * j + 1] = _mm256_add_ps(acc[2 * j + 1], _mm256_mul_ps(x1, ld(w[j], k + 8)));
+            }
+            k += 16;
+        }
+        let mut out = [0f32; 4];
+        for j in 0..4 {
+            let mut s = reduce(acc[2 * j], acc[2 * j + 1]);
+            for i in full..n {
+                s += x[i] * w[j][i];
+            }
+            out[j] = s;
+        }
+        out
+    }
+
+    #[target_feature(enable = "avx,avx2")]
+    pub unsafe fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+        let n = y.len().min(x.len());
+        let full = n / 8 * 8;
+        let av = _mm256_set1_ps(a);
+        let mut i = 0;
+        while i < full {
+            let r = _mm256_add_ps(_mm256_loadu_ps(y.as_ptr().add(i)), _mm256_mul_ps(av, ld(x, i)));
+            _mm256_storeu_ps(y.as_mut_ptr().add(i), r);
+            i += 8;
+        }
+        for j in full..n {
+            y[j] += a * x[j];
+        }
+    }
+
+    /// [`super::exp_f32`] on 8 lanes.
+    #[target_feature(enable = "avx,avx2")]
+    #[inline]
+    pub unsafe fn exp8(x: __m256) -> __m256 {
+        use super::*;
+        // min(x, 88) as `x < 88 ? x : 88`, then max(-87.34, .) as `-87.34 > x ? -87.34 : x`.
+        let x = _mm256_min_ps(x, _mm256_set1_ps(88.0));
+        let x = _mm256_max_ps(_mm256_set1_ps(-87.336_55), x);
+        let z = _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)), _mm256_set1_ps(0.5));
+        let t = _mm256_cvttps_epi32(z);
+        let tf = _mm256_cvtepi32_ps(t);
+        // t - (tf > z): the comparison mask is -1 where true.
+        let gt = _mm256_castps_si256(_mm256_cmp_ps(tf, z, _CMP_GT_OQ));
+        let fl = _mm256_add_epi32(t, gt);
+        let n = _mm256_cvtepi32_ps(fl);
+        let r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(EXP_C1))), _mm256_mul_ps(n, _mm256_set1_ps(EXP_C2)));
+        let mut p = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(EXP_P0), r), _mm256_set1_ps(EXP_P1));
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P2));
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P3));
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P4));
+        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P5));
+        let y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0));
+        let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(fl, _mm256_set1_epi32(127)), 23));
+        _mm256_mul_ps(y, pow2)
+    }
+
+    #[target_feature(enable = "avx,avx2")]
+    pub unsafe fn softmax(x: &mut [f32]) {
+        let n = x.len();
+        let mut m = f32::NEG_INFINITY;
+        for &v in x.iter() {
+            m = super::max_f32(m, v);
+        }
+        let mv = _mm256_set1_ps(m);
+        let full = n / 16 * 16;
+        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut k = 0;
+        while k < full {
+            let e0 = exp8(_mm256_sub_ps(ld(x, k), mv));
+            let e1 = exp8(_mm256_sub_ps(ld(x, k + 8), mv));
+            _mm256_storeu_ps(x.as_mut_ptr().add(k), e0);
+            _mm256_storeu_ps(x.as_mut_ptr().add(k + 8), e1);
+            a0 = _mm256_add_ps(a0, e0);
+            a1 = _mm256_add_ps(a1, e1);
+            k += 16;
+        }
+        let mut s = reduce(a0, a1);
+        for v in x[full..].iter_mut() {
+            let e = super::exp_f32(*v - m);
+            *v = e;
+            s += e;
+        }
+        let inv = 1.0 / s;
+        let iv = _mm256_set1_ps(inv);
+        let f8 = n / 8 * 8;
+        let mut i = 0;
+        while i < f8 {
+            _mm256_storeu_ps(x.as_mut_ptr().add(i), _mm256_mul_ps(ld(x, i), iv));
+            i += 8;
+        }
+        for v in x[f8..].iter_mut() {
+            *v *= inv;
+        }
+    }
+
+    #[target_feature(enable = "avx,avx2")]
+    pub unsafe fn gelu(x: &mut [f32]) {
+        use super::*;
+        let n = x.len();
+        let f8 = n / 8 * 8;
+        let sign = _mm256_set1_ps(-0.0);
+        let one = _mm256_set1_ps(1.0);
+        let mut i = 0;
+        while i < f8 {
+            let v = ld(x, i);
+            let u = _mm256_mul_ps(v, _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
+            let a = _mm256_andnot_ps(sign, u);
+            let t = _mm256_div_ps(one, _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(ERF_P), a), one));
+            let mut r = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(ERF_A5), t), _mm256_set1_ps(ERF_A4));
+            r = _mm256_add_ps(_mm256_mul_ps(r, t), _mm256_set1_ps(ERF_A3));
+            r = _mm256_add_ps(_mm256_mul_ps(r, t), _mm256_set1_ps(ERF_A2));
+            r = _mm256_add_ps(_mm256_mul_ps(r, t), _mm256_set1_ps(ERF_A1));
+            let e = exp8(_mm256_xor_ps(sign, _mm256_mul_ps(u, u)));
+            let erf_abs = _mm256_sub_ps(one, _mm256_mul_ps(_mm256_mul_ps(e, t), r));
+            let erf = _mm256_or_ps(_mm256_andnot_ps(sign, erf_abs), _mm256_and_ps(sign, u));
+            let g = _mm256_mul_ps(_mm256_mul_ps(v, _mm256_set1_ps(0.5)), _mm256_add_ps(one, erf));
+            _mm256_storeu_ps(x.as_mut_ptr().add(i), g);
+            i += 8;
+        }
+        for v in x[f8..].iter_mut() {
+            *v = gelu_f32(*v);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx2() -> bool {
+    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F.get_or_init(|| std::arch::is_x86_feature_detected!("avx") && std::arch::is_x86_feature_detected!("avx2"))
+}
+
+/// Dispatch to the AVX2 build when the CPU has it (same bits either way).
+macro_rules! dispatch {
+    ($avx:expr, $scalar:expr) => {{
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the AVX2 build runs only when the CPU supports AVX and AVX2.
+        let r = if has_avx2() { unsafe { $avx } } else { $scalar };
+        #[cfg(not(target_arch = "x86_64"))]
+        let r = $scalar;
+        r
+    }};
+}
+
+/// Fixed-order dot product (see `scalar::dot`).
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dispatch!(avx2::dot(a, b), scalar::dot(a, b))
+}
+
+/// `y[r, n - n0] = dot(x[r, :], w[n, :]) (+ bias[n])` for rows `0..m` of a row-major `[m, k]` x
+/// and columns `n0..n1` of a row-major `[*, k]` w, into `out` as `[m, n1 - n0]`. Every element
+/// is exactly [`dot`] then `+ bias`, whatever the tiling, the row count or the column range.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_nt_rows(x: &[f32], w: &[f32], bias: Option<&[f32]>, k: usize, m: usize, n0: usize, n1: usize, out: &mut [f32]) {
+    let nb = n1 - n0;
+    let mut n = n0;
+    while n < n1 {
+        if n + 4 <= n1 {
+            let ws = [&w[n * k..(n + 1) * k], &w[(n + 1) * k..(n + 2) * k], &w[(n + 2) * k..(n + 3) * k], &w[(n + 3) * k..(n + 4) * k]];
+            for r in 0..m {
+                let xr = &x[r * k..(r + 1) * k];
+                let d: [f32; 4] = dispatch!(avx2::dot4(xr, ws), [scalar::dot(xr, ws[0]), scalar::dot(xr, ws[1]), scalar::dot(xr, ws[2]), scalar::dot(xr, ws[3])]);
+                for j in 0..4 {
+                    out[r * nb + n - n0 + j] = match bias {
+                        Some(b) => d[j] + b[n + j],
+                        None => d[j],
+                    };
+                }
+            }
+            n += 4;
+        } else {
+            let wr = &w[n * k..(n + 1) * k];
+            for r in 0..m {
+                let d = dot(&x[r * k..(r + 1) * k], wr);
+                out[r * nb + n - n0] = match bias {
+                    Some(b) => d + b[n],
+                    None => d,
+                };
+            }
+            n += 1;
+        }
+    }
+}
+
+/// `y += a * x`, element by element.
+pub(crate) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    dispatch!(avx2::axpy(y, a, x), scalar::axpy(y, a, x))
+}
+
+/// Multiply in place by a scalar.
+pub(crate) fn scale(x: &mut [f32], s: f32) {
+    for v in x.iter_mut() {
+        *v *= s;
+    }
+}
+
+/// Softmax of a row in place: max, `exp(x - max)` with 16 fixed sum lanes, times `1 / sum` (the
+/// order of PyTorch's vectorised CPU softmax).
+///
+/// Upstream: pytorch v2.11.0 aten/src/ATen/native/cpu/SoftMaxKernel.cpp `_vec_softmax_lastdim`.
+pub(crate) fn softmax_row(x: &mut [f32]) {
+    dispatch!(avx2::softmax(x), scalar::softmax(x))
+}
+
+/// One query row of attention over the first `n` keys: `o = sum_j softmax(q . k_j)_j v_j`,
+/// summed in key order; `q` already scaled; `k`, `v` one head's `[keys, d]` / `[keys, dv]` rows;
+/// `sc` scratch of at least `n`; `o` is overwritten.
+pub(crate) fn attend_row(q: &[f32], k: &[f32], v: &[f32], n: usize, sc: &mut [f32], o: &mut [f32]) {
+    let d = q.len();
+    let dv = o.len();
+    for (j, sv) in sc[..n].iter_mut().enumerate() {
+        *sv = dot(q, &k[j * d..(j + 1) * d]);
+    }
+    softmax_row(&mut sc[..n]);
+    o.fill(0.0);
+    for (j, &p) in sc[..n].iter().enumerate() {
+        axpy(o, p, &v[j * dv..(j + 1) * dv]);
+    }
+}
+
+/// Exact-erf GELU in place (HF `"gelu"` = `torch.nn.functional.gelu`, approximate='none').
+pub(crate) fn gelu_inplace(x: &mut [f32]) {
+    dispatch!(avx2::gelu(x), scalar::gelu(x))
+}
+
+/// Elementwise `a += b`.
+pub(crate) fn add_inplace(a: &mut [f32], b: &[f32]) {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x += *y;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_is_accurate() {
+        let mut worst = 0f64;
+        let mut x = -87.0f32;
+        while x < 0.0 {
+            let r = exp_f32(x) as f64;
+            let e = (x as f64).exp();
+            worst = worst.max(((r - e) / e).abs());
+            x += 0.0137;
+        }
+        assert!(worst < 3e-7, "worst relative error {worst}");
+    }
+
+    #[test]
+    fn erf_close_to_libm() {
+        for i in -400..400 {
+            let x = i as f32 * 0.01;
+            let e = libm_erf(x as f64);
+            let err = (erf_f32(x) as f64 - e).abs();
+            // A&S 7.1.26 is within 1.5e-7; f32 rounding of `1 - e t r` adds a few 1e-8.
+            assert!(err < 5e-7, "erf({x}): error {err}");
+        }
+    }
+
+    fn libm_erf(x: f64) -> f64 {
+        // Series / continued fraction are overkill: integrate exp(-t^2) with Simpson's rule.
+        let n = 2000;
+        let h = x / n as f64;
+        let f = |t: f64| (-t * t).exp();
+        let mut s = f(0.0) + f(x);
+        for i in 1..n {
+            s += f(i as f64 * h) * if i % 2 == 1 { 4.0 } else { 2.0 };
+        }
+        s * h / 3.0 * 2.0 / std::f64::consts::PI.sqrt()
+    }
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(2_654_435_761).max(1);
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                (x as f32 / u32::MAX as f32 - 0.5) * 12.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn gemm_rows_equal_dot() {
+        let x = data(77, 1);
+        let w = data(77 * 6, 2);
+        let mut out = vec![0f32; 6];
+        gemm_nt_rows(&x, &w, None, 77, 1, 0, 6, &mut out);
+        for n in 0..6 {
+            assert_eq!(out[n].to_bits(), dot(&x, &w[n * 77..(n + 1) * 77]).to_bits());
+            assert_eq!(out[n].to_bits(), scalar::dot(&x, &w[n * 77..(n + 1) * 77]).to_bits());
+        }
+    }
+
+    /// The AVX2 build must give the scalar definition's bits.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_equals_scalar() {
+        if !has_avx2() {
+            eprintln!("no AVX2 on this CPU: nothing to compare");
+            return;
+        }
+        for n in [1usize, 7, 16, 33, 64, 100, 1500] {
+            let a = data(n, n as u32);
+            let b = data(n, 7 + n as u32);
+            // SAFETY: AVX2 checked above.
+            unsafe {
+                assert_eq!(avx2::dot(&a, &b).to_bits(), scalar::dot(&a, &b).to_bits(), "dot n={n}");
+                let w = [&b[..], &a[..], &b[..], &a[..]];
+                let d4 = avx2::dot4(&a, w);
+                assert_eq!(d4[0].to_bits(), scalar::dot(&a, &b).to_bits(), "dot4 n={n}");
+                assert_eq!(d4[1].to_bits(), scalar::dot(&a, &a).to_bits(), "dot4 n={n}");
+                let (mut s1, mut s2) = (a.clone(), a.clone());
+                avx2::softmax(&mut s1);
+                scalar::softmax(&mut s2);
+                assert_eq!(s1, s2, "softmax n={n}");
+                let (mut g1, mut g2) = (a.clone(), a.clone());
+                avx2::gelu(&mut g1);
+                scalar::gelu(&mut g2);
+                assert_eq!(g1, g2, "gelu n={n}");
+                let (mut y1, mut y2) = (b.clone(), b.clone());
+                avx2::axpy(&mut y1, 0.37, &a);
+                scalar::axpy(&mut y2, 0.37, &a);
+                assert_eq!(y1, y2, "axpy n={n}");
+            }
+        }
+        // exp over its whole clamped range.
+        let xs: Vec<f32> = (0..20000).map(|i| -100.0 + i as f32 * 0.0097).collect();
+        for c in xs.chunks_exact(8) {
+            let mut out = [0f32; 8];
+            // SAFETY: AVX2 checked above.
+            unsafe {
+                use std::arch::x86_64::*;
+                _mm256_storeu_ps(out.as_mut_ptr(), avx2::exp8(_mm256_loadu_ps(c.as_ptr())));
+            }
+            for (o, x) in out.iter().zip(c) {
+                assert_eq!(o.to_bits(), exp_f32(*x).to_bits(), "exp({x})");
+            }
+        }
+    }
+}

@@ -1,0 +1,500 @@
+//! The loaded Whisper model (spec + state + contract + tokenizer) and its formulas on the one
+//! graph: encode (pcm -> memory), prefill, decode step, full window; plus greedy decoding
+//! ([`SpeechModel::run`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use ndarray::{Array1, Array3, Axis};
+
+use super::decode::{DecoderSession, GenerationPlan};
+use super::graph::{self as wgraph, names, WhisperEdges};
+use super::{read_json, GenerationConfig, ModelFiles, PreprocessorConfig, WhisperConfig};
+use crate::audio::Audio;
+use crate::contract::{CDim, Contract};
+use crate::error::{Result, RuntimeError};
+use crate::graph::{Dim, Feeds, Graph, Layout, RunCtx, Tensor};
+use crate::models::{RunHooks, RunOptions, RunOutput, SpeechModel};
+use crate::weights::Weights;
+
+/// A loaded Whisper checkpoint.
+pub struct WhisperModel {
+    dir: PathBuf,
+    files: ModelFiles,
+    config: WhisperConfig,
+    generation: GenerationConfig,
+    preprocessor: PreprocessorConfig,
+    plan: GenerationPlan,
+    graph: Graph,
+    edges: WhisperEdges,
+    weights: Weights,
+    contract: Contract,
+    tokenizer: tokenizers::Tokenizer,
+    /// The session [`SpeechModel::run`] uses: it persists across runs like a serving worker's
+    /// decoder state, so installing the next input's memory is what invalidates its cross cache.
+    session: Mutex<DecoderSession>,
+}
+
+impl std::fmt::Debug for WhisperModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WhisperModel").field("dir", &self.dir).field("config", &self.config).finish()
+    }
+}
+
+/// A [`RunCtx`] for one formula run at `step`, reborrowing the hooks.
+pub fn run_ctx<'b>(hooks: &'b mut RunHooks<'_>, step: usize) -> RunCtx<'b> {
+    RunCtx {
+        step,
+        observer: match hooks.observer.as_mut() {
+            Some(o) => Some(&mut **o),
+            None => None,
+        },
+        substitute: hooks.substitute,
+        faults: hooks.faults,
+    }
+}
+
+fn ids_tensor(ids: impl IntoIterator<Item = i64>) -> Tensor {
+    Array1::from_iter(ids.into_iter().map(|i| i as f32)).into_dyn()
+}
+
+impl WhisperModel {
+    /// Load a HF `WhisperForConditionalGeneration` directory: config.json (sanity-checked, fail
+    /// closed), preprocessor_config.json (consistent with it), generation_config.json, the graph
+    /// built from them, model.safetensors checked against the graph (missing, mismatched and
+    /// unused keys are errors), the checkpoint contract checked against the graph, tokenizer.json.
+    pub fn load(dir: &Path) -> Result<WhisperModel> {
+        crate::kernels::init_threads();
+        let files = ModelFiles::of(dir)?;
+        let (config, config_json): (WhisperConfig, _) = read_json(&files.config)?;
+        config.check(&files.config)?;
+        let (preprocessor, _): (PreprocessorConfig, _) = read_json(&files.preprocessor)?;
+        preprocessor.check(&files.preprocessor, &config)?;
+        let (generation, _): (GenerationConfig, _) = read_json(&files.generation)?;
+        let plan = GenerationPlan::new(&generation, &config, &files.generation)?;
+        let (graph, edges) = wgraph::build(&config, &preprocessor, &files.preprocessor)?;
+        let weights = Weights::load(&files.weights)?;
+        graph.check_weights(&weights)?;
+        let contract = Contract::for_family("whisper", &config_json)?;
+        verify_contract(&graph, &contract)?;
+        let tokenizer = tokenizers::Tokenizer::from_file(&files.tokenizer).map_err(|e| RuntimeError::File {
+            path: files.tokenizer.clone(),
+            reason: format!("not a readable tokenizers JSON: {e}"),
+        })?;
+        Ok(WhisperModel {
+            dir: dir.to_path_buf(),
+            files,
+            config,
+            generation,
+            preprocessor,
+            plan,
+            graph,
+            edges,
+            weights,
+            contract,
+            tokenizer,
+            session: Mutex::new(DecoderSession::new()),
+        })
+    }
+
+    /// config.json.
+    pub fn config(&self) -> &WhisperConfig {
+        &self.config
+    }
+
+    /// generation_config.json.
+    pub fn generation_config(&self) -> &GenerationConfig {
+        &self.generation
+    }
+
+    /// preprocessor_config.json.
+    pub fn preprocessor(&self) -> &PreprocessorConfig {
+        &self.preprocessor
+    }
+
+    /// The greedy decoding plan (forced prefix, suppression, limits).
+    pub fn plan(&self) -> &GenerationPlan {
+        &self.plan
+    }
+
+    /// Feed/output edge ids.
+    pub fn edges(&self) -> &WhisperEdges {
+        &self.edges
+    }
+
+    /// The files this model was loaded from.
+    pub fn files(&self) -> &ModelFiles {
+        &self.files
+    }
+
+    /// A fresh decoder session (no memory, invalid caches).
+    pub fn new_session(&self) -> DecoderSession {
+        DecoderSession::new()
+    }
+
+    fn layers(&self) -> usize {
+        self.config.decoder_layers
+    }
+
+    fn empty_cache(&self) -> Tensor {
+        Array3::<f32>::zeros((self.config.decoder_attention_heads, 0, self.config.decoder_head_dim())).into_dyn()
+    }
+
+    /// Formula `frontend`: pcm samples (at most one window) -> log-mel `[mel_bins, frames]`.
+    pub fn log_mel(&self, pcm: &[f32], ctx: &mut RunCtx) -> Result<Tensor> {
+        let feeds: Feeds = HashMap::from([(names::PCM.to_string(), Array1::from_vec(pcm.to_vec()).into_dyn())]);
+        one(self.graph.run(&self.weights, feeds, &[self.edges.mel], ctx)?)
+    }
+
+    /// Formula `encode`: pcm samples (at most one window) -> encoder memory `[enc_tokens, d_model]`.
+    pub fn encode(&self, pcm: &[f32], ctx: &mut RunCtx) -> Result<Tensor> {
+        let feeds: Feeds = HashMap::from([(names::PCM.to_string(), Array1::from_vec(pcm.to_vec()).into_dyn())]);
+        one(self.graph.run(&self.weights, feeds, &[self.edges.memory], ctx)?)
+    }
+
+    /// Formula `encode` from features: log-mel `[mel_bins, frames]` -> encoder memory (the
+    /// frontend op does not run).
+    pub fn encode_mel(&self, mel: Tensor, ctx: &mut RunCtx) -> Result<Tensor> {
+        let feeds: Feeds = HashMap::from([(names::MEL.to_string(), mel)]);
+        one(self.graph.run(&self.weights, feeds, &[self.edges.memory], ctx)?)
+    }
+
+    /// Formula `prefill`: the forced prefix tokens at positions `0..T` with empty self-attention
+    /// caches -> logits `[T, vocab]` and the session's self caches. The cross-attention K/V
+    /// projection cache is projected from the installed memory when it is invalid; when it is
+    /// valid it is fed instead (never re-projected) and handed to the observer as this step's
+    /// `cross_k` / `cross_v`.
+    pub fn prefill(&self, sess: &mut DecoderSession, tokens: &[i64], ctx: &mut RunCtx) -> Result<Tensor> {
+        if tokens.is_empty() {
+            return Err(RuntimeError::Feed {
+                edge: names::INPUT_IDS.into(),
+                reason: "prefill needs at least one token".into(),
+            });
+        }
+        if tokens.len() > self.config.max_target_positions {
+            return Err(RuntimeError::Feed {
+                edge: names::INPUT_IDS.into(),
+                reason: format!("{} tokens exceed max_target_positions {}", tokens.len(), self.config.max_target_positions),
+            });
+        }
+        let l = self.layers();
+        let mut feeds: Feeds = HashMap::new();
+        feeds.insert(names::INPUT_IDS.into(), ids_tensor(tokens.iter().copied()));
+        feeds.insert(names::POSITION_IDS.into(), ids_tensor(0..tokens.len() as i64));
+        for i in 0..l {
+            feeds.insert(names::self_k_past(i), self.empty_cache());
+            feeds.insert(names::self_v_past(i), self.empty_cache());
+        }
+        let mut want = vec![self.edges.logits];
+        for c in &self.edges.self_cache {
+            want.extend([c[2], c[3]]);
+        }
+        let reuse = sess.cross_valid && sess.cross.len() == l;
+        if reuse {
+            for (i, (k, v)) in sess.cross.iter().enumerate() {
+                if let Some(obs) = ctx.observer.as_deref_mut() {
+                    for (name, t) in [(format!("audio.decoder.layer.{i}.cross_k"), k), (format!("audio.decoder.layer.{i}.cross_v"), v)] {
+                        if obs.wants(&name, ctx.step) {
+                            obs.observe(&name, ctx.step, Layout::HeadMajor, t.view());
+                        }
+                    }
+                }
+            }
+            for (i, (k, v)) in std::mem::take(&mut sess.cross).into_iter().enumerate() {
+                feeds.insert(names::cross_k(i), k);
+                feeds.insert(names::cross_v(i), v);
+            }
+        } else {
+            let memory = sess.memory.clone().ok_or_else(|| RuntimeError::Feed {
+                edge: names::MEMORY.into(),
+                reason: "no encoder memory installed: run the encoder and install its memory before prefill".into(),
+            })?;
+            feeds.insert(names::MEMORY.into(), memory);
+        }
+        for c in &self.edges.cross {
+            want.extend([c[0], c[1]]);
+        }
+        let res = self.graph.run(&self.weights, feeds, &want, ctx);
+        let mut outs = match res {
+            Ok(o) => o.into_iter(),
+            Err(e) => {
+                sess.cross.clear();
+                sess.cross_valid = false;
+                sess.self_kv.clear();
+                sess.past = 0;
+                return Err(e);
+            }
+        };
+        let logits = next(&mut outs)?;
+        let mut self_kv = Vec::with_capacity(l);
+        for _ in 0..l {
+            self_kv.push((next(&mut outs)?, next(&mut outs)?));
+        }
+        let mut cross = Vec::with_capacity(l);
+        for _ in 0..l {
+            cross.push((next(&mut outs)?, next(&mut outs)?));
+        }
+        sess.self_kv = self_kv;
+        sess.cross = cross;
+        sess.cross_valid = true;
+        sess.past = tokens.len();
+        Ok(logits)
+    }
+
+    /// Formula `decode step`: one token at position `past`, the self caches and the cross
+    /// projection cache as feeds -> logits `[1, vocab]` and the updated self caches (the cross
+    /// cache's producers do not run). Refuses with [`RuntimeError::StaleCache`] when the cross
+    /// cache is invalid (new memory installed since the last prefill).
+    pub fn decode_step(&self, sess: &mut DecoderSession, token: i64, ctx: &mut RunCtx) -> Result<Tensor> {
+        let l = self.layers();
+        if !sess.cross_valid || sess.cross.len() != l {
+            return Err(RuntimeError::StaleCache(
+                "the cross-attention K/V projection cache is invalid (new encoder memory was installed after the last \
+                 prefill, or no prefill ran); run prefill to repopulate it before a decode step"
+                    .into(),
+            ));
+        }
+        if sess.self_kv.len() != l {
+            return Err(RuntimeError::Feed {
+                edge: names::self_k_past(0),
+                reason: "no self-attention cache: run prefill before a decode step".into(),
+            });
+        }
+        if sess.past >= self.config.max_target_positions {
+            return Err(RuntimeError::Feed {
+                edge: names::POSITION_IDS.into(),
+                reason: format!("position {} is beyond max_target_positions {}", sess.past, self.config.max_target_positions),
+            });
+        }
+        let mut feeds: Feeds = HashMap::new();
+        feeds.insert(names::INPUT_IDS.into(), ids_tensor([token]));
+        feeds.insert(names::POSITION_IDS.into(), ids_tensor([sess.past as i64]));
+        for (i, (k, v)) in std::mem::take(&mut sess.self_kv).into_iter().enumerate() {
+            feeds.insert(names::self_k_past(i), k);
+            feeds.insert(names::self_v_past(i), v);
+        }
+        for (i, (k, v)) in std::mem::take(&mut sess.cross).into_iter().enumerate() {
+            feeds.insert(names::cross_k(i), k);
+            feeds.insert(names::cross_v(i), v);
+        }
+        let mut want = vec![self.edges.logits];
+        for c in &self.edges.self_cache {
+            want.extend([c[2], c[3]]);
+        }
+        // Fed edges asked for come back untouched: the cross cache round-trips without a copy.
+        for c in &self.edges.cross {
+            want.extend([c[0], c[1]]);
+        }
+        let mut outs = match self.graph.run(&self.weights, feeds, &want, ctx) {
+            Ok(o) => o.into_iter(),
+            Err(e) => {
+                sess.cross_valid = false;
+                sess.past = 0;
+                return Err(e);
+            }
+        };
+        let logits = next(&mut outs)?;
+        for _ in 0..l {
+            let kv = (next(&mut outs)?, next(&mut outs)?);
+            sess.self_kv.push(kv);
+        }
+        for _ in 0..l {
+            let kv = (next(&mut outs)?, next(&mut outs)?);
+            sess.cross.push(kv);
+        }
+        sess.past += 1;
+        Ok(logits)
+    }
+
+    /// Formula `full window`: encoder memory + all tokens at positions `0..T`, no past -> logits
+    /// `[T, vocab]` for every position (the check that incremental decode must equal bit for bit).
+    pub fn full_window(&self, memory: &Tensor, tokens: &[i64], ctx: &mut RunCtx) -> Result<Tensor> {
+        if tokens.is_empty() || tokens.len() > self.config.max_target_positions {
+            return Err(RuntimeError::Feed {
+                edge: names::INPUT_IDS.into(),
+                reason: format!("{} tokens: need 1..={}", tokens.len(), self.config.max_target_positions),
+            });
+        }
+        let mut feeds: Feeds = HashMap::new();
+        feeds.insert(names::MEMORY.into(), memory.clone());
+        feeds.insert(names::INPUT_IDS.into(), ids_tensor(tokens.iter().copied()));
+        feeds.insert(names::POSITION_IDS.into(), ids_tensor(0..tokens.len() as i64));
+        for i in 0..self.layers() {
+            feeds.insert(names::self_k_past(i), self.empty_cache());
+            feeds.insert(names::self_v_past(i), self.empty_cache());
+        }
+        one(self.graph.run(&self.weights, feeds, &[self.edges.logits], ctx)?)
+    }
+
+    /// Greedy decode (or teacher-force) from installed state; shared by [`SpeechModel::run`].
+    fn generate(&self, sess: &mut DecoderSession, opts: &RunOptions, hooks: &mut RunHooks) -> Result<RunOutput> {
+        let prefix = self.plan.prefix.clone();
+        let teacher = match &opts.teacher_tokens {
+            Some(t) => {
+                if t.len() <= prefix.len() || t[..prefix.len()] != prefix[..] {
+                    return Err(RuntimeError::Feed {
+                        edge: names::INPUT_IDS.into(),
+                        reason: format!(
+                            "teacher tokens {:?} must start with this model's forced prefix {prefix:?} and extend it",
+                            &t[..t.len().min(prefix.len() + 4)]
+                        ),
+                    });
+                }
+                let mut t = t.clone();
+                if let Some(n) = opts.max_new_tokens {
+                    t.truncate(prefix.len() + n.max(1));
+                }
+                Some(t)
+            }
+            None => None,
+        };
+        let max_total = match &teacher {
+            Some(t) => t.len(),
+            None => self.plan.max_total(prefix.len(), opts.max_new_tokens)?,
+        };
+        let mut outputs: Vec<Tensor> = Vec::new();
+        let mut predicted = Vec::new();
+        let mut tokens = prefix.clone();
+        let logits = self.prefill(sess, &prefix, &mut run_ctx(hooks, 0))?;
+        outputs.push(logits);
+        let mut step = 0usize;
+        let stop = loop {
+            let last = outputs.last().ok_or_else(|| RuntimeError::Graph("no logits".into()))?;
+            let row = last.index_axis(Axis(0), last.shape()[0] - 1);
+            let row = row.as_slice().ok_or_else(|| RuntimeError::Graph("logits row not contiguous".into()))?;
+            let choice = self.plan.choose(row, step == 0);
+            predicted.push(choice);
+            let next_tok = match &teacher {
+                Some(t) => t[tokens.len()],
+                None => choice,
+            };
+            tokens.push(next_tok);
+            if teacher.is_none() && self.plan.eos.contains(&next_tok) {
+                break "eos";
+            }
+            if tokens.len() >= max_total {
+                break if teacher.is_some() { "teacher" } else { "max_length" };
+            }
+            step += 1;
+            let logits = self.decode_step(sess, next_tok, &mut run_ctx(hooks, step))?;
+            outputs.push(logits);
+        };
+        let transcript = self.decode_text(&predicted)?;
+        let mut extra = BTreeMap::new();
+        extra.insert("prefix".to_string(), serde_json::json!(prefix));
+        extra.insert("steps".to_string(), serde_json::json!(outputs.len()));
+        extra.insert("stop".to_string(), serde_json::json!(stop));
+        extra.insert("max_total_length".to_string(), serde_json::json!(max_total));
+        Ok(RunOutput {
+            tokens,
+            predicted,
+            transcript,
+            outputs,
+            extra,
+        })
+    }
+}
+
+fn one(v: Vec<Tensor>) -> Result<Tensor> {
+    v.into_iter().next().ok_or_else(|| RuntimeError::Graph("formula returned nothing".into()))
+}
+
+fn next(it: &mut std::vec::IntoIter<Tensor>) -> Result<Tensor> {
+    it.next().ok_or_else(|| RuntimeError::Graph("formula returned fewer outputs than asked".into()))
+}
+
+/// Check the graph against the contract: every contract checkpoint labels an edge whose producer,
+/// layout and shape are the contract's, and the graph labels nothing the contract lacks.
+pub fn verify_contract(graph: &Graph, contract: &Contract) -> Result<()> {
+    let err = |reason: String| RuntimeError::Contract {
+        family: contract.family.clone(),
+        reason,
+    };
+    for c in &contract.checkpoints {
+        let e = graph
+            .checkpoint_edge(&c.name)
+            .ok_or_else(|| err(format!("checkpoint '{}' is not labelled in the graph", c.name)))?;
+        let edge = &graph.edges()[e];
+        let prod = graph.producer_name(e).unwrap_or("<feed>");
+        if prod != c.producer {
+            return Err(err(format!("checkpoint '{}': contract producer '{}', graph producer '{prod}'", c.name, c.producer)));
+        }
+        if edge.layout != c.layout {
+            return Err(err(format!("checkpoint '{}': contract layout {}, graph edge '{}' is {}", c.name, c.layout, edge.name, edge.layout)));
+        }
+        let same = edge.shape.len() == c.shape.len()
+            && edge.shape.iter().zip(&c.shape).all(|(g, k)| match (g, k) {
+                (Dim::Fixed(a), CDim::Fixed(b)) => a == b,
+                (Dim::Sym(a), CDim::Sym(b)) => a == b,
+                _ => false,
+            });
+        if !same {
+            return Err(err(format!(
+                "checkpoint '{}': contract shape {:?}, graph edge '{}' is {}",
+                c.name,
+                c.shape,
+                edge.name,
+                crate::graph::fmt_shape(&edge.shape)
+            )));
+        }
+    }
+    for (name, _) in graph.checkpoints() {
+        if contract.get(&name).is_none() {
+            return Err(err(format!("graph checkpoint '{name}' is not in the contract")));
+        }
+    }
+    Ok(())
+}
+
+impl SpeechModel for WhisperModel {
+    fn family(&self) -> &'static str {
+        "whisper"
+    }
+    fn model_dir(&self) -> &Path {
+        &self.dir
+    }
+    fn graph(&self) -> &Graph {
+        &self.graph
+    }
+    fn weights(&self) -> &Weights {
+        &self.weights
+    }
+    fn contract(&self) -> &Contract {
+        &self.contract
+    }
+    /// Step 0: frontend + encoder + prefill of the forced prefix; step K: the K-th single-token
+    /// decode step. Greedy per generation_config.json, or teacher-forced on
+    /// `opts.teacher_tokens` (then `predicted` is still the runtime's own argmax per step).
+    /// `outputs` are the logits of every step.
+    fn run(&self, audio: &Audio, opts: &RunOptions, hooks: &mut RunHooks) -> Result<RunOutput> {
+        self.preprocessor.check_audio(audio)?;
+        let memory = self.encode(&audio.samples, &mut run_ctx(hooks, 0))?;
+        let mut guard = match self.session.lock() {
+            Ok(g) => g,
+            Err(poisoned) => {
+                // A panic mid-run left the session in an unknown state: start over.
+                let mut g = poisoned.into_inner();
+                *g = DecoderSession::new();
+                g
+            }
+        };
+        guard.install_memory(memory, hooks.faults);
+        self.generate(&mut guard, opts, hooks)
+    }
+    fn decode_text(&self, ids: &[i64]) -> Result<String> {
+        let ids: Vec<u32> = ids
+            .iter()
+            .map(|&i| {
+                u32::try_from(i).map_err(|_| RuntimeError::Feed {
+                    edge: "token ids".into(),
+                    reason: format!("id {i} is not a token id"),
+                })
+            })
+            .collect::<Result<_>>()?;
+        self.tokenizer.decode(&ids, true).map_err(|e| RuntimeError::File {
+            path: self.files.tokenizer.clone(),
+            reason: format!("decoding {ids:?}: {e}"),
+        })
+    }
+}

@@ -1,0 +1,39 @@
+//! Shared helpers of the whisper_* tests: fixture paths that skip with a notice when missing.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+/// The repository root (runtime/..).
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A fixture directory or file, or `None` after printing why the test is skipped.
+pub fn fixture(rel: &str) -> Option<PathBuf> {
+    let p = repo().join(rel);
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!("SKIP: fixture {} is missing (run `make fixtures` or `.venv/bin/python fixtures/build.py`)", p.display());
+        None
+    }
+}
+
+/// Copy a model directory into a temp dir so a test can damage it.
+pub fn copy_dir(src: &Path) -> tempfile::TempDir {
+    let t = tempfile::tempdir().expect("tempdir");
+    for e in std::fs::read_dir(src).expect("read fixture dir") {
+        let e = e.expect("dir entry");
+        if e.path().is_file() {
+            std::fs::copy(e.path(), t.path().join(e.file_name())).expect("copy fixture file");
+        }
+    }
+    t
+}
+
+/// Edit a JSON file in place.
+pub fn edit_json(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).expect("read json")).expect("parse json");
+    f(&mut v);
+    std::fs::write(path, serde_json::to_string_pretty(&v).expect("json")).expect("write json");
+}

@@ -145,7 +145,10 @@ pub fn runtime_dump(
 fn bits_equal(a: &[Tensor], b: &[Tensor]) -> bool {
     a.len() == b.len()
         && a.iter().zip(b).all(|(x, y)| {
-            x.shape() == y.shape() && x.iter().zip(y.iter()).all(|(p, q)| p.to_bits() == q.to_bits())
+            x.shape() == y.shape()
+                && x.iter()
+                    .zip(y.iter())
+                    .all(|(p, q)| p.to_bits() == q.to_bits())
         })
 }
 
@@ -165,31 +168,77 @@ fn teacher_for(family: &str, reference: &OracleRun, teacher_force: bool) -> Opti
 pub fn check(opts: &CheckOptions, progress: &dyn Fn(&str)) -> anyhow::Result<CheckOutput> {
     progress(&format!("loading runtime model {}", opts.model.display()));
     let model = models::load(&opts.model)?;
-    let family = model.family();
-    let contract = model.contract().clone();
     let oracle = Oracle::discover()?;
     progress("running the HF reference (oracle, f32)");
-    let mut req = OracleRequest::new(family, &opts.model, &opts.audio, &contract.text);
+    let req = reference_request(model.as_ref(), opts);
+    let ref_run = oracle.run(&req)?;
+    check_against(model.as_ref(), &oracle, &req, &ref_run, opts, progress)
+}
+
+/// The oracle request a check makes.
+pub fn reference_request(model: &dyn SpeechModel, opts: &CheckOptions) -> OracleRequest {
+    let mut req = OracleRequest::new(
+        model.family(),
+        &opts.model,
+        &opts.audio,
+        &model.contract().text,
+    );
     req.max_new_tokens = opts.max_steps;
     req.threads = opts.threads;
-    let ref_run = oracle.run(&req)?;
-    let reference = reference_dump(&ref_run, family, &opts.model.display().to_string());
+    req
+}
+
+/// The runtime side of a check against a reference run that is already there (the self-test
+/// reuses one reference for every planted fault).
+pub fn check_against(
+    model: &dyn SpeechModel,
+    oracle: &Oracle,
+    req: &OracleRequest,
+    ref_run: &OracleRun,
+    opts: &CheckOptions,
+    progress: &dyn Fn(&str),
+) -> anyhow::Result<CheckOutput> {
+    let family = model.family();
+    let contract = model.contract().clone();
+    let reference = reference_dump(ref_run, family, &opts.model.display().to_string());
 
     let teacher_force = opts.teacher_force || (opts.isolate && family != "whisper");
     let mut run_opts = RunOptions {
         max_new_tokens: opts.max_steps,
-        teacher_tokens: teacher_for(family, &ref_run, teacher_force),
+        teacher_tokens: teacher_for(family, ref_run, teacher_force),
     };
     if let Some(w) = &opts.warmup_audio {
         // Stale-cache bugs show only when a second input reuses state from the first.
         progress(&format!("warm-up input {}", w.display()));
-        model.run(&load_wav(w, 16000)?, &RunOptions { max_new_tokens: Some(2), teacher_tokens: None }, &mut RunHooks { faults: Some(&opts.faults), ..Default::default() })?;
+        // The warm-up runs clean: a correct model served input A, then B arrives.
+        model.run(
+            &load_wav(w, 16000)?,
+            &RunOptions {
+                max_new_tokens: Some(2),
+                teacher_tokens: None,
+            },
+            &mut RunHooks::default(),
+        )?;
     }
     progress("running the runtime with capture (teacher-forced on the reference tokens)");
-    let (runtime, out_on) = runtime_dump(model.as_ref(), &opts.audio, &run_opts, Some(&opts.faults), None, None)?;
+    let (runtime, out_on) = runtime_dump(
+        model,
+        &opts.audio,
+        &run_opts,
+        Some(&opts.faults),
+        None,
+        None,
+    )?;
     progress("running the runtime with capture off (neutrality)");
     let a = load_wav(&opts.audio, 16000)?;
-    let out_off = model.run(&a, &run_opts, &mut RunHooks { faults: Some(&opts.faults), ..Default::default() })?;
+    let out_off = model.run(
+        &a,
+        &run_opts,
+        &mut RunHooks {
+            faults: Some(&opts.faults),
+            ..Default::default()
+        },
+    )?;
     let capture_neutral = bits_equal(&out_on.outputs, &out_off.outputs);
 
     // The runtime's own transcript: free-running unless its teacher-forced choices already equal
@@ -200,16 +249,27 @@ pub fn check(opts: &CheckOptions, progress: &dyn Fn(&str)) -> anyhow::Result<Che
             if ref_run.tokens.get(prefix..) == Some(&out_on.predicted[..]) {
                 (out_on.predicted.clone(), out_on.transcript.clone())
             } else {
-                progress("runtime departs from the reference tokens: free-running for its transcript");
+                progress(
+                    "runtime departs from the reference tokens: free-running for its transcript",
+                );
                 run_opts.teacher_tokens = None;
-                let free = model.run(&a, &run_opts, &mut RunHooks { faults: Some(&opts.faults), ..Default::default() })?;
+                let free = model.run(
+                    &a,
+                    &run_opts,
+                    &mut RunHooks {
+                        faults: Some(&opts.faults),
+                        ..Default::default()
+                    },
+                )?;
                 (free.predicted.clone(), free.transcript)
             }
         }
         _ => (out_on.predicted.clone(), out_on.transcript.clone()),
     };
     let ref_generated: Vec<i64> = match family {
-        "whisper" => ref_run.tokens[ref_run.tokens.len().saturating_sub(out_on.predicted.len())..].to_vec(),
+        "whisper" => {
+            ref_run.tokens[ref_run.tokens.len().saturating_sub(out_on.predicted.len())..].to_vec()
+        }
         _ => ref_run.tokens.clone(),
     };
 
@@ -218,9 +278,19 @@ pub fn check(opts: &CheckOptions, progress: &dyn Fn(&str)) -> anyhow::Result<Che
         let sub = DumpSubstitute(&reference);
         let ro = RunOptions {
             max_new_tokens: opts.max_steps,
-            teacher_tokens: teacher_for(family, &ref_run, true),
+            teacher_tokens: teacher_for(family, ref_run, true),
         };
-        Some(runtime_dump(model.as_ref(), &opts.audio, &ro, Some(&opts.faults), Some(&sub), None)?.0)
+        Some(
+            runtime_dump(
+                model,
+                &opts.audio,
+                &ro,
+                Some(&opts.faults),
+                Some(&sub),
+                None,
+            )?
+            .0,
+        )
     } else {
         None
     };
@@ -233,10 +303,15 @@ pub fn check(opts: &CheckOptions, progress: &dyn Fn(&str)) -> anyhow::Result<Che
     if family == "whisper" {
         notes.push("runtime teacher-forced on the reference token sequence for checkpoint alignment; its own greedy choices give its transcript".into());
     } else if teacher_force {
-        notes.push("runtime teacher-forced on the reference CTC hypothesis (--teacher-force)".into());
+        notes.push(
+            "runtime teacher-forced on the reference CTC hypothesis (--teacher-force)".into(),
+        );
     }
     if !opts.fault_names.is_empty() {
-        notes.push(format!("faults planted in the runtime: {}", opts.fault_names.join(", ")));
+        notes.push(format!(
+            "faults planted in the runtime: {}",
+            opts.fault_names.join(", ")
+        ));
     }
     if opts.calibrate {
         progress("calibrating: oracle in f64 for the noise floor");
@@ -247,16 +322,25 @@ pub fn check(opts: &CheckOptions, progress: &dyn Fn(&str)) -> anyhow::Result<Che
         for ((name, step), t32) in &reference.tensors {
             if let Some(t64) = f64_dump.get(name, *step) {
                 if t64.shape() == t32.shape() {
-                    let m = metrics_compare(&t64.view(), &t32.view(), &Tolerance::default_for(crate::tolerance::Dtype::F32))
-                        .with_context(|| format!("calibrating {name}@step{step}"))?;
-                    copts.floors.insert((name.clone(), *step as u32), NoiseFloor::from_metrics(&m));
+                    let m = metrics_compare(
+                        &t64.view(),
+                        &t32.view(),
+                        &Tolerance::default_for(crate::tolerance::Dtype::F32),
+                    )
+                    .with_context(|| format!("calibrating {name}@step{step}"))?;
+                    copts
+                        .floors
+                        .insert((name.clone(), *step as u32), NoiseFloor::from_metrics(&m));
                 }
             }
         }
         if copts.policy.calibrated().is_none() {
             copts.policy = copts.policy.with_calibration(Default::default());
         }
-        notes.push(format!("calibrated tolerances from the oracle's f32-vs-f64 noise floor over {} checkpoints", copts.floors.len()));
+        notes.push(format!(
+            "calibrated tolerances from the oracle's f32-vs-f64 noise floor over {} checkpoints",
+            copts.floors.len()
+        ));
     }
     progress("comparing");
     let cmp = compare_dumps(&contract, &reference, &runtime, isolated.as_ref(), &copts)?;

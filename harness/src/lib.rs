@@ -24,6 +24,7 @@ pub mod localize;
 pub mod metrics;
 pub mod pipeline;
 pub mod report;
+pub mod selftest;
 pub mod signatures;
 pub mod tolerance;
 

@@ -31,6 +31,10 @@ enum Command {
     List(cli::list::Args),
     /// List the deliberate-fault catalogue.
     Faults(cli::faults::Args),
+    /// Benchmark the runtime against PyTorch eager, interleaved (ratios side by side).
+    Bench(cli::bench::Args),
+    /// Plant every catalogue fault on the bundled fixtures and check the reported origins.
+    Selftest(cli::selftest::Args),
     /// Render evidence as a self-contained HTML page and/or Markdown.
     Report(cli::report::Args),
     /// Compare new evidence with a baseline; fail when it got worse.
@@ -58,6 +62,8 @@ fn main() -> ExitCode {
         Command::Compare(a) => cli::compare::run(a),
         Command::List(a) => cli::list::run(a),
         Command::Faults(a) => cli::faults::run(a),
+        Command::Selftest(a) => cli::selftest::run(a),
+        Command::Bench(a) => cli::bench::run(a),
         Command::Report(a) => cli::report::run(a),
         Command::Gate(a) => cli::gate::run(a),
         Command::BenchCompare(a) => cli::bench_compare::run(a),

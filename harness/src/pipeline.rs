@@ -10,7 +10,9 @@ use xray_runtime::contract::{Contract, StepRef as CStep, Steps as CSteps};
 use xray_runtime::dump::Dump;
 use xray_runtime::Layout;
 
-use crate::compare::{compare_graph, layout_axis_names, CompareOptions, Comparison, Pair, PairMeta, PairSource};
+use crate::compare::{
+    compare_graph, layout_axis_names, CompareOptions, Comparison, Pair, PairMeta, PairSource,
+};
 use crate::evidence::OracleVersions;
 use crate::localize::{build_graph, CheckpointGraph, CheckpointSpec, StepRef, Steps};
 use crate::tolerance::Dtype;
@@ -42,7 +44,9 @@ pub fn specs_from_contract(c: &Contract) -> Vec<CheckpointSpec> {
                     )
                 })
                 .collect(),
-            layer: s.layer.map(|l| (s.repeat.clone().unwrap_or_default(), l as u32)),
+            layer: s
+                .layer
+                .map(|l| (s.repeat.clone().unwrap_or_default(), l as u32)),
             logits: s.kind.as_deref() == Some("logits"),
         })
         .collect()
@@ -50,7 +54,12 @@ pub fn specs_from_contract(c: &Contract) -> Vec<CheckpointSpec> {
 
 /// The checkpoint graph of a contract over the steps present in the reference dump.
 pub fn graph_for(c: &Contract, reference: &Dump) -> Result<CheckpointGraph, Error> {
-    let mut steps: Vec<u32> = reference.manifest.checkpoints.iter().map(|e| e.step as u32).collect();
+    let mut steps: Vec<u32> = reference
+        .manifest
+        .checkpoints
+        .iter()
+        .map(|e| e.step as u32)
+        .collect();
     steps.push(0);
     steps.sort_unstable();
     steps.dedup();
@@ -69,7 +78,12 @@ pub fn oracle_versions(tools: &std::collections::BTreeMap<String, String>) -> Or
 /// Convert a tensor stored in `from` layout into the contract's canonical `to` layout, when a
 /// declared transform exists (`token_major [T, H*D]` <-> `head_major [H, T, D]`,
 /// `channel_major [C, T]` <-> `token_major [T, C]`). Never reshapes just because counts match.
-pub fn to_canonical(t: &ArrayD<f32>, from: Layout, to: Layout, heads: Option<usize>) -> Result<ArrayD<f32>, String> {
+pub fn to_canonical(
+    t: &ArrayD<f32>,
+    from: Layout,
+    to: Layout,
+    heads: Option<usize>,
+) -> Result<ArrayD<f32>, String> {
     use Layout::*;
     let s = t.shape().to_vec();
     match (from, to) {
@@ -77,22 +91,35 @@ pub fn to_canonical(t: &ArrayD<f32>, from: Layout, to: Layout, heads: Option<usi
         (TokenMajor, HeadMajor) if s.len() == 2 => {
             let h = heads.ok_or("the contract declares no 'heads' dim")?;
             if s[1] % h != 0 {
-                return Err(format!("token_major width {} is not divisible by {h} heads", s[1]));
+                return Err(format!(
+                    "token_major width {} is not divisible by {h} heads",
+                    s[1]
+                ));
             }
             let v = t
                 .view()
                 .into_shape_with_order(IxDyn(&[s[0], h, s[1] / h]))
                 .map_err(|e| e.to_string())?;
-            Ok(v.permuted_axes(IxDyn(&[1, 0, 2])).as_standard_layout().into_owned())
+            Ok(v.permuted_axes(IxDyn(&[1, 0, 2]))
+                .as_standard_layout()
+                .into_owned())
         }
         (HeadMajor, TokenMajor) if s.len() == 3 => {
-            let v = t.view().permuted_axes(IxDyn(&[1, 0, 2])).as_standard_layout().into_owned();
-            v.into_shape_with_order(IxDyn(&[s[1], s[0] * s[2]])).map_err(|e| e.to_string())
+            let v = t
+                .view()
+                .permuted_axes(IxDyn(&[1, 0, 2]))
+                .as_standard_layout()
+                .into_owned();
+            v.into_shape_with_order(IxDyn(&[s[1], s[0] * s[2]]))
+                .map_err(|e| e.to_string())
         }
         (ChannelMajor, TokenMajor) | (TokenMajor, ChannelMajor) if s.len() == 2 => {
             Ok(t.view().reversed_axes().as_standard_layout().into_owned())
         }
-        (a, b) => Err(format!("no layout transform from {a} to {b} for rank {}", s.len())),
+        (a, b) => Err(format!(
+            "no layout transform from {a} to {b} for rank {}",
+            s.len()
+        )),
     }
 }
 
@@ -108,18 +135,28 @@ pub struct DumpPairs<'a> {
 
 impl<'a> DumpPairs<'a> {
     /// Prepare pairs; layout conversions are done once here.
-    pub fn new(contract: &'a Contract, reference: &'a Dump, runtime: &'a Dump, isolated: Option<&'a Dump>) -> Self {
+    pub fn new(
+        contract: &'a Contract,
+        reference: &'a Dump,
+        runtime: &'a Dump,
+        isolated: Option<&'a Dump>,
+    ) -> Self {
         let heads = contract.dims.get("heads").copied();
         let mut converted = HashMap::new();
         for (side, d) in [(0u8, Some(reference)), (1, Some(runtime)), (2, isolated)] {
             let Some(d) = d else { continue };
             for e in &d.manifest.checkpoints {
-                let Some(spec) = contract.get(&e.name) else { continue };
+                let Some(spec) = contract.get(&e.name) else {
+                    continue;
+                };
                 if e.layout == spec.layout {
                     continue;
                 }
                 if let Some(t) = d.get(&e.name, e.step) {
-                    converted.insert((e.name.clone(), e.step, side), to_canonical(t, e.layout, spec.layout, heads));
+                    converted.insert(
+                        (e.name.clone(), e.step, side),
+                        to_canonical(t, e.layout, spec.layout, heads),
+                    );
                 }
             }
         }
@@ -132,7 +169,13 @@ impl<'a> DumpPairs<'a> {
         }
     }
 
-    fn side(&self, d: &'a Dump, side: u8, name: &str, step: usize) -> Option<Result<ArrayViewD<'_, f32>, String>> {
+    fn side(
+        &self,
+        d: &'a Dump,
+        side: u8,
+        name: &str,
+        step: usize,
+    ) -> Option<Result<ArrayViewD<'_, f32>, String>> {
         if let Some(c) = self.converted.get(&(name.to_string(), step, side)) {
             return Some(c.as_ref().map(|a| a.view()).map_err(|e| e.clone()));
         }
@@ -143,7 +186,11 @@ impl<'a> DumpPairs<'a> {
 impl PairSource for DumpPairs<'_> {
     fn pair(&self, name: &str, step: u32) -> Pair<'_> {
         let step_u = step as usize;
-        let layout = self.contract.get(name).map(|s| s.layout.to_string()).unwrap_or_else(|| "plain".into());
+        let layout = self
+            .contract
+            .get(name)
+            .map(|s| s.layout.to_string())
+            .unwrap_or_else(|| "plain".into());
         let r = self.side(self.reference, 0, name, step_u);
         let x = self.side(self.runtime, 1, name, step_u);
         let meta_of = |a: &ArrayViewD<f32>| PairMeta {
@@ -165,7 +212,10 @@ impl PairSource for DumpPairs<'_> {
                 meta: Some(meta_of(&r)),
                 note: "absent from the runtime dump".into(),
             },
-            (Some(Err(e)), _) | (_, Some(Err(e))) => Pair::AlignmentFault { meta: None, note: e },
+            (Some(Err(e)), _) | (_, Some(Err(e))) => Pair::AlignmentFault {
+                meta: None,
+                note: e,
+            },
             (Some(Ok(r)), Some(Ok(x))) => {
                 if r.shape() != x.shape() {
                     return Pair::AlignmentFault {

@@ -79,7 +79,10 @@ impl Tolerance {
             atol: 1e-4,
             rtol: 1e-3,
             max_outlier_fraction: 1e-3,
-            max_rel_l2: None,
+            // Aggregate bound: f16 rounding of a tensor gives rel_l2 ~ 2.8e-4 while staying inside
+            // rtol element-wise; clean f32 runtime-vs-HF on tiny.en peaks at 5.5e-6. 5e-5 sits
+            // between, so a silent half-precision buffer fails where it is planted.
+            max_rel_l2: Some(5e-5),
         }
     }
 

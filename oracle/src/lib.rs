@@ -179,10 +179,13 @@ impl Oracle {
         starts.push(PathBuf::from(env!("CARGO_MANIFEST_DIR")));
         let venv = match std::env::var_os("XRAY_VENV") {
             Some(v) => PathBuf::from(v),
-            None => starts.iter().find_map(|s| find_up(s, ".venv")).ok_or_else(|| OracleError::Environment {
-                reason: "no .venv found above the current directory".into(),
-                fix: fix.into(),
-            })?,
+            None => starts
+                .iter()
+                .find_map(|s| find_up(s, ".venv"))
+                .ok_or_else(|| OracleError::Environment {
+                    reason: "no .venv found above the current directory".into(),
+                    fix: fix.into(),
+                })?,
         };
         let site_packages = site_packages_in(&venv).ok_or_else(|| OracleError::Environment {
             reason: format!("{} has no lib/python3.*/site-packages", venv.display()),
@@ -206,25 +209,40 @@ impl Oracle {
     }
 
     /// Run Python with the venv and package on sys.path, checking the reference stack imports.
-    pub fn with_python<T>(&self, f: impl for<'py> FnOnce(Python<'py>, &Bound<'py, PyModule>) -> Result<T>) -> Result<T> {
+    pub fn with_python<T>(
+        &self,
+        f: impl for<'py> FnOnce(Python<'py>, &Bound<'py, PyModule>) -> Result<T>,
+    ) -> Result<T> {
         Python::with_gil(|py| {
             let setup = (|| -> PyResult<()> {
                 let site = py.import("site")?;
-                site.call_method1("addsitedir", (self.site_packages.to_string_lossy().to_string(),))?;
+                site.call_method1(
+                    "addsitedir",
+                    (self.site_packages.to_string_lossy().to_string(),),
+                )?;
                 let sys = py.import("sys")?;
                 let path = sys.getattr("path")?;
                 let root = self.package_root.to_string_lossy().to_string();
-                let has: bool = path.call_method1("__contains__", (root.clone(),))?.extract()?;
+                let has: bool = path
+                    .call_method1("__contains__", (root.clone(),))?
+                    .extract()?;
                 if !has {
                     path.call_method1("insert", (0, root))?;
                 }
                 Ok(())
             })();
             setup.map_err(|e| py_err(py, e))?;
-            for (m, pkg) in [("numpy", "numpy"), ("torch", "torch"), ("transformers", "transformers")] {
+            for (m, pkg) in [
+                ("numpy", "numpy"),
+                ("torch", "torch"),
+                ("transformers", "transformers"),
+            ] {
                 if py.import(m).is_err() {
                     return Err(OracleError::Environment {
-                        reason: format!("Python package '{pkg}' is not importable from {}", self.site_packages.display()),
+                        reason: format!(
+                            "Python package '{pkg}' is not importable from {}",
+                            self.site_packages.display()
+                        ),
                         fix: "run `make venv`".into(),
                     });
                 }
@@ -244,10 +262,12 @@ impl Oracle {
                 kw.set_item("max_new_tokens", n).map_err(e)?;
             }
             if let Some(t) = &req.teacher {
-                kw.set_item("teacher", PyList::new(py, t).map_err(e)?).map_err(e)?;
+                kw.set_item("teacher", PyList::new(py, t).map_err(e)?)
+                    .map_err(e)?;
             }
             if let Some(o) = &req.only {
-                kw.set_item("only", PyList::new(py, o).map_err(e)?).map_err(e)?;
+                kw.set_item("only", PyList::new(py, o).map_err(e)?)
+                    .map_err(e)?;
             }
             if let Some(n) = req.threads {
                 kw.set_item("threads", n).map_err(e)?;
@@ -295,14 +315,23 @@ fn extract_run(py: Python<'_>, res: &Bound<'_, PyAny>) -> Result<OracleRun> {
         let step: usize = get(py, &item, "step")?.extract().map_err(data)?;
         let layout_s: String = get(py, &item, "layout")?.extract().map_err(data)?;
         let layout: Layout = serde_json::from_value(serde_json::Value::String(layout_s.clone()))
-            .map_err(|_| OracleError::Data(format!("{name}@step{step}: unknown layout '{layout_s}'")))?;
+            .map_err(|_| {
+                OracleError::Data(format!("{name}@step{step}: unknown layout '{layout_s}'"))
+            })?;
         let arr = get(py, &item, "array")?;
-        let ro: PyReadonlyArrayDyn<f32> = arr
-            .extract()
-            .map_err(|_| OracleError::Data(format!("{name}@step{step}: array is not a float32 numpy array")))?;
+        let ro: PyReadonlyArrayDyn<f32> = arr.extract().map_err(|_| {
+            OracleError::Data(format!(
+                "{name}@step{step}: array is not a float32 numpy array"
+            ))
+        })?;
         // One copy out of the interpreter; comparison code never touches Python.
         let data = ro.as_array().as_standard_layout().into_owned();
-        checkpoints.push(Captured { name, step, layout, data });
+        checkpoints.push(Captured {
+            name,
+            step,
+            layout,
+            data,
+        });
     }
     Ok(OracleRun {
         tokens,
@@ -324,12 +353,23 @@ pub struct TorchBench {
 
 impl TorchBench {
     /// Load HF Whisper from `model_dir` (f32, eager attention, `threads` intra-op threads).
-    pub fn whisper(oracle: &Oracle, model_dir: &Path, audio: &Path, threads: usize) -> Result<TorchBench> {
+    pub fn whisper(
+        oracle: &Oracle,
+        model_dir: &Path,
+        audio: &Path,
+        threads: usize,
+    ) -> Result<TorchBench> {
         let handle = oracle.with_python(|py, _m| {
             let bench = py.import("xray_oracle.bench").map_err(|e| py_err(py, e))?;
             let h = bench
                 .getattr("WhisperBench")
-                .and_then(|c| c.call1((model_dir.to_string_lossy().to_string(), audio.to_string_lossy().to_string(), threads)))
+                .and_then(|c| {
+                    c.call1((
+                        model_dir.to_string_lossy().to_string(),
+                        audio.to_string_lossy().to_string(),
+                        threads,
+                    ))
+                })
                 .map_err(|e| py_err(py, e))?;
             Ok(h.unbind())
         })?;
@@ -342,7 +382,23 @@ impl TorchBench {
     /// Seconds for one encoder forward on the 30 s window.
     pub fn encoder(&self) -> Result<f64> {
         self.oracle.with_python(|py, _| {
-            self.handle.bind(py).call_method0("encoder").and_then(|r| r.extract()).map_err(|e| py_err(py, e))
+            self.handle
+                .bind(py)
+                .call_method0("encoder")
+                .and_then(|r| r.extract())
+                .map_err(|e| py_err(py, e))
+        })
+    }
+
+    /// Seconds and generated-token count for one greedy generate on precomputed encoder outputs
+    /// (the encoder is not timed), capped at `max_new_tokens`.
+    pub fn decode(&self, max_new_tokens: usize) -> Result<(f64, usize)> {
+        self.oracle.with_python(|py, _| {
+            self.handle
+                .bind(py)
+                .call_method1("decode", (max_new_tokens,))
+                .and_then(|r| r.extract())
+                .map_err(|e| py_err(py, e))
         })
     }
 

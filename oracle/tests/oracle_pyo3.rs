@@ -12,7 +12,8 @@ fn root() -> PathBuf {
 }
 
 fn config(dir: &Path) -> serde_json::Value {
-    let text = std::fs::read_to_string(dir.join("config.json")).expect("fixture config (run `make fixtures`)");
+    let text = std::fs::read_to_string(dir.join("config.json"))
+        .expect("fixture config (run `make fixtures`)");
     serde_json::from_str(&text).expect("config parses")
 }
 
@@ -33,8 +34,12 @@ fn check_against_contract(c: &Contract, run: &xray_oracle::OracleRun, steps: usi
             assert_eq!(got.data.ndim(), spec.shape.len(), "{}", spec.name);
             for (d, &n) in spec.shape.iter().zip(got.data.shape()) {
                 match d {
-                    CDim::Fixed(f) => assert_eq!(*f, n, "{}@step{s} shape {:?}", spec.name, got.data.shape()),
-                    CDim::Sym(t) if t == "tokens" => assert_eq!(n, if s == 0 { 2 } else { 1 }, "{}@step{s}", spec.name),
+                    CDim::Fixed(f) => {
+                        assert_eq!(*f, n, "{}@step{s} shape {:?}", spec.name, got.data.shape())
+                    }
+                    CDim::Sym(t) if t == "tokens" => {
+                        assert_eq!(n, if s == 0 { 2 } else { 1 }, "{}@step{s}", spec.name)
+                    }
                     CDim::Sym(_) => {}
                 }
             }
@@ -42,7 +47,11 @@ fn check_against_contract(c: &Contract, run: &xray_oracle::OracleRun, steps: usi
     }
     // Nothing outside the contract.
     for x in &run.checkpoints {
-        assert!(c.get(&x.name).is_some(), "{} is not in the contract", x.name);
+        assert!(
+            c.get(&x.name).is_some(),
+            "{} is not in the contract",
+            x.name
+        );
     }
 }
 
@@ -53,16 +62,25 @@ fn whisper_random_fixture_matches_contract_and_dump_roundtrips() {
     let oracle = Oracle::discover().expect("venv (make venv)");
     let cfg = config(&dir);
     let c = Contract::for_family("whisper", &cfg).unwrap();
-    let run = oracle.run(&OracleRequest::new("whisper", &dir, &audio, &c.text)).unwrap();
+    let run = oracle
+        .run(&OracleRequest::new("whisper", &dir, &audio, &c.text))
+        .unwrap();
     let steps = run.tokens.len() - 2;
     assert!(steps >= 1);
     check_against_contract(&c, &run, steps);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("ref");
-    run.to_dump("whisper", "whisper-rand-a").write(&out).unwrap();
+    run.to_dump("whisper", "whisper-rand-a")
+        .write(&out)
+        .unwrap();
     let d = Dump::load(&out).unwrap();
     for x in &run.checkpoints {
-        assert_eq!(d.get(&x.name, x.step).unwrap(), &x.data, "bit-exact reload of {}", x.name);
+        assert_eq!(
+            d.get(&x.name, x.step).unwrap(),
+            &x.data,
+            "bit-exact reload of {}",
+            x.name
+        );
     }
 }
 
@@ -72,9 +90,14 @@ fn whisper_tiny_en_transcribes_real_speech() {
     let audio = root().join("fixtures/audio/fox.wav");
     let oracle = Oracle::discover().unwrap();
     let c = Contract::for_family("whisper", &config(&dir)).unwrap();
-    let run = oracle.run(&OracleRequest::new("whisper", &dir, &audio, &c.text)).unwrap();
+    let run = oracle
+        .run(&OracleRequest::new("whisper", &dir, &audio, &c.text))
+        .unwrap();
     let t = run.transcript.to_lowercase();
-    assert!(t.contains("quick") && t.contains("lazy dog"), "transcript: {t}");
+    assert!(
+        t.contains("quick") && t.contains("lazy dog"),
+        "transcript: {t}"
+    );
     assert_eq!(&run.tokens[..2], &[50257, 50362]);
     assert_eq!(*run.tokens.last().unwrap(), 50256);
     check_against_contract(&c, &run, run.tokens.len() - 2);
@@ -87,9 +110,15 @@ fn granite_nar_fixture_matches_contract() {
     let audio = root().join("fixtures/audio/fox.wav");
     let oracle = Oracle::discover().unwrap();
     let c = Contract::for_family("granite_nar", &config(&dir)).unwrap();
-    let run = oracle.run(&OracleRequest::new("granite_nar", &dir, &audio, &c.text)).unwrap();
+    let run = oracle
+        .run(&OracleRequest::new("granite_nar", &dir, &audio, &c.text))
+        .unwrap();
     for spec in &c.checkpoints {
-        let got = run.checkpoints.iter().find(|x| x.name == spec.name).unwrap_or_else(|| panic!("{} missing", spec.name));
+        let got = run
+            .checkpoints
+            .iter()
+            .find(|x| x.name == spec.name)
+            .unwrap_or_else(|| panic!("{} missing", spec.name));
         assert_eq!(got.layout, spec.layout, "{}", spec.name);
         for (d, &n) in spec.shape.iter().zip(got.data.shape()) {
             if let CDim::Fixed(f) = d {
@@ -106,12 +135,20 @@ fn python_errors_carry_the_traceback_and_name_the_file() {
     let c = xray_runtime::contract::contract_text("whisper").unwrap();
     let missing = root().join("fixtures/no-such-model");
     let e = oracle
-        .run(&OracleRequest::new("whisper", &missing, &root().join("fixtures/audio/fox.wav"), c))
+        .run(&OracleRequest::new(
+            "whisper",
+            &missing,
+            &root().join("fixtures/audio/fox.wav"),
+            c,
+        ))
         .unwrap_err();
     match &e {
         OracleError::Python { traceback } => {
             assert!(traceback.contains("no-such-model"), "{traceback}");
-            assert!(traceback.contains("Traceback") || traceback.contains("Error"), "{traceback}");
+            assert!(
+                traceback.contains("Traceback") || traceback.contains("Error"),
+                "{traceback}"
+            );
         }
         other => panic!("expected a Python error, got {other}"),
     }

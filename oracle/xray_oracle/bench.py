@@ -42,6 +42,22 @@ class WhisperBench:
             self.model.model.encoder(self.features)
             return time.perf_counter() - t0
 
+    def decode(self, max_new_tokens: int) -> tuple[float, int]:
+        """One greedy generate on precomputed encoder outputs (the encoder is not timed):
+        (seconds, number of generated tokens)."""
+        import torch
+        from transformers.modeling_outputs import BaseModelOutput
+
+        with torch.inference_mode():
+            if getattr(self, "_memory", None) is None:
+                self._memory = self.model.model.encoder(self.features).last_hidden_state
+            enc = BaseModelOutput(last_hidden_state=self._memory)
+            t0 = time.perf_counter()
+            out = self.model.generate(encoder_outputs=enc, do_sample=False, num_beams=1,
+                                      max_new_tokens=int(max_new_tokens))
+            dt = time.perf_counter() - t0
+        return dt, int(out.shape[-1])
+
     def generate(self, max_new_tokens: int) -> tuple[float, int]:
         """One greedy generate capped at max_new_tokens: (seconds, number of generated tokens)."""
         import torch

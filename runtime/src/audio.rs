@@ -41,15 +41,33 @@ pub fn load_wav(path: &Path, expected_rate: u32) -> Result<Audio> {
     let reader = hound::WavReader::new(std::io::Cursor::new(&bytes))
         .map_err(|e| aerr(path, format!("not a readable WAV file: {e}")))?;
     let spec = reader.spec();
-    let fix = format!("sox '{}' -r {expected_rate} -c 1 -b 16 out.wav", path.display());
+    let fix = format!(
+        "sox '{}' -r {expected_rate} -c 1 -b 16 out.wav",
+        path.display()
+    );
     if spec.sample_format != hound::SampleFormat::Int || spec.bits_per_sample != 16 {
-        return Err(aerr(path, format!("{}-bit {:?} samples; 16-bit PCM required (convert: {fix})", spec.bits_per_sample, spec.sample_format)));
+        return Err(aerr(
+            path,
+            format!(
+                "{}-bit {:?} samples; 16-bit PCM required (convert: {fix})",
+                spec.bits_per_sample, spec.sample_format
+            ),
+        ));
     }
     if spec.channels != 1 {
-        return Err(aerr(path, format!("{} channels; mono required (convert: {fix})", spec.channels)));
+        return Err(aerr(
+            path,
+            format!("{} channels; mono required (convert: {fix})", spec.channels),
+        ));
     }
     if spec.sample_rate != expected_rate {
-        return Err(aerr(path, format!("sample rate {} Hz; the model expects {expected_rate} Hz (resample: {fix})", spec.sample_rate)));
+        return Err(aerr(
+            path,
+            format!(
+                "sample rate {} Hz; the model expects {expected_rate} Hz (resample: {fix})",
+                spec.sample_rate
+            ),
+        ));
     }
     let samples = reader
         .into_samples::<i16>()

@@ -182,7 +182,10 @@ fn config_int(config: &serde_json::Value, key: &str) -> Option<i64> {
 
 /// Evaluate `a`, `a * b`, `a / b`, `a + b - c` (left to right, `*` `/` before `+` `-`), where each
 /// term is an integer, a variable, or a config key. Division must be exact.
-pub fn eval_expr(expr: &str, vars: &dyn Fn(&str) -> Option<i64>) -> std::result::Result<i64, String> {
+pub fn eval_expr(
+    expr: &str,
+    vars: &dyn Fn(&str) -> Option<i64>,
+) -> std::result::Result<i64, String> {
     let toks: Vec<String> = tokenize(expr);
     if toks.is_empty() {
         return Err(format!("empty expression '{expr}'"));
@@ -191,7 +194,8 @@ pub fn eval_expr(expr: &str, vars: &dyn Fn(&str) -> Option<i64>) -> std::result:
         if let Ok(n) = t.parse::<i64>() {
             return Ok(n);
         }
-        vars(t).ok_or_else(|| format!("'{t}' is not a known dim, repeat or config key (in '{expr}')"))
+        vars(t)
+            .ok_or_else(|| format!("'{t}' is not a known dim, repeat or config key (in '{expr}')"))
     };
     // Split into additive terms, each a product chain.
     let mut total: i64 = 0;
@@ -251,30 +255,37 @@ fn tokenize(s: &str) -> Vec<String> {
 impl Contract {
     /// Parse a family's embedded contract and resolve it against a model's config.json value.
     pub fn for_family(family: &str, config: &serde_json::Value) -> Result<Contract> {
-        let text = contract_text(family).ok_or_else(|| cerr(family, "no contract for this family"))?;
+        let text =
+            contract_text(family).ok_or_else(|| cerr(family, "no contract for this family"))?;
         Contract::parse(text, config)
     }
 
     /// Parse a contract text and resolve it against a config.
     pub fn parse(text: &str, config: &serde_json::Value) -> Result<Contract> {
-        let file: ContractFile =
-            serde_json::from_str(text).map_err(|e| cerr("?", format!("contract JSON does not parse: {e}")))?;
+        let file: ContractFile = serde_json::from_str(text)
+            .map_err(|e| cerr("?", format!("contract JSON does not parse: {e}")))?;
         let fam = file.family.clone();
         if file.schema != "xray.contract/v1" {
             return Err(cerr(&fam, format!("unknown schema '{}'", file.schema)));
         }
         let mut dims = BTreeMap::new();
         for (k, e) in &file.dims {
-            let v = eval_expr(e, &|t| config_int(config, t)).map_err(|r| cerr(&fam, format!("dim '{k}': {r}")))?;
+            let v = eval_expr(e, &|t| config_int(config, t))
+                .map_err(|r| cerr(&fam, format!("dim '{k}': {r}")))?;
             if v <= 0 {
-                return Err(cerr(&fam, format!("dim '{k}' = {e} = {v} must be positive")));
+                return Err(cerr(
+                    &fam,
+                    format!("dim '{k}' = {e} = {v} must be positive"),
+                ));
             }
             dims.insert(k.clone(), v as usize);
         }
         let mut repeats = BTreeMap::new();
         for (k, e) in &file.repeats {
-            let v = eval_expr(e, &|t| config_int(config, t).or_else(|| dims.get(t).map(|&d| d as i64)))
-                .map_err(|r| cerr(&fam, format!("repeat '{k}': {r}")))?;
+            let v = eval_expr(e, &|t| {
+                config_int(config, t).or_else(|| dims.get(t).map(|&d| d as i64))
+            })
+            .map_err(|r| cerr(&fam, format!("repeat '{k}': {r}")))?;
             if v <= 0 {
                 return Err(cerr(&fam, format!("repeat '{k}' = {v} must be positive")));
             }
@@ -291,12 +302,24 @@ impl Contract {
         for (k, l) in &file.lists {
             let mut v = config;
             for part in l.config.split('.') {
-                v = v.get(part).ok_or_else(|| cerr(&fam, format!("list '{k}': config has no '{}'", l.config)))?;
+                v = v.get(part).ok_or_else(|| {
+                    cerr(&fam, format!("list '{k}': config has no '{}'", l.config))
+                })?;
             }
-            let raw: Vec<i64> = serde_json::from_value(v.clone())
-                .map_err(|_| cerr(&fam, format!("list '{k}': config '{}' is not a list of integers", l.config)))?;
+            let raw: Vec<i64> = serde_json::from_value(v.clone()).map_err(|_| {
+                cerr(
+                    &fam,
+                    format!(
+                        "list '{k}': config '{}' is not a list of integers",
+                        l.config
+                    ),
+                )
+            })?;
             let wrap = match &l.wrap {
-                Some(w) => Some(eval_expr(w, &global).map_err(|r| cerr(&fam, format!("list '{k}' wrap: {r}")))?),
+                Some(w) => Some(
+                    eval_expr(w, &global)
+                        .map_err(|r| cerr(&fam, format!("list '{k}' wrap: {r}")))?,
+                ),
                 None => None,
             };
             let vals = raw
@@ -312,15 +335,20 @@ impl Contract {
         for raw in &file.checkpoints {
             let layers: Vec<Option<usize>> = match &raw.repeat {
                 Some(r) => {
-                    let n = *repeats
-                        .get(r)
-                        .ok_or_else(|| cerr(&fam, format!("'{}' repeats over unknown '{r}'", raw.name)))?;
+                    let n = *repeats.get(r).ok_or_else(|| {
+                        cerr(&fam, format!("'{}' repeats over unknown '{r}'", raw.name))
+                    })?;
                     let (lo, hi) = match &raw.range {
                         Some([a, b]) => {
-                            let lo = eval_expr(a, &global).map_err(|e| cerr(&fam, format!("range of '{}': {e}", raw.name)))?;
-                            let hi = eval_expr(b, &global).map_err(|e| cerr(&fam, format!("range of '{}': {e}", raw.name)))?;
+                            let lo = eval_expr(a, &global)
+                                .map_err(|e| cerr(&fam, format!("range of '{}': {e}", raw.name)))?;
+                            let hi = eval_expr(b, &global)
+                                .map_err(|e| cerr(&fam, format!("range of '{}': {e}", raw.name)))?;
                             if lo < 0 || hi as usize > n || lo > hi {
-                                return Err(cerr(&fam, format!("range [{lo}, {hi}) of '{}' outside 0..{n}", raw.name)));
+                                return Err(cerr(
+                                    &fam,
+                                    format!("range [{lo}, {hi}) of '{}' outside 0..{n}", raw.name),
+                                ));
                             }
                             (lo as usize, hi as usize)
                         }
@@ -358,7 +386,8 @@ impl Contract {
                             .find('}')
                             .ok_or_else(|| cerr(&fam, format!("unclosed '{{' in '{tpl}'")))?
                             + open;
-                        let v = eval_expr(&rest[open + 1..close], &vars).map_err(|r| cerr(&fam, format!("'{tpl}': {r}")))?;
+                        let v = eval_expr(&rest[open + 1..close], &vars)
+                            .map_err(|r| cerr(&fam, format!("'{tpl}': {r}")))?;
                         if v < 0 {
                             return Ok(None);
                         }
@@ -368,7 +397,8 @@ impl Contract {
                     out.push_str(rest);
                     Ok(Some(out))
                 };
-                let name = expand(&raw.name)?.ok_or_else(|| cerr(&fam, format!("'{}' expands negative", raw.name)))?;
+                let name = expand(&raw.name)?
+                    .ok_or_else(|| cerr(&fam, format!("'{}' expands negative", raw.name)))?;
                 let producer = expand(&raw.producer)?
                     .ok_or_else(|| cerr(&fam, format!("producer of '{name}' expands negative")))?;
                 let inputs_tpl = match (&raw.inputs_at_first, layer) {
@@ -380,15 +410,26 @@ impl Contract {
                     let (n, step) = match i.split_once('@') {
                         Some((n, "prefill")) => (n, StepRef::Prefill),
                         Some((n, "previous")) => (n, StepRef::Previous),
-                        Some((_, s)) => return Err(cerr(&fam, format!("input '{i}' of '{name}': unknown step '@{s}'"))),
+                        Some((_, s)) => {
+                            return Err(cerr(
+                                &fam,
+                                format!("input '{i}' of '{name}': unknown step '@{s}'"),
+                            ))
+                        }
                         None => (i.as_str(), StepRef::Same),
                     };
                     let elems: Vec<Option<i64>> = match n.find("each:") {
                         Some(at) => {
-                            let list: String = n[at + 5..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-                            let l = lists
-                                .get(&list)
-                                .ok_or_else(|| cerr(&fam, format!("input '{i}' of '{name}': unknown list '{list}'")))?;
+                            let list: String = n[at + 5..]
+                                .chars()
+                                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                                .collect();
+                            let l = lists.get(&list).ok_or_else(|| {
+                                cerr(
+                                    &fam,
+                                    format!("input '{i}' of '{name}': unknown list '{list}'"),
+                                )
+                            })?;
                             l.iter().map(|&x| Some(x)).collect()
                         }
                         None => vec![None],
@@ -432,7 +473,10 @@ impl Contract {
         for c in &checkpoints {
             for (i, _) in &c.inputs {
                 if !checkpoints.iter().any(|d| &d.name == i) {
-                    return Err(cerr(&fam, format!("'{}' lists unknown input checkpoint '{i}'", c.name)));
+                    return Err(cerr(
+                        &fam,
+                        format!("'{}' lists unknown input checkpoint '{i}'", c.name),
+                    ));
                 }
             }
         }
@@ -463,8 +507,12 @@ mod tests {
         assert_eq!(eval_expr("d_model / heads", &v), Ok(64));
         assert_eq!(eval_expr("2 * d_model", &v), Ok(768));
         assert_eq!(eval_expr("n.layers / 2 - 1", &v), Ok(1));
-        assert!(eval_expr("d_model / 5", &v).unwrap_err().contains("not divisible"));
-        assert!(eval_expr("missing_key", &v).unwrap_err().contains("missing_key"));
+        assert!(eval_expr("d_model / 5", &v)
+            .unwrap_err()
+            .contains("not divisible"));
+        assert!(eval_expr("missing_key", &v)
+            .unwrap_err()
+            .contains("missing_key"));
     }
 
     #[test]
@@ -474,19 +522,33 @@ mod tests {
             "decoder_attention_heads": 6, "vocab_size": 51864, "encoder_layers": 4, "decoder_layers": 4
         });
         let c = Contract::for_family("whisper", &cfg).unwrap();
-        let x = c.get("audio.decoder.layer.3.cross_attention.output").unwrap();
-        assert_eq!(x.shape, vec![CDim::Fixed(6), CDim::Sym("tokens".into()), CDim::Fixed(64)]);
+        let x = c
+            .get("audio.decoder.layer.3.cross_attention.output")
+            .unwrap();
+        assert_eq!(
+            x.shape,
+            vec![CDim::Fixed(6), CDim::Sym("tokens".into()), CDim::Fixed(64)]
+        );
         assert_eq!(x.layout, Layout::HeadMajor);
-        assert!(x.inputs.contains(&("audio.decoder.layer.3.cross_k".to_string(), StepRef::Prefill)));
+        assert!(x.inputs.contains(&(
+            "audio.decoder.layer.3.cross_k".to_string(),
+            StepRef::Prefill
+        )));
         let l0 = c.get("audio.encoder.layer.0.out").unwrap();
-        assert_eq!(l0.inputs, vec![("audio.encoder.conv2.out".to_string(), StepRef::Same)]);
+        assert_eq!(
+            l0.inputs,
+            vec![("audio.encoder.conv2.out".to_string(), StepRef::Same)]
+        );
         let logits = c.get("audio.decoder.logits").unwrap();
         assert_eq!(logits.inputs[0].0, "audio.decoder.layer.3.out");
     }
 
     #[test]
     fn granite_contract_expands_ranges_and_lists() {
-        let cfg_text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/build/granite-nar-tiny/config.json"));
+        let cfg_text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../fixtures/build/granite-nar-tiny/config.json"
+        ));
         let Ok(cfg_text) = cfg_text else {
             eprintln!("skip: granite fixture not built (make fixtures)");
             return;
@@ -503,8 +565,14 @@ mod tests {
         let after = c.get(&format!("enc.block.{sc}.out")).unwrap();
         assert!(after.inputs.iter().any(|(i, _)| i == "enc.ctc_logits"));
         let cat = c.get("enc.cat_out").unwrap();
-        assert!(cat.inputs.iter().any(|(i, _)| *i == format!("enc.block.{}.out", n - 1)));
-        assert_eq!(names.iter().filter(|x| x.starts_with("enc.block.")).count(), n);
+        assert!(cat
+            .inputs
+            .iter()
+            .any(|(i, _)| *i == format!("enc.block.{}.out", n - 1)));
+        assert_eq!(
+            names.iter().filter(|x| x.starts_with("enc.block.")).count(),
+            n
+        );
     }
 
     #[test]
@@ -513,7 +581,9 @@ mod tests {
             "num_mel_bins": 80, "max_source_positions": 1500, "d_model": 384,
             "decoder_attention_heads": 5, "vocab_size": 51864, "encoder_layers": 4, "decoder_layers": 4
         });
-        let e = Contract::for_family("whisper", &cfg).unwrap_err().to_string();
+        let e = Contract::for_family("whisper", &cfg)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("head_dim") && e.contains("not divisible"), "{e}");
     }
 }

@@ -40,8 +40,15 @@ pub struct Stats {
 impl Stats {
     /// Statistics of a slice.
     pub fn of(data: &[f32]) -> Stats {
-        let (mut mn, mut mx, mut s, mut s2, mut nan, mut inf, mut n) =
-            (f64::INFINITY, f64::NEG_INFINITY, 0f64, 0f64, 0usize, 0usize, 0usize);
+        let (mut mn, mut mx, mut s, mut s2, mut nan, mut inf, mut n) = (
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            0f64,
+            0f64,
+            0usize,
+            0usize,
+            0usize,
+        );
         for &v in data {
             if v.is_nan() {
                 nan += 1;
@@ -168,7 +175,14 @@ pub fn npy_bytes(t: &Tensor) -> Vec<u8> {
     let shape = t.shape();
     let shape_s = match shape.len() {
         1 => format!("({},)", shape[0]),
-        _ => format!("({})", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     };
     let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape_s}, }}");
     let total = 10 + header.len() + 1;
@@ -193,7 +207,10 @@ pub fn parse_npy(path: &Path, bytes: &[u8]) -> Result<(Tensor, String)> {
     }
     let (hlen, start) = match bytes[6] {
         1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-        2 | 3 if bytes.len() >= 12 => (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12),
+        2 | 3 if bytes.len() >= 12 => (
+            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+            12,
+        ),
         v => return Err(derr(path, format!("unsupported .npy version {v}"))),
     };
     let header = bytes
@@ -202,7 +219,10 @@ pub fn parse_npy(path: &Path, bytes: &[u8]) -> Result<(Tensor, String)> {
     let header = std::str::from_utf8(header).map_err(|_| derr(path, "non-UTF-8 .npy header"))?;
     let field = |key: &str| -> Option<&str> {
         let i = header.find(&format!("'{key}'"))?;
-        let rest = header[i + key.len() + 2..].trim_start().strip_prefix(':')?.trim_start();
+        let rest = header[i + key.len() + 2..]
+            .trim_start()
+            .strip_prefix(':')?
+            .trim_start();
         Some(rest)
     };
     let descr = field("descr")
@@ -210,7 +230,10 @@ pub fn parse_npy(path: &Path, bytes: &[u8]) -> Result<(Tensor, String)> {
         .and_then(|r| r.split('\'').next())
         .ok_or_else(|| derr(path, "no 'descr' in .npy header"))?;
     if field("fortran_order").is_some_and(|r| r.starts_with("True")) {
-        return Err(derr(path, "fortran_order .npy files are not supported; save C-contiguous"));
+        return Err(derr(
+            path,
+            "fortran_order .npy files are not supported; save C-contiguous",
+        ));
     }
     let shape_s = field("shape")
         .and_then(|r| r.strip_prefix('('))
@@ -240,17 +263,26 @@ pub fn parse_npy(path: &Path, bytes: &[u8]) -> Result<(Tensor, String)> {
         ));
     }
     let vals: Vec<f32> = match dtype {
-        "f32" => payload.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        "f32" => payload
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
         "f64" => payload
             .chunks_exact(8)
             .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
             .collect(),
-        "f16" => payload.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        "f16" => payload
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
         "i64" => payload
             .chunks_exact(8)
             .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
             .collect(),
-        _ => payload.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32).collect(),
+        _ => payload
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32)
+            .collect(),
     };
     let t = ArrayD::from_shape_vec(IxDyn(&shape), vals).map_err(|e| derr(path, e.to_string()))?;
     Ok((t, dtype.to_string()))
@@ -315,7 +347,10 @@ impl DumpWriter {
     /// Write everything into `dir` atomically: a temp sibling directory, then rename. An existing
     /// `dir` is replaced only after the new one is complete.
     pub fn write(&self, dir: &Path) -> Result<()> {
-        let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let parent = dir
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
         std::fs::create_dir_all(parent).map_err(|e| RuntimeError::io(parent, e))?;
         let base = dir.file_name().and_then(|n| n.to_str()).unwrap_or("dump");
         let tmp = parent.join(format!(".{base}.tmp-{}", std::process::id()));
@@ -331,7 +366,8 @@ impl DumpWriter {
                 fh.sync_all().map_err(|e| RuntimeError::io(&p, e))?;
             }
             let mp = tmp.join("manifest.json");
-            let text = serde_json::to_string_pretty(&self.manifest).map_err(|e| derr(&mp, e.to_string()))?;
+            let text = serde_json::to_string_pretty(&self.manifest)
+                .map_err(|e| derr(&mp, e.to_string()))?;
             std::fs::write(&mp, text + "\n").map_err(|e| RuntimeError::io(&mp, e))?;
             if dir.exists() {
                 let old = parent.join(format!(".{base}.old-{}", std::process::id()));
@@ -393,12 +429,15 @@ impl Dump {
     pub fn load(dir: &Path) -> Result<Dump> {
         let mp = dir.join("manifest.json");
         let text = std::fs::read_to_string(&mp).map_err(|e| RuntimeError::io(&mp, e))?;
-        let manifest: Manifest =
-            serde_json::from_str(&text).map_err(|e| derr(&mp, format!("manifest does not parse: {e}")))?;
+        let manifest: Manifest = serde_json::from_str(&text)
+            .map_err(|e| derr(&mp, format!("manifest does not parse: {e}")))?;
         if manifest.schema != SCHEMA || manifest.version != VERSION {
             return Err(derr(
                 &mp,
-                format!("schema {} v{} (expected {SCHEMA} v{VERSION})", manifest.schema, manifest.version),
+                format!(
+                    "schema {} v{} (expected {SCHEMA} v{VERSION})",
+                    manifest.schema, manifest.version
+                ),
             ));
         }
         let mut tensors = BTreeMap::new();
@@ -408,7 +447,13 @@ impl Dump {
             }
             if manifest.stats_only {
                 if e.stats.is_none() || e.content_sha256.is_none() {
-                    return Err(derr(&mp, format!("stats-only entry {}@step{} has no stats/content_sha256", e.name, e.step)));
+                    return Err(derr(
+                        &mp,
+                        format!(
+                            "stats-only entry {}@step{} has no stats/content_sha256",
+                            e.name, e.step
+                        ),
+                    ));
                 }
                 continue;
             }
@@ -417,7 +462,10 @@ impl Dump {
                 .as_ref()
                 .ok_or_else(|| derr(&mp, format!("entry {}@step{} has no file", e.name, e.step)))?;
             if file.contains('/') || file.contains("..") {
-                return Err(derr(&mp, format!("entry file '{file}' must be a plain file name")));
+                return Err(derr(
+                    &mp,
+                    format!("entry file '{file}' must be a plain file name"),
+                ));
             }
             let p = dir.join(file);
             let bytes = std::fs::read(&p).map_err(|e| RuntimeError::io(&p, e))?;
@@ -431,10 +479,16 @@ impl Dump {
             }
             let (t, dtype) = parse_npy(&p, &bytes)?;
             if t.shape() != e.shape.as_slice() {
-                return Err(derr(&p, format!("shape {:?} in file, manifest says {:?}", t.shape(), e.shape)));
+                return Err(derr(
+                    &p,
+                    format!("shape {:?} in file, manifest says {:?}", t.shape(), e.shape),
+                ));
             }
             if dtype != e.dtype {
-                return Err(derr(&p, format!("dtype {dtype} in file, manifest says {}", e.dtype)));
+                return Err(derr(
+                    &p,
+                    format!("dtype {dtype} in file, manifest says {}", e.dtype),
+                ));
             }
             tensors.insert((e.name.clone(), e.step), t);
         }
@@ -452,7 +506,10 @@ impl Dump {
 
     /// A manifest entry by name and step.
     pub fn entry(&self, name: &str, step: usize) -> Option<&Entry> {
-        self.manifest.checkpoints.iter().find(|e| e.name == name && e.step == step)
+        self.manifest
+            .checkpoints
+            .iter()
+            .find(|e| e.name == name && e.step == step)
     }
 }
 
@@ -496,7 +553,10 @@ mod tests {
         bytes[last] ^= 1;
         std::fs::write(&f, &bytes).unwrap();
         let e = Dump::load(&d).unwrap_err().to_string();
-        assert!(e.contains("a.b@step1.npy") && e.contains("sha256 mismatch"), "{e}");
+        assert!(
+            e.contains("a.b@step1.npy") && e.contains("sha256 mismatch"),
+            "{e}"
+        );
         // Truncation with a matching (re-computed) hash is still refused by the payload check.
         bytes.truncate(bytes.len() - 4);
         std::fs::write(&f, &bytes).unwrap();

@@ -11,7 +11,7 @@ use crate::graph::{Edge, Kernel, Layout, Op, Tensor};
 pub enum ParamFault {
     /// LayerNorm / RMSNorm epsilon replaced.
     Eps(f32),
-    /// Attention softmax scale replaced by this factor.
+    /// Attention softmax scale multiplied by this factor.
     AttnScale(f32),
     /// Attention with the causal mask forced on (`true`) or off (`false`).
     Causal(bool),
@@ -82,7 +82,9 @@ impl FaultPlan {
 
     /// Whether a host flag is planted.
     pub fn host(&self, flag: &str) -> bool {
-        self.planted.iter().any(|p| matches!(&p.kind, FaultKind::Host(h) if h == flag))
+        self.planted
+            .iter()
+            .any(|p| matches!(&p.kind, FaultKind::Host(h) if h == flag))
     }
 
     /// A patched kernel for this op, if a parameter fault targets it.
@@ -104,11 +106,17 @@ impl FaultPlan {
     /// Corrupt an op output if an output fault targets its edge (by checkpoint label or name).
     pub fn patch_output(&self, _op: &Op, _port: usize, edge: &Edge, step: usize, t: &mut Tensor) {
         for p in &self.planted {
-            let FaultKind::Output(of) = &p.kind else { continue };
+            let FaultKind::Output(of) = &p.kind else {
+                continue;
+            };
             if p.step.is_some_and(|s| s != step) {
                 continue;
             }
-            let hit = edge.checkpoint.as_deref().is_some_and(|c| glob_match(&p.target, c)) || glob_match(&p.target, &edge.name);
+            let hit = edge
+                .checkpoint
+                .as_deref()
+                .is_some_and(|c| glob_match(&p.target, c))
+                || glob_match(&p.target, &edge.name);
             if hit {
                 apply_output_fault(of, edge.layout, t);
             }
@@ -138,7 +146,11 @@ pub fn apply_output_fault(f: &OutputFault, layout: Layout, t: &mut Tensor) {
             if layout == Layout::HeadMajor && t.ndim() == 3 {
                 // The consumer reads head-major [H, T, D], but the buffer holds [T, H*D] rows.
                 let (h, tt, d) = (t.shape()[0], t.shape()[1], t.shape()[2]);
-                let token_major = t.view().permuted_axes(ndarray::IxDyn(&[1, 0, 2])).as_standard_layout().into_owned();
+                let token_major = t
+                    .view()
+                    .permuted_axes(ndarray::IxDyn(&[1, 0, 2]))
+                    .as_standard_layout()
+                    .into_owned();
                 if let Ok(flat) = token_major.into_shape_with_order(ndarray::IxDyn(&[h, tt, d])) {
                     *t = flat;
                 }
@@ -193,8 +205,9 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
         CatalogueEntry {
             name: "cross_k_token_major",
             family: "whisper",
-            description: "cross-attention K cache left token-major where the consumer reads head-major",
-            default_target: "decoder.layer.1.cross_k_to_head_major.*",
+            description:
+                "cross-attention K cache left token-major where the consumer reads head-major",
+            default_target: "audio.decoder.layer.1.cross_k",
             step: None,
             expected_origin: ("audio.decoder.layer.1.cross_k", 0),
             expected_signature: "permutation",
@@ -204,18 +217,24 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
         CatalogueEntry {
             name: "attn_scale_dropped",
             family: "whisper",
-            description: "cross-attention softmax without the 1/sqrt(head_dim) scale",
+            description:
+                "cross-attention softmax without the 1/sqrt(head_dim) scale (scores unscaled)",
             default_target: "decoder.layer.1.cross_attn",
             step: None,
             expected_origin: ("audio.decoder.layer.1.cross_attention.output", 0),
             expected_signature: "",
             needs_second_input: false,
-            build: |_| Param(AttnScale(1.0)),
+            build: |c| {
+                let d = c["d_model"].as_f64().unwrap_or(1.0)
+                    / c["decoder_attention_heads"].as_f64().unwrap_or(1.0);
+                Param(AttnScale(d.sqrt() as f32))
+            },
         },
         CatalogueEntry {
             name: "causal_mask_dropped",
             family: "whisper",
-            description: "decoder self-attention without its causal mask (prefill sees future tokens)",
+            description:
+                "decoder self-attention without its causal mask (prefill sees future tokens)",
             default_target: "decoder.layer.0.self_attn",
             step: None,
             expected_origin: ("audio.decoder.layer.0.self_attention.output", 0),
@@ -237,7 +256,8 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
         CatalogueEntry {
             name: "stale_cross_cache",
             family: "whisper",
-            description: "cross-attention K/V cache not invalidated when new encoder memory is installed",
+            description:
+                "cross-attention K/V cache not invalidated when new encoder memory is installed",
             default_target: "",
             step: None,
             expected_origin: ("audio.decoder.layer.0.cross_attention.output", 1),
@@ -303,7 +323,8 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
         CatalogueEntry {
             name: "causal_mask_added",
             family: "granite_nar",
-            description: "bidirectional LM run with a causal mask (the transformers auto-mask trap)",
+            description:
+                "bidirectional LM run with a causal mask (the transformers auto-mask trap)",
             default_target: "dec.layer.0.attn",
             step: None,
             expected_origin: ("dec.layer.0.out", 0),
@@ -314,7 +335,8 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
         CatalogueEntry {
             name: "ctc_bypass_skipped",
             family: "granite_nar",
-            description: "self-conditioned CTC bypass not added back before the second half of the encoder",
+            description:
+                "self-conditioned CTC bypass not added back before the second half of the encoder",
             default_target: "enc.self_cond.bypass_add",
             step: None,
             expected_origin: ("enc.block.SC.out", 0),
@@ -342,7 +364,12 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             expected_origin: ("dec.layer.0.out", 0),
             expected_signature: "",
             needs_second_input: false,
-            build: |c| Param(AttnScale(1.0 / granite_head_dim(c).sqrt())),
+            build: |c| {
+                let m = c["text_config"]["attention_multiplier"]
+                    .as_f64()
+                    .unwrap_or(1.0) as f32;
+                Param(AttnScale(1.0 / granite_head_dim(c).sqrt() / m))
+            },
         },
         CatalogueEntry {
             name: "round_bf16",
@@ -368,8 +395,15 @@ pub fn plant(spec: &str, family: &str, config: &serde_json::Value) -> crate::Res
         .into_iter()
         .find(|e| e.name == name && e.family == family)
         .ok_or_else(|| {
-            let names: Vec<&str> = catalogue().iter().filter(|e| e.family == family).map(|e| e.name).collect();
-            crate::RuntimeError::Fault(format!("no fault '{name}' for family {family}; known: {}", names.join(", ")))
+            let names: Vec<&str> = catalogue()
+                .iter()
+                .filter(|e| e.family == family)
+                .map(|e| e.name)
+                .collect();
+            crate::RuntimeError::Fault(format!(
+                "no fault '{name}' for family {family}; known: {}",
+                names.join(", ")
+            ))
         })?;
     Ok(Planted {
         name: name.to_string(),

@@ -156,9 +156,18 @@ pub trait Kernel: Send + Sync + fmt::Debug {
         Vec::new()
     }
     /// Infer output shapes from input shapes and weight shapes; `Err` says why they don't fit.
-    fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> std::result::Result<Vec<Shape>, String>;
+    fn infer(
+        &self,
+        inputs: &[Shape],
+        weights: &[Vec<usize>],
+    ) -> std::result::Result<Vec<Shape>, String>;
     /// Compute.
-    fn run(&self, ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> std::result::Result<Vec<Tensor>, String>;
+    fn run(
+        &self,
+        ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        weights: &[&Tensor],
+    ) -> std::result::Result<Vec<Tensor>, String>;
     /// Parameters for the JSON export.
     fn params(&self) -> serde_json::Value {
         serde_json::Value::Null
@@ -326,7 +335,9 @@ impl GraphBuilder {
         }
         for &e in inputs {
             if e >= self.edges.len() {
-                return Err(RuntimeError::Graph(format!("op '{name}' reads unknown edge #{e}")));
+                return Err(RuntimeError::Graph(format!(
+                    "op '{name}' reads unknown edge #{e}"
+                )));
             }
         }
         let op_idx = self.ops.len();
@@ -374,15 +385,23 @@ impl GraphBuilder {
 
     /// Label an edge as a checkpoint.
     pub fn checkpoint(&mut self, edge: EdgeId, name: &str) -> Result<()> {
-        if self.edges.iter().any(|e| e.checkpoint.as_deref() == Some(name)) {
-            return Err(RuntimeError::Graph(format!("checkpoint '{name}' labelled twice")));
-        }
-        let e = self
+        if self
             .edges
-            .get_mut(edge)
-            .ok_or_else(|| RuntimeError::Graph(format!("checkpoint '{name}' on unknown edge #{edge}")))?;
+            .iter()
+            .any(|e| e.checkpoint.as_deref() == Some(name))
+        {
+            return Err(RuntimeError::Graph(format!(
+                "checkpoint '{name}' labelled twice"
+            )));
+        }
+        let e = self.edges.get_mut(edge).ok_or_else(|| {
+            RuntimeError::Graph(format!("checkpoint '{name}' on unknown edge #{edge}"))
+        })?;
         if e.checkpoint.is_some() {
-            return Err(RuntimeError::Graph(format!("edge '{}' already labelled", e.name)));
+            return Err(RuntimeError::Graph(format!(
+                "edge '{}' already labelled",
+                e.name
+            )));
         }
         e.checkpoint = Some(name.to_string());
         Ok(())
@@ -443,7 +462,11 @@ pub struct RunCtx<'a> {
 
 fn endpoint(g: &Graph, (op, port): (usize, usize), output: bool) -> String {
     let o = &g.ops[op];
-    let ports = if output { o.kernel.outputs() } else { o.kernel.inputs() };
+    let ports = if output {
+        o.kernel.outputs()
+    } else {
+        o.kernel.inputs()
+    };
     let p = ports.get(port).map(|p| p.name).unwrap_or("?");
     format!("{}:{}", o.name, p)
 }
@@ -474,7 +497,9 @@ impl Graph {
 
     /// Edge id of a checkpoint label.
     pub fn checkpoint_edge(&self, checkpoint: &str) -> Option<EdgeId> {
-        self.edges.iter().position(|e| e.checkpoint.as_deref() == Some(checkpoint))
+        self.edges
+            .iter()
+            .position(|e| e.checkpoint.as_deref() == Some(checkpoint))
     }
 
     /// Checkpoint labels in topological order of their producers (feeds first).
@@ -495,12 +520,18 @@ impl Graph {
 
     /// Producer op name of an edge (`None` for a feed).
     pub fn producer_name(&self, edge: EdgeId) -> Option<&str> {
-        self.edges[edge].producer.map(|(o, _)| self.ops[o].name.as_str())
+        self.edges[edge]
+            .producer
+            .map(|(o, _)| self.ops[o].name.as_str())
     }
 
     /// Consumer op names of an edge.
     pub fn consumer_names(&self, edge: EdgeId) -> Vec<String> {
-        self.edges[edge].consumers.iter().map(|(o, _)| self.ops[*o].name.clone()).collect()
+        self.edges[edge]
+            .consumers
+            .iter()
+            .map(|(o, _)| self.ops[*o].name.clone())
+            .collect()
     }
 
     fn validate(&self) -> Result<()> {
@@ -560,19 +591,30 @@ impl Graph {
             }
             // Shapes: inference from declared input shapes and weight shapes must give the
             // declared output shapes.
-            let in_shapes: Vec<Shape> = op.inputs.iter().map(|&e| self.edges[e].shape.clone()).collect();
+            let in_shapes: Vec<Shape> = op
+                .inputs
+                .iter()
+                .map(|&e| self.edges[e].shape.clone())
+                .collect();
             let w_shapes: Vec<Vec<usize>> = op.weights.iter().map(|w| w.shape.clone()).collect();
-            let inferred = op.kernel.infer(&in_shapes, &w_shapes).map_err(|reason| RuntimeError::Op {
-                op: op.name.clone(),
-                reason: format!(
-                    "inputs {} do not fit: {reason}",
-                    op.inputs
-                        .iter()
-                        .map(|&e| format!("{}{}", self.edges[e].name, fmt_shape(&self.edges[e].shape)))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            })?;
+            let inferred =
+                op.kernel
+                    .infer(&in_shapes, &w_shapes)
+                    .map_err(|reason| RuntimeError::Op {
+                        op: op.name.clone(),
+                        reason: format!(
+                            "inputs {} do not fit: {reason}",
+                            op.inputs
+                                .iter()
+                                .map(|&e| format!(
+                                    "{}{}",
+                                    self.edges[e].name,
+                                    fmt_shape(&self.edges[e].shape)
+                                ))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    })?;
             for (&e, s) in op.outputs.iter().zip(&inferred) {
                 let edge = &self.edges[e];
                 if !shapes_agree(&edge.shape, s) {
@@ -587,7 +629,10 @@ impl Graph {
         }
         for e in &self.edges {
             if e.producer.is_none() && e.consumers.is_empty() {
-                return Err(RuntimeError::Graph(format!("feed '{}' has no consumer", e.name)));
+                return Err(RuntimeError::Graph(format!(
+                    "feed '{}' has no consumer",
+                    e.name
+                )));
             }
         }
         Ok(())
@@ -625,7 +670,12 @@ impl Graph {
             return Err(RuntimeError::UnusedWeights {
                 file: w.path().to_path_buf(),
                 count: unused.len(),
-                keys: unused.iter().take(8).copied().collect::<Vec<_>>().join(", "),
+                keys: unused
+                    .iter()
+                    .take(8)
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", "),
             });
         }
         Ok(())
@@ -633,13 +683,20 @@ impl Graph {
 
     /// Run a formula: compute `want` from `feeds`, running only the ops in between. Every
     /// produced tensor is checked against its edge's declared shape (symbols bind per run).
-    pub fn run(&self, weights: &Weights, mut feeds: Feeds, want: &[EdgeId], ctx: &mut RunCtx) -> Result<Vec<Tensor>> {
+    pub fn run(
+        &self,
+        weights: &Weights,
+        mut feeds: Feeds,
+        want: &[EdgeId],
+        ctx: &mut RunCtx,
+    ) -> Result<Vec<Tensor>> {
         let n = self.edges.len();
         let mut fed = vec![false; n];
         for name in feeds.keys() {
-            let id = self
-                .edge_id(name)
-                .map_err(|_| RuntimeError::Feed { edge: name.clone(), reason: "no such edge in the graph".into() })?;
+            let id = self.edge_id(name).map_err(|_| RuntimeError::Feed {
+                edge: name.clone(),
+                reason: "no such edge in the graph".into(),
+            })?;
             fed[id] = true;
         }
         // Backward reachability from `want`, stopping at fed edges.
@@ -688,7 +745,11 @@ impl Graph {
                 let t = feeds.remove(&self.edges[id].name).unwrap_or_default();
                 bind_shape(&self.edges[id], t.shape(), &mut syms, "feed")?;
                 // Move a fed tensor in when it is already contiguous (a fed cache is not copied).
-                *v = Some(if t.is_standard_layout() { t } else { t.as_standard_layout().into_owned() });
+                *v = Some(if t.is_standard_layout() {
+                    t
+                } else {
+                    t.as_standard_layout().into_owned()
+                });
             }
         }
         for (oi, op) in self.ops.iter().enumerate() {
@@ -702,26 +763,40 @@ impl Graph {
                 .iter()
                 .map(|&e| values[e].as_ref())
                 .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| RuntimeError::Graph(format!("op '{}' input not computed", op.name)))?;
+                .ok_or_else(|| {
+                    RuntimeError::Graph(format!("op '{}' input not computed", op.name))
+                })?;
             let ws: Vec<&Tensor> = op
                 .weights
                 .iter()
                 .map(|r| {
-                    weights.get(&r.key).ok_or_else(|| RuntimeError::MissingWeight {
-                        key: r.key.clone(),
-                        op: op.name.clone(),
-                        file: weights.path().to_path_buf(),
-                    })
+                    weights
+                        .get(&r.key)
+                        .ok_or_else(|| RuntimeError::MissingWeight {
+                            key: r.key.clone(),
+                            op: op.name.clone(),
+                            file: weights.path().to_path_buf(),
+                        })
                 })
                 .collect::<Result<_>>()?;
-            let kctx = KernelCtx { op: &op.name, step: ctx.step };
+            let kctx = KernelCtx {
+                op: &op.name,
+                step: ctx.step,
+            };
             let mut outs = kernel
                 .run(&kctx, &ins, &ws)
-                .map_err(|reason| RuntimeError::Op { op: op.name.clone(), reason })?;
+                .map_err(|reason| RuntimeError::Op {
+                    op: op.name.clone(),
+                    reason,
+                })?;
             if outs.len() != op.outputs.len() {
                 return Err(RuntimeError::Op {
                     op: op.name.clone(),
-                    reason: format!("kernel returned {} outputs, {} declared", outs.len(), op.outputs.len()),
+                    reason: format!(
+                        "kernel returned {} outputs, {} declared",
+                        outs.len(),
+                        op.outputs.len()
+                    ),
                 });
             }
             for &e in &op.inputs {
@@ -735,7 +810,12 @@ impl Graph {
                 if let Some(f) = ctx.faults {
                     f.patch_output(op, pi, edge, ctx.step, t);
                 }
-                bind_shape(edge, t.shape(), &mut syms, &format!("op '{}' output", op.name))?;
+                bind_shape(
+                    edge,
+                    t.shape(),
+                    &mut syms,
+                    &format!("op '{}' output", op.name),
+                )?;
                 if let Some(cp) = &edge.checkpoint {
                     if let Some(obs) = ctx.observer.as_deref_mut() {
                         if obs.wants(cp, ctx.step) {
@@ -748,7 +828,10 @@ impl Graph {
                                 return Err(RuntimeError::ShapeMismatch {
                                     edge: edge.name.clone(),
                                     declared: format!("{:?}", t.shape()),
-                                    context: format!("substituted reference for {cp}@step{}", ctx.step),
+                                    context: format!(
+                                        "substituted reference for {cp}@step{}",
+                                        ctx.step
+                                    ),
                                     found: format!("{:?}", r.shape()),
                                 });
                             }
@@ -765,9 +848,12 @@ impl Graph {
         }
         want.iter()
             .map(|&e| {
-                values[e]
-                    .take()
-                    .ok_or_else(|| RuntimeError::Graph(format!("wanted edge '{}' not computed", self.edges[e].name)))
+                values[e].take().ok_or_else(|| {
+                    RuntimeError::Graph(format!(
+                        "wanted edge '{}' not computed",
+                        self.edges[e].name
+                    ))
+                })
             })
             .collect()
     }
@@ -833,7 +919,12 @@ fn shapes_agree(declared: &[Dim], inferred: &[Dim]) -> bool {
 }
 
 /// Check a concrete shape against an edge's declared shape, binding symbols for this run.
-fn bind_shape(edge: &Edge, got: &[usize], syms: &mut HashMap<String, usize>, ctx: &str) -> Result<()> {
+fn bind_shape(
+    edge: &Edge,
+    got: &[usize],
+    syms: &mut HashMap<String, usize>,
+    ctx: &str,
+) -> Result<()> {
     let mismatch = || RuntimeError::ShapeMismatch {
         edge: edge.name.clone(),
         declared: fmt_shape(&edge.shape),

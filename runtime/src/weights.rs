@@ -34,7 +34,10 @@ impl Weights {
             let shape = view.shape().to_vec();
             let data = view.data();
             let vals: Vec<f32> = match view.dtype() {
-                Dtype::F32 => data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+                Dtype::F32 => data
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
                 Dtype::F16 => data
                     .chunks_exact(2)
                     .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
@@ -43,17 +46,18 @@ impl Weights {
                     .chunks_exact(2)
                     .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
                     .collect(),
-                other => {
-                    return Err(RuntimeError::File {
-                        path: path.to_path_buf(),
-                        reason: format!("tensor '{name}' has dtype {other:?}; only F32, F16, BF16 are supported"),
-                    })
-                }
+                other => return Err(RuntimeError::File {
+                    path: path.to_path_buf(),
+                    reason: format!(
+                        "tensor '{name}' has dtype {other:?}; only F32, F16, BF16 are supported"
+                    ),
+                }),
             };
-            let t = ArrayD::from_shape_vec(IxDyn(&shape), vals).map_err(|e| RuntimeError::File {
-                path: path.to_path_buf(),
-                reason: format!("tensor '{name}': {e}"),
-            })?;
+            let t =
+                ArrayD::from_shape_vec(IxDyn(&shape), vals).map_err(|e| RuntimeError::File {
+                    path: path.to_path_buf(),
+                    reason: format!("tensor '{name}': {e}"),
+                })?;
             tensors.insert(name, t);
         }
         Ok(Weights {

@@ -14,11 +14,29 @@ fn granite_dump() {
     let a = xray_runtime::audio::load_wav(Path::new(&wav), 16000).unwrap();
     let mut rec = Recorder::new();
     let t = std::time::Instant::now();
-    let o = m.run(&a, &RunOptions::default(), &mut RunHooks { observer: Some(&mut rec), ..Default::default() }).unwrap();
+    let o = m
+        .run(
+            &a,
+            &RunOptions::default(),
+            &mut RunHooks {
+                observer: Some(&mut rec),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     eprintln!("run {:?}", t.elapsed());
     for c in &rec.captured {
-        std::fs::write(format!("{out}/{}.npy", c.name), xray_runtime::dump::npy_bytes(&c.data)).unwrap();
+        std::fs::write(
+            format!("{out}/{}.npy", c.name),
+            xray_runtime::dump::npy_bytes(&c.data),
+        )
+        .unwrap();
     }
-    std::fs::write(format!("{out}/meta.json"), serde_json::json!({"tokens": o.tokens, "transcript": o.transcript, "extra": o.extra}).to_string()).unwrap();
+    std::fs::write(
+        format!("{out}/meta.json"),
+        serde_json::json!({"tokens": o.tokens, "transcript": o.transcript, "extra": o.extra})
+            .to_string(),
+    )
+    .unwrap();
     eprintln!("{:?} {:?} {:?}", o.tokens, o.transcript, o.extra);
 }

@@ -25,14 +25,25 @@ fn cross_graph(with_transform: bool) -> Result<xray_runtime::Graph, RuntimeError
         Layout::TokenMajor,
     )?;
     let (k, kshape) = if with_transform {
-        let k = g.op1("cross_k_to_head_major", Box::new(SplitHeads { heads: 2 }), &[k], &[], shape![2, 6, 4], Layout::HeadMajor)?;
+        let k = g.op1(
+            "cross_k_to_head_major",
+            Box::new(SplitHeads { heads: 2 }),
+            &[k],
+            &[],
+            shape![2, 6, 4],
+            Layout::HeadMajor,
+        )?;
         (k, shape![2, "tokens", 4])
     } else {
         (k, shape![2, "tokens", 4])
     };
     let y = g.op1(
         "cross_attn",
-        Box::new(Attention { scale: 0.5, causal: false, strategy: MatmulStrategy::RowStable }),
+        Box::new(Attention {
+            scale: 0.5,
+            causal: false,
+            strategy: MatmulStrategy::RowStable,
+        }),
         &[q, k, v],
         &[],
         kshape,
@@ -47,7 +58,10 @@ fn token_major_into_head_major_port_names_both_endpoints() {
     let e = cross_graph(false).unwrap_err();
     assert!(matches!(e, RuntimeError::LayoutMismatch { .. }), "{e:?}");
     let msg = e.to_string();
-    assert!(msg.contains("cross_k_proj:y/token_major -> cross_attn:k/head_major"), "{msg}");
+    assert!(
+        msg.contains("cross_k_proj:y/token_major -> cross_attn:k/head_major"),
+        "{msg}"
+    );
     assert!(msg.contains("edge 'cross_k_proj.y'"), "{msg}");
     // Declaring the transform makes the same wiring valid.
     cross_graph(true).expect("with the declared transform the graph builds");
@@ -56,7 +70,9 @@ fn token_major_into_head_major_port_names_both_endpoints() {
 #[test]
 fn shape_mismatch_names_the_edge_and_both_shapes() {
     let mut g = GraphBuilder::new("toy");
-    let x = g.feed("x", shape!["tokens", 8], Layout::TokenMajor).unwrap();
+    let x = g
+        .feed("x", shape!["tokens", 8], Layout::TokenMajor)
+        .unwrap();
     // fc1 maps 8 -> 16 features, but the edge is declared with 12.
     let y = g
         .op1(
@@ -72,7 +88,10 @@ fn shape_mismatch_names_the_edge_and_both_shapes() {
     let e = g.build().unwrap_err();
     let msg = e.to_string();
     assert!(matches!(e, RuntimeError::ShapeMismatch { .. }), "{e:?}");
-    assert!(msg.contains("'fc1.y'") && msg.contains("[tokens, 12]") && msg.contains("[tokens, 16]"), "{msg}");
+    assert!(
+        msg.contains("'fc1.y'") && msg.contains("[tokens, 12]") && msg.contains("[tokens, 16]"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -80,16 +99,33 @@ fn missing_and_mismatched_and_unused_weights_name_the_key_and_file() {
     let g = cross_graph(true).unwrap();
     let w = Weights::from_map("toy/model.safetensors", HashMap::new());
     let msg = g.check_weights(&w).unwrap_err().to_string();
-    assert!(msg.contains("'k_proj.weight'") && msg.contains("toy/model.safetensors") && msg.contains("cross_k_proj"), "{msg}");
+    assert!(
+        msg.contains("'k_proj.weight'")
+            && msg.contains("toy/model.safetensors")
+            && msg.contains("cross_k_proj"),
+        "{msg}"
+    );
 
-    let w = Weights::from_map("toy/model.safetensors", HashMap::from([("k_proj.weight".to_string(), ndarray::ArrayD::zeros(vec![8, 4]))]));
+    let w = Weights::from_map(
+        "toy/model.safetensors",
+        HashMap::from([(
+            "k_proj.weight".to_string(),
+            ndarray::ArrayD::zeros(vec![8, 4]),
+        )]),
+    );
     let msg = g.check_weights(&w).unwrap_err().to_string();
-    assert!(msg.contains("'k_proj.weight'") && msg.contains("[8, 4]") && msg.contains("[8, 8]"), "{msg}");
+    assert!(
+        msg.contains("'k_proj.weight'") && msg.contains("[8, 4]") && msg.contains("[8, 8]"),
+        "{msg}"
+    );
 
     let w = Weights::from_map(
         "toy/model.safetensors",
         HashMap::from([
-            ("k_proj.weight".to_string(), ndarray::ArrayD::zeros(vec![8, 8])),
+            (
+                "k_proj.weight".to_string(),
+                ndarray::ArrayD::zeros(vec![8, 8]),
+            ),
             ("stray.weight".to_string(), ndarray::ArrayD::zeros(vec![1])),
         ]),
     );
@@ -99,24 +135,49 @@ fn missing_and_mismatched_and_unused_weights_name_the_key_and_file() {
 
 #[test]
 fn whisper_graph_exports_edges_layouts_and_contract_labels() {
-    let Some(dir) = whisper_support::fixture("fixtures/build/whisper-rand-a") else { return };
+    let Some(dir) = whisper_support::fixture("fixtures/build/whisper-rand-a") else {
+        return;
+    };
     let m = xray_runtime::models::whisper::WhisperModel::load(&dir).expect("load");
     let g = xray_runtime::models::SpeechModel::graph(&m);
     let j = g.to_json();
     let cps = j["checkpoints"].as_object().expect("checkpoints");
-    assert_eq!(cps["audio.decoder.layer.1.cross_k"], "decoder.layer.1.cross_k");
+    assert_eq!(
+        cps["audio.decoder.layer.1.cross_k"],
+        "decoder.layer.1.cross_k"
+    );
     assert_eq!(cps["audio.decoder.logits"], "decoder.logits");
     let edges = j["edges"].as_array().expect("edges");
-    let ck = edges.iter().find(|e| e["name"] == "decoder.layer.0.cross_k").expect("cross_k edge");
+    let ck = edges
+        .iter()
+        .find(|e| e["name"] == "decoder.layer.0.cross_k")
+        .expect("cross_k edge");
     assert_eq!(ck["layout"], "head_major");
-    assert_eq!(ck["producer"]["op"], "decoder.layer.0.cross_k_to_head_major");
+    assert_eq!(
+        ck["producer"]["op"],
+        "decoder.layer.0.cross_k_to_head_major"
+    );
     assert_eq!(ck["shape"], serde_json::json!(["4", "250", "16"]));
-    let consumers: Vec<&str> = ck["consumers"].as_array().unwrap().iter().map(|c| c["op"].as_str().unwrap()).collect();
+    let consumers: Vec<&str> = ck["consumers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["op"].as_str().unwrap())
+        .collect();
     assert_eq!(consumers, ["decoder.layer.0.cross_attn"]);
     // Encoder memory: one producer, every decoder layer's cross K and V projection consumes it.
-    let mem = edges.iter().find(|e| e["name"] == "encoder.memory").expect("memory edge");
+    let mem = edges
+        .iter()
+        .find(|e| e["name"] == "encoder.memory")
+        .expect("memory edge");
     assert_eq!(mem["consumers"].as_array().unwrap().len(), 2 * 2);
     // The self-attention cache is a feed in and an output out; no op holds it.
-    assert!(edges.iter().any(|e| e["name"] == "decoder.layer.1.self_k_past" && e["producer"].is_null()));
-    assert!(j["outputs"].as_array().unwrap().iter().any(|o| o == "decoder.layer.1.self_k"));
+    assert!(edges
+        .iter()
+        .any(|e| e["name"] == "decoder.layer.1.self_k_past" && e["producer"].is_null()));
+    assert!(j["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|o| o == "decoder.layer.1.self_k"));
 }

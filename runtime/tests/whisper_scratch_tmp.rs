@@ -16,10 +16,23 @@ fn dump() {
     let a = xray_runtime::audio::load_wav(Path::new(&wav), 16000).unwrap();
     let mut rec = Recorder::new();
     let t = std::time::Instant::now();
-    let o = m.run(&a, &RunOptions::default(), &mut RunHooks { observer: Some(&mut rec), ..Default::default() }).unwrap();
+    let o = m
+        .run(
+            &a,
+            &RunOptions::default(),
+            &mut RunHooks {
+                observer: Some(&mut rec),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     eprintln!("run {:?}", t.elapsed());
     for c in &rec.captured {
-        std::fs::write(format!("{out}/{}@{}.npy", c.name, c.step), xray_runtime::dump::npy_bytes(&c.data)).unwrap();
+        std::fs::write(
+            format!("{out}/{}@{}.npy", c.name, c.step),
+            xray_runtime::dump::npy_bytes(&c.data),
+        )
+        .unwrap();
     }
     std::fs::write(format!("{out}/tokens.json"), serde_json::json!({"tokens": o.tokens, "predicted": o.predicted, "transcript": o.transcript}).to_string()).unwrap();
     eprintln!("{:?} {:?}", o.tokens, o.transcript);
@@ -33,10 +46,14 @@ fn timing() {
     let wav = std::env::var("W").unwrap();
     let m = WhisperModel::load(Path::new(&model_dir)).unwrap();
     let a = xray_runtime::audio::load_wav(Path::new(&wav), 16000).unwrap();
-    let med = |mut v: Vec<f64>| { v.sort_by(|a, b| a.partial_cmp(b).unwrap()); v[v.len() / 2] };
+    let med = |mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[v.len() / 2]
+    };
     let mut ctx = RunCtx::default();
     let mel = m.log_mel(&a.samples, &mut ctx).unwrap();
-    let mut tm = vec![]; let mut te = vec![];
+    let mut tm = vec![];
+    let mut te = vec![];
     for _ in 0..5 {
         let t = std::time::Instant::now();
         let _ = m.log_mel(&a.samples, &mut ctx).unwrap();
@@ -45,7 +62,12 @@ fn timing() {
         let _mem = m.encode_mel(mel.clone(), &mut ctx).unwrap();
         te.push(t.elapsed().as_secs_f64() * 1e3);
     }
-    eprintln!("log_mel median {:.1} ms; encoder median {:.1} ms {:?}", med(tm), med(te.clone()), te);
+    eprintln!(
+        "log_mel median {:.1} ms; encoder median {:.1} ms {:?}",
+        med(tm),
+        med(te.clone()),
+        te
+    );
     let mem = m.encode_mel(mel.clone(), &mut ctx).unwrap();
     let mut s = m.new_session();
     s.install_memory(mem, None);
@@ -63,7 +85,14 @@ fn timing() {
         let mut v = vec![];
         for _ in 0..3 {
             let mut rec = Recorder::new();
-            let mut hooks = if cap { RunHooks { observer: Some(&mut rec), ..Default::default() } } else { RunHooks::default() };
+            let mut hooks = if cap {
+                RunHooks {
+                    observer: Some(&mut rec),
+                    ..Default::default()
+                }
+            } else {
+                RunHooks::default()
+            };
             let t = std::time::Instant::now();
             let _ = m.run(&a, &RunOptions::default(), &mut hooks).unwrap();
             v.push(t.elapsed().as_secs_f64() * 1e3);
@@ -83,6 +112,7 @@ fn decode_only() {
     let mut ctx = RunCtx::default();
     let mem = m.encode(&a.samples, &mut ctx).unwrap();
     let mut ts = vec![];
+    let c0 = cpu_ms();
     for _ in 0..3 {
         let mut s = m.new_session();
         s.install_memory(mem.clone(), None);
@@ -94,7 +124,19 @@ fn decode_only() {
         }
     }
     ts.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    eprintln!("decode step median {:.2} ms min {:.2}", ts[ts.len() / 2], ts[0]);
+    let cpu = (cpu_ms() - c0) / ts.len() as f64;
+    eprintln!(
+        "decode step median {:.2} ms min {:.2} cpu/step(incl prefill) {:.2}",
+        ts[ts.len() / 2],
+        ts[0],
+        cpu
+    );
+}
+
+fn cpu_ms() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let f: Vec<&str> = s.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) * 10.0
 }
 
 #[test]
@@ -108,11 +150,19 @@ fn encode_only() {
     let mut ctx = RunCtx::default();
     let mel = m.log_mel(&a.samples, &mut ctx).unwrap();
     let mut ts = vec![];
-    for _ in 0..6 {
+    let c0 = cpu_ms();
+    let n = 6;
+    for _ in 0..n {
         let t = std::time::Instant::now();
         let _ = m.encode_mel(mel.clone(), &mut ctx).unwrap();
         ts.push(t.elapsed().as_secs_f64() * 1e3);
     }
+    let cpu = (cpu_ms() - c0) / n as f64;
     ts.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    eprintln!("encoder median {:.1} ms min {:.1}", ts[ts.len() / 2], ts[0]);
+    eprintln!(
+        "encoder median {:.1} ms min {:.1} cpu/run {:.0} ms",
+        ts[ts.len() / 2],
+        ts[0],
+        cpu
+    );
 }

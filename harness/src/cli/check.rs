@@ -77,13 +77,27 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         warmup_audio: None,
     };
     let t0 = std::time::Instant::now();
-    let out = check(&opts, &|m| super::note(&format!("xray: {m} [{:.1}s]", t0.elapsed().as_secs_f64())))?;
+    let out = check(&opts, &|m| {
+        super::note(&format!("xray: {m} [{:.1}s]", t0.elapsed().as_secs_f64()))
+    })?;
     let ev = &out.evidence;
     let evidence_path = a.evidence.clone().unwrap_or_else(|| {
-        let stem = |p: &PathBuf| p.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
-        PathBuf::from("reports").join(format!("{}.{}.evidence.json", a.model.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default(), stem(&a.audio)))
+        let stem = |p: &PathBuf| {
+            p.file_stem()
+                .map(|s| s.to_string_lossy().to_string())
+                .unwrap_or_default()
+        };
+        PathBuf::from("reports").join(format!(
+            "{}.{}.evidence.json",
+            a.model
+                .file_name()
+                .map(|s| s.to_string_lossy().to_string())
+                .unwrap_or_default(),
+            stem(&a.audio)
+        ))
     });
-    ev.save(&evidence_path).with_context(|| format!("writing {}", evidence_path.display()))?;
+    ev.save(&evidence_path)
+        .with_context(|| format!("writing {}", evidence_path.display()))?;
     if let Some(d) = &a.dumps {
         out.reference.to_writer().write(&d.join("reference"))?;
         out.runtime.to_writer().write(&d.join("runtime"))?;

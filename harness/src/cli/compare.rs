@@ -47,7 +47,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let reference = Dump::load(&a.reference)?;
     let got = Dump::load(&a.got)?;
     if reference.manifest.family != got.manifest.family {
-        return Err(anyhow!("family mismatch: reference is {}, got is {}", reference.manifest.family, got.manifest.family));
+        return Err(anyhow!(
+            "family mismatch: reference is {}, got is {}",
+            reference.manifest.family,
+            got.manifest.family
+        ));
     }
     let config = match &a.model {
         Some(m) => super::read_config(m)?,
@@ -56,7 +60,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             .extra
             .get("config")
             .cloned()
-            .ok_or_else(|| anyhow!("{}: the manifest records no model config; pass --model DIR", a.reference.display()))?,
+            .ok_or_else(|| {
+                anyhow!(
+                    "{}: the manifest records no model config; pass --model DIR",
+                    a.reference.display()
+                )
+            })?,
     };
     let contract = Contract::for_family(&reference.manifest.family, &config)?;
     let policy = match &a.policy {
@@ -66,21 +75,41 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if reference.manifest.stats_only || got.manifest.stats_only {
         return Err(anyhow!("stats-only dumps compare by content hash and statistics only: use `xray compare-stats`"));
     }
-    let cmp = compare_dumps(&contract, &reference, &got, None, &CompareOptions { policy, floors: Default::default() })
-        .context("comparing")?;
+    let cmp = compare_dumps(
+        &contract,
+        &reference,
+        &got,
+        None,
+        &CompareOptions {
+            policy,
+            floors: Default::default(),
+        },
+    )
+    .context("comparing")?;
     let mut notes = vec![];
     if reference.manifest.weights_sha256 != got.manifest.weights_sha256 {
-        notes.push(format!("weights sha256 differ: reference {} vs {}", reference.manifest.weights_sha256, got.manifest.weights_sha256));
+        notes.push(format!(
+            "weights sha256 differ: reference {} vs {}",
+            reference.manifest.weights_sha256, got.manifest.weights_sha256
+        ));
     }
     if reference.manifest.audio_sha256 != got.manifest.audio_sha256 {
-        notes.push(format!("audio sha256 differ: reference {} vs {}", reference.manifest.audio_sha256, got.manifest.audio_sha256));
+        notes.push(format!(
+            "audio sha256 differ: reference {} vs {}",
+            reference.manifest.audio_sha256, got.manifest.audio_sha256
+        ));
     }
     let run = Run {
         family: reference.manifest.family.clone(),
         model_path: reference.manifest.model_id.clone(),
         weights_sha256: Some(reference.manifest.weights_sha256.clone()),
         audio_sha256: Some(reference.manifest.audio_sha256.clone()),
-        runtime_version: got.manifest.tools.get("runtime").cloned().unwrap_or_else(|| got.manifest.producer.clone()),
+        runtime_version: got
+            .manifest
+            .tools
+            .get("runtime")
+            .cloned()
+            .unwrap_or_else(|| got.manifest.producer.clone()),
         oracle: Some(oracle_versions(&reference.manifest.tools)),
         isolated: false,
     };
@@ -104,5 +133,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         super::say(&ev.to_json()?)?;
     }
     super::note(&super::summary(&ev));
-    Ok(if ev.verdict == Verdict::Pass { ExitCode::SUCCESS } else { super::exit_fail() })
+    Ok(if ev.verdict == Verdict::Pass {
+        ExitCode::SUCCESS
+    } else {
+        super::exit_fail()
+    })
 }

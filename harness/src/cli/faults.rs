@@ -15,12 +15,18 @@ pub struct Args {
 
 /// Lists the catalogue.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let mut out = format!("{:<24} {:<12} {:<56} description\n", "fault", "family", "default target");
+    let mut out = format!(
+        "{:<24} {:<12} {:<56} description\n",
+        "fault", "family", "default target"
+    );
     for f in faults::catalogue() {
         if a.family.as_deref().is_some_and(|x| x != f.family) {
             continue;
         }
-        out.push_str(&format!("{:<24} {:<12} {:<56} {}\n", f.name, f.family, f.default_target, f.description));
+        out.push_str(&format!(
+            "{:<24} {:<12} {:<56} {}\n",
+            f.name, f.family, f.default_target, f.description
+        ));
     }
     super::say(&out)?;
     Ok(ExitCode::SUCCESS)

@@ -21,10 +21,16 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let model = models::load(&a.model)?;
     let g = model.graph();
     if a.json {
-        super::say(&format!("{}\n", serde_json::to_string_pretty(&g.to_json())?))?;
+        super::say(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&g.to_json())?
+        ))?;
         return Ok(ExitCode::SUCCESS);
     }
-    let mut out = format!("{:<52} {:<40} {:<16} {:<24} consumers\n", "checkpoint", "producer", "layout", "shape");
+    let mut out = format!(
+        "{:<52} {:<40} {:<16} {:<24} consumers\n",
+        "checkpoint", "producer", "layout", "shape"
+    );
     for (name, e) in g.checkpoints() {
         let edge = &g.edges()[e];
         out.push_str(&format!(

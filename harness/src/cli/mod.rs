@@ -32,34 +32,54 @@ pub fn note(text: &str) {
     let _ = writeln!(std::io::stderr(), "{text}");
 }
 
+pub mod bench;
 pub mod check;
 pub mod compare;
 pub mod faults;
 pub mod list;
 pub mod oracle;
 pub mod run;
+pub mod selftest;
 
 /// A model directory's config.json as JSON.
 pub fn read_config(dir: &std::path::Path) -> anyhow::Result<serde_json::Value> {
     let p = dir.join("config.json");
-    let text = std::fs::read_to_string(&p).map_err(|e| anyhow::anyhow!("{}: {e} (run `make fixtures` for the bundled models)", p.display()))?;
+    let text = std::fs::read_to_string(&p).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: {e} (run `make fixtures` for the bundled models)",
+            p.display()
+        )
+    })?;
     serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
 }
 
 /// One-paragraph human summary of an evidence document (stderr).
 pub fn summary(e: &xray_harness::evidence::Evidence) -> String {
     let n = e.checkpoints.len();
-    let pass = e.checkpoints.iter().filter(|c| c.status == xray_harness::localize::Status::Pass).count();
-    let mut s = format!("xray: verdict {} ({pass}/{n} checkpoints pass", e.verdict.as_str());
+    let pass = e
+        .checkpoints
+        .iter()
+        .filter(|c| c.status == xray_harness::localize::Status::Pass)
+        .count();
+    let mut s = format!(
+        "xray: verdict {} ({pass}/{n} checkpoints pass",
+        e.verdict.as_str()
+    );
     if let Some(c) = e.capture_neutral {
         s.push_str(&format!(", capture neutral: {c}"));
     }
     s.push(')');
     if let Some(t) = &e.transcript {
-        s.push_str(&format!("\nxray: reference: {:?}\nxray: runtime:   {:?} (tokens equal: {})", t.reference, t.runtime, t.tokens_equal));
+        s.push_str(&format!(
+            "\nxray: reference: {:?}\nxray: runtime:   {:?} (tokens equal: {})",
+            t.reference, t.runtime, t.tokens_equal
+        ));
     }
     if let Some(f) = &e.first_divergence {
-        s.push_str(&format!("\nxray: first divergence: {}@step{} (producer {})", f.checkpoint, f.step, f.producer));
+        s.push_str(&format!(
+            "\nxray: first divergence: {}@step{} (producer {})",
+            f.checkpoint, f.step, f.producer
+        ));
         if let Some(x) = &f.explanation {
             s.push_str(&format!(": {}", x.detail));
         }

@@ -45,9 +45,15 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let run = oracle.run(&req)?;
     let mut w = run.to_dump(family, &a.model.display().to_string());
     w.manifest.extra.insert("config".into(), config);
-    w.manifest.extra.insert("dtype".into(), serde_json::json!(a.dtype));
+    w.manifest
+        .extra
+        .insert("dtype".into(), serde_json::json!(a.dtype));
     w.write(&a.out)?;
-    super::note(&format!("xray: {} checkpoints -> {}", w.manifest.checkpoints.len(), a.out.display()));
+    super::note(&format!(
+        "xray: {} checkpoints -> {}",
+        w.manifest.checkpoints.len(),
+        a.out.display()
+    ));
     super::say(&format!("{}\n", run.transcript))?;
     Ok(ExitCode::SUCCESS)
 }

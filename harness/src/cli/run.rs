@@ -43,12 +43,25 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         teacher_tokens: (!a.teacher.is_empty()).then(|| a.teacher.clone()),
     };
     let only = (!a.only.is_empty()).then_some(a.only.as_slice());
-    let (dump, out) = xray_harness::check::runtime_dump(model.as_ref(), &a.audio, &opts, Some(&faults), None, only)?;
+    let (dump, out) = xray_harness::check::runtime_dump(
+        model.as_ref(),
+        &a.audio,
+        &opts,
+        Some(&faults),
+        None,
+        only,
+    )?;
     let mut w = dump.to_writer();
-    w.manifest.extra.insert("config".into(), super::read_config(&a.model)?);
+    w.manifest
+        .extra
+        .insert("config".into(), super::read_config(&a.model)?);
     if a.stats_only {
         let m = w.manifest.clone();
-        let mut s = xray_runtime::dump::DumpWriter::new(xray_runtime::dump::Manifest { stats_only: true, checkpoints: vec![], ..m });
+        let mut s = xray_runtime::dump::DumpWriter::new(xray_runtime::dump::Manifest {
+            stats_only: true,
+            checkpoints: vec![],
+            ..m
+        });
         for e in &dump.manifest.checkpoints {
             if let Some(t) = dump.get(&e.name, e.step) {
                 s.add(&e.name, e.step, e.layout, t);
@@ -57,7 +70,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         w = s;
     }
     w.write(&a.out)?;
-    super::note(&format!("xray: {} checkpoints -> {}", w.manifest.checkpoints.len(), a.out.display()));
+    super::note(&format!(
+        "xray: {} checkpoints -> {}",
+        w.manifest.checkpoints.len(),
+        a.out.display()
+    ));
     super::say(&format!("{}\n", out.transcript))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -39,9 +39,18 @@ impl Kernel for Add {
         }
         Ok(vec![inputs[0].clone()])
     }
-    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        _weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
         if inputs[0].shape() != inputs[1].shape() {
-            return Err(format!("a {:?} and b {:?} differ", inputs[0].shape(), inputs[1].shape()));
+            return Err(format!(
+                "a {:?} and b {:?} differ",
+                inputs[0].shape(),
+                inputs[1].shape()
+            ));
         }
         let mut y = inputs[0].as_standard_layout().into_owned();
         if !self.skip_branch {
@@ -96,10 +105,18 @@ impl Kernel for AddTable {
         }
         Ok(vec![vec![Dim::Fixed(r), Dim::Fixed(d)]])
     }
-    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
         let s = dims(inputs[0], 2, "x")?;
         if weights[0].shape() != s.as_slice() {
-            return Err(format!("table {:?} does not match x {s:?}", weights[0].shape()));
+            return Err(format!(
+                "table {:?} does not match x {s:?}",
+                weights[0].shape()
+            ));
         }
         let mut y = inputs[0].as_standard_layout().into_owned();
         let t = data(weights[0], "table")?;

@@ -1,9 +1,14 @@
 //! Scaled dot-product attention over head-major q/k/v, with an optional causal mask that accounts
 //! for cached keys (`past = keys - queries`).
 
-use super::{data, dims, par_ranges, par_rows, rank, same_dim, sgemm, simd, tensor, MatmulStrategy};
+use super::{
+    data, dims, par_ranges, par_rows, rank, same_dim, sgemm, simd, tensor, MatmulStrategy,
+};
 use crate::faults::ParamFault;
 use crate::graph::{port, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+
+/// Bytes of one block of score rows in the `gemm` strategy (fits the L2 with the packed operands).
+const GEMM_BLOCK_BYTES: usize = 512 * 1024;
 
 /// `softmax((q * scale) k^T + mask) v` per head: q `[H, T, D]`, k `[H, S, D]`, v `[H, S, Dv]`
 /// -> context `[H, T, Dv]` (head-major, before merging heads and the output projection).
@@ -31,7 +36,11 @@ impl Kernel for Attention {
         "attention"
     }
     fn inputs(&self) -> Vec<Port> {
-        vec![port("q", Layout::HeadMajor), port("k", Layout::HeadMajor), port("v", Layout::HeadMajor)]
+        vec![
+            port("q", Layout::HeadMajor),
+            port("k", Layout::HeadMajor),
+            port("v", Layout::HeadMajor),
+        ]
     }
     fn outputs(&self) -> Vec<Port> {
         vec![port("y", Layout::HeadMajor)]
@@ -44,9 +53,18 @@ impl Kernel for Attention {
         same_dim(&inputs[0][0], &inputs[2][0], "heads of q and v")?;
         same_dim(&inputs[0][2], &inputs[1][2], "head_dim of q and k")?;
         same_dim(&inputs[1][1], &inputs[2][1], "keys of k and v")?;
-        Ok(vec![vec![inputs[0][0].clone(), inputs[0][1].clone(), inputs[2][2].clone()]])
+        Ok(vec![vec![
+            inputs[0][0].clone(),
+            inputs[0][1].clone(),
+            inputs[2][2].clone(),
+        ]])
     }
-    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        _weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
         let qs = dims(inputs[0], 3, "q")?;
         let ks = dims(inputs[1], 3, "k")?;
         let vs = dims(inputs[2], 3, "v")?;
@@ -56,7 +74,9 @@ impl Kernel for Attention {
             return Err(format!("q {qs:?}, k {ks:?}, v {vs:?} do not fit together"));
         }
         if self.causal && s < t {
-            return Err(format!("causal attention with {t} queries needs at least {t} keys, got {s}"));
+            return Err(format!(
+                "causal attention with {t} queries needs at least {t} keys, got {s}"
+            ));
         }
         let past = s - t.min(s);
         let valid = |ti: usize| if self.causal { past + ti + 1 } else { s };
@@ -66,22 +86,51 @@ impl Kernel for Attention {
         let mut out = vec![0f32; h * t * dv];
         match self.strategy {
             MatmulStrategy::Gemm => {
-                let mut scores = vec![0f32; t * s];
+                // Blocks of query rows whose score rows stay in L2 between the two products.
+                let bq = (GEMM_BLOCK_BYTES / (4 * s.max(1))).clamp(16, 256) / 16 * 16;
+                let mut scores = vec![0f32; bq.min(t) * s];
                 let mut qh = vec![0f32; t * d];
                 for hi in 0..h {
                     qh.copy_from_slice(&q[hi * t * d..(hi + 1) * t * d]);
                     simd::scale(&mut qh, self.scale);
                     let kh = &k[hi * s * d..(hi + 1) * s * d];
-                    sgemm(t, d, s, &qh, (d, 1), kh, (1, d), 0.0, &mut scores, (s, 1))?;
-                    par_rows(&mut scores, s, 12 * s, |r0, rows| {
-                        for (i, row) in rows.chunks_exact_mut(s).enumerate() {
-                            let n = valid(r0 + i);
-                            simd::softmax_row(&mut row[..n]);
-                            row[n..].fill(0.0);
-                        }
-                    });
                     let vh = &v[hi * s * dv..(hi + 1) * s * dv];
-                    sgemm(t, s, dv, &scores, (s, 1), vh, (dv, 1), 0.0, &mut out[hi * t * dv..(hi + 1) * t * dv], (dv, 1))?;
+                    let oh = &mut out[hi * t * dv..(hi + 1) * t * dv];
+                    for t0 in (0..t).step_by(bq) {
+                        let rows = bq.min(t - t0);
+                        let sc = &mut scores[..rows * s];
+                        sgemm(
+                            rows,
+                            d,
+                            s,
+                            &qh[t0 * d..],
+                            (d, 1),
+                            kh,
+                            (1, d),
+                            0.0,
+                            sc,
+                            (s, 1),
+                        )?;
+                        par_rows(sc, s, 12 * s, |r0, block| {
+                            for (i, row) in block.chunks_exact_mut(s).enumerate() {
+                                let n = valid(t0 + r0 + i);
+                                simd::softmax_row(&mut row[..n]);
+                                row[n..].fill(0.0);
+                            }
+                        });
+                        sgemm(
+                            rows,
+                            s,
+                            dv,
+                            sc,
+                            (s, 1),
+                            vh,
+                            (dv, 1),
+                            0.0,
+                            &mut oh[t0 * dv..(t0 + rows) * dv],
+                            (dv, 1),
+                        )?;
+                    }
                 }
             }
             MatmulStrategy::RowStable => {
@@ -115,8 +164,14 @@ impl Kernel for Attention {
     }
     fn with_param_fault(&self, fault: &ParamFault) -> Option<Box<dyn Kernel>> {
         match fault {
-            ParamFault::AttnScale(f) => Some(Box::new(Attention { scale: self.scale * f, ..self.clone() })),
-            ParamFault::Causal(c) => Some(Box::new(Attention { causal: *c, ..self.clone() })),
+            ParamFault::AttnScale(f) => Some(Box::new(Attention {
+                scale: self.scale * f,
+                ..self.clone()
+            })),
+            ParamFault::Causal(c) => Some(Box::new(Attention {
+                causal: *c,
+                ..self.clone()
+            })),
             _ => None,
         }
     }

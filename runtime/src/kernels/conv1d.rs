@@ -20,7 +20,10 @@ pub struct Conv1d {
 impl Conv1d {
     fn out_len(&self, l: usize) -> Result<usize, String> {
         if self.stride == 0 || l + 2 * self.padding < self.kernel {
-            return Err(format!("input length {l} too short for kernel {} (padding {})", self.kernel, self.padding));
+            return Err(format!(
+                "input length {l} too short for kernel {} (padding {})",
+                self.kernel, self.padding
+            ));
         }
         Ok((l + 2 * self.padding - self.kernel) / self.stride + 1)
     }
@@ -45,20 +48,31 @@ impl Kernel for Conv1d {
         let l = fixed(&inputs[0][1], "x length")?;
         let w = &weights[0];
         if w.len() != 3 || w[1] != c || w[2] != self.kernel {
-            return Err(format!("weight must be [out, {c}, {}], got {w:?}", self.kernel));
+            return Err(format!(
+                "weight must be [out, {c}, {}], got {w:?}",
+                self.kernel
+            ));
         }
         if weights[1] != [w[0]] {
             return Err(format!("bias must be [{}], got {:?}", w[0], weights[1]));
         }
         Ok(vec![vec![Dim::Fixed(w[0]), Dim::Fixed(self.out_len(l)?)]])
     }
-    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
         let s = dims(inputs[0], 2, "x")?;
         let (c, l) = (s[0], s[1]);
         let ws = dims(weights[0], 3, "weight")?;
         let (co, kw) = (ws[0], ws[2]);
         if ws[1] != c || kw != self.kernel {
-            return Err(format!("weight {ws:?} does not fit input channels {c} / kernel {}", self.kernel));
+            return Err(format!(
+                "weight {ws:?} does not fit input channels {c} / kernel {}",
+                self.kernel
+            ));
         }
         let lo = self.out_len(l)?;
         let x = data(inputs[0], "x")?;

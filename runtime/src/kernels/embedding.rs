@@ -32,7 +32,12 @@ impl Kernel for Embedding {
         }
         Ok(vec![vec![inputs[0][0].clone(), Dim::Fixed(weights[0][1])]])
     }
-    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
         let n = dims(inputs[0], 1, "ids")?[0];
         let ts = dims(weights[0], 2, "table")?;
         let (rows, d) = (ts[0], ts[1]);
@@ -41,7 +46,9 @@ impl Kernel for Embedding {
         let mut y = vec![0f32; n * d];
         for (i, &id) in ids.iter().enumerate() {
             if !(id >= 0.0 && id.fract() == 0.0 && (id as usize) < rows) {
-                return Err(format!("id {id} at position {i} is not an integer in 0..{rows}"));
+                return Err(format!(
+                    "id {id} at position {i} is not an integer in 0..{rows}"
+                ));
             }
             let r = id as usize;
             y[i * d..(i + 1) * d].copy_from_slice(&t[r * d..(r + 1) * d]);

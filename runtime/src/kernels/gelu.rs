@@ -23,13 +23,20 @@ impl Kernel for Gelu {
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         Ok(vec![inputs[0].clone()])
     }
-    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        _weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
         let mut y = inputs[0].as_standard_layout().into_owned();
         let s = y.as_slice_mut().ok_or("gelu output not contiguous")?;
         // Elementwise: any split gives the same bits.
         let chunk = 1 << 14;
         if s.len() >= PAR_MIN_WORK / 8 {
-            super::par_rows(s, chunk.min(s.len()).max(1), chunk * 8, |_, part| simd::gelu_inplace(part));
+            super::par_rows(s, chunk.min(s.len()).max(1), chunk * 8, |_, part| {
+                simd::gelu_inplace(part)
+            });
         } else {
             simd::gelu_inplace(s);
         }

@@ -23,7 +23,10 @@ impl Kernel for KvAppend {
         "kv_append"
     }
     fn inputs(&self) -> Vec<Port> {
-        vec![port("past", Layout::HeadMajor), port("new", Layout::HeadMajor)]
+        vec![
+            port("past", Layout::HeadMajor),
+            port("new", Layout::HeadMajor),
+        ]
     }
     fn outputs(&self) -> Vec<Port> {
         vec![port("y", Layout::HeadMajor)]
@@ -33,13 +36,24 @@ impl Kernel for KvAppend {
         rank(&inputs[1], 3, "new")?;
         same_dim(&inputs[0][0], &inputs[1][0], "heads of past and new")?;
         same_dim(&inputs[0][2], &inputs[1][2], "head_dim of past and new")?;
-        Ok(vec![vec![inputs[0][0].clone(), sum_dim(&inputs[0][1], &inputs[1][1]), inputs[0][2].clone()]])
+        Ok(vec![vec![
+            inputs[0][0].clone(),
+            sum_dim(&inputs[0][1], &inputs[1][1]),
+            inputs[0][2].clone(),
+        ]])
     }
-    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        _weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
         let ps = dims(inputs[0], 3, "past")?;
         let ns = dims(inputs[1], 3, "new")?;
         if ps[0] != ns[0] || ps[2] != ns[2] {
-            return Err(format!("past {ps:?} and new {ns:?} disagree on heads/head_dim"));
+            return Err(format!(
+                "past {ps:?} and new {ns:?} disagree on heads/head_dim"
+            ));
         }
         let (h, p, t, d) = (ps[0], ps[1], ns[1], ps[2]);
         let past = data(inputs[0], "past")?;
@@ -48,7 +62,8 @@ impl Kernel for KvAppend {
         let mut y = vec![0f32; h * s * d];
         for hi in 0..h {
             y[hi * s * d..(hi * s + p) * d].copy_from_slice(&past[hi * p * d..(hi + 1) * p * d]);
-            y[(hi * s + p) * d..(hi + 1) * s * d].copy_from_slice(&new[hi * t * d..(hi + 1) * t * d]);
+            y[(hi * s + p) * d..(hi + 1) * s * d]
+                .copy_from_slice(&new[hi * t * d..(hi + 1) * t * d]);
         }
         Ok(vec![tensor(&[h, s, d], y)?])
     }

@@ -35,7 +35,10 @@ impl Kernel for LayerNorm {
         rank(&inputs[0], 2, "x")?;
         let d = super::fixed(&inputs[0][1], "x features")?;
         if weights[0] != [d] || weights[1] != [d] {
-            return Err(format!("weight and bias must be [{d}], got {:?} and {:?}", weights[0], weights[1]));
+            return Err(format!(
+                "weight and bias must be [{d}], got {:?} and {:?}",
+                weights[0], weights[1]
+            ));
         }
         Ok(vec![inputs[0].clone()])
     }
@@ -44,14 +47,23 @@ impl Kernel for LayerNorm {
     ///
     /// Upstream: pytorch v2.11.0 aten/src/ATen/native/cpu/layer_norm_kernel.cpp
     /// `LayerNormKernelImplInternal`.
-    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
         let s = dims(inputs[0], 2, "x")?;
         let (m, d) = (s[0], s[1]);
         let x = data(inputs[0], "x")?;
         let g = data(weights[0], "weight")?;
         let b = data(weights[1], "bias")?;
         if g.len() != d || b.len() != d {
-            return Err(format!("weight/bias have {}/{} elements, x has {d} features", g.len(), b.len()));
+            return Err(format!(
+                "weight/bias have {}/{} elements, x has {d} features",
+                g.len(),
+                b.len()
+            ));
         }
         let eps = self.eps as f64;
         let mut y = vec![0f32; m * d];
@@ -59,7 +71,11 @@ impl Kernel for LayerNorm {
             for (i, yr) in out.chunks_exact_mut(d).enumerate() {
                 let xr = &x[(r0 + i) * d..(r0 + i + 1) * d];
                 let mean = xr.iter().map(|&v| v as f64).sum::<f64>() / d as f64;
-                let var = xr.iter().map(|&v| (v as f64 - mean) * (v as f64 - mean)).sum::<f64>() / d as f64;
+                let var = xr
+                    .iter()
+                    .map(|&v| (v as f64 - mean) * (v as f64 - mean))
+                    .sum::<f64>()
+                    / d as f64;
                 let rstd = 1.0 / (var + eps).sqrt();
                 let scale = rstd as f32;
                 let shift = (-rstd * mean) as f32;

@@ -24,7 +24,12 @@ impl Kernel for ChannelToToken {
         rank(&inputs[0], 2, "x")?;
         Ok(vec![vec![inputs[0][1].clone(), inputs[0][0].clone()]])
     }
-    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        _weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
         let s = dims(inputs[0], 2, "x")?;
         let (c, t) = (s[0], s[1]);
         let x = data(inputs[0], "x")?;
@@ -67,22 +72,38 @@ impl Kernel for SplitHeads {
         rank(&inputs[0], 2, "x")?;
         let f = fixed(&inputs[0][1], "x features")?;
         if self.heads == 0 || f % self.heads != 0 {
-            return Err(format!("{f} features do not split into {} heads", self.heads));
+            return Err(format!(
+                "{f} features do not split into {} heads",
+                self.heads
+            ));
         }
-        Ok(vec![vec![Dim::Fixed(self.heads), inputs[0][0].clone(), Dim::Fixed(f / self.heads)]])
+        Ok(vec![vec![
+            Dim::Fixed(self.heads),
+            inputs[0][0].clone(),
+            Dim::Fixed(f / self.heads),
+        ]])
     }
-    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        _weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
         let s = dims(inputs[0], 2, "x")?;
         let (t, f) = (s[0], s[1]);
         if self.heads == 0 || f % self.heads != 0 {
-            return Err(format!("{f} features do not split into {} heads", self.heads));
+            return Err(format!(
+                "{f} features do not split into {} heads",
+                self.heads
+            ));
         }
         let (h, d) = (self.heads, f / self.heads);
         let x = data(inputs[0], "x")?;
         let mut y = vec![0f32; t * f];
         for hi in 0..h {
             for ti in 0..t {
-                y[(hi * t + ti) * d..(hi * t + ti + 1) * d].copy_from_slice(&x[ti * f + hi * d..ti * f + (hi + 1) * d]);
+                y[(hi * t + ti) * d..(hi * t + ti + 1) * d]
+                    .copy_from_slice(&x[ti * f + hi * d..ti * f + (hi + 1) * d]);
             }
         }
         Ok(vec![tensor(&[h, t, d], y)?])
@@ -116,7 +137,12 @@ impl Kernel for MergeHeads {
         let d = fixed(&inputs[0][2], "head_dim")?;
         Ok(vec![vec![inputs[0][1].clone(), Dim::Fixed(h * d)]])
     }
-    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        _weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
         let s = dims(inputs[0], 3, "x")?;
         let (h, t, d) = (s[0], s[1], s[2]);
         let x = data(inputs[0], "x")?;
@@ -124,7 +150,8 @@ impl Kernel for MergeHeads {
         let mut y = vec![0f32; t * f];
         for hi in 0..h {
             for ti in 0..t {
-                y[ti * f + hi * d..ti * f + (hi + 1) * d].copy_from_slice(&x[(hi * t + ti) * d..(hi * t + ti + 1) * d]);
+                y[ti * f + hi * d..ti * f + (hi + 1) * d]
+                    .copy_from_slice(&x[(hi * t + ti) * d..(hi * t + ti + 1) * d]);
             }
         }
         Ok(vec![tensor(&[t, f], y)?])

@@ -54,7 +54,12 @@ impl Kernel for Linear {
         }
         Ok(vec![vec![inputs[0][0].clone(), Dim::Fixed(w[0])]])
     }
-    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
         let xs = dims(inputs[0], 2, "x")?;
         let ws = dims(weights[0], 2, "weight")?;
         let (m, k, n) = (xs[0], xs[1], ws[0]);

@@ -82,7 +82,10 @@ fn linspace(start: f64, stop: f64, num: usize) -> Vec<f64> {
 pub fn mel_filter_bank(n_freq: usize, n_mels: usize, sampling_rate: usize) -> Vec<Vec<f64>> {
     let mel_min = hertz_to_mel(0.0);
     let mel_max = hertz_to_mel(8000.0);
-    let filter_freqs: Vec<f64> = linspace(mel_min, mel_max, n_mels + 2).into_iter().map(mel_to_hertz).collect();
+    let filter_freqs: Vec<f64> = linspace(mel_min, mel_max, n_mels + 2)
+        .into_iter()
+        .map(mel_to_hertz)
+        .collect();
     let fft_freqs = linspace(0.0, (sampling_rate / 2) as f64, n_freq);
     let diff: Vec<f64> = filter_freqs.windows(2).map(|w| w[1] - w[0]).collect();
     let mut fb = vec![vec![0f64; n_mels]; n_freq];
@@ -100,8 +103,20 @@ pub fn mel_filter_bank(n_freq: usize, n_mels: usize, sampling_rate: usize) -> Ve
 
 impl LogMel {
     /// A frontend for these preprocessor facts. `n_samples` must be a multiple of `hop`.
-    pub fn new(n_fft: usize, hop: usize, n_samples: usize, n_mels: usize, sampling_rate: usize) -> Result<LogMel, String> {
-        if n_fft < 2 || hop == 0 || n_samples == 0 || n_mels == 0 || n_samples % hop != 0 || n_samples <= n_fft / 2 {
+    pub fn new(
+        n_fft: usize,
+        hop: usize,
+        n_samples: usize,
+        n_mels: usize,
+        sampling_rate: usize,
+    ) -> Result<LogMel, String> {
+        if n_fft < 2
+            || hop == 0
+            || n_samples == 0
+            || n_mels == 0
+            || n_samples % hop != 0
+            || n_samples <= n_fft / 2
+        {
             return Err(format!(
                 "log-mel geometry n_fft {n_fft}, hop {hop}, n_samples {n_samples}, n_mels {n_mels} is not usable"
             ));
@@ -122,7 +137,16 @@ impl LogMel {
             .map(|n| 0.5 - 0.5 * (2.0 * std::f64::consts::PI * n as f64 / n_fft as f64).cos())
             .collect();
         let fft = RealFftPlanner::<f64>::new().plan_fft_forward(n_fft);
-        Ok(LogMel { n_fft, hop, n_samples, n_mels, sampling_rate, filters, window, fft })
+        Ok(LogMel {
+            n_fft,
+            hop,
+            n_samples,
+            n_mels,
+            sampling_rate,
+            filters,
+            window,
+            fft,
+        })
     }
 
     /// Output frames (`n_samples / hop`).
@@ -186,7 +210,10 @@ impl LogMel {
             mx = mx.max(*v);
         }
         let floor = mx - 8.0;
-        Ok(mel.iter().map(|&v| ((v.max(floor) + 4.0) / 4.0) as f32).collect())
+        Ok(mel
+            .iter()
+            .map(|&v| ((v.max(floor) + 4.0) / 4.0) as f32)
+            .collect())
     }
 }
 
@@ -202,9 +229,17 @@ impl Kernel for LogMel {
     }
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         rank(&inputs[0], 1, "pcm")?;
-        Ok(vec![vec![Dim::Fixed(self.n_mels), Dim::Fixed(self.frames())]])
+        Ok(vec![vec![
+            Dim::Fixed(self.n_mels),
+            Dim::Fixed(self.frames()),
+        ]])
     }
-    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> Result<Vec<Tensor>, String> {
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        _weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
         dims(inputs[0], 1, "pcm")?;
         let mel = self.compute(data(inputs[0], "pcm")?)?;
         Ok(vec![tensor(&[self.n_mels, self.frames()], mel)?])

@@ -60,7 +60,11 @@ pub fn threads() -> usize {
             .ok()
             .and_then(|s| s.trim().parse::<usize>().ok())
             .filter(|&n| n > 0)
-            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+            .unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(1)
+            })
     })
 }
 
@@ -70,7 +74,9 @@ pub fn threads() -> usize {
 pub fn init_threads() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        if std::env::var_os("XRAY_THREADS").is_some() && std::env::var_os("MATMUL_NUM_THREADS").is_none() {
+        if std::env::var_os("XRAY_THREADS").is_some()
+            && std::env::var_os("MATMUL_NUM_THREADS").is_none()
+        {
             // Why set_var: matrixmultiply has no API for its thread count. This runs once, at
             // model load, before the first sgemm reads the variable.
             std::env::set_var("MATMUL_NUM_THREADS", threads().to_string());
@@ -108,21 +114,30 @@ pub(crate) fn par_ranges<R: Send>(
 ) -> Vec<R> {
     use rayon::prelude::*;
     let nt = threads().min(n.max(1));
-    let Some(pool) = pool().filter(|_| nt > 1 && n.saturating_mul(cost_per_item) >= PAR_MIN_WORK) else {
+    let Some(pool) = pool().filter(|_| nt > 1 && n.saturating_mul(cost_per_item) >= PAR_MIN_WORK)
+    else {
         return vec![f(0..n)];
     };
     let chunk = n.div_ceil(nt);
-    let ranges: Vec<std::ops::Range<usize>> = (0..nt).map(|i| (i * chunk).min(n)..((i + 1) * chunk).min(n)).collect();
+    let ranges: Vec<std::ops::Range<usize>> = (0..nt)
+        .map(|i| (i * chunk).min(n)..((i + 1) * chunk).min(n))
+        .collect();
     pool.install(|| ranges.into_par_iter().with_max_len(1).map(&f).collect())
 }
 
 /// Run `f(first_row, rows)` over a row-major buffer split into [`threads`] contiguous groups of
 /// rows of `row_len` (when the work is large enough).
-pub(crate) fn par_rows(out: &mut [f32], row_len: usize, cost_per_row: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+pub(crate) fn par_rows(
+    out: &mut [f32],
+    row_len: usize,
+    cost_per_row: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync + Send,
+) {
     use rayon::prelude::*;
     let n = if row_len == 0 { 0 } else { out.len() / row_len };
     let nt = threads().min(n.max(1));
-    let Some(pool) = pool().filter(|_| nt > 1 && n.saturating_mul(cost_per_row) >= PAR_MIN_WORK) else {
+    let Some(pool) = pool().filter(|_| nt > 1 && n.saturating_mul(cost_per_row) >= PAR_MIN_WORK)
+    else {
         f(0, out);
         return;
     };
@@ -153,7 +168,9 @@ pub(crate) fn sgemm(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let last = |r: usize, rs: usize, cc: usize, cs: usize| (r.saturating_sub(1)) * rs + (cc.saturating_sub(1)) * cs;
+    let last = |r: usize, rs: usize, cc: usize, cs: usize| {
+        (r.saturating_sub(1)) * rs + (cc.saturating_sub(1)) * cs
+    };
     if k > 0 && (last(m, rsa, k, csa) >= a.len() || last(k, rsb, n, csb) >= b.len()) {
         return Err(format!("sgemm operands too small for {m}x{k}x{n}"));
     }
@@ -186,14 +203,19 @@ pub(crate) fn sgemm(
 pub(crate) fn fixed(d: &Dim, what: &str) -> Result<usize, String> {
     match d {
         Dim::Fixed(n) => Ok(*n),
-        Dim::Sym(s) => Err(format!("{what} must be fixed by the config, got symbol '{s}'")),
+        Dim::Sym(s) => Err(format!(
+            "{what} must be fixed by the config, got symbol '{s}'"
+        )),
     }
 }
 
 /// Check an input's rank.
 pub(crate) fn rank(s: &Shape, r: usize, what: &str) -> Result<(), String> {
     if s.len() != r {
-        return Err(format!("{what} must have rank {r}, got {}", crate::graph::fmt_shape(s)));
+        return Err(format!(
+            "{what} must have rank {r}, got {}",
+            crate::graph::fmt_shape(s)
+        ));
     }
     Ok(())
 }
@@ -209,14 +231,18 @@ pub(crate) fn same_dim(a: &Dim, b: &Dim, what: &str) -> Result<(), String> {
 /// Shape of a run-time tensor, as a Vec, checked for rank.
 pub(crate) fn dims(t: &crate::graph::Tensor, r: usize, what: &str) -> Result<Vec<usize>, String> {
     if t.ndim() != r {
-        return Err(format!("{what} must have rank {r}, got shape {:?}", t.shape()));
+        return Err(format!(
+            "{what} must have rank {r}, got shape {:?}",
+            t.shape()
+        ));
     }
     Ok(t.shape().to_vec())
 }
 
 /// Contiguous data of a tensor (tensors are stored in standard layout by the executor).
 pub(crate) fn data<'a>(t: &'a crate::graph::Tensor, what: &str) -> Result<&'a [f32], String> {
-    t.as_slice().ok_or_else(|| format!("{what} is not contiguous"))
+    t.as_slice()
+        .ok_or_else(|| format!("{what} is not contiguous"))
 }
 
 /// Build an output tensor from a shape and a buffer.

@@ -226,7 +226,10 @@ mod avx2 {
         let av = _mm256_set1_ps(a);
         let mut i = 0;
         while i < full {
-            let r = _mm256_add_ps(_mm256_loadu_ps(y.as_ptr().add(i)), _mm256_mul_ps(av, ld(x, i)));
+            let r = _mm256_add_ps(
+                _mm256_loadu_ps(y.as_ptr().add(i)),
+                _mm256_mul_ps(av, ld(x, i)),
+            );
             _mm256_storeu_ps(y.as_mut_ptr().add(i), r);
             i += 8;
         }
@@ -243,21 +246,36 @@ mod avx2 {
         // min(x, 88) as `x < 88 ? x : 88`, then max(-87.34, .) as `-87.34 > x ? -87.34 : x`.
         let x = _mm256_min_ps(x, _mm256_set1_ps(88.0));
         let x = _mm256_max_ps(_mm256_set1_ps(-87.336_55), x);
-        let z = _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)), _mm256_set1_ps(0.5));
+        let z = _mm256_add_ps(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+            _mm256_set1_ps(0.5),
+        );
         let t = _mm256_cvttps_epi32(z);
         let tf = _mm256_cvtepi32_ps(t);
         // t - (tf > z): the comparison mask is -1 where true.
         let gt = _mm256_castps_si256(_mm256_cmp_ps(tf, z, _CMP_GT_OQ));
         let fl = _mm256_add_epi32(t, gt);
         let n = _mm256_cvtepi32_ps(fl);
-        let r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(EXP_C1))), _mm256_mul_ps(n, _mm256_set1_ps(EXP_C2)));
-        let mut p = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(EXP_P0), r), _mm256_set1_ps(EXP_P1));
+        let r = _mm256_sub_ps(
+            _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(EXP_C1))),
+            _mm256_mul_ps(n, _mm256_set1_ps(EXP_C2)),
+        );
+        let mut p = _mm256_add_ps(
+            _mm256_mul_ps(_mm256_set1_ps(EXP_P0), r),
+            _mm256_set1_ps(EXP_P1),
+        );
         p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P2));
         p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P3));
         p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P4));
         p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P5));
-        let y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0));
-        let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(fl, _mm256_set1_epi32(127)), 23));
+        let y = _mm256_add_ps(
+            _mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r),
+            _mm256_set1_ps(1.0),
+        );
+        let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_add_epi32(fl, _mm256_set1_epi32(127)),
+            23,
+        ));
         _mm256_mul_ps(y, pow2)
     }
 
@@ -312,15 +330,24 @@ mod avx2 {
             let v = ld(x, i);
             let u = _mm256_mul_ps(v, _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
             let a = _mm256_andnot_ps(sign, u);
-            let t = _mm256_div_ps(one, _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(ERF_P), a), one));
-            let mut r = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(ERF_A5), t), _mm256_set1_ps(ERF_A4));
+            let t = _mm256_div_ps(
+                one,
+                _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(ERF_P), a), one),
+            );
+            let mut r = _mm256_add_ps(
+                _mm256_mul_ps(_mm256_set1_ps(ERF_A5), t),
+                _mm256_set1_ps(ERF_A4),
+            );
             r = _mm256_add_ps(_mm256_mul_ps(r, t), _mm256_set1_ps(ERF_A3));
             r = _mm256_add_ps(_mm256_mul_ps(r, t), _mm256_set1_ps(ERF_A2));
             r = _mm256_add_ps(_mm256_mul_ps(r, t), _mm256_set1_ps(ERF_A1));
             let e = exp8(_mm256_xor_ps(sign, _mm256_mul_ps(u, u)));
             let erf_abs = _mm256_sub_ps(one, _mm256_mul_ps(_mm256_mul_ps(e, t), r));
             let erf = _mm256_or_ps(_mm256_andnot_ps(sign, erf_abs), _mm256_and_ps(sign, u));
-            let g = _mm256_mul_ps(_mm256_mul_ps(v, _mm256_set1_ps(0.5)), _mm256_add_ps(one, erf));
+            let g = _mm256_mul_ps(
+                _mm256_mul_ps(v, _mm256_set1_ps(0.5)),
+                _mm256_add_ps(one, erf),
+            );
             _mm256_storeu_ps(x.as_mut_ptr().add(i), g);
             i += 8;
         }
@@ -333,7 +360,9 @@ mod avx2 {
 #[cfg(target_arch = "x86_64")]
 fn has_avx2() -> bool {
     static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *F.get_or_init(|| std::arch::is_x86_feature_detected!("avx") && std::arch::is_x86_feature_detected!("avx2"))
+    *F.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx") && std::arch::is_x86_feature_detected!("avx2")
+    })
 }
 
 /// Dispatch to the AVX2 build when the CPU has it (same bits either way).
@@ -357,15 +386,37 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// and columns `n0..n1` of a row-major `[*, k]` w, into `out` as `[m, n1 - n0]`. Every element
 /// is exactly [`dot`] then `+ bias`, whatever the tiling, the row count or the column range.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm_nt_rows(x: &[f32], w: &[f32], bias: Option<&[f32]>, k: usize, m: usize, n0: usize, n1: usize, out: &mut [f32]) {
+pub(crate) fn gemm_nt_rows(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    k: usize,
+    m: usize,
+    n0: usize,
+    n1: usize,
+    out: &mut [f32],
+) {
     let nb = n1 - n0;
     let mut n = n0;
     while n < n1 {
         if n + 4 <= n1 {
-            let ws = [&w[n * k..(n + 1) * k], &w[(n + 1) * k..(n + 2) * k], &w[(n + 2) * k..(n + 3) * k], &w[(n + 3) * k..(n + 4) * k]];
+            let ws = [
+                &w[n * k..(n + 1) * k],
+                &w[(n + 1) * k..(n + 2) * k],
+                &w[(n + 2) * k..(n + 3) * k],
+                &w[(n + 3) * k..(n + 4) * k],
+            ];
             for r in 0..m {
                 let xr = &x[r * k..(r + 1) * k];
-                let d: [f32; 4] = dispatch!(avx2::dot4(xr, ws), [scalar::dot(xr, ws[0]), scalar::dot(xr, ws[1]), scalar::dot(xr, ws[2]), scalar::dot(xr, ws[3])]);
+                let d: [f32; 4] = dispatch!(
+                    avx2::dot4(xr, ws),
+                    [
+                        scalar::dot(xr, ws[0]),
+                        scalar::dot(xr, ws[1]),
+                        scalar::dot(xr, ws[2]),
+                        scalar::dot(xr, ws[3])
+                    ]
+                );
                 for j in 0..4 {
                     out[r * nb + n - n0 + j] = match bias {
                         Some(b) => d[j] + b[n + j],
@@ -495,8 +546,14 @@ mod tests {
         let mut out = vec![0f32; 6];
         gemm_nt_rows(&x, &w, None, 77, 1, 0, 6, &mut out);
         for n in 0..6 {
-            assert_eq!(out[n].to_bits(), dot(&x, &w[n * 77..(n + 1) * 77]).to_bits());
-            assert_eq!(out[n].to_bits(), scalar::dot(&x, &w[n * 77..(n + 1) * 77]).to_bits());
+            assert_eq!(
+                out[n].to_bits(),
+                dot(&x, &w[n * 77..(n + 1) * 77]).to_bits()
+            );
+            assert_eq!(
+                out[n].to_bits(),
+                scalar::dot(&x, &w[n * 77..(n + 1) * 77]).to_bits()
+            );
         }
     }
 
@@ -513,7 +570,11 @@ mod tests {
             let b = data(n, 7 + n as u32);
             // SAFETY: AVX2 checked above.
             unsafe {
-                assert_eq!(avx2::dot(&a, &b).to_bits(), scalar::dot(&a, &b).to_bits(), "dot n={n}");
+                assert_eq!(
+                    avx2::dot(&a, &b).to_bits(),
+                    scalar::dot(&a, &b).to_bits(),
+                    "dot n={n}"
+                );
                 let w = [&b[..], &a[..], &b[..], &a[..]];
                 let d4 = avx2::dot4(&a, w);
                 assert_eq!(d4[0].to_bits(), scalar::dot(&a, &b).to_bits(), "dot4 n={n}");

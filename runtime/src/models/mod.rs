@@ -75,14 +75,25 @@ pub fn detect_family(dir: &Path) -> Result<&'static str> {
     let p = dir.join("config.json");
     let text = std::fs::read_to_string(&p).map_err(|e| RuntimeError::File {
         path: p.clone(),
-        reason: format!("{e} (is this a HF model directory? run `make fixtures` for the bundled ones)"),
+        reason: format!(
+            "{e} (is this a HF model directory? run `make fixtures` for the bundled ones)"
+        ),
     })?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| RuntimeError::Config { path: p.clone(), reason: e.to_string() })?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| RuntimeError::Config {
+        path: p.clone(),
+        reason: e.to_string(),
+    })?;
     match v.get("model_type").and_then(|m| m.as_str()) {
         Some("whisper") => Ok("whisper"),
         Some("granite_speech_nar") | Some("nle_nar") | Some("granite_nar") => Ok("granite_nar"),
-        Some(other) => Err(RuntimeError::Config { path: p, reason: format!("model_type '{other}' is not a supported family") }),
-        None => Err(RuntimeError::Config { path: p, reason: "no model_type".into() }),
+        Some(other) => Err(RuntimeError::Config {
+            path: p,
+            reason: format!("model_type '{other}' is not a supported family"),
+        }),
+        None => Err(RuntimeError::Config {
+            path: p,
+            reason: "no model_type".into(),
+        }),
     }
 }
 
@@ -91,6 +102,9 @@ pub fn load(dir: &Path) -> Result<Box<dyn SpeechModel>> {
     match detect_family(dir)? {
         "whisper" => Ok(Box::new(whisper::WhisperModel::load(dir)?)),
         "granite_nar" => Ok(Box::new(granite_nar::GraniteNarModel::load(dir)?)),
-        _ => Err(RuntimeError::Config { path: dir.to_path_buf(), reason: "family not built yet".into() }),
+        _ => Err(RuntimeError::Config {
+            path: dir.to_path_buf(),
+            reason: "family not built yet".into(),
+        }),
     }
 }

@@ -33,7 +33,9 @@ pub fn copy_dir(src: &Path) -> tempfile::TempDir {
 
 /// Edit a JSON file in place.
 pub fn edit_json(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
-    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).expect("read json")).expect("parse json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("read json"))
+            .expect("parse json");
     f(&mut v);
     std::fs::write(path, serde_json::to_string_pretty(&v).expect("json")).expect("write json");
 }

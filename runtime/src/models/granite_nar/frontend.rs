@@ -92,14 +92,26 @@ impl PreprocessorConfig {
 
     /// Fail-closed consistency with config.json.
     pub fn check(&self, path: &Path, config: &GraniteNarConfig) -> Result<()> {
-        let e = |r: String| Err(RuntimeError::Config { path: path.to_path_buf(), reason: r });
+        let e = |r: String| {
+            Err(RuntimeError::Config {
+                path: path.to_path_buf(),
+                reason: r,
+            })
+        };
         if self.framing().is_none() {
-            return e(format!("unsupported feature_extractor_type '{}'", self.feature_extractor_type));
+            return e(format!(
+                "unsupported feature_extractor_type '{}'",
+                self.feature_extractor_type
+            ));
         }
         if self.sampling_rate != 16000 {
             return e(format!("sampling_rate {} != 16000", self.sampling_rate));
         }
-        if self.hop_length == 0 || self.n_fft < 2 || self.win_length == 0 || self.win_length > self.n_fft {
+        if self.hop_length == 0
+            || self.n_fft < 2
+            || self.win_length == 0
+            || self.win_length > self.n_fft
+        {
             return e(format!(
                 "STFT geometry n_fft {}, win_length {}, hop_length {} is not usable",
                 self.n_fft, self.win_length, self.hop_length
@@ -120,13 +132,20 @@ impl PreprocessorConfig {
         if audio.sample_rate as usize != self.sampling_rate {
             return Err(RuntimeError::Audio {
                 path: audio.path.clone(),
-                reason: format!("sample rate {} Hz; the model expects {} Hz", audio.sample_rate, self.sampling_rate),
+                reason: format!(
+                    "sample rate {} Hz; the model expects {} Hz",
+                    audio.sample_rate, self.sampling_rate
+                ),
             });
         }
         if audio.samples.len() < self.min_samples() {
             return Err(RuntimeError::Audio {
                 path: audio.path.clone(),
-                reason: format!("{} samples; at least {} are needed for one encoder frame", audio.samples.len(), self.min_samples()),
+                reason: format!(
+                    "{} samples; at least {} are needed for one encoder frame",
+                    audio.samples.len(),
+                    self.min_samples()
+                ),
             });
         }
         Ok(())
@@ -136,9 +155,19 @@ impl PreprocessorConfig {
     pub fn log_mel(&self) -> Result<GraniteLogMel> {
         let framing = self.framing().ok_or_else(|| RuntimeError::Config {
             path: "preprocessor_config.json".into(),
-            reason: format!("unsupported feature_extractor_type '{}'", self.feature_extractor_type),
+            reason: format!(
+                "unsupported feature_extractor_type '{}'",
+                self.feature_extractor_type
+            ),
         })?;
-        Ok(GraniteLogMel::new(self.n_fft, self.win_length, self.hop_length, self.mel_bins(), self.sampling_rate, framing))
+        Ok(GraniteLogMel::new(
+            self.n_fft,
+            self.win_length,
+            self.hop_length,
+            self.mel_bins(),
+            self.sampling_rate,
+            framing,
+        ))
     }
 }
 
@@ -158,7 +187,15 @@ fn linspace(start: f64, stop: f64, num: usize) -> Vec<f64> {
         return vec![start];
     }
     let step = (stop - start) / (num - 1) as f64;
-    (0..num).map(|i| if i == num - 1 { stop } else { start + i as f64 * step }).collect()
+    (0..num)
+        .map(|i| {
+            if i == num - 1 {
+                stop
+            } else {
+                start + i as f64 * step
+            }
+        })
+        .collect()
 }
 
 /// The `[n_freq, n_mels]` HTK triangular filter bank without normalisation, f_min 0, f_max
@@ -222,7 +259,14 @@ impl std::fmt::Debug for GraniteLogMel {
 
 impl GraniteLogMel {
     /// A log-mel op (geometry checked by [`PreprocessorConfig::check`]).
-    pub fn new(n_fft: usize, win_length: usize, hop: usize, n_mels: usize, sample_rate: usize, framing: Framing) -> Self {
+    pub fn new(
+        n_fft: usize,
+        win_length: usize,
+        hop: usize,
+        n_mels: usize,
+        sample_rate: usize,
+        framing: Framing,
+    ) -> Self {
         let n_freq = n_fft / 2 + 1;
         let fb = htk_filter_bank(n_freq, n_mels, sample_rate);
         let filters = (0..n_mels)
@@ -238,10 +282,21 @@ impl GraniteLogMel {
         let left = (n_fft - win_length.min(n_fft)) / 2;
         let mut window = vec![0f64; n_fft];
         for n in 0..win_length.min(n_fft) {
-            window[left + n] = 0.5 - 0.5 * (2.0 * std::f64::consts::PI * n as f64 / win_length as f64).cos();
+            window[left + n] =
+                0.5 - 0.5 * (2.0 * std::f64::consts::PI * n as f64 / win_length as f64).cos();
         }
         let fft = RealFftPlanner::<f64>::new().plan_fft_forward(n_fft);
-        GraniteLogMel { n_fft, win_length, hop, n_mels, sample_rate, framing, filters, window, fft }
+        GraniteLogMel {
+            n_fft,
+            win_length,
+            hop,
+            n_mels,
+            sample_rate,
+            framing,
+            filters,
+            window,
+            fft,
+        }
     }
 
     /// Mel frames kept for `n` samples.
@@ -260,7 +315,10 @@ impl GraniteLogMel {
         let n = pcm.len();
         let half = self.n_fft / 2;
         if n <= half || n < 2 * self.hop {
-            return Err(format!("{n} samples: at least {} are needed", (half + 1).max(2 * self.hop)));
+            return Err(format!(
+                "{n} samples: at least {} are needed",
+                (half + 1).max(2 * self.hop)
+            ));
         }
         let total_frames = n / self.hop + 1;
         let kept = self.kept_frames(n);
@@ -304,7 +362,10 @@ impl GraniteLogMel {
             }
         }
         let mx = logmel.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        Ok(logmel[..kept * self.n_mels].iter().map(|&x| (x.max(mx - 8.0) / 4.0 + 1.0) as f32).collect())
+        Ok(logmel[..kept * self.n_mels]
+            .iter()
+            .map(|&x| (x.max(mx - 8.0) / 4.0 + 1.0) as f32)
+            .collect())
     }
 }
 
@@ -318,11 +379,20 @@ impl Kernel for GraniteLogMel {
     fn outputs(&self) -> Vec<Port> {
         vec![port("mel", Layout::TokenMajor)]
     }
-    fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> std::result::Result<Vec<Shape>, String> {
+    fn infer(
+        &self,
+        inputs: &[Shape],
+        _weights: &[Vec<usize>],
+    ) -> std::result::Result<Vec<Shape>, String> {
         rank(&inputs[0], 1, "pcm")?;
         Ok(vec![vec![Dim::sym("mel_frames"), Dim::Fixed(self.n_mels)]])
     }
-    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> std::result::Result<Vec<Tensor>, String> {
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        _weights: &[&Tensor],
+    ) -> std::result::Result<Vec<Tensor>, String> {
         let n = dims(inputs[0], 1, "pcm")?[0];
         let v = self.compute(data(inputs[0], "pcm")?)?;
         tensor(&[self.kept_frames(n), self.n_mels], v).map(|t| vec![t])
@@ -352,17 +422,56 @@ impl Kernel for StackFrames {
     fn outputs(&self) -> Vec<Port> {
         vec![port("y", Layout::TokenMajor)]
     }
-    fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> std::result::Result<Vec<Shape>, String> {
+    fn infer(
+        &self,
+        inputs: &[Shape],
+        _weights: &[Vec<usize>],
+    ) -> std::result::Result<Vec<Shape>, String> {
         rank(&inputs[0], 2, "mel")?;
         let m = fixed(&inputs[0][1], "mel bins")?;
         Ok(vec![vec![Dim::sym("enc_frames"), Dim::Fixed(2 * m)]])
     }
-    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> std::result::Result<Vec<Tensor>, String> {
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        _weights: &[&Tensor],
+    ) -> std::result::Result<Vec<Tensor>, String> {
         let s = dims(inputs[0], 2, "mel")?;
         if s[0] % 2 != 0 {
-            return Err(format!("{} mel frames: the 2-frame stack needs an even count", s[0]));
+            return Err(format!(
+                "{} mel frames: the 2-frame stack needs an even count",
+                s[0]
+            ));
         }
         // Row-major [2t, m] and [t, 2m] are the same buffer.
         tensor(&[s[0] / 2, 2 * s[1]], data(inputs[0], "mel")?.to_vec()).map(|t| vec![t])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn framings_keep_the_documented_frame_counts() {
+        // fox.wav: 56503 samples -> NAR 176 encoder frames, AR 177 (docs/granite_nar.md).
+        let nar = GraniteLogMel::new(512, 400, 160, 80, 16000, Framing::Nar);
+        let ar = GraniteLogMel::new(512, 400, 160, 80, 16000, Framing::Ar);
+        assert_eq!(nar.kept_frames(56503), 2 * 176);
+        assert_eq!(ar.kept_frames(56503), 2 * 177);
+        assert_eq!(nar.kept_frames(320), 2);
+    }
+
+    #[test]
+    fn htk_filters_are_triangles_over_0_to_nyquist() {
+        let fb = htk_filter_bank(257, 80, 16000);
+        for m in 0..80 {
+            let col: Vec<f64> = fb.iter().map(|r| r[m]).collect();
+            let peak = col.iter().copied().fold(0f64, f64::max);
+            assert!(peak > 0.0 && peak <= 1.0 + 1e-12, "filter {m} peak {peak}");
+        }
+        // DC and Nyquist sit on the outer triangle edges.
+        assert!(fb[0][0].abs() < 1e-9 && fb[256][79].abs() < 1e-9);
     }
 }

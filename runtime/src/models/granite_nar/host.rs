@@ -77,8 +77,14 @@ mod tests {
 
     #[test]
     fn slots() {
-        assert_eq!(add_insertion_slots(&[5, 6], 9, 8), vec![9, 5, 9, 6, 9, 9, 9, 9]);
-        assert_eq!(add_insertion_slots(&[1, 2, 3, 4], 0, 8), vec![0, 1, 0, 2, 0, 3, 0, 4, 0]);
+        assert_eq!(
+            add_insertion_slots(&[5, 6], 9, 8),
+            vec![9, 5, 9, 6, 9, 9, 9, 9]
+        );
+        assert_eq!(
+            add_insertion_slots(&[1, 2, 3, 4], 0, 8),
+            vec![0, 1, 0, 2, 0, 3, 0, 4, 0]
+        );
         assert_eq!(add_insertion_slots(&[], 7, 0), vec![7]);
     }
 }

@@ -297,9 +297,12 @@ fn cfg_err(path: &Path, reason: impl Into<String>) -> RuntimeError {
 }
 
 /// Read and deserialize a JSON file, errors naming the file.
-pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<(T, serde_json::Value)> {
+pub(crate) fn read_json<T: serde::de::DeserializeOwned>(
+    path: &Path,
+) -> Result<(T, serde_json::Value)> {
     let text = std::fs::read_to_string(path).map_err(|e| RuntimeError::io(path, e))?;
-    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| cfg_err(path, format!("not valid JSON: {e}")))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| cfg_err(path, format!("not valid JSON: {e}")))?;
     let t = serde_json::from_value(value.clone()).map_err(|e| cfg_err(path, e.to_string()))?;
     Ok((t, value))
 }
@@ -309,9 +312,16 @@ impl GraniteNarConfig {
     /// makes at construction), returning the derived facts.
     pub fn check(&self, path: &Path) -> Result<Derived> {
         let e = |r: String| Err(cfg_err(path, r));
-        let (enc, prj, txt) = (&self.encoder_config, &self.projector_config, &self.text_config);
+        let (enc, prj, txt) = (
+            &self.encoder_config,
+            &self.projector_config,
+            &self.text_config,
+        );
         if !MODEL_TYPES.contains(&self.model_type.as_str()) {
-            return e(format!("model_type is '{}', expected 'granite_speech_nar'", self.model_type));
+            return e(format!(
+                "model_type is '{}', expected 'granite_speech_nar'",
+                self.model_type
+            ));
         }
         for (name, v) in [
             ("encoder_config.input_dim", enc.input_dim),
@@ -324,12 +334,18 @@ impl GraniteNarConfig {
             ("encoder_config.context_size", enc.context_size),
             ("encoder_config.max_pos_emb", enc.max_pos_emb),
             ("encoder_config.conv_kernel_size", enc.conv_kernel_size),
-            ("encoder_config.conv_expansion_factor", enc.conv_expansion_factor),
+            (
+                "encoder_config.conv_expansion_factor",
+                enc.conv_expansion_factor,
+            ),
             ("encoder_config.bpe_pooling_window", enc.bpe_pooling_window),
             ("projector_config.encoder_dim", prj.encoder_dim),
             ("projector_config.llm_dim", prj.llm_dim),
             ("projector_config.downsample_rate", prj.downsample_rate),
-            ("projector_config.num_encoder_layers", prj.num_encoder_layers),
+            (
+                "projector_config.num_encoder_layers",
+                prj.num_encoder_layers,
+            ),
             ("projector_config.hidden_size", prj.hidden_size),
             ("projector_config.num_heads", prj.num_heads),
             ("projector_config.num_layers", prj.num_layers),
@@ -339,7 +355,10 @@ impl GraniteNarConfig {
             ("text_config.intermediate_size", txt.intermediate_size),
             ("text_config.num_hidden_layers", txt.num_hidden_layers),
             ("text_config.num_attention_heads", txt.num_attention_heads),
-            ("text_config.max_position_embeddings", txt.max_position_embeddings),
+            (
+                "text_config.max_position_embeddings",
+                txt.max_position_embeddings,
+            ),
         ] {
             if v == 0 {
                 return e(format!("{name} must be positive, got 0"));
@@ -355,13 +374,17 @@ impl GraniteNarConfig {
         let n = enc.num_layers;
         let sc_layer = enc.self_conditioning_layer.unwrap_or(n / 2);
         if !(1..=n).contains(&sc_layer) {
-            return e(format!("encoder_config.self_conditioning_layer {sc_layer} not in [1, {n}]"));
+            return e(format!(
+                "encoder_config.self_conditioning_layer {sc_layer} not in [1, {n}]"
+            ));
         }
         let mut captures = Vec::with_capacity(self.encoder_layer_indices.len());
         for &i in &self.encoder_layer_indices {
             let wrapped = if i < 0 { i + n as i64 + 1 } else { i };
             if !(0..=n as i64).contains(&wrapped) {
-                return e(format!("encoder_layer_indices element {i} out of range for {n} blocks"));
+                return e(format!(
+                    "encoder_layer_indices element {i} out of range for {n} blocks"
+                ));
             }
             captures.push(wrapped as usize);
         }
@@ -373,10 +396,16 @@ impl GraniteNarConfig {
             ));
         }
         if prj.encoder_dim != enc.hidden_dim {
-            return e(format!("projector_config.encoder_dim {} != encoder hidden_dim {}", prj.encoder_dim, enc.hidden_dim));
+            return e(format!(
+                "projector_config.encoder_dim {} != encoder hidden_dim {}",
+                prj.encoder_dim, enc.hidden_dim
+            ));
         }
         if prj.llm_dim != txt.hidden_size {
-            return e(format!("projector_config.llm_dim {} != text hidden_size {}", prj.llm_dim, txt.hidden_size));
+            return e(format!(
+                "projector_config.llm_dim {} != text hidden_size {}",
+                prj.llm_dim, txt.hidden_size
+            ));
         }
         if prj.block_size % prj.downsample_rate != 0 {
             return e(format!(
@@ -385,20 +414,32 @@ impl GraniteNarConfig {
             ));
         }
         if prj.hidden_size % prj.num_heads != 0 {
-            return e(format!("projector_config.hidden_size {} does not split into {} heads", prj.hidden_size, prj.num_heads));
+            return e(format!(
+                "projector_config.hidden_size {} does not split into {} heads",
+                prj.hidden_size, prj.num_heads
+            ));
         }
         if !(prj.mlp_ratio.is_finite() && prj.mlp_ratio > 0.0) {
-            return e(format!("projector_config.mlp_ratio {} must be positive", prj.mlp_ratio));
+            return e(format!(
+                "projector_config.mlp_ratio {} must be positive",
+                prj.mlp_ratio
+            ));
         }
         let proj_mlp = (prj.hidden_size as f64 * prj.mlp_ratio) as usize;
         if proj_mlp == 0 {
             return e("projector_config: hidden_size * mlp_ratio rounds to 0".into());
         }
         if !(prj.layernorm_eps.is_finite() && prj.layernorm_eps > 0.0) {
-            return e(format!("projector_config.layernorm_eps {} must be positive", prj.layernorm_eps));
+            return e(format!(
+                "projector_config.layernorm_eps {} must be positive",
+                prj.layernorm_eps
+            ));
         }
         if enc.input_dim % 2 != 0 {
-            return e(format!("encoder_config.input_dim {} is not 2 * n_mels (the 2-frame stack)", enc.input_dim));
+            return e(format!(
+                "encoder_config.input_dim {} is not 2 * n_mels (the 2-frame stack)",
+                enc.input_dim
+            ));
         }
         let bpe_output_dim = enc.bpe_output_dim.unwrap_or(txt.vocab_size);
         let bpe_legacy = bpe_output_dim == txt.vocab_size + 1;
@@ -411,22 +452,34 @@ impl GraniteNarConfig {
         let blank = match (self.blank_token_id, &txt.eos_token_id) {
             (Some(b), _) => b,
             (None, Some(TokenIds::One(b))) => *b,
-            _ => return e("blank_token_id (or a single text_config.eos_token_id) is required".into()),
+            _ => {
+                return e(
+                    "blank_token_id (or a single text_config.eos_token_id) is required".into(),
+                )
+            }
         };
         if !(0..txt.vocab_size as i64).contains(&blank) {
-            return e(format!("blank_token_id {blank} outside the text vocabulary 0..{}", txt.vocab_size));
+            return e(format!(
+                "blank_token_id {blank} outside the text vocabulary 0..{}",
+                txt.vocab_size
+            ));
         }
         let blank_token_id = blank as usize;
         if !txt.tie_word_embeddings {
             return e("text_config.tie_word_embeddings must be true (the NAR lm_head is the tied embedding)".into());
         }
         if txt.hidden_act != "silu" {
-            return e(format!("text_config.hidden_act '{}' is not supported (only 'silu')", txt.hidden_act));
+            return e(format!(
+                "text_config.hidden_act '{}' is not supported (only 'silu')",
+                txt.hidden_act
+            ));
         }
         let heads = txt.num_attention_heads;
         let kv_heads = txt.num_key_value_heads.unwrap_or(heads);
         if kv_heads == 0 || heads % kv_heads != 0 {
-            return e(format!("text_config.num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"));
+            return e(format!(
+                "text_config.num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+            ));
         }
         let head_dim = txt.hidden_size / heads;
         if head_dim * heads != txt.hidden_size || head_dim % 2 != 0 {
@@ -441,7 +494,10 @@ impl GraniteNarConfig {
         let mut rope_theta = txt.rope_theta;
         if let Some(p) = &txt.rope_parameters {
             if p.rope_type.as_deref().is_some_and(|t| t != "default") {
-                return e(format!("text_config.rope_parameters.rope_type {:?} is not supported (only 'default')", p.rope_type));
+                return e(format!(
+                    "text_config.rope_parameters.rope_type {:?} is not supported (only 'default')",
+                    p.rope_type
+                ));
             }
             rope_theta = rope_theta.or(p.rope_theta);
         }

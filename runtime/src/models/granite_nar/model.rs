@@ -37,7 +37,10 @@ pub struct GraniteNarModel {
 
 impl std::fmt::Debug for GraniteNarModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GraniteNarModel").field("dir", &self.dir).field("config", &self.config).finish()
+        f.debug_struct("GraniteNarModel")
+            .field("dir", &self.dir)
+            .field("config", &self.config)
+            .finish()
     }
 }
 
@@ -67,7 +70,9 @@ fn take2(v: Vec<Tensor>) -> Result<(Tensor, Tensor)> {
     let mut it = v.into_iter();
     match (it.next(), it.next()) {
         (Some(a), Some(b)) => Ok((a, b)),
-        _ => Err(RuntimeError::Graph("formula returned fewer outputs than asked".into())),
+        _ => Err(RuntimeError::Graph(
+            "formula returned fewer outputs than asked".into(),
+        )),
     }
 }
 
@@ -88,11 +93,23 @@ impl GraniteNarModel {
         graph.check_weights(&weights)?;
         let contract = Contract::for_family("granite_nar", &config_json)?;
         crate::models::whisper::model::verify_contract(&graph, &contract)?;
-        let tokenizer = tokenizers::Tokenizer::from_file(&files.tokenizer).map_err(|e| RuntimeError::File {
-            path: files.tokenizer.clone(),
-            reason: format!("not a readable tokenizers JSON: {e}"),
-        })?;
-        Ok(GraniteNarModel { dir: dir.to_path_buf(), files, config, derived, preprocessor, graph, edges, weights, contract, tokenizer })
+        let tokenizer =
+            tokenizers::Tokenizer::from_file(&files.tokenizer).map_err(|e| RuntimeError::File {
+                path: files.tokenizer.clone(),
+                reason: format!("not a readable tokenizers JSON: {e}"),
+            })?;
+        Ok(GraniteNarModel {
+            dir: dir.to_path_buf(),
+            files,
+            config,
+            derived,
+            preprocessor,
+            graph,
+            edges,
+            weights,
+            contract,
+            tokenizer,
+        })
     }
 
     /// config.json.
@@ -118,9 +135,20 @@ impl GraniteNarModel {
     /// Formula `encode`: pcm samples -> capture concat and BPE-CTC logits (every `enc.*`
     /// checkpoint is produced on the way).
     pub fn encode(&self, pcm: &[f32], ctx: &mut RunCtx) -> Result<Encoded> {
-        let feeds: Feeds = HashMap::from([(names::PCM.to_string(), Array1::from_vec(pcm.to_vec()).into_dyn())]);
-        let (cat_out, bpe_logits) = take2(self.graph.run(&self.weights, feeds, &[self.edges.cat_out, self.edges.bpe_logits], ctx)?)?;
-        Ok(Encoded { cat_out, bpe_logits })
+        let feeds: Feeds = HashMap::from([(
+            names::PCM.to_string(),
+            Array1::from_vec(pcm.to_vec()).into_dyn(),
+        )]);
+        let (cat_out, bpe_logits) = take2(self.graph.run(
+            &self.weights,
+            feeds,
+            &[self.edges.cat_out, self.edges.bpe_logits],
+            ctx,
+        )?)?;
+        Ok(Encoded {
+            cat_out,
+            bpe_logits,
+        })
     }
 
     /// The runtime's own hypothesis: CTC greedy decode of the BPE head, channels mapped to LLM ids
@@ -128,13 +156,25 @@ impl GraniteNarModel {
     ///
     /// Upstream: oracle/xray_oracle/granite_nar.py `GraniteNARForConditionalGeneration.bpe_hypothesis`.
     pub fn hypothesis(&self, bpe_logits: &Tensor) -> Result<Vec<i64>> {
-        let ids = ctc_greedy_decode(bpe_logits, self.derived.bpe_blank_channel).ok_or_else(|| RuntimeError::Op {
-            op: "host.ctc_decode".into(),
-            reason: format!("BPE-CTC logits of shape {:?} are not [frames, vocab] rows", bpe_logits.shape()),
-        })?;
+        let ids =
+            ctc_greedy_decode(bpe_logits, self.derived.bpe_blank_channel).ok_or_else(|| {
+                RuntimeError::Op {
+                    op: "host.ctc_decode".into(),
+                    reason: format!(
+                        "BPE-CTC logits of shape {:?} are not [frames, vocab] rows",
+                        bpe_logits.shape()
+                    ),
+                }
+            })?;
         Ok(ids
             .into_iter()
-            .map(|c| if self.derived.bpe_legacy { c as i64 - 1 } else { c as i64 })
+            .map(|c| {
+                if self.derived.bpe_legacy {
+                    c as i64 - 1
+                } else {
+                    c as i64
+                }
+            })
             .collect())
     }
 
@@ -147,14 +187,21 @@ impl GraniteNarModel {
                 reason: format!("hypothesis id {bad} outside the vocabulary 0..{vocab}"),
             });
         }
-        Ok(add_insertion_slots(hypothesis, self.derived.blank_token_id as i64, self.config.min_edit_sequence_length))
+        Ok(add_insertion_slots(
+            hypothesis,
+            self.derived.blank_token_id as i64,
+            self.config.min_edit_sequence_length,
+        ))
     }
 
     /// Formula `edit`: the capture concat and a template -> raw lm_head logits of the text rows
     /// `[n_text, vocab]` (every `proj.*` and `dec.*` checkpoint is produced on the way).
     pub fn edit(&self, cat_out: Tensor, template: &[i64], ctx: &mut RunCtx) -> Result<Tensor> {
         let ids = Array1::from_iter(template.iter().map(|&i| i as f32)).into_dyn();
-        let feeds: Feeds = HashMap::from([(names::CAT_OUT.to_string(), cat_out), (names::TEMPLATE_IDS.to_string(), ids)]);
+        let feeds: Feeds = HashMap::from([
+            (names::CAT_OUT.to_string(), cat_out),
+            (names::TEMPLATE_IDS.to_string(), ids),
+        ]);
         self.graph
             .run(&self.weights, feeds, &[self.edges.text_logits], ctx)?
             .into_iter()
@@ -168,7 +215,10 @@ impl GraniteNarModel {
             .map(|v| v.into_iter().map(|i| i as i64).collect())
             .ok_or_else(|| RuntimeError::Op {
                 op: "host.final_decode".into(),
-                reason: format!("text logits of shape {:?} are not [n_text, vocab] rows", text_logits.shape()),
+                reason: format!(
+                    "text logits of shape {:?} are not [n_text, vocab] rows",
+                    text_logits.shape()
+                ),
             })
     }
 }
@@ -206,19 +256,33 @@ impl SpeechModel for GraniteNarModel {
         extra.insert("hypothesis".to_string(), serde_json::json!(hypothesis));
         extra.insert("own_hypothesis".to_string(), serde_json::json!(own));
         extra.insert("template".to_string(), serde_json::json!(template));
-        extra.insert("teacher_forced".to_string(), serde_json::json!(opts.teacher_tokens.is_some()));
-        Ok(RunOutput { tokens: tokens.clone(), predicted: tokens, transcript, outputs: vec![logits], extra })
+        extra.insert(
+            "teacher_forced".to_string(),
+            serde_json::json!(opts.teacher_tokens.is_some()),
+        );
+        Ok(RunOutput {
+            tokens: tokens.clone(),
+            predicted: tokens,
+            transcript,
+            outputs: vec![logits],
+            extra,
+        })
     }
     fn decode_text(&self, ids: &[i64]) -> Result<String> {
         let ids: Vec<u32> = ids
             .iter()
             .map(|&i| {
-                u32::try_from(i).map_err(|_| RuntimeError::Feed { edge: "token ids".into(), reason: format!("id {i} is not a token id") })
+                u32::try_from(i).map_err(|_| RuntimeError::Feed {
+                    edge: "token ids".into(),
+                    reason: format!("id {i} is not a token id"),
+                })
             })
             .collect::<Result<_>>()?;
-        self.tokenizer.decode(&ids, true).map_err(|e| RuntimeError::File {
-            path: self.files.tokenizer.clone(),
-            reason: format!("decoding {ids:?}: {e}"),
-        })
+        self.tokenizer
+            .decode(&ids, true)
+            .map_err(|e| RuntimeError::File {
+                path: self.files.tokenizer.clone(),
+                reason: format!("decoding {ids:?}: {e}"),
+            })
     }
 }

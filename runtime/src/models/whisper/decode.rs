@@ -39,9 +39,10 @@ impl DecoderSession {
     }
 
     /// Install new encoder memory. This invalidates the cross-attention K/V projection cache (the
-    /// next prefill re-projects it) and drops the self-attention cache, unless the fault plan sets
-    /// the [`STALE_CROSS_CACHE`] host flag, which skips the cross-cache invalidation (a decode then
-    /// reuses the previous memory's projections).
+    /// next prefill stores the new memory's projections; a decode step refuses until then) and
+    /// drops the self-attention cache, unless the fault plan sets the [`STALE_CROSS_CACHE`] host
+    /// flag, which skips the cross-cache invalidation: the next prefill then keeps the previous
+    /// memory's projections and the decode steps read them (the stale-cache bug).
     pub fn install_memory(&mut self, memory: Tensor, faults: Option<&FaultPlan>) {
         self.memory = Some(memory);
         if !faults.is_some_and(|f| f.host(STALE_CROSS_CACHE)) {
@@ -109,17 +110,29 @@ impl GenerationPlan {
     /// `WhisperGenerationMixin._retrieve_init_tokens`, `_retrieve_logit_processors`.
     pub fn new(gen: &GenerationConfig, cfg: &WhisperConfig, path: &Path) -> Result<GenerationPlan> {
         if gen.do_sample == Some(true) {
-            return Err(gen_err(path, "do_sample = true: only greedy decoding is implemented"));
+            return Err(gen_err(
+                path,
+                "do_sample = true: only greedy decoding is implemented",
+            ));
         }
         if gen.num_beams.is_some_and(|b| b > 1) {
-            return Err(gen_err(path, "num_beams > 1: only greedy decoding is implemented"));
+            return Err(gen_err(
+                path,
+                "num_beams > 1: only greedy decoding is implemented",
+            ));
         }
         if gen.return_timestamps == Some(true) {
-            return Err(gen_err(path, "return_timestamps = true: timestamp decoding is not implemented"));
+            return Err(gen_err(
+                path,
+                "return_timestamps = true: timestamp decoding is not implemented",
+            ));
         }
         let mut prefix: Vec<Option<i64>> = vec![Some(gen.decoder_start_token_id)];
         if gen.task.is_none() && gen.language.is_none() {
-            let forced = gen.forced_decoder_ids.as_ref().or(cfg.forced_decoder_ids.as_ref());
+            let forced = gen
+                .forced_decoder_ids
+                .as_ref()
+                .or(cfg.forced_decoder_ids.as_ref());
             if let Some(forced) = forced {
                 if forced.first().is_some_and(|f| f.0 == 1) {
                     let mut i = 1;
@@ -143,15 +156,24 @@ impl GenerationPlan {
         }
         let lang_undefined = prefix.len() <= 1 || prefix[1].is_none();
         if let Some(lang) = &gen.language {
-            let table = gen
-                .lang_to_id
-                .as_ref()
-                .ok_or_else(|| gen_err(path, format!("language '{lang}' set but no lang_to_id table")))?;
+            let table = gen.lang_to_id.as_ref().ok_or_else(|| {
+                gen_err(
+                    path,
+                    format!("language '{lang}' set but no lang_to_id table"),
+                )
+            })?;
             let l = lang.to_lowercase();
-            let key = if table.contains_key(&l) { l.clone() } else { format!("<|{l}|>") };
-            let id = *table
-                .get(&key)
-                .ok_or_else(|| gen_err(path, format!("language '{lang}' is not in lang_to_id (use a code such as 'en')")))?;
+            let key = if table.contains_key(&l) {
+                l.clone()
+            } else {
+                format!("<|{l}|>")
+            };
+            let id = *table.get(&key).ok_or_else(|| {
+                gen_err(
+                    path,
+                    format!("language '{lang}' is not in lang_to_id (use a code such as 'en')"),
+                )
+            })?;
             if prefix.len() > 1 {
                 prefix[1] = Some(id);
             } else {
@@ -165,11 +187,12 @@ impl GenerationPlan {
             ));
         }
         if let Some(task) = &gen.task {
-            let table = gen
-                .task_to_id
-                .as_ref()
-                .ok_or_else(|| gen_err(path, format!("task '{task}' set but no task_to_id table")))?;
-            let id = *table.get(task).ok_or_else(|| gen_err(path, format!("task '{task}' is not in task_to_id")))?;
+            let table = gen.task_to_id.as_ref().ok_or_else(|| {
+                gen_err(path, format!("task '{task}' set but no task_to_id table"))
+            })?;
+            let id = *table
+                .get(task)
+                .ok_or_else(|| gen_err(path, format!("task '{task}' is not in task_to_id")))?;
             let ids: Vec<i64> = table.values().copied().collect();
             if prefix.iter().any(|t| t.is_some_and(|t| ids.contains(&t))) {
                 for t in prefix.iter_mut() {
@@ -204,7 +227,10 @@ impl GenerationPlan {
                     if (0..vocab).contains(&t) {
                         Ok(t as usize)
                     } else {
-                        Err(gen_err(path, format!("{what} id {t} is outside the vocabulary 0..{vocab}")))
+                        Err(gen_err(
+                            path,
+                            format!("{what} id {t} is outside the vocabulary 0..{vocab}"),
+                        ))
                     }
                 })
                 .collect()
@@ -212,12 +238,21 @@ impl GenerationPlan {
         check("prefix", &prefix)?;
         let eos_ids = gen.eos_token_id.to_vec();
         check("eos_token_id", &eos_ids)?;
-        let suppress = check("suppress_tokens", gen.suppress_tokens.as_deref().unwrap_or(&[]))?;
-        let begin_suppress = check("begin_suppress_tokens", gen.begin_suppress_tokens.as_deref().unwrap_or(&[]))?;
+        let suppress = check(
+            "suppress_tokens",
+            gen.suppress_tokens.as_deref().unwrap_or(&[]),
+        )?;
+        let begin_suppress = check(
+            "begin_suppress_tokens",
+            gen.begin_suppress_tokens.as_deref().unwrap_or(&[]),
+        )?;
         if prefix.len() >= cfg.max_target_positions {
             return Err(gen_err(
                 path,
-                format!("prefix {prefix:?} does not fit max_target_positions {}", cfg.max_target_positions),
+                format!(
+                    "prefix {prefix:?} does not fit max_target_positions {}",
+                    cfg.max_target_positions
+                ),
             ));
         }
         Ok(GenerationPlan {
@@ -257,7 +292,9 @@ impl GenerationPlan {
                 Ok(prefix_len + n)
             }
             None => {
-                let initial = (self.max_target_positions / 2).saturating_sub(1).min(prefix_len);
+                let initial = (self.max_target_positions / 2)
+                    .saturating_sub(1)
+                    .min(prefix_len);
                 Ok((self.max_length + initial).min(self.max_target_positions))
             }
         }

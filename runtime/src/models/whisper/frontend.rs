@@ -58,7 +58,11 @@ impl PreprocessorConfig {
                 self.feature_size, config.num_mel_bins
             ));
         }
-        if self.hop_length == 0 || self.n_fft < 2 || self.sampling_rate == 0 || self.chunk_length == 0 {
+        if self.hop_length == 0
+            || self.n_fft < 2
+            || self.sampling_rate == 0
+            || self.chunk_length == 0
+        {
             return e("hop_length, n_fft, sampling_rate and chunk_length must be positive".into());
         }
         let n = self.window_samples();
@@ -71,12 +75,18 @@ impl PreprocessorConfig {
             }
         }
         if n % self.hop_length != 0 {
-            return e(format!("window of {n} samples is not a multiple of hop_length {}", self.hop_length));
+            return e(format!(
+                "window of {n} samples is not a multiple of hop_length {}",
+                self.hop_length
+            ));
         }
         let frames = n / self.hop_length;
         if let Some(f) = self.nb_max_frames {
             if f != frames {
-                return e(format!("nb_max_frames {f} != n_samples {n} / hop_length {} = {frames}", self.hop_length));
+                return e(format!(
+                    "nb_max_frames {f} != n_samples {n} / hop_length {} = {frames}",
+                    self.hop_length
+                ));
             }
         }
         if frames != 2 * config.max_source_positions {
@@ -89,21 +99,32 @@ impl PreprocessorConfig {
             ));
         }
         if self.padding_value != 0.0 {
-            return e(format!("padding_value {} is not supported (only 0.0)", self.padding_value));
+            return e(format!(
+                "padding_value {} is not supported (only 0.0)",
+                self.padding_value
+            ));
         }
         if self.dither != 0.0 {
-            return e(format!("dither {} is not supported: it makes the features random", self.dither));
+            return e(format!(
+                "dither {} is not supported: it makes the features random",
+                self.dither
+            ));
         }
         Ok(())
     }
 
     /// The log-mel op for this preprocessor.
     pub fn log_mel(&self, path: &Path) -> Result<LogMel> {
-        LogMel::new(self.n_fft, self.hop_length, self.window_samples(), self.feature_size, self.sampling_rate).map_err(|r| {
-            RuntimeError::Config {
-                path: path.to_path_buf(),
-                reason: r,
-            }
+        LogMel::new(
+            self.n_fft,
+            self.hop_length,
+            self.window_samples(),
+            self.feature_size,
+            self.sampling_rate,
+        )
+        .map_err(|r| RuntimeError::Config {
+            path: path.to_path_buf(),
+            reason: r,
         })
     }
 

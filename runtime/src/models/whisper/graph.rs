@@ -12,8 +12,8 @@ use super::{PreprocessorConfig, WhisperConfig, LAYER_NORM_EPS};
 use crate::error::Result;
 use crate::graph::{EdgeId, Graph, GraphBuilder, Layout};
 use crate::kernels::{
-    Add, AddTable, Attention, ChannelToToken, Conv1d, Embedding, Gelu, KvAppend, LayerNorm, Linear, MatmulStrategy,
-    MergeHeads, SplitHeads,
+    Add, AddTable, Attention, ChannelToToken, Conv1d, Embedding, Gelu, KvAppend, LayerNorm, Linear,
+    MatmulStrategy, MergeHeads, SplitHeads,
 };
 use crate::shape;
 
@@ -88,7 +88,11 @@ fn out(name: &str, shape: crate::graph::Shape, layout: Layout) -> crate::graph::
 
 /// Build the graph. `weights_file` is only used for the graph's family label; weights are bound
 /// later by [`Graph::check_weights`].
-pub fn build(cfg: &WhisperConfig, pre: &PreprocessorConfig, pre_path: &Path) -> Result<(Graph, WhisperEdges)> {
+pub fn build(
+    cfg: &WhisperConfig,
+    pre: &PreprocessorConfig,
+    pre_path: &Path,
+) -> Result<(Graph, WhisperEdges)> {
     let mut g = GraphBuilder::new("whisper");
     let d = cfg.d_model;
     let n_mels = cfg.num_mel_bins;
@@ -97,12 +101,20 @@ pub fn build(cfg: &WhisperConfig, pre: &PreprocessorConfig, pre_path: &Path) -> 
     let vocab = cfg.vocab_size;
     let gemm = MatmulStrategy::Gemm;
     let stable = MatmulStrategy::RowStable;
-    let ln = |g: &mut GraphBuilder, name: &str, x: EdgeId, key: &str, rows: crate::graph::Dim| -> Result<EdgeId> {
+    let ln = |g: &mut GraphBuilder,
+              name: &str,
+              x: EdgeId,
+              key: &str,
+              rows: crate::graph::Dim|
+     -> Result<EdgeId> {
         g.op1(
             name,
             Box::new(LayerNorm::new(LAYER_NORM_EPS)),
             &[x],
-            &[(&format!("{key}.weight"), vec![d]), (&format!("{key}.bias"), vec![d])],
+            &[
+                (&format!("{key}.weight"), vec![d]),
+                (&format!("{key}.bias"), vec![d]),
+            ],
             vec![rows, d.into()],
             Layout::TokenMajor,
         )
@@ -123,7 +135,14 @@ pub fn build(cfg: &WhisperConfig, pre: &PreprocessorConfig, pre_path: &Path) -> 
             w.push((format!("{key}.bias"), vec![n_out]));
         }
         let w: Vec<(&str, Vec<usize>)> = w.iter().map(|(k, s)| (k.as_str(), s.clone())).collect();
-        g.op1(name, Box::new(Linear::new(bias, strat)), &[x], &w, vec![rows, n_out.into()], Layout::TokenMajor)
+        g.op1(
+            name,
+            Box::new(Linear::new(bias, strat)),
+            &[x],
+            &w,
+            vec![rows, n_out.into()],
+            Layout::TokenMajor,
+        )
     };
 
     // ---- Frontend: pcm -> log-mel (transformers WhisperFeatureExtractor).
@@ -133,32 +152,71 @@ pub fn build(cfg: &WhisperConfig, pre: &PreprocessorConfig, pre_path: &Path) -> 
         Box::new(pre.log_mel(pre_path)?),
         &[pcm],
         &[],
-        vec![out(names::MEL, shape![n_mels, frames], Layout::ChannelMajor)],
+        vec![out(
+            names::MEL,
+            shape![n_mels, frames],
+            Layout::ChannelMajor,
+        )],
     )?[0];
     g.checkpoint(mel, "audio.frontend.mel")?;
 
     // ---- Encoder stem. Upstream: WhisperEncoder.forward.
     let conv1 = g.op1(
         "encoder.conv1",
-        Box::new(Conv1d { kernel: 3, stride: 1, padding: 1 }),
+        Box::new(Conv1d {
+            kernel: 3,
+            stride: 1,
+            padding: 1,
+        }),
         &[mel],
-        &[("model.encoder.conv1.weight", vec![d, n_mels, 3]), ("model.encoder.conv1.bias", vec![d])],
+        &[
+            ("model.encoder.conv1.weight", vec![d, n_mels, 3]),
+            ("model.encoder.conv1.bias", vec![d]),
+        ],
         shape![d, frames],
         Layout::ChannelMajor,
     )?;
     g.checkpoint(conv1, "audio.encoder.conv1.out")?;
-    let a1 = g.op1("encoder.conv1_gelu", Box::new(Gelu), &[conv1], &[], shape![d, frames], Layout::ChannelMajor)?;
+    let a1 = g.op1(
+        "encoder.conv1_gelu",
+        Box::new(Gelu),
+        &[conv1],
+        &[],
+        shape![d, frames],
+        Layout::ChannelMajor,
+    )?;
     let conv2 = g.op1(
         "encoder.conv2",
-        Box::new(Conv1d { kernel: 3, stride: 2, padding: 1 }),
+        Box::new(Conv1d {
+            kernel: 3,
+            stride: 2,
+            padding: 1,
+        }),
         &[a1],
-        &[("model.encoder.conv2.weight", vec![d, d, 3]), ("model.encoder.conv2.bias", vec![d])],
+        &[
+            ("model.encoder.conv2.weight", vec![d, d, 3]),
+            ("model.encoder.conv2.bias", vec![d]),
+        ],
         shape![d, s],
         Layout::ChannelMajor,
     )?;
     g.checkpoint(conv2, "audio.encoder.conv2.out")?;
-    let a2 = g.op1("encoder.conv2_gelu", Box::new(Gelu), &[conv2], &[], shape![d, s], Layout::ChannelMajor)?;
-    let tm = g.op1("encoder.to_token_major", Box::new(ChannelToToken), &[a2], &[], shape![s, d], Layout::TokenMajor)?;
+    let a2 = g.op1(
+        "encoder.conv2_gelu",
+        Box::new(Gelu),
+        &[conv2],
+        &[],
+        shape![d, s],
+        Layout::ChannelMajor,
+    )?;
+    let tm = g.op1(
+        "encoder.to_token_major",
+        Box::new(ChannelToToken),
+        &[a2],
+        &[],
+        shape![s, d],
+        Layout::TokenMajor,
+    )?;
     let mut h = g.op1(
         "encoder.embed_positions",
         Box::new(AddTable),
@@ -175,10 +233,46 @@ pub fn build(cfg: &WhisperConfig, pre: &PreprocessorConfig, pre_path: &Path) -> 
     for i in 0..cfg.encoder_layers {
         let p = format!("encoder.layer.{i}");
         let k = format!("model.encoder.layers.{i}");
-        let x = ln(&mut g, &format!("{p}.self_attn_norm"), h, &format!("{k}.self_attn_layer_norm"), s.into())?;
-        let q = linear(&mut g, &format!("{p}.q_proj"), x, &format!("{k}.self_attn.q_proj"), d, d, true, gemm, s.into())?;
-        let kk = linear(&mut g, &format!("{p}.k_proj"), x, &format!("{k}.self_attn.k_proj"), d, d, false, gemm, s.into())?;
-        let v = linear(&mut g, &format!("{p}.v_proj"), x, &format!("{k}.self_attn.v_proj"), d, d, true, gemm, s.into())?;
+        let x = ln(
+            &mut g,
+            &format!("{p}.self_attn_norm"),
+            h,
+            &format!("{k}.self_attn_layer_norm"),
+            s.into(),
+        )?;
+        let q = linear(
+            &mut g,
+            &format!("{p}.q_proj"),
+            x,
+            &format!("{k}.self_attn.q_proj"),
+            d,
+            d,
+            true,
+            gemm,
+            s.into(),
+        )?;
+        let kk = linear(
+            &mut g,
+            &format!("{p}.k_proj"),
+            x,
+            &format!("{k}.self_attn.k_proj"),
+            d,
+            d,
+            false,
+            gemm,
+            s.into(),
+        )?;
+        let v = linear(
+            &mut g,
+            &format!("{p}.v_proj"),
+            x,
+            &format!("{k}.self_attn.v_proj"),
+            d,
+            d,
+            true,
+            gemm,
+            s.into(),
+        )?;
         let mut heads = Vec::new();
         for (n, e) in [("q", q), ("k", kk), ("v", v)] {
             heads.push(g.op1(
@@ -192,27 +286,98 @@ pub fn build(cfg: &WhisperConfig, pre: &PreprocessorConfig, pre_path: &Path) -> 
         }
         let att = g.op1(
             &format!("{p}.self_attn"),
-            Box::new(Attention { scale: escale, causal: false, strategy: gemm }),
+            Box::new(Attention {
+                scale: escale,
+                causal: false,
+                strategy: gemm,
+            }),
             &heads,
             &[],
             shape![eh, s, ehd],
             Layout::HeadMajor,
         )?;
-        let merged = g.op1(&format!("{p}.merge_heads"), Box::new(MergeHeads), &[att], &[], shape![s, d], Layout::TokenMajor)?;
-        let o = linear(&mut g, &format!("{p}.out_proj"), merged, &format!("{k}.self_attn.out_proj"), d, d, true, gemm, s.into())?;
-        let r = g.op1(&format!("{p}.residual_attn"), Box::new(Add::new()), &[h, o], &[], shape![s, d], Layout::TokenMajor)?;
-        let x = ln(&mut g, &format!("{p}.mlp_norm"), r, &format!("{k}.final_layer_norm"), s.into())?;
-        let f1 = linear(&mut g, &format!("{p}.fc1"), x, &format!("{k}.fc1"), d, cfg.encoder_ffn_dim, true, gemm, s.into())?;
-        let ge = g.op1(&format!("{p}.gelu"), Box::new(Gelu), &[f1], &[], shape![s, cfg.encoder_ffn_dim], Layout::TokenMajor)?;
-        let f2 = linear(&mut g, &format!("{p}.fc2"), ge, &format!("{k}.fc2"), cfg.encoder_ffn_dim, d, true, gemm, s.into())?;
-        h = g.op1(&format!("{p}.residual_mlp"), Box::new(Add::new()), &[r, f2], &[], shape![s, d], Layout::TokenMajor)?;
+        let merged = g.op1(
+            &format!("{p}.merge_heads"),
+            Box::new(MergeHeads),
+            &[att],
+            &[],
+            shape![s, d],
+            Layout::TokenMajor,
+        )?;
+        let o = linear(
+            &mut g,
+            &format!("{p}.out_proj"),
+            merged,
+            &format!("{k}.self_attn.out_proj"),
+            d,
+            d,
+            true,
+            gemm,
+            s.into(),
+        )?;
+        let r = g.op1(
+            &format!("{p}.residual_attn"),
+            Box::new(Add::new()),
+            &[h, o],
+            &[],
+            shape![s, d],
+            Layout::TokenMajor,
+        )?;
+        let x = ln(
+            &mut g,
+            &format!("{p}.mlp_norm"),
+            r,
+            &format!("{k}.final_layer_norm"),
+            s.into(),
+        )?;
+        let f1 = linear(
+            &mut g,
+            &format!("{p}.fc1"),
+            x,
+            &format!("{k}.fc1"),
+            d,
+            cfg.encoder_ffn_dim,
+            true,
+            gemm,
+            s.into(),
+        )?;
+        let ge = g.op1(
+            &format!("{p}.gelu"),
+            Box::new(Gelu),
+            &[f1],
+            &[],
+            shape![s, cfg.encoder_ffn_dim],
+            Layout::TokenMajor,
+        )?;
+        let f2 = linear(
+            &mut g,
+            &format!("{p}.fc2"),
+            ge,
+            &format!("{k}.fc2"),
+            cfg.encoder_ffn_dim,
+            d,
+            true,
+            gemm,
+            s.into(),
+        )?;
+        h = g.op1(
+            &format!("{p}.residual_mlp"),
+            Box::new(Add::new()),
+            &[r, f2],
+            &[],
+            shape![s, d],
+            Layout::TokenMajor,
+        )?;
         g.checkpoint(h, &format!("audio.encoder.layer.{i}.out"))?;
     }
     let memory = g.op(
         "encoder.final_norm",
         Box::new(LayerNorm::new(LAYER_NORM_EPS)),
         &[h],
-        &[("model.encoder.layer_norm.weight", vec![d]), ("model.encoder.layer_norm.bias", vec![d])],
+        &[
+            ("model.encoder.layer_norm.weight", vec![d]),
+            ("model.encoder.layer_norm.bias", vec![d]),
+        ],
         vec![out(names::MEMORY, shape![s, d], Layout::TokenMajor)],
     )?[0];
     g.checkpoint(memory, "audio.encoder.memory")?;
@@ -234,11 +399,21 @@ pub fn build(cfg: &WhisperConfig, pre: &PreprocessorConfig, pre_path: &Path) -> 
         "decoder.embed_positions",
         Box::new(Embedding),
         &[pos],
-        &[("model.decoder.embed_positions.weight", vec![cfg.max_target_positions, d])],
+        &[(
+            "model.decoder.embed_positions.weight",
+            vec![cfg.max_target_positions, d],
+        )],
         shape!["tokens", d],
         Layout::TokenMajor,
     )?;
-    let mut h = g.op1("decoder.embed_add", Box::new(Add::new()), &[tok, pe], &[], shape!["tokens", d], Layout::TokenMajor)?;
+    let mut h = g.op1(
+        "decoder.embed_add",
+        Box::new(Add::new()),
+        &[tok, pe],
+        &[],
+        shape!["tokens", d],
+        Layout::TokenMajor,
+    )?;
 
     // ---- Decoder layers. Upstream: WhisperDecoderLayer.forward, WhisperAttention.forward.
     let dh = cfg.decoder_attention_heads;
@@ -250,12 +425,56 @@ pub fn build(cfg: &WhisperConfig, pre: &PreprocessorConfig, pre_path: &Path) -> 
         let p = format!("decoder.layer.{i}");
         let k = format!("model.decoder.layers.{i}");
         // Self-attention with the cache as feed in / output out.
-        let kp = g.feed(&names::self_k_past(i), shape![dh, "past", dhd], Layout::HeadMajor)?;
-        let vp = g.feed(&names::self_v_past(i), shape![dh, "past", dhd], Layout::HeadMajor)?;
-        let x = ln(&mut g, &format!("{p}.self_attn_norm"), h, &format!("{k}.self_attn_layer_norm"), t())?;
-        let q = linear(&mut g, &format!("{p}.self_q_proj"), x, &format!("{k}.self_attn.q_proj"), d, d, true, stable, t())?;
-        let kn = linear(&mut g, &format!("{p}.self_k_proj"), x, &format!("{k}.self_attn.k_proj"), d, d, false, stable, t())?;
-        let vn = linear(&mut g, &format!("{p}.self_v_proj"), x, &format!("{k}.self_attn.v_proj"), d, d, true, stable, t())?;
+        let kp = g.feed(
+            &names::self_k_past(i),
+            shape![dh, "past", dhd],
+            Layout::HeadMajor,
+        )?;
+        let vp = g.feed(
+            &names::self_v_past(i),
+            shape![dh, "past", dhd],
+            Layout::HeadMajor,
+        )?;
+        let x = ln(
+            &mut g,
+            &format!("{p}.self_attn_norm"),
+            h,
+            &format!("{k}.self_attn_layer_norm"),
+            t(),
+        )?;
+        let q = linear(
+            &mut g,
+            &format!("{p}.self_q_proj"),
+            x,
+            &format!("{k}.self_attn.q_proj"),
+            d,
+            d,
+            true,
+            stable,
+            t(),
+        )?;
+        let kn = linear(
+            &mut g,
+            &format!("{p}.self_k_proj"),
+            x,
+            &format!("{k}.self_attn.k_proj"),
+            d,
+            d,
+            false,
+            stable,
+            t(),
+        )?;
+        let vn = linear(
+            &mut g,
+            &format!("{p}.self_v_proj"),
+            x,
+            &format!("{k}.self_attn.v_proj"),
+            d,
+            d,
+            true,
+            stable,
+            t(),
+        )?;
         let mut hm = Vec::new();
         for (n, e) in [("q", q), ("k", kn), ("v", vn)] {
             hm.push(g.op1(
@@ -272,34 +491,86 @@ pub fn build(cfg: &WhisperConfig, pre: &PreprocessorConfig, pre_path: &Path) -> 
             Box::new(KvAppend),
             &[kp, hm[1]],
             &[],
-            vec![out(&names::self_k(i), shape![dh, "past+tokens", dhd], Layout::HeadMajor)],
+            vec![out(
+                &names::self_k(i),
+                shape![dh, "past+tokens", dhd],
+                Layout::HeadMajor,
+            )],
         )?[0];
         let v_all = g.op(
             &format!("{p}.self_v_append"),
             Box::new(KvAppend),
             &[vp, hm[2]],
             &[],
-            vec![out(&names::self_v(i), shape![dh, "past+tokens", dhd], Layout::HeadMajor)],
+            vec![out(
+                &names::self_v(i),
+                shape![dh, "past+tokens", dhd],
+                Layout::HeadMajor,
+            )],
         )?[0];
         g.output(k_all);
         g.output(v_all);
         let sa = g.op1(
             &format!("{p}.self_attn"),
-            Box::new(Attention { scale: dscale, causal: true, strategy: stable }),
+            Box::new(Attention {
+                scale: dscale,
+                causal: true,
+                strategy: stable,
+            }),
             &[hm[0], k_all, v_all],
             &[],
             shape![dh, "tokens", dhd],
             Layout::HeadMajor,
         )?;
-        let sm = g.op1(&format!("{p}.self_merge_heads"), Box::new(MergeHeads), &[sa], &[], shape!["tokens", d], Layout::TokenMajor)?;
-        let so = linear(&mut g, &format!("{p}.self_out_proj"), sm, &format!("{k}.self_attn.out_proj"), d, d, true, stable, t())?;
+        let sm = g.op1(
+            &format!("{p}.self_merge_heads"),
+            Box::new(MergeHeads),
+            &[sa],
+            &[],
+            shape!["tokens", d],
+            Layout::TokenMajor,
+        )?;
+        let so = linear(
+            &mut g,
+            &format!("{p}.self_out_proj"),
+            sm,
+            &format!("{k}.self_attn.out_proj"),
+            d,
+            d,
+            true,
+            stable,
+            t(),
+        )?;
         g.checkpoint(so, &format!("audio.{p}.self_attention.output"))?;
-        let r1 = g.op1(&format!("{p}.residual_self"), Box::new(Add::new()), &[h, so], &[], shape!["tokens", d], Layout::TokenMajor)?;
+        let r1 = g.op1(
+            &format!("{p}.residual_self"),
+            Box::new(Add::new()),
+            &[h, so],
+            &[],
+            shape!["tokens", d],
+            Layout::TokenMajor,
+        )?;
 
         // Cross-attention: q from the decoder stream; K/V projected from the encoder memory into
         // the head-major projection cache (produced at prefill, fed at decode steps).
-        let x = ln(&mut g, &format!("{p}.cross_attn_norm"), r1, &format!("{k}.encoder_attn_layer_norm"), t())?;
-        let cq = linear(&mut g, &format!("{p}.cross_q_proj"), x, &format!("{k}.encoder_attn.q_proj"), d, d, true, stable, t())?;
+        let x = ln(
+            &mut g,
+            &format!("{p}.cross_attn_norm"),
+            r1,
+            &format!("{k}.encoder_attn_layer_norm"),
+            t(),
+        )?;
+        let cq = linear(
+            &mut g,
+            &format!("{p}.cross_q_proj"),
+            x,
+            &format!("{k}.encoder_attn.q_proj"),
+            d,
+            d,
+            true,
+            stable,
+            t(),
+        )?;
         let cqh = g.op1(
             &format!("{p}.cross_q_to_head_major"),
             Box::new(SplitHeads { heads: dh }),
@@ -308,21 +579,49 @@ pub fn build(cfg: &WhisperConfig, pre: &PreprocessorConfig, pre_path: &Path) -> 
             shape![dh, "tokens", dhd],
             Layout::HeadMajor,
         )?;
-        let ck = linear(&mut g, &format!("{p}.cross_k_proj"), memory, &format!("{k}.encoder_attn.k_proj"), d, d, false, gemm, s.into())?;
-        let cv = linear(&mut g, &format!("{p}.cross_v_proj"), memory, &format!("{k}.encoder_attn.v_proj"), d, d, true, gemm, s.into())?;
+        let ck = linear(
+            &mut g,
+            &format!("{p}.cross_k_proj"),
+            memory,
+            &format!("{k}.encoder_attn.k_proj"),
+            d,
+            d,
+            false,
+            gemm,
+            s.into(),
+        )?;
+        let cv = linear(
+            &mut g,
+            &format!("{p}.cross_v_proj"),
+            memory,
+            &format!("{k}.encoder_attn.v_proj"),
+            d,
+            d,
+            true,
+            gemm,
+            s.into(),
+        )?;
         let ckh = g.op(
             &format!("{p}.cross_k_to_head_major"),
             Box::new(SplitHeads { heads: dh }),
             &[ck],
             &[],
-            vec![out(&names::cross_k(i), shape![dh, s, dhd], Layout::HeadMajor)],
+            vec![out(
+                &names::cross_k(i),
+                shape![dh, s, dhd],
+                Layout::HeadMajor,
+            )],
         )?[0];
         let cvh = g.op(
             &format!("{p}.cross_v_to_head_major"),
             Box::new(SplitHeads { heads: dh }),
             &[cv],
             &[],
-            vec![out(&names::cross_v(i), shape![dh, s, dhd], Layout::HeadMajor)],
+            vec![out(
+                &names::cross_v(i),
+                shape![dh, s, dhd],
+                Layout::HeadMajor,
+            )],
         )?[0];
         g.checkpoint(ckh, &format!("audio.{p}.cross_k"))?;
         g.checkpoint(cvh, &format!("audio.{p}.cross_v"))?;
@@ -330,38 +629,120 @@ pub fn build(cfg: &WhisperConfig, pre: &PreprocessorConfig, pre_path: &Path) -> 
         g.output(cvh);
         let ca = g.op1(
             &format!("{p}.cross_attn"),
-            Box::new(Attention { scale: dscale, causal: false, strategy: stable }),
+            Box::new(Attention {
+                scale: dscale,
+                causal: false,
+                strategy: stable,
+            }),
             &[cqh, ckh, cvh],
             &[],
             shape![dh, "tokens", dhd],
             Layout::HeadMajor,
         )?;
         g.checkpoint(ca, &format!("audio.{p}.cross_attention.output"))?;
-        let cm = g.op1(&format!("{p}.cross_merge_heads"), Box::new(MergeHeads), &[ca], &[], shape!["tokens", d], Layout::TokenMajor)?;
-        let co = linear(&mut g, &format!("{p}.cross_out_proj"), cm, &format!("{k}.encoder_attn.out_proj"), d, d, true, stable, t())?;
+        let cm = g.op1(
+            &format!("{p}.cross_merge_heads"),
+            Box::new(MergeHeads),
+            &[ca],
+            &[],
+            shape!["tokens", d],
+            Layout::TokenMajor,
+        )?;
+        let co = linear(
+            &mut g,
+            &format!("{p}.cross_out_proj"),
+            cm,
+            &format!("{k}.encoder_attn.out_proj"),
+            d,
+            d,
+            true,
+            stable,
+            t(),
+        )?;
         g.checkpoint(co, &format!("audio.{p}.cross_attention.out_proj"))?;
-        let r2 = g.op1(&format!("{p}.residual_cross"), Box::new(Add::new()), &[r1, co], &[], shape!["tokens", d], Layout::TokenMajor)?;
+        let r2 = g.op1(
+            &format!("{p}.residual_cross"),
+            Box::new(Add::new()),
+            &[r1, co],
+            &[],
+            shape!["tokens", d],
+            Layout::TokenMajor,
+        )?;
 
         // MLP.
-        let x = ln(&mut g, &format!("{p}.mlp_norm"), r2, &format!("{k}.final_layer_norm"), t())?;
-        let f1 = linear(&mut g, &format!("{p}.fc1"), x, &format!("{k}.fc1"), d, cfg.decoder_ffn_dim, true, stable, t())?;
-        let ge = g.op1(&format!("{p}.gelu"), Box::new(Gelu), &[f1], &[], shape!["tokens", cfg.decoder_ffn_dim], Layout::TokenMajor)?;
-        let f2 = linear(&mut g, &format!("{p}.fc2"), ge, &format!("{k}.fc2"), cfg.decoder_ffn_dim, d, true, stable, t())?;
-        h = g.op1(&format!("{p}.residual_mlp"), Box::new(Add::new()), &[r2, f2], &[], shape!["tokens", d], Layout::TokenMajor)?;
+        let x = ln(
+            &mut g,
+            &format!("{p}.mlp_norm"),
+            r2,
+            &format!("{k}.final_layer_norm"),
+            t(),
+        )?;
+        let f1 = linear(
+            &mut g,
+            &format!("{p}.fc1"),
+            x,
+            &format!("{k}.fc1"),
+            d,
+            cfg.decoder_ffn_dim,
+            true,
+            stable,
+            t(),
+        )?;
+        let ge = g.op1(
+            &format!("{p}.gelu"),
+            Box::new(Gelu),
+            &[f1],
+            &[],
+            shape!["tokens", cfg.decoder_ffn_dim],
+            Layout::TokenMajor,
+        )?;
+        let f2 = linear(
+            &mut g,
+            &format!("{p}.fc2"),
+            ge,
+            &format!("{k}.fc2"),
+            cfg.decoder_ffn_dim,
+            d,
+            true,
+            stable,
+            t(),
+        )?;
+        h = g.op1(
+            &format!("{p}.residual_mlp"),
+            Box::new(Add::new()),
+            &[r2, f2],
+            &[],
+            shape!["tokens", d],
+            Layout::TokenMajor,
+        )?;
         g.checkpoint(h, &format!("audio.{p}.out"))?;
         self_cache.push([kp, vp, k_all, v_all]);
         cross.push([ckh, cvh]);
     }
-    let x = ln(&mut g, "decoder.final_norm", h, "model.decoder.layer_norm", t())?;
+    let x = ln(
+        &mut g,
+        "decoder.final_norm",
+        h,
+        "model.decoder.layer_norm",
+        t(),
+    )?;
     // proj_out is tied to the token embedding unless config.json says otherwise.
     // Upstream: WhisperForConditionalGeneration (`_tied_weights_keys`, `proj_out`, bias=False).
-    let proj_key = if cfg.tie_word_embeddings { "model.decoder.embed_tokens.weight" } else { "proj_out.weight" };
+    let proj_key = if cfg.tie_word_embeddings {
+        "model.decoder.embed_tokens.weight"
+    } else {
+        "proj_out.weight"
+    };
     let logits = g.op(
         "decoder.proj_out",
         Box::new(Linear::new(false, stable)),
         &[x],
         &[(proj_key, vec![vocab, d])],
-        vec![out(names::LOGITS, shape!["tokens", vocab], Layout::TokenMajor)],
+        vec![out(
+            names::LOGITS,
+            shape!["tokens", vocab],
+            Layout::TokenMajor,
+        )],
     )?[0];
     g.checkpoint(logits, "audio.decoder.logits")?;
     g.output(logits);

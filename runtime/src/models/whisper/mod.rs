@@ -167,9 +167,12 @@ fn cfg_err(path: &Path, reason: impl Into<String>) -> RuntimeError {
 }
 
 /// Read and deserialize a JSON file, errors naming the file.
-pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<(T, serde_json::Value)> {
+pub(crate) fn read_json<T: serde::de::DeserializeOwned>(
+    path: &Path,
+) -> Result<(T, serde_json::Value)> {
     let text = std::fs::read_to_string(path).map_err(|e| RuntimeError::io(path, e))?;
-    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| cfg_err(path, format!("not valid JSON: {e}")))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| cfg_err(path, format!("not valid JSON: {e}")))?;
     let t = serde_json::from_value(value.clone()).map_err(|e| cfg_err(path, e.to_string()))?;
     Ok((t, value))
 }
@@ -179,7 +182,10 @@ impl WhisperConfig {
     pub fn check(&self, path: &Path) -> Result<()> {
         let e = |r: String| Err(cfg_err(path, r));
         if self.model_type != "whisper" {
-            return e(format!("model_type is '{}', expected 'whisper'", self.model_type));
+            return e(format!(
+                "model_type is '{}', expected 'whisper'",
+                self.model_type
+            ));
         }
         for (name, v) in [
             ("d_model", self.d_model),
@@ -217,7 +223,9 @@ impl WhisperConfig {
             ));
         }
         if self.scale_embedding {
-            return e("scale_embedding = true is not supported (no Whisper checkpoint uses it)".into());
+            return e(
+                "scale_embedding = true is not supported (no Whisper checkpoint uses it)".into(),
+            );
         }
         Ok(())
     }
@@ -258,13 +266,20 @@ impl ModelFiles {
             weights: dir.join("model.safetensors"),
             tokenizer: dir.join("tokenizer.json"),
         };
-        for p in [&f.config, &f.generation, &f.preprocessor, &f.weights, &f.tokenizer] {
+        for p in [
+            &f.config,
+            &f.generation,
+            &f.preprocessor,
+            &f.weights,
+            &f.tokenizer,
+        ] {
             if !p.is_file() {
                 return Err(RuntimeError::File {
                     path: p.clone(),
-                    reason: "missing: a Whisper directory needs config.json, generation_config.json, \
+                    reason:
+                        "missing: a Whisper directory needs config.json, generation_config.json, \
                              preprocessor_config.json, model.safetensors and tokenizer.json"
-                        .into(),
+                            .into(),
                 });
             }
         }

@@ -14,7 +14,7 @@ use super::{read_json, GenerationConfig, ModelFiles, PreprocessorConfig, Whisper
 use crate::audio::Audio;
 use crate::contract::{CDim, Contract};
 use crate::error::{Result, RuntimeError};
-use crate::graph::{Dim, Feeds, Graph, Layout, RunCtx, Tensor};
+use crate::graph::{Dim, Feeds, Graph, RunCtx, Tensor};
 use crate::models::{RunHooks, RunOptions, RunOutput, SpeechModel};
 use crate::weights::Weights;
 
@@ -38,7 +38,10 @@ pub struct WhisperModel {
 
 impl std::fmt::Debug for WhisperModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WhisperModel").field("dir", &self.dir).field("config", &self.config).finish()
+        f.debug_struct("WhisperModel")
+            .field("dir", &self.dir)
+            .field("config", &self.config)
+            .finish()
     }
 }
 
@@ -78,10 +81,11 @@ impl WhisperModel {
         graph.check_weights(&weights)?;
         let contract = Contract::for_family("whisper", &config_json)?;
         verify_contract(&graph, &contract)?;
-        let tokenizer = tokenizers::Tokenizer::from_file(&files.tokenizer).map_err(|e| RuntimeError::File {
-            path: files.tokenizer.clone(),
-            reason: format!("not a readable tokenizers JSON: {e}"),
-        })?;
+        let tokenizer =
+            tokenizers::Tokenizer::from_file(&files.tokenizer).map_err(|e| RuntimeError::File {
+                path: files.tokenizer.clone(),
+                reason: format!("not a readable tokenizers JSON: {e}"),
+            })?;
         Ok(WhisperModel {
             dir: dir.to_path_buf(),
             files,
@@ -138,34 +142,57 @@ impl WhisperModel {
     }
 
     fn empty_cache(&self) -> Tensor {
-        Array3::<f32>::zeros((self.config.decoder_attention_heads, 0, self.config.decoder_head_dim())).into_dyn()
+        Array3::<f32>::zeros((
+            self.config.decoder_attention_heads,
+            0,
+            self.config.decoder_head_dim(),
+        ))
+        .into_dyn()
     }
 
     /// Formula `frontend`: pcm samples (at most one window) -> log-mel `[mel_bins, frames]`.
     pub fn log_mel(&self, pcm: &[f32], ctx: &mut RunCtx) -> Result<Tensor> {
-        let feeds: Feeds = HashMap::from([(names::PCM.to_string(), Array1::from_vec(pcm.to_vec()).into_dyn())]);
-        one(self.graph.run(&self.weights, feeds, &[self.edges.mel], ctx)?)
+        let feeds: Feeds = HashMap::from([(
+            names::PCM.to_string(),
+            Array1::from_vec(pcm.to_vec()).into_dyn(),
+        )]);
+        one(self
+            .graph
+            .run(&self.weights, feeds, &[self.edges.mel], ctx)?)
     }
 
     /// Formula `encode`: pcm samples (at most one window) -> encoder memory `[enc_tokens, d_model]`.
     pub fn encode(&self, pcm: &[f32], ctx: &mut RunCtx) -> Result<Tensor> {
-        let feeds: Feeds = HashMap::from([(names::PCM.to_string(), Array1::from_vec(pcm.to_vec()).into_dyn())]);
-        one(self.graph.run(&self.weights, feeds, &[self.edges.memory], ctx)?)
+        let feeds: Feeds = HashMap::from([(
+            names::PCM.to_string(),
+            Array1::from_vec(pcm.to_vec()).into_dyn(),
+        )]);
+        one(self
+            .graph
+            .run(&self.weights, feeds, &[self.edges.memory], ctx)?)
     }
 
     /// Formula `encode` from features: log-mel `[mel_bins, frames]` -> encoder memory (the
     /// frontend op does not run).
     pub fn encode_mel(&self, mel: Tensor, ctx: &mut RunCtx) -> Result<Tensor> {
         let feeds: Feeds = HashMap::from([(names::MEL.to_string(), mel)]);
-        one(self.graph.run(&self.weights, feeds, &[self.edges.memory], ctx)?)
+        one(self
+            .graph
+            .run(&self.weights, feeds, &[self.edges.memory], ctx)?)
     }
 
-    /// Formula `prefill`: the forced prefix tokens at positions `0..T` with empty self-attention
-    /// caches -> logits `[T, vocab]` and the session's self caches. The cross-attention K/V
-    /// projection cache is projected from the installed memory when it is invalid; when it is
-    /// valid it is fed instead (never re-projected) and handed to the observer as this step's
-    /// `cross_k` / `cross_v`.
-    pub fn prefill(&self, sess: &mut DecoderSession, tokens: &[i64], ctx: &mut RunCtx) -> Result<Tensor> {
+    /// Formula `prefill` (the populate phase of the cross-attention projection cache): encoder
+    /// memory + the forced prefix tokens at positions `0..T` + empty self-attention caches ->
+    /// logits `[T, vocab]`, the self caches, and the cross K/V projections of the installed memory.
+    /// The projections are stored as the session's cross cache when it is invalid (after new
+    /// memory was installed); a cache that is still valid is kept as it is, so the cross K/V are
+    /// projected once per memory.
+    pub fn prefill(
+        &self,
+        sess: &mut DecoderSession,
+        tokens: &[i64],
+        ctx: &mut RunCtx,
+    ) -> Result<Tensor> {
         if tokens.is_empty() {
             return Err(RuntimeError::Feed {
                 edge: names::INPUT_IDS.into(),
@@ -175,13 +202,27 @@ impl WhisperModel {
         if tokens.len() > self.config.max_target_positions {
             return Err(RuntimeError::Feed {
                 edge: names::INPUT_IDS.into(),
-                reason: format!("{} tokens exceed max_target_positions {}", tokens.len(), self.config.max_target_positions),
+                reason: format!(
+                    "{} tokens exceed max_target_positions {}",
+                    tokens.len(),
+                    self.config.max_target_positions
+                ),
             });
         }
+        let memory = sess.memory.clone().ok_or_else(|| RuntimeError::Feed {
+            edge: names::MEMORY.into(),
+            reason:
+                "no encoder memory installed: run the encoder and install its memory before prefill"
+                    .into(),
+        })?;
         let l = self.layers();
         let mut feeds: Feeds = HashMap::new();
+        feeds.insert(names::MEMORY.into(), memory);
         feeds.insert(names::INPUT_IDS.into(), ids_tensor(tokens.iter().copied()));
-        feeds.insert(names::POSITION_IDS.into(), ids_tensor(0..tokens.len() as i64));
+        feeds.insert(
+            names::POSITION_IDS.into(),
+            ids_tensor(0..tokens.len() as i64),
+        );
         for i in 0..l {
             feeds.insert(names::self_k_past(i), self.empty_cache());
             feeds.insert(names::self_v_past(i), self.empty_cache());
@@ -190,42 +231,13 @@ impl WhisperModel {
         for c in &self.edges.self_cache {
             want.extend([c[2], c[3]]);
         }
-        let reuse = sess.cross_valid && sess.cross.len() == l;
-        if reuse {
-            for (i, (k, v)) in sess.cross.iter().enumerate() {
-                if let Some(obs) = ctx.observer.as_deref_mut() {
-                    for (name, t) in [(format!("audio.decoder.layer.{i}.cross_k"), k), (format!("audio.decoder.layer.{i}.cross_v"), v)] {
-                        if obs.wants(&name, ctx.step) {
-                            obs.observe(&name, ctx.step, Layout::HeadMajor, t.view());
-                        }
-                    }
-                }
-            }
-            for (i, (k, v)) in std::mem::take(&mut sess.cross).into_iter().enumerate() {
-                feeds.insert(names::cross_k(i), k);
-                feeds.insert(names::cross_v(i), v);
-            }
-        } else {
-            let memory = sess.memory.clone().ok_or_else(|| RuntimeError::Feed {
-                edge: names::MEMORY.into(),
-                reason: "no encoder memory installed: run the encoder and install its memory before prefill".into(),
-            })?;
-            feeds.insert(names::MEMORY.into(), memory);
-        }
         for c in &self.edges.cross {
             want.extend([c[0], c[1]]);
         }
-        let res = self.graph.run(&self.weights, feeds, &want, ctx);
-        let mut outs = match res {
-            Ok(o) => o.into_iter(),
-            Err(e) => {
-                sess.cross.clear();
-                sess.cross_valid = false;
-                sess.self_kv.clear();
-                sess.past = 0;
-                return Err(e);
-            }
-        };
+        let mut outs = self
+            .graph
+            .run(&self.weights, feeds, &want, ctx)?
+            .into_iter();
         let logits = next(&mut outs)?;
         let mut self_kv = Vec::with_capacity(l);
         for _ in 0..l {
@@ -236,9 +248,11 @@ impl WhisperModel {
             cross.push((next(&mut outs)?, next(&mut outs)?));
         }
         sess.self_kv = self_kv;
-        sess.cross = cross;
-        sess.cross_valid = true;
         sess.past = tokens.len();
+        if !sess.cross_valid || sess.cross.len() != l {
+            sess.cross = cross;
+            sess.cross_valid = true;
+        }
         Ok(logits)
     }
 
@@ -246,7 +260,12 @@ impl WhisperModel {
     /// projection cache as feeds -> logits `[1, vocab]` and the updated self caches (the cross
     /// cache's producers do not run). Refuses with [`RuntimeError::StaleCache`] when the cross
     /// cache is invalid (new memory installed since the last prefill).
-    pub fn decode_step(&self, sess: &mut DecoderSession, token: i64, ctx: &mut RunCtx) -> Result<Tensor> {
+    pub fn decode_step(
+        &self,
+        sess: &mut DecoderSession,
+        token: i64,
+        ctx: &mut RunCtx,
+    ) -> Result<Tensor> {
         let l = self.layers();
         if !sess.cross_valid || sess.cross.len() != l {
             return Err(RuntimeError::StaleCache(
@@ -264,7 +283,10 @@ impl WhisperModel {
         if sess.past >= self.config.max_target_positions {
             return Err(RuntimeError::Feed {
                 edge: names::POSITION_IDS.into(),
-                reason: format!("position {} is beyond max_target_positions {}", sess.past, self.config.max_target_positions),
+                reason: format!(
+                    "position {} is beyond max_target_positions {}",
+                    sess.past, self.config.max_target_positions
+                ),
             });
         }
         let mut feeds: Feeds = HashMap::new();
@@ -313,22 +335,36 @@ impl WhisperModel {
         if tokens.is_empty() || tokens.len() > self.config.max_target_positions {
             return Err(RuntimeError::Feed {
                 edge: names::INPUT_IDS.into(),
-                reason: format!("{} tokens: need 1..={}", tokens.len(), self.config.max_target_positions),
+                reason: format!(
+                    "{} tokens: need 1..={}",
+                    tokens.len(),
+                    self.config.max_target_positions
+                ),
             });
         }
         let mut feeds: Feeds = HashMap::new();
         feeds.insert(names::MEMORY.into(), memory.clone());
         feeds.insert(names::INPUT_IDS.into(), ids_tensor(tokens.iter().copied()));
-        feeds.insert(names::POSITION_IDS.into(), ids_tensor(0..tokens.len() as i64));
+        feeds.insert(
+            names::POSITION_IDS.into(),
+            ids_tensor(0..tokens.len() as i64),
+        );
         for i in 0..self.layers() {
             feeds.insert(names::self_k_past(i), self.empty_cache());
             feeds.insert(names::self_v_past(i), self.empty_cache());
         }
-        one(self.graph.run(&self.weights, feeds, &[self.edges.logits], ctx)?)
+        one(self
+            .graph
+            .run(&self.weights, feeds, &[self.edges.logits], ctx)?)
     }
 
     /// Greedy decode (or teacher-force) from installed state; shared by [`SpeechModel::run`].
-    fn generate(&self, sess: &mut DecoderSession, opts: &RunOptions, hooks: &mut RunHooks) -> Result<RunOutput> {
+    pub fn generate(
+        &self,
+        sess: &mut DecoderSession,
+        opts: &RunOptions,
+        hooks: &mut RunHooks,
+    ) -> Result<RunOutput> {
         let prefix = self.plan.prefix.clone();
         let teacher = match &opts.teacher_tokens {
             Some(t) => {
@@ -360,9 +396,13 @@ impl WhisperModel {
         outputs.push(logits);
         let mut step = 0usize;
         let stop = loop {
-            let last = outputs.last().ok_or_else(|| RuntimeError::Graph("no logits".into()))?;
+            let last = outputs
+                .last()
+                .ok_or_else(|| RuntimeError::Graph("no logits".into()))?;
             let row = last.index_axis(Axis(0), last.shape()[0] - 1);
-            let row = row.as_slice().ok_or_else(|| RuntimeError::Graph("logits row not contiguous".into()))?;
+            let row = row
+                .as_slice()
+                .ok_or_else(|| RuntimeError::Graph("logits row not contiguous".into()))?;
             let choice = self.plan.choose(row, step == 0);
             predicted.push(choice);
             let next_tok = match &teacher {
@@ -374,7 +414,11 @@ impl WhisperModel {
                 break "eos";
             }
             if tokens.len() >= max_total {
-                break if teacher.is_some() { "teacher" } else { "max_length" };
+                break if teacher.is_some() {
+                    "teacher"
+                } else {
+                    "max_length"
+                };
             }
             step += 1;
             let logits = self.decode_step(sess, next_tok, &mut run_ctx(hooks, step))?;
@@ -397,11 +441,14 @@ impl WhisperModel {
 }
 
 fn one(v: Vec<Tensor>) -> Result<Tensor> {
-    v.into_iter().next().ok_or_else(|| RuntimeError::Graph("formula returned nothing".into()))
+    v.into_iter()
+        .next()
+        .ok_or_else(|| RuntimeError::Graph("formula returned nothing".into()))
 }
 
 fn next(it: &mut std::vec::IntoIter<Tensor>) -> Result<Tensor> {
-    it.next().ok_or_else(|| RuntimeError::Graph("formula returned fewer outputs than asked".into()))
+    it.next()
+        .ok_or_else(|| RuntimeError::Graph("formula returned fewer outputs than asked".into()))
 }
 
 /// Check the graph against the contract: every contract checkpoint labels an edge whose producer,
@@ -412,16 +459,25 @@ pub fn verify_contract(graph: &Graph, contract: &Contract) -> Result<()> {
         reason,
     };
     for c in &contract.checkpoints {
-        let e = graph
-            .checkpoint_edge(&c.name)
-            .ok_or_else(|| err(format!("checkpoint '{}' is not labelled in the graph", c.name)))?;
+        let e = graph.checkpoint_edge(&c.name).ok_or_else(|| {
+            err(format!(
+                "checkpoint '{}' is not labelled in the graph",
+                c.name
+            ))
+        })?;
         let edge = &graph.edges()[e];
         let prod = graph.producer_name(e).unwrap_or("<feed>");
         if prod != c.producer {
-            return Err(err(format!("checkpoint '{}': contract producer '{}', graph producer '{prod}'", c.name, c.producer)));
+            return Err(err(format!(
+                "checkpoint '{}': contract producer '{}', graph producer '{prod}'",
+                c.name, c.producer
+            )));
         }
         if edge.layout != c.layout {
-            return Err(err(format!("checkpoint '{}': contract layout {}, graph edge '{}' is {}", c.name, c.layout, edge.name, edge.layout)));
+            return Err(err(format!(
+                "checkpoint '{}': contract layout {}, graph edge '{}' is {}",
+                c.name, c.layout, edge.name, edge.layout
+            )));
         }
         let same = edge.shape.len() == c.shape.len()
             && edge.shape.iter().zip(&c.shape).all(|(g, k)| match (g, k) {
@@ -441,7 +497,9 @@ pub fn verify_contract(graph: &Graph, contract: &Contract) -> Result<()> {
     }
     for (name, _) in graph.checkpoints() {
         if contract.get(&name).is_none() {
-            return Err(err(format!("graph checkpoint '{name}' is not in the contract")));
+            return Err(err(format!(
+                "graph checkpoint '{name}' is not in the contract"
+            )));
         }
     }
     Ok(())
@@ -492,9 +550,11 @@ impl SpeechModel for WhisperModel {
                 })
             })
             .collect::<Result<_>>()?;
-        self.tokenizer.decode(&ids, true).map_err(|e| RuntimeError::File {
-            path: self.files.tokenizer.clone(),
-            reason: format!("decoding {ids:?}: {e}"),
-        })
+        self.tokenizer
+            .decode(&ids, true)
+            .map_err(|e| RuntimeError::File {
+                path: self.files.tokenizer.clone(),
+                reason: format!("decoding {ids:?}: {e}"),
+            })
     }
 }

@@ -1,0 +1,220 @@
+//! End to end through the CLI on the real fixtures: `xray check` (runtime + oracle in one
+//! process), `xray compare` offline against the committed reference dump (no Python), the
+//! refusal of tampered dumps, `xray list`, and exit codes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn xray(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xray"))
+        .current_dir(root())
+        .args(args)
+        .output()
+        .expect("run xray")
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+fn evidence(p: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+#[test]
+fn check_passes_on_real_tiny_en_with_equal_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let ev = dir.path().join("e.json");
+    let html = dir.path().join("r.html");
+    let o = xray(&[
+        "check",
+        "--model",
+        "fixtures/whisper-tiny-en",
+        "--audio",
+        "fixtures/audio/fox.wav",
+        "--evidence",
+        ev.to_str().unwrap(),
+        "--report",
+        html.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let e = evidence(&ev);
+    assert_eq!(e["verdict"], "pass");
+    assert_eq!(e["capture_neutral"], true);
+    assert_eq!(e["transcript"]["tokens_equal"], true);
+    assert!(e["transcript"]["reference"]
+        .as_str()
+        .unwrap()
+        .contains("lazy dog"));
+    let n = e["checkpoints"].as_array().unwrap().len();
+    assert!(n > 200, "{n} checkpoints");
+    assert!(std::fs::read_to_string(&html).unwrap().contains("<svg"));
+}
+
+#[test]
+fn planted_fault_is_localized_with_isolation() {
+    let dir = tempfile::tempdir().unwrap();
+    let ev = dir.path().join("e.json");
+    let o = xray(&[
+        "check",
+        "--model",
+        "fixtures/build/whisper-rand-b",
+        "--audio",
+        "fixtures/audio/stella.wav",
+        "--inject",
+        "layernorm_eps@encoder.layer.2.mlp_norm",
+        "--isolate",
+        "--evidence",
+        ev.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    let e = evidence(&ev);
+    assert_eq!(e["verdict"], "diverged");
+    assert_eq!(
+        e["first_divergence"]["checkpoint"],
+        "audio.encoder.layer.2.out"
+    );
+    assert_eq!(e["run"]["isolated"], true);
+    // Isolation: downstream checkpoints fed with the reference are locally clean.
+    let later = e["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "audio.encoder.memory")
+        .unwrap();
+    assert_eq!(later["status"], "propagated");
+    assert!(
+        later["local_metrics"]["max_abs"].as_f64().unwrap() < 1e-4,
+        "{}",
+        later["local_metrics"]
+    );
+}
+
+#[test]
+fn offline_compare_against_committed_reference_dump() {
+    let refdir = root().join("fixtures/dumps/whisper-rand-a.fox");
+    let dir = tempfile::tempdir().unwrap();
+    let got = dir.path().join("got");
+    let o = xray(&[
+        "run",
+        "--model",
+        "fixtures/build/whisper-rand-a",
+        "--audio",
+        "fixtures/audio/fox.wav",
+        "--out",
+        got.to_str().unwrap(),
+        "--teacher",
+        &teacher(&refdir),
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let ev = dir.path().join("e.json");
+    let o = xray(&[
+        "compare",
+        refdir.to_str().unwrap(),
+        got.to_str().unwrap(),
+        "--evidence",
+        ev.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(evidence(&ev)["verdict"], "pass");
+
+    // A flipped byte in a copy of the reference is refused, naming the file.
+    let bad = dir.path().join("bad");
+    copy_dir(&refdir, &bad);
+    let f = bad.join("audio.encoder.memory@step0.npy");
+    let mut b = std::fs::read(&f).unwrap();
+    let i = b.len() - 3;
+    b[i] ^= 0x40;
+    std::fs::write(&f, &b).unwrap();
+    let o = xray(&["compare", bad.to_str().unwrap(), got.to_str().unwrap()]);
+    assert_eq!(code(&o), 2);
+    assert!(
+        stderr(&o).contains("audio.encoder.memory@step0.npy"),
+        "{}",
+        stderr(&o)
+    );
+    // A truncated file too.
+    b.truncate(b.len() - 8);
+    std::fs::write(&f, &b).unwrap();
+    let o = xray(&["compare", bad.to_str().unwrap(), got.to_str().unwrap()]);
+    assert_eq!(code(&o), 2);
+    assert!(
+        stderr(&o).contains("audio.encoder.memory@step0.npy"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+fn teacher(refdir: &Path) -> String {
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(refdir.join("manifest.json")).unwrap())
+            .unwrap();
+    m["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+#[test]
+fn bad_inputs_exit_2_with_a_clear_message() {
+    let o = xray(&[
+        "check",
+        "--model",
+        "fixtures/whisper-tiny-en",
+        "--audio",
+        "fixtures/build/audio/fox-44k.wav",
+    ]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("44100"), "{}", stderr(&o));
+    let o = xray(&[
+        "check",
+        "--model",
+        "fixtures/nope",
+        "--audio",
+        "fixtures/audio/fox.wav",
+    ]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("fixtures/nope"), "{}", stderr(&o));
+}
+
+#[test]
+fn list_shows_producers_layouts_and_consumers() {
+    let o = xray(&["list", "--model", "fixtures/build/whisper-rand-a"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let s = String::from_utf8_lossy(&o.stdout);
+    let line = s
+        .lines()
+        .find(|l| l.starts_with("audio.decoder.layer.1.cross_k "))
+        .unwrap();
+    assert!(
+        line.contains("head_major") && line.contains("decoder.layer.1.cross_attn"),
+        "{line}"
+    );
+}
+
+#[test]
+fn selftest_localizes_every_whisper_fault() {
+    let o = xray(&["selftest", "--family", "whisper"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(code(&o), 0, "{out}\n{}", stderr(&o));
+    assert!(out.contains(" 0 failed"), "{out}");
+}

@@ -1,0 +1,450 @@
+//! Conformer block kernels: 1x1 conv, GLU, depthwise conv, BatchNorm (inference), block-local
+//! Shaw relative-position attention.
+
+use crate::faults::ParamFault;
+use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::kernels::{data, dims, par_ranges, same_dim, sgemm, simd, tensor};
+
+use super::{sigmoid, softmax_in_place, token_rows};
+
+/// A 1x1 `nn.Conv1d` over token-major rows: `y[t] = W[:, :, 0] x[t] + b`, weight
+/// `[out, in, 1]` (HF's conv layout; the reference permutes to channel-major and back, which does
+/// not change the per-element arithmetic).
+///
+/// Upstream: transformers v5.24.0 src/transformers/models/granite_speech/modeling_granite_speech.py
+/// `GraniteSpeechConformerConvModule` (`up_conv`, `down_conv`).
+#[derive(Debug, Clone)]
+pub struct Pointwise {
+    /// Whether the conv has a bias.
+    pub bias: bool,
+}
+
+impl Kernel for Pointwise {
+    fn kind(&self) -> &'static str {
+        "pointwise_conv"
+    }
+    fn inputs(&self) -> Vec<Port> {
+        vec![port("x", Layout::TokenMajor)]
+    }
+    fn outputs(&self) -> Vec<Port> {
+        vec![port("y", Layout::TokenMajor)]
+    }
+    fn weight_roles(&self) -> Vec<&'static str> {
+        if self.bias {
+            vec!["weight", "bias"]
+        } else {
+            vec!["weight"]
+        }
+    }
+    fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        let (rows, k) = token_rows(&inputs[0], "x")?;
+        let w = &weights[0];
+        if w.len() != 3 || w[1] != k || w[2] != 1 {
+            return Err(format!("weight must be [out, {k}, 1], got {w:?}"));
+        }
+        if self.bias && weights[1] != [w[0]] {
+            return Err(format!("bias must be [{}], got {:?}", w[0], weights[1]));
+        }
+        Ok(vec![vec![rows, Dim::Fixed(w[0])]])
+    }
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
+        let xs = dims(inputs[0], 2, "x")?;
+        let ws = dims(weights[0], 3, "weight")?;
+        let (m, k, n) = (xs[0], xs[1], ws[0]);
+        if ws[1] != k || ws[2] != 1 {
+            return Err(format!("x has {k} features, weight is {ws:?}"));
+        }
+        let x = data(inputs[0], "x")?;
+        let w = data(weights[0], "weight")?;
+        let mut y = vec![0f32; m * n];
+        let mut beta = 0.0;
+        if self.bias {
+            let b = data(weights[1], "bias")?;
+            if b.len() != n {
+                return Err(format!("bias has {} elements, expected {n}", b.len()));
+            }
+            for row in y.chunks_exact_mut(n) {
+                row.copy_from_slice(b);
+            }
+            beta = 1.0;
+        }
+        sgemm(m, k, n, x, (k, 1), w, (1, k), beta, &mut y, (n, 1))?;
+        Ok(vec![tensor(&[m, n], y)?])
+    }
+    fn params(&self) -> serde_json::Value {
+        serde_json::json!({"bias": self.bias})
+    }
+}
+
+/// GLU over channels of token-major rows: `[T, 2C] -> [T, C]`, `a * sigmoid(b)` with `a` the
+/// first half (`nn.GLU(dim=1)` on the channel-major tensor).
+///
+/// Upstream: transformers v5.24.0 src/transformers/models/granite_speech/modeling_granite_speech.py
+/// `GraniteSpeechConformerConvModule` (`self.glu`).
+#[derive(Debug, Clone, Default)]
+pub struct Glu;
+
+impl Kernel for Glu {
+    fn kind(&self) -> &'static str {
+        "glu"
+    }
+    fn inputs(&self) -> Vec<Port> {
+        vec![port("x", Layout::TokenMajor)]
+    }
+    fn outputs(&self) -> Vec<Port> {
+        vec![port("y", Layout::TokenMajor)]
+    }
+    fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        let (rows, c2) = token_rows(&inputs[0], "x")?;
+        if c2 % 2 != 0 {
+            return Err(format!("{c2} channels do not split into GLU halves"));
+        }
+        Ok(vec![vec![rows, Dim::Fixed(c2 / 2)]])
+    }
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        _weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
+        let s = dims(inputs[0], 2, "x")?;
+        let (t, c2) = (s[0], s[1]);
+        if c2 % 2 != 0 {
+            return Err(format!("{c2} channels do not split into GLU halves"));
+        }
+        let c = c2 / 2;
+        let x = data(inputs[0], "x")?;
+        let mut y = vec![0f32; t * c];
+        for (row, out) in x.chunks_exact(c2).zip(y.chunks_exact_mut(c)) {
+            for j in 0..c {
+                out[j] = row[j] * sigmoid(row[c + j]);
+            }
+        }
+        Ok(vec![tensor(&[t, c], y)?])
+    }
+}
+
+/// Depthwise `nn.Conv1d(C, C, K, groups=C, bias=False)` over time on token-major rows, with zero
+/// padding `K // 2` on the left and `K // 2 - (K + 1) % 2` on the right (cross-correlation).
+/// Weight `[C, 1, K]`.
+///
+/// Upstream: transformers v5.24.0 src/transformers/models/granite_speech/modeling_granite_speech.py
+/// `GraniteSpeechConformerDepthWiseConv1d`.
+#[derive(Debug, Clone)]
+pub struct DepthwiseConv {
+    /// Kernel size K.
+    pub kernel: usize,
+}
+
+impl DepthwiseConv {
+    fn pads(&self) -> (usize, usize) {
+        let pad = self.kernel / 2;
+        (pad, pad - (self.kernel + 1) % 2)
+    }
+}
+
+impl Kernel for DepthwiseConv {
+    fn kind(&self) -> &'static str {
+        "depthwise_conv"
+    }
+    fn inputs(&self) -> Vec<Port> {
+        vec![port("x", Layout::TokenMajor)]
+    }
+    fn outputs(&self) -> Vec<Port> {
+        vec![port("y", Layout::TokenMajor)]
+    }
+    fn weight_roles(&self) -> Vec<&'static str> {
+        vec!["weight"]
+    }
+    fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        let (_, c) = token_rows(&inputs[0], "x")?;
+        if weights[0] != [c, 1, self.kernel] {
+            return Err(format!(
+                "weight must be [{c}, 1, {}], got {:?}",
+                self.kernel, weights[0]
+            ));
+        }
+        Ok(vec![inputs[0].clone()])
+    }
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
+        let s = dims(inputs[0], 2, "x")?;
+        let (t, c) = (s[0], s[1]);
+        let k = self.kernel;
+        if weights[0].shape() != [c, 1, k] {
+            return Err(format!(
+                "weight {:?} does not fit {c} channels, kernel {k}",
+                weights[0].shape()
+            ));
+        }
+        let (left, _) = self.pads();
+        let x = data(inputs[0], "x")?;
+        let w = data(weights[0], "weight")?;
+        let mut y = vec![0f32; t * c];
+        for ti in 0..t {
+            let out = &mut y[ti * c..(ti + 1) * c];
+            for ki in 0..k {
+                // Input time of tap ki: ti + ki - left, zero outside [0, t).
+                let src = ti + ki;
+                if src < left || src - left >= t {
+                    continue;
+                }
+                let xr = &x[(src - left) * c..(src - left + 1) * c];
+                for ch in 0..c {
+                    out[ch] += w[ch * k + ki] * xr[ch];
+                }
+            }
+        }
+        Ok(vec![tensor(&[t, c], y)?])
+    }
+    fn params(&self) -> serde_json::Value {
+        let (l, r) = self.pads();
+        serde_json::json!({"kernel": self.kernel, "pad_left": l, "pad_right": r})
+    }
+}
+
+/// `nn.BatchNorm1d` in inference form over the channels of token-major rows:
+/// `alpha = weight / sqrt(running_var + eps)`, `y = x * alpha + (bias - running_mean * alpha)`.
+/// Fault seam: [`ParamFault::Eps`].
+///
+/// Upstream: transformers v5.24.0 src/transformers/models/granite_speech/modeling_granite_speech.py
+/// `GraniteSpeechConformerConvModule` (`self.batch_norm`); pytorch v2.11.0
+/// aten/src/ATen/native/cpu/batch_norm_kernel.cpp `batch_norm_cpu_collect_linear_and_constant_terms`.
+#[derive(Debug, Clone)]
+pub struct BatchNorm {
+    /// Added to the running variance.
+    pub eps: f32,
+}
+
+impl Kernel for BatchNorm {
+    fn kind(&self) -> &'static str {
+        "batch_norm"
+    }
+    fn inputs(&self) -> Vec<Port> {
+        vec![port("x", Layout::TokenMajor)]
+    }
+    fn outputs(&self) -> Vec<Port> {
+        vec![port("y", Layout::TokenMajor)]
+    }
+    fn weight_roles(&self) -> Vec<&'static str> {
+        vec!["weight", "bias", "running_mean", "running_var"]
+    }
+    fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        let (_, c) = token_rows(&inputs[0], "x")?;
+        for (w, n) in weights.iter().zip(self.weight_roles()) {
+            if w != &[c] {
+                return Err(format!("{n} must be [{c}], got {w:?}"));
+            }
+        }
+        Ok(vec![inputs[0].clone()])
+    }
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
+        let s = dims(inputs[0], 2, "x")?;
+        let c = s[1];
+        let p: Vec<&[f32]> = weights
+            .iter()
+            .map(|w| data(w, "batch norm parameter"))
+            .collect::<Result<_, _>>()?;
+        if p.iter().any(|v| v.len() != c) {
+            return Err(format!("batch norm parameters must have {c} elements"));
+        }
+        let alpha: Vec<f32> = (0..c)
+            .map(|j| p[0][j] / (p[3][j] + self.eps).sqrt())
+            .collect();
+        let beta: Vec<f32> = (0..c).map(|j| p[1][j] - p[2][j] * alpha[j]).collect();
+        let mut y = inputs[0].as_standard_layout().into_owned();
+        let ys = y.as_slice_mut().ok_or("output not contiguous")?;
+        for row in ys.chunks_exact_mut(c) {
+            for j in 0..c {
+                row[j] = row[j] * alpha[j] + beta[j];
+            }
+        }
+        Ok(vec![y])
+    }
+    fn params(&self) -> serde_json::Value {
+        serde_json::json!({"eps": self.eps})
+    }
+    fn with_param_fault(&self, fault: &ParamFault) -> Option<Box<dyn Kernel>> {
+        match fault {
+            ParamFault::Eps(e) => Some(Box::new(BatchNorm { eps: *e })),
+            _ => None,
+        }
+    }
+}
+
+/// Block-local self-attention with Shaw relative positions. Inputs: `q` `[T, H*D]` (the
+/// pre-normed, unpadded `to_q` output) and `kv` `[T, 2*H*D]` (`to_kv`: k is the first half);
+/// weight `rel_pos_emb` `[2 * max_pos_emb + 1, D]`. Rows are cut into blocks of `context`; per
+/// block and head, query row i and key row j of the block score
+/// `scale * (q_i . k_j) + scale * (q_i . R[i - j + max_pos_emb])`; keys of the zero-padded tail of
+/// the last block are masked (their probability is exactly 0, as `-FLT_MAX` gives in the
+/// reference); softmax over j; `sum_j p v_j`; heads concatenated head-major. Output `[T, H*D]`
+/// (before `to_out`). No attention across blocks. Fault seams: [`ParamFault::AttnScale`]
+/// (replaces the score scale), [`ParamFault::Causal`] (mask keys after the query within a block).
+///
+/// Upstream: transformers v5.24.0 src/transformers/models/granite_speech/modeling_granite_speech.py
+/// `GraniteSpeechConformerAttention.forward`, `GraniteSpeechCTCEncoder.__init__` (`attention_dists`).
+#[derive(Debug, Clone)]
+pub struct ShawBlockAttention {
+    /// Heads.
+    pub heads: usize,
+    /// Head dim.
+    pub dim_head: usize,
+    /// Block size (`context_size`).
+    pub context: usize,
+    /// Zero offset of the relative-position table.
+    pub max_pos_emb: usize,
+    /// Score scale (`dim_head ** -0.5`).
+    pub scale: f32,
+    /// Fault only: causal within a block.
+    pub causal: bool,
+}
+
+impl Kernel for ShawBlockAttention {
+    fn kind(&self) -> &'static str {
+        "shaw_block_attention"
+    }
+    fn inputs(&self) -> Vec<Port> {
+        vec![
+            port("q", Layout::TokenMajor),
+            port("kv", Layout::TokenMajor),
+        ]
+    }
+    fn outputs(&self) -> Vec<Port> {
+        vec![port("y", Layout::TokenMajor)]
+    }
+    fn weight_roles(&self) -> Vec<&'static str> {
+        vec!["rel_pos_emb"]
+    }
+    fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        let inner = self.heads * self.dim_head;
+        let (rows, qf) = token_rows(&inputs[0], "q")?;
+        let (kv_rows, kvf) = token_rows(&inputs[1], "kv")?;
+        same_dim(&rows, &kv_rows, "rows of q and kv")?;
+        if qf != inner || kvf != 2 * inner {
+            return Err(format!(
+                "q must have {inner} and kv {} features, got {qf} and {kvf}",
+                2 * inner
+            ));
+        }
+        if weights[0] != [2 * self.max_pos_emb + 1, self.dim_head] {
+            return Err(format!(
+                "rel_pos_emb must be [{}, {}], got {:?}",
+                2 * self.max_pos_emb + 1,
+                self.dim_head,
+                weights[0]
+            ));
+        }
+        if self.context == 0 || self.context > self.max_pos_emb {
+            return Err(format!(
+                "context {} must be in 1..={}",
+                self.context, self.max_pos_emb
+            ));
+        }
+        Ok(vec![vec![rows, Dim::Fixed(inner)]])
+    }
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
+        let (h, d, c) = (self.heads, self.dim_head, self.context);
+        let inner = h * d;
+        let qs = dims(inputs[0], 2, "q")?;
+        let kvs = dims(inputs[1], 2, "kv")?;
+        let t = qs[0];
+        if qs[1] != inner || kvs != [t, 2 * inner] {
+            return Err(format!(
+                "q {qs:?} and kv {kvs:?} do not fit {h} heads of {d}"
+            ));
+        }
+        if weights[0].shape() != [2 * self.max_pos_emb + 1, d] || c == 0 || c > self.max_pos_emb {
+            return Err(format!(
+                "rel_pos_emb {:?} does not fit max_pos_emb {} / context {c}",
+                weights[0].shape(),
+                self.max_pos_emb
+            ));
+        }
+        let q = data(inputs[0], "q")?;
+        let kv = data(inputs[1], "kv")?;
+        let rel = data(weights[0], "rel_pos_emb")?;
+        let nb = t.div_ceil(c);
+        let scale = self.scale;
+        // One unit = (block, head); each returns its [rows, d] context.
+        let parts = par_ranges(nb * h, c * c * d * 3, |units| {
+            let mut res = Vec::with_capacity(units.len());
+            let mut sc = vec![0f32; c];
+            for u in units {
+                let (b, hi) = (u / h, u % h);
+                let base = b * c;
+                let rows = c.min(t - base);
+                let mut out = vec![0f32; rows * d];
+                for i in 0..rows {
+                    let qi = &q[(base + i) * inner + hi * d..(base + i) * inner + (hi + 1) * d];
+                    let n = if self.causal { i + 1 } else { rows };
+                    for (j, s) in sc[..n].iter_mut().enumerate() {
+                        let kj = &kv[(base + j) * 2 * inner + hi * d
+                            ..(base + j) * 2 * inner + (hi + 1) * d];
+                        let r = i + self.max_pos_emb - j;
+                        let rj = &rel[r * d..(r + 1) * d];
+                        *s = simd::dot(qi, kj) * scale + simd::dot(qi, rj) * scale;
+                    }
+                    softmax_in_place(&mut sc[..n]);
+                    let o = &mut out[i * d..(i + 1) * d];
+                    for (j, &p) in sc[..n].iter().enumerate() {
+                        let off = (base + j) * 2 * inner + inner + hi * d;
+                        let vj = &kv[off..off + d];
+                        for (ov, &vv) in o.iter_mut().zip(vj) {
+                            *ov += p * vv;
+                        }
+                    }
+                }
+                res.push((b, hi, rows, out));
+            }
+            res
+        });
+        let mut y = vec![0f32; t * inner];
+        for (b, hi, rows, out) in parts.into_iter().flatten() {
+            for i in 0..rows {
+                let r = b * c + i;
+                y[r * inner + hi * d..r * inner + (hi + 1) * d]
+                    .copy_from_slice(&out[i * d..(i + 1) * d]);
+            }
+        }
+        Ok(vec![tensor(&[t, inner], y)?])
+    }
+    fn params(&self) -> serde_json::Value {
+        serde_json::json!({
+            "heads": self.heads, "dim_head": self.dim_head, "context": self.context,
+            "max_pos_emb": self.max_pos_emb, "scale": self.scale, "causal": self.causal,
+        })
+    }
+    fn with_param_fault(&self, fault: &ParamFault) -> Option<Box<dyn Kernel>> {
+        match fault {
+            ParamFault::AttnScale(f) => Some(Box::new(ShawBlockAttention {
+                scale: *f,
+                ..self.clone()
+            })),
+            ParamFault::Causal(on) => Some(Box::new(ShawBlockAttention {
+                causal: *on,
+                ..self.clone()
+            })),
+            _ => None,
+        }
+    }
+}

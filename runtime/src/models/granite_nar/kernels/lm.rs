@@ -1,0 +1,318 @@
+//! Granite LM kernels: RMSNorm, RoPE, grouped-query attention with RoPE, SwiGLU.
+
+use crate::faults::ParamFault;
+use crate::graph::{port, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::kernels::{data, dims, fixed, par_ranges, rank, same_dim, simd, tensor};
+
+use super::{silu, softmax_in_place, token_rows};
+
+/// RMSNorm over token-major rows: `x * rsqrt(mean(x^2) + eps) * weight` (mean in f64, the rest in
+/// f32). Fault seam: [`ParamFault::Eps`].
+///
+/// Upstream: transformers v5.24.0 src/transformers/models/granite/modeling_granite.py
+/// `GraniteRMSNorm.forward`.
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    /// Added to the mean square.
+    pub eps: f32,
+}
+
+impl Kernel for RmsNorm {
+    fn kind(&self) -> &'static str {
+        "rms_norm"
+    }
+    fn inputs(&self) -> Vec<Port> {
+        vec![port("x", Layout::TokenMajor)]
+    }
+    fn outputs(&self) -> Vec<Port> {
+        vec![port("y", Layout::TokenMajor)]
+    }
+    fn weight_roles(&self) -> Vec<&'static str> {
+        vec!["weight"]
+    }
+    fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        let (_, c) = token_rows(&inputs[0], "x")?;
+        if weights[0] != [c] {
+            return Err(format!("weight must be [{c}], got {:?}", weights[0]));
+        }
+        Ok(vec![inputs[0].clone()])
+    }
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
+        let s = dims(inputs[0], 2, "x")?;
+        let c = s[1];
+        let w = data(weights[0], "weight")?;
+        if w.len() != c {
+            return Err(format!(
+                "weight has {} elements, x has {c} features",
+                w.len()
+            ));
+        }
+        let mut y = inputs[0].as_standard_layout().into_owned();
+        if c > 0 {
+            for row in y
+                .as_slice_mut()
+                .ok_or("output not contiguous")?
+                .chunks_exact_mut(c)
+            {
+                let ms = (row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / c as f64) as f32;
+                let r = 1.0 / (ms + self.eps).sqrt();
+                for (v, &g) in row.iter_mut().zip(w) {
+                    *v = g * (*v * r);
+                }
+            }
+        }
+        Ok(vec![y])
+    }
+    fn params(&self) -> serde_json::Value {
+        serde_json::json!({"eps": self.eps})
+    }
+    fn with_param_fault(&self, fault: &ParamFault) -> Option<Box<dyn Kernel>> {
+        match fault {
+            ParamFault::Eps(e) => Some(Box::new(RmsNorm { eps: *e })),
+            _ => None,
+        }
+    }
+}
+
+/// Default (non-interleaved, "rotate_half") RoPE in place on head-major `[h, t, d]` rows,
+/// positions `offset .. offset + t`: `inv_freq_i = 1 / theta^(2i / d)` (f32, as torch computes
+/// it), angle = `pos * inv_freq` over `cat(inv_freq, inv_freq)`, `x' = x cos + cat(-x2, x1) sin`.
+///
+/// Upstream: transformers v5.24.0 src/transformers/models/granite/modeling_granite.py
+/// `GraniteRotaryEmbedding.compute_default_rope_parameters`, `GraniteRotaryEmbedding.forward`,
+/// `rotate_half`, `apply_rotary_pos_emb`.
+pub fn apply_rope(x: &mut [f32], h: usize, t: usize, d: usize, theta: f32, offset: i64) {
+    let half = d / 2;
+    let inv: Vec<f32> = (0..half)
+        .map(|i| 1.0 / theta.powf((2 * i) as f32 / d as f32))
+        .collect();
+    let mut cos = vec![0f32; t * half];
+    let mut sin = vec![0f32; t * half];
+    for ti in 0..t {
+        let pos = (ti as i64 + offset) as f32;
+        for i in 0..half {
+            let a = pos * inv[i];
+            cos[ti * half + i] = a.cos();
+            sin[ti * half + i] = a.sin();
+        }
+    }
+    for row in x.chunks_exact_mut(d).take(h * t).enumerate() {
+        let (r, xr) = row;
+        let ti = r % t;
+        for i in 0..half {
+            let (c, sn) = (cos[ti * half + i], sin[ti * half + i]);
+            let (x1, x2) = (xr[i], xr[half + i]);
+            xr[i] = x1 * c + (-x2) * sn;
+            xr[half + i] = x2 * c + x1 * sn;
+        }
+    }
+}
+
+/// Granite LM self-attention core, head-major: q `[Hq, T, D]`, k `[Hkv, S, D]`, v
+/// `[Hkv, S, Dv]` as projected; RoPE ([`apply_rope`]) on k at positions `0 .. S` and on q at
+/// positions `S - T + query_pos_offset ..`;
+/// query head h uses kv head `h / (Hq / Hkv)`; scores `(q . k) * scale` (Granite's
+/// `attention_multiplier`), softmax, `sum p v`. No mask: the NAR LM is bidirectional. Fault
+/// seams: [`ParamFault::AttnScale`] (replaces the scale), [`ParamFault::Causal`] (query t sees
+/// keys `..= S - T + t`), [`ParamFault::RopeOffset`] (shifts the query positions against the
+/// key positions: the classic off-by-one; a shift of both would be invisible, since RoPE scores
+/// depend only on the query-key distance).
+///
+/// Upstream: transformers v5.24.0 src/transformers/models/granite/modeling_granite.py
+/// `GraniteAttention.forward`, `eager_attention_forward`, `repeat_kv`; the all-attend 4D mask of
+/// oracle/xray_oracle/granite_nar.py `GraniteNARForConditionalGeneration.decode_text`.
+#[derive(Debug, Clone)]
+pub struct GqaAttention {
+    /// Score scale.
+    pub scale: f32,
+    /// Causal mask (off for the NAR LM; a fault turns it on).
+    pub causal: bool,
+    /// RoPE base.
+    pub rope_theta: f32,
+    /// Query positions minus key positions beyond the cache offset (0; non-zero only by a fault).
+    pub query_pos_offset: i64,
+}
+
+impl Kernel for GqaAttention {
+    fn kind(&self) -> &'static str {
+        "gqa_rope_attention"
+    }
+    fn inputs(&self) -> Vec<Port> {
+        vec![
+            port("q", Layout::HeadMajor),
+            port("k", Layout::HeadMajor),
+            port("v", Layout::HeadMajor),
+        ]
+    }
+    fn outputs(&self) -> Vec<Port> {
+        vec![port("y", Layout::HeadMajor)]
+    }
+    fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        for (s, n) in inputs.iter().zip(["q", "k", "v"]) {
+            rank(s, 3, n)?;
+        }
+        let hq = fixed(&inputs[0][0], "query heads")?;
+        let hk = fixed(&inputs[1][0], "key heads")?;
+        let d = fixed(&inputs[0][2], "head_dim")?;
+        same_dim(&inputs[1][0], &inputs[2][0], "heads of k and v")?;
+        same_dim(&inputs[0][2], &inputs[1][2], "head_dim of q and k")?;
+        same_dim(&inputs[1][1], &inputs[2][1], "keys of k and v")?;
+        if hk == 0 || hq % hk != 0 {
+            return Err(format!(
+                "{hq} query heads are not a multiple of {hk} kv heads"
+            ));
+        }
+        if d % 2 != 0 {
+            return Err(format!("head_dim {d} is odd (RoPE rotates halves)"));
+        }
+        Ok(vec![vec![
+            inputs[0][0].clone(),
+            inputs[0][1].clone(),
+            inputs[2][2].clone(),
+        ]])
+    }
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        _weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
+        let qs = dims(inputs[0], 3, "q")?;
+        let ks = dims(inputs[1], 3, "k")?;
+        let vs = dims(inputs[2], 3, "v")?;
+        let (hq, t, d) = (qs[0], qs[1], qs[2]);
+        let (hk, s, dv) = (ks[0], ks[1], vs[2]);
+        if hk == 0 || hq % hk != 0 || d % 2 != 0 || ks[2] != d || vs[0] != hk || vs[1] != s {
+            return Err(format!("q {qs:?}, k {ks:?}, v {vs:?} do not fit together"));
+        }
+        if self.causal && s < t {
+            return Err(format!(
+                "causal attention with {t} queries needs at least {t} keys, got {s}"
+            ));
+        }
+        let group = hq / hk;
+        let past = s - t.min(s);
+        let mut q = data(inputs[0], "q")?.to_vec();
+        let mut k = data(inputs[1], "k")?.to_vec();
+        // Queries sit at the last t of the s key positions.
+        apply_rope(
+            &mut q,
+            hq,
+            t,
+            d,
+            self.rope_theta,
+            past as i64 + self.query_pos_offset,
+        );
+        apply_rope(&mut k, hk, s, d, self.rope_theta, 0);
+        let (q, k, v) = (&q, &k, data(inputs[2], "v")?);
+        let parts = par_ranges(hq, t * s * (d + dv), |heads| {
+            let mut part = vec![0f32; heads.len() * t * dv];
+            let mut sc = vec![0f32; s];
+            for (j, hi) in heads.enumerate() {
+                let kh = hi / group;
+                for ti in 0..t {
+                    let qi = &q[(hi * t + ti) * d..(hi * t + ti + 1) * d];
+                    let n = if self.causal { past + ti + 1 } else { s };
+                    for (kj, sv) in sc[..n].iter_mut().enumerate() {
+                        *sv = simd::dot(qi, &k[(kh * s + kj) * d..(kh * s + kj + 1) * d])
+                            * self.scale;
+                    }
+                    softmax_in_place(&mut sc[..n]);
+                    let o = &mut part[(j * t + ti) * dv..(j * t + ti + 1) * dv];
+                    for (kj, &p) in sc[..n].iter().enumerate() {
+                        for (ov, &vv) in o
+                            .iter_mut()
+                            .zip(&v[(kh * s + kj) * dv..(kh * s + kj + 1) * dv])
+                        {
+                            *ov += p * vv;
+                        }
+                    }
+                }
+            }
+            part
+        });
+        Ok(vec![tensor(&[hq, t, dv], parts.concat())?])
+    }
+    fn params(&self) -> serde_json::Value {
+        serde_json::json!({
+            "scale": self.scale, "causal": self.causal,
+            "rope": {"theta": self.rope_theta, "query_pos_offset": self.query_pos_offset, "style": "rotate_half"},
+        })
+    }
+    fn with_param_fault(&self, fault: &ParamFault) -> Option<Box<dyn Kernel>> {
+        match fault {
+            ParamFault::AttnScale(f) => Some(Box::new(GqaAttention {
+                scale: *f,
+                ..self.clone()
+            })),
+            ParamFault::Causal(on) => Some(Box::new(GqaAttention {
+                causal: *on,
+                ..self.clone()
+            })),
+            ParamFault::RopeOffset(o) => Some(Box::new(GqaAttention {
+                query_pos_offset: self.query_pos_offset + o,
+                ..self.clone()
+            })),
+            _ => None,
+        }
+    }
+}
+
+/// SwiGLU: `silu(gate) * up`, token-major.
+///
+/// Upstream: transformers v5.24.0 src/transformers/models/granite/modeling_granite.py
+/// `GraniteMLP.forward` (`down_proj(act_fn(gate_proj(x)) * up_proj(x))`).
+#[derive(Debug, Clone, Default)]
+pub struct SwiGlu;
+
+impl Kernel for SwiGlu {
+    fn kind(&self) -> &'static str {
+        "swiglu"
+    }
+    fn inputs(&self) -> Vec<Port> {
+        vec![
+            port("gate", Layout::TokenMajor),
+            port("up", Layout::TokenMajor),
+        ]
+    }
+    fn outputs(&self) -> Vec<Port> {
+        vec![port("y", Layout::TokenMajor)]
+    }
+    fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        token_rows(&inputs[0], "gate")?;
+        if inputs[0] != inputs[1] {
+            return Err("gate and up shapes differ".into());
+        }
+        Ok(vec![inputs[0].clone()])
+    }
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        _weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
+        if inputs[0].shape() != inputs[1].shape() {
+            return Err(format!(
+                "gate {:?} and up {:?} differ",
+                inputs[0].shape(),
+                inputs[1].shape()
+            ));
+        }
+        let up = data(inputs[1], "up")?;
+        let mut y = inputs[0].as_standard_layout().into_owned();
+        for (g, &u) in y
+            .as_slice_mut()
+            .ok_or("output not contiguous")?
+            .iter_mut()
+            .zip(up)
+        {
+            *g = silu(*g) * u;
+        }
+        Ok(vec![y])
+    }
+}

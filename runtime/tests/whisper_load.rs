@@ -1,0 +1,214 @@
+//! Loading fails closed and names what is wrong: a truncated weights file, a config that does not
+//! match the weights, inconsistent geometry, a missing key; audio the frontend would get wrong.
+
+mod whisper_support;
+
+use std::path::Path;
+
+use whisper_support::{copy_dir, edit_json, fixture};
+use xray_runtime::models::whisper::WhisperModel;
+use xray_runtime::models::{RunHooks, RunOptions, SpeechModel};
+use xray_runtime::RuntimeError;
+
+const RAND_A: &str = "fixtures/build/whisper-rand-a";
+
+fn load_err(dir: &Path) -> RuntimeError {
+    match WhisperModel::load(dir) {
+        Ok(_) => panic!("{} loaded, expected an error", dir.display()),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn truncated_safetensors_is_refused_naming_the_file() {
+    let Some(src) = fixture(RAND_A) else { return };
+    let t = copy_dir(&src);
+    let p = t.path().join("model.safetensors");
+    let bytes = std::fs::read(&p).unwrap();
+    std::fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
+    let e = load_err(t.path());
+    let msg = e.to_string();
+    assert!(matches!(e, RuntimeError::File { .. }), "{e:?}");
+    assert!(
+        msg.contains("model.safetensors") && msg.contains("truncated or corrupt"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn config_not_matching_the_weights_is_refused() {
+    let Some(src) = fixture(RAND_A) else { return };
+    // d_model changed: the first weight whose shape follows from it is reported with both shapes.
+    let t = copy_dir(&src);
+    edit_json(&t.path().join("config.json"), |c| c["d_model"] = 128.into());
+    let e = load_err(t.path());
+    let msg = e.to_string();
+    assert!(matches!(e, RuntimeError::WeightShape { .. }), "{e:?}");
+    assert!(
+        msg.contains("'model.encoder.conv1.weight'")
+            && msg.contains("[128, 80, 3]")
+            && msg.contains("[64, 80, 3]"),
+        "{msg}"
+    );
+    assert!(msg.contains("model.safetensors"), "{msg}");
+
+    // One encoder layer more than the file has: the missing key and the file are named.
+    let t = copy_dir(&src);
+    edit_json(&t.path().join("config.json"), |c| {
+        c["encoder_layers"] = 3.into()
+    });
+    let msg = load_err(t.path()).to_string();
+    assert!(
+        msg.contains("missing weight 'model.encoder.layers.2.")
+            && msg.contains("model.safetensors"),
+        "{msg}"
+    );
+
+    // One decoder layer fewer: the file's extra keys are unused, which is an error.
+    let t = copy_dir(&src);
+    edit_json(&t.path().join("config.json"), |c| {
+        c["decoder_layers"] = 1.into()
+    });
+    let e = load_err(t.path());
+    assert!(matches!(e, RuntimeError::UnusedWeights { .. }), "{e:?}");
+    assert!(e.to_string().contains("model.decoder.layers.1."), "{e}");
+}
+
+#[test]
+fn a_key_missing_from_the_file_is_named_with_the_file() {
+    let Some(src) = fixture(RAND_A) else { return };
+    let t = copy_dir(&src);
+    let p = t.path().join("model.safetensors");
+    let bytes = std::fs::read(&p).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let dropped = "model.decoder.layers.1.encoder_attn.v_proj.bias";
+    let kept: Vec<(String, safetensors::tensor::TensorView)> = st
+        .tensors()
+        .into_iter()
+        .filter(|(n, _)| n != dropped)
+        .collect();
+    std::fs::write(&p, safetensors::serialize(kept, None).unwrap()).unwrap();
+    let e = load_err(t.path());
+    let msg = e.to_string();
+    assert!(matches!(e, RuntimeError::MissingWeight { .. }), "{e:?}");
+    assert!(
+        msg.contains(dropped)
+            && msg.contains("decoder.layer.1.cross_v_proj")
+            && msg.contains(&p.display().to_string()),
+        "{msg}"
+    );
+}
+
+#[test]
+fn inconsistent_geometry_fails_closed() {
+    let Some(src) = fixture(RAND_A) else { return };
+    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
+        (
+            "config.json",
+            Box::new(|c| c["decoder_attention_heads"] = 5.into()),
+            "* head_dim",
+        ),
+        (
+            "config.json",
+            Box::new(|c| c["max_source_positions"] = 0.into()),
+            "max_source_positions must be positive",
+        ),
+        (
+            "config.json",
+            Box::new(|c| c["num_mel_bins"] = 128.into()),
+            "feature_size 80 != config.json num_mel_bins 128",
+        ),
+        (
+            "config.json",
+            Box::new(|c| c["activation_function"] = "gelu_new".into()),
+            "activation_function 'gelu_new'",
+        ),
+        (
+            "config.json",
+            Box::new(|c| {
+                c.as_object_mut().unwrap().remove("d_model");
+            }),
+            "missing field `d_model`",
+        ),
+        (
+            "preprocessor_config.json",
+            Box::new(|c| c["chunk_length"] = 10.into()),
+            "n_samples 80000 != chunk_length 10",
+        ),
+        (
+            "preprocessor_config.json",
+            Box::new(|c| {
+                c["chunk_length"] = 10.into();
+                c["n_samples"] = 160000.into();
+                c["nb_max_frames"] = 1000.into();
+            }),
+            "max_source_positions 250 needs 500",
+        ),
+        (
+            "preprocessor_config.json",
+            Box::new(|c| c["dither"] = 0.1.into()),
+            "dither",
+        ),
+        (
+            "generation_config.json",
+            Box::new(|c| c["return_timestamps"] = true.into()),
+            "timestamp",
+        ),
+        (
+            "generation_config.json",
+            Box::new(|c| c["suppress_tokens"] = serde_json::json!([1, 99999])),
+            "99999",
+        ),
+    ];
+    for (file, edit, want) in cases {
+        let t = copy_dir(&src);
+        edit_json(&t.path().join(file), |c| edit(c));
+        let e = load_err(t.path());
+        let msg = e.to_string();
+        assert!(
+            msg.contains(want) && msg.contains(file),
+            "{file}: expected '{want}' in: {msg}"
+        );
+    }
+}
+
+#[test]
+fn audio_the_frontend_would_get_wrong_is_refused() {
+    let Some(dir) = fixture(RAND_A) else { return };
+    let Some(long) = fixture("fixtures/build/audio/long-35s.wav") else {
+        return;
+    };
+    let m = WhisperModel::load(&dir).unwrap();
+    let audio = xray_runtime::audio::load_wav(&long, 16000).unwrap();
+    let e = m
+        .run(&audio, &RunOptions::default(), &mut RunHooks::default())
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, RuntimeError::Audio { .. }), "{e:?}");
+    assert!(
+        msg.contains("35.00 s")
+            && msg.contains("chunk_length = 5 s")
+            && msg.contains("no silent truncation"),
+        "{msg}"
+    );
+
+    let mut audio = audio;
+    audio.samples.truncate(16000);
+    audio.sample_rate = 8000;
+    let msg = m
+        .run(&audio, &RunOptions::default(), &mut RunHooks::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("sample rate 8000 Hz") && msg.contains("16000"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn load_dispatches_whisper_directories() {
+    let Some(dir) = fixture(RAND_A) else { return };
+    let m = xray_runtime::models::load(&dir).expect("load");
+    assert_eq!(m.family(), "whisper");
+    assert_eq!(m.contract().family, "whisper");
+}

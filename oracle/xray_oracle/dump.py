@@ -218,10 +218,8 @@ def write_dump(
             "checkpoints": entries,
         }
         if extra:
-            for k, v in extra.items():
-                if k in manifest:
-                    raise DumpError(f"extra manifest key {k!r} collides with a standard key")
-                manifest[k] = v
+            # Family extras live under one "extra" key (what the Rust reader's Manifest.extra reads).
+            manifest["extra"] = dict(extra)
         manifest = {k: v for k, v in manifest.items() if v is not None or k in ("weights_sha256", "audio_sha256")}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         os.chmod(tmp, 0o755)

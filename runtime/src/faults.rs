@@ -11,7 +11,7 @@ use crate::graph::{Edge, Kernel, Layout, Op, Tensor};
 pub enum ParamFault {
     /// LayerNorm / RMSNorm epsilon replaced.
     Eps(f32),
-    /// Attention softmax scale multiplied by this factor.
+    /// Attention softmax scale replaced by this value.
     AttnScale(f32),
     /// Attention with the causal mask forced on (`true`) or off (`false`).
     Causal(bool),
@@ -34,6 +34,13 @@ pub enum OutputFault {
     SwapHeads(usize, usize),
     /// A head-major edge carries the token-major buffer (the layout-leak bug).
     TokenMajorLeak,
+    /// Every element multiplied by this factor.
+    Scale(f32),
+    /// Every element negated.
+    Negate,
+    /// Shifted by this many positions along the time/token axis (zero fill): the last axis for
+    /// channel-major tensors, the first for token-major ones.
+    Shift(i64),
 }
 
 /// What a planted fault does.
@@ -140,6 +147,27 @@ pub fn apply_output_fault(f: &OutputFault, layout: Layout, t: &mut Tensor) {
                 let tb = t.index_axis(ndarray::Axis(0), *b).to_owned();
                 t.index_axis_mut(ndarray::Axis(0), *a).assign(&tb);
                 t.index_axis_mut(ndarray::Axis(0), *b).assign(&ta);
+            }
+        }
+        OutputFault::Scale(f) => t.mapv_inplace(|v| v * f),
+        OutputFault::Negate => t.mapv_inplace(|v| -v),
+        OutputFault::Shift(k) => {
+            let axis = if layout == Layout::ChannelMajor {
+                t.ndim().saturating_sub(1)
+            } else {
+                0
+            };
+            if t.ndim() > 0 {
+                let n = t.shape()[axis] as i64;
+                let src = t.clone();
+                t.fill(0.0);
+                for i in 0..n {
+                    let j = i - k;
+                    if (0..n).contains(&j) {
+                        t.index_axis_mut(ndarray::Axis(axis), i as usize)
+                            .assign(&src.index_axis(ndarray::Axis(axis), j as usize));
+                    }
+                }
             }
         }
         OutputFault::TokenMajorLeak => {
@@ -312,13 +340,52 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
         CatalogueEntry {
             name: "swap_heads",
             family: "whisper",
-            description: "heads 0 and 1 swapped in decoder layer 1's self-attention context",
-            default_target: "decoder.layer.1.self_attn.*",
+            description: "heads 0 and 1 swapped in decoder layer 1's cross-attention context",
+            default_target: "audio.decoder.layer.1.cross_attention.output",
             step: None,
-            expected_origin: ("audio.decoder.layer.1.self_attention.output", 0),
-            expected_signature: "",
+            expected_origin: ("audio.decoder.layer.1.cross_attention.output", 0),
+            expected_signature: "heads",
             needs_second_input: false,
             build: |_| Output(SwapHeads(0, 1)),
+        },
+        CatalogueEntry {
+            name: "out_proj_sign_flip",
+            family: "whisper",
+            description:
+                "decoder layer 0 cross-attention output projection with the wrong sign convention",
+            default_target: "audio.decoder.layer.0.cross_attention.out_proj",
+            step: None,
+            expected_origin: ("audio.decoder.layer.0.cross_attention.out_proj", 0),
+            expected_signature: "sign_flip",
+            needs_second_input: false,
+            build: |_| Output(Negate),
+        },
+        CatalogueEntry {
+            name: "conv_pad_off_by_one",
+            family: "whisper",
+            description: "conv1 output shifted one frame late (padding applied on the wrong side)",
+            default_target: "audio.encoder.conv1.out",
+            step: None,
+            expected_origin: ("audio.encoder.conv1.out", 0),
+            expected_signature: "shift",
+            needs_second_input: false,
+            build: |_| Output(Shift(1)),
+        },
+        CatalogueEntry {
+            name: "logits_scaling_applied",
+            family: "granite_nar",
+            description:
+                "text logits divided by logits_scaling (the wrapper the NLE reference bypasses)",
+            default_target: "dec.text_logits",
+            step: None,
+            expected_origin: ("dec.text_logits", 0),
+            expected_signature: "scale",
+            needs_second_input: false,
+            build: |c| {
+                Output(Scale(
+                    1.0 / c["text_config"]["logits_scaling"].as_f64().unwrap_or(8.0) as f32,
+                ))
+            },
         },
         CatalogueEntry {
             name: "causal_mask_added",

@@ -49,7 +49,7 @@ impl Weights {
                 other => return Err(RuntimeError::File {
                     path: path.to_path_buf(),
                     reason: format!(
-                        "tensor '{name}' has dtype {other:?}; only F32, F16, BF16 are supported"
+                        "tensor '{name}' has dtype {other:?}; only F32, F16, BF16 (and integer buffers) are supported"
                     ),
                 }),
             };

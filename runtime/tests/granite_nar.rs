@@ -305,6 +305,19 @@ fn granite_bad_inputs_are_errors_not_panics() {
         .run(&short, &RunOptions::default(), &mut RunHooks::default())
         .expect_err("too short");
     assert!(e.to_string().contains("samples"), "{e}");
+    // The shortest accepted clips: one encoder frame (no audio row for the LM), then a few.
+    for n in [320usize, 1000, 2500] {
+        let mut clip = fox();
+        clip.samples.truncate(n);
+        let out = m
+            .run(&clip, &RunOptions::default(), &mut RunHooks::default())
+            .expect("short clip runs");
+        let template = ids(&out.extra["template"]);
+        assert_eq!(
+            out.outputs[0].shape(),
+            [template.len(), m.config().text_config.vocab_size]
+        );
+    }
     let e = m.decode_text(&[-1]).expect_err("negative id");
     assert!(e.to_string().contains("-1"), "{e}");
 }

@@ -150,6 +150,11 @@ fn full_window_equals_incremental_rand_b_128_mels() {
 }
 
 #[test]
+fn full_window_equals_incremental_tiny_en() {
+    full_window_equals_incremental("fixtures/whisper-tiny-en", "fox.wav");
+}
+
+#[test]
 fn teacher_forcing_feeds_the_teacher_and_predicts_its_own() {
     let (Some(m), Some(a)) = (model("fixtures/build/whisper-rand-a"), clip("weather.wav")) else {
         return;

@@ -164,8 +164,9 @@ impl Kernel for Attention {
     }
     fn with_param_fault(&self, fault: &ParamFault) -> Option<Box<dyn Kernel>> {
         match fault {
+            // The fault replaces the scale (ParamFault::AttnScale: "replaced by this factor").
             ParamFault::AttnScale(f) => Some(Box::new(Attention {
-                scale: self.scale * f,
+                scale: *f,
                 ..self.clone()
             })),
             ParamFault::Causal(c) => Some(Box::new(Attention {

@@ -87,6 +87,9 @@ pub fn init_threads() {
 /// Below this many multiply-adds an op runs on the calling thread.
 pub(crate) const PAR_MIN_WORK: usize = 1 << 16;
 
+/// Work chunks per thread in [`par_ranges`] / [`par_rows`] (dynamic balance).
+const CHUNKS_PER_THREAD: usize = 4;
+
 /// The kernels' thread pool ([`threads`] workers), separate from rayon's global pool.
 fn pool() -> Option<&'static rayon::ThreadPool> {
     static P: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
@@ -104,9 +107,9 @@ fn pool() -> Option<&'static rayon::ThreadPool> {
     .as_ref()
 }
 
-/// Run `f(range)` over `0..n` split into [`threads`] contiguous ranges (when `n * cost_per_item`
-/// is large enough). Returns the per-range results in range order. Each range is computed whole
-/// by one thread, so results do not depend on scheduling.
+/// Run `f(range)` over `0..n` split into contiguous ranges, a few per thread of the pool (when
+/// `n * cost_per_item` is large enough). Returns the per-range results in range order. Each range
+/// is computed whole by one thread, so results do not depend on scheduling.
 pub(crate) fn par_ranges<R: Send>(
     n: usize,
     cost_per_item: usize,
@@ -118,15 +121,18 @@ pub(crate) fn par_ranges<R: Send>(
     else {
         return vec![f(0..n)];
     };
-    let chunk = n.div_ceil(nt);
-    let ranges: Vec<std::ops::Range<usize>> = (0..nt)
-        .map(|i| (i * chunk).min(n)..((i + 1) * chunk).min(n))
+    // A few chunks per thread: a thread that loses its core to another process does not hold
+    // the op back (the others take its remaining chunks).
+    let parts = (nt * CHUNKS_PER_THREAD).min(n);
+    let chunk = n.div_ceil(parts);
+    let ranges: Vec<std::ops::Range<usize>> = (0..n.div_ceil(chunk))
+        .map(|i| (i * chunk)..((i + 1) * chunk).min(n))
         .collect();
     pool.install(|| ranges.into_par_iter().with_max_len(1).map(&f).collect())
 }
 
-/// Run `f(first_row, rows)` over a row-major buffer split into [`threads`] contiguous groups of
-/// rows of `row_len` (when the work is large enough).
+/// Run `f(first_row, rows)` over a row-major buffer split into contiguous groups of rows of
+/// `row_len`, a few per thread of the pool (when the work is large enough).
 pub(crate) fn par_rows(
     out: &mut [f32],
     row_len: usize,
@@ -141,7 +147,7 @@ pub(crate) fn par_rows(
         f(0, out);
         return;
     };
-    let rows_per = n.div_ceil(nt);
+    let rows_per = n.div_ceil(nt * CHUNKS_PER_THREAD);
     pool.install(|| {
         out.par_chunks_mut(rows_per * row_len)
             .with_max_len(1)

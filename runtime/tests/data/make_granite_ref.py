@@ -48,7 +48,7 @@ def dump(name: str, audio: str, teacher: list[int] | None = None, prefix: str = 
         tokens=r["tokens"],
         transcript=r["transcript"],
         overwrite=True,
-        extra={"extra": {"hypothesis": r["hypothesis"], "template": r["template"], "teacher_hypothesis": teacher}},
+        extra={"hypothesis": r["hypothesis"], "template": r["template"], "teacher_hypothesis": teacher},
     )
     size = sum(p.stat().st_size for p in out.iterdir())
     print(f"{out}: {len(checkpoints)} checkpoints, {size / 1024:.0f} KiB, tokens {r['tokens']}, hypothesis {r['hypothesis']}, template {r['template']}")

@@ -3,7 +3,7 @@
 //! SiLU, scaled residual adds, the self-conditioning and BPE-CTC pieces, the projector's window
 //! ops and windowed cross-attention, and the Granite LM's RMSNorm, RoPE, GQA attention and SwiGLU.
 //!
-//! Files: [`elementwise`], [`conformer`], [`ctc`], [`rows`], [`projector`], [`lm`].
+//! Files: `elementwise.rs`, `conformer.rs`, `ctc.rs`, `rows.rs`, `projector.rs`, `lm.rs`.
 //!
 //! All tensors are f32 in standard layout. Reductions that PyTorch does in f32 are done here in
 //! f32 or f64 (never less precise); the tolerance budget of the parity tests covers the

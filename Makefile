@@ -45,7 +45,7 @@ test-python: venv fixtures
 selftest: build fixtures
 	$(XRAY) selftest
 
-test: test-rust test-python
+test: test-rust test-python selftest
 
 bench: build fixtures
 	$(XRAY) bench --model fixtures/whisper-tiny-en --audio $(AUDIO)

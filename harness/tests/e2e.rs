@@ -218,3 +218,53 @@ fn selftest_localizes_every_whisper_fault() {
     assert_eq!(code(&o), 0, "{out}\n{}", stderr(&o));
     assert!(out.contains(" 0 failed"), "{out}");
 }
+
+#[test]
+fn granite_data_dependent_shape_divergence_and_teacher_forcing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ev = dir.path().join("e.json");
+    let base = [
+        "check",
+        "--model",
+        "fixtures/build/granite-nar-tiny",
+        "--audio",
+        "fixtures/audio/fox.wav",
+        "--inject",
+        "bpe_head_sign_flip",
+    ];
+    let mut args = base.to_vec();
+    args.extend(["--evidence", ev.to_str().unwrap()]);
+    let o = xray(&args);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    let e = evidence(&ev);
+    assert_eq!(e["first_divergence"]["checkpoint"], "enc.ctc_bpe_logits");
+    let status = |n: &str| {
+        e["checkpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == n)
+            .unwrap()["status"]
+            .clone()
+    };
+    assert_eq!(status("proj.out"), "pass");
+    assert_eq!(status("dec.flat_embeds"), "alignment_fault");
+    assert_eq!(status("dec.text_logits"), "alignment_fault");
+    // Teacher forcing feeds the reference hypothesis: the decoder is compared again.
+    args.push("--teacher-force");
+    let o = xray(&args);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    let e = evidence(&ev);
+    let status = |n: &str| {
+        e["checkpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == n)
+            .unwrap()["status"]
+            .clone()
+    };
+    assert_eq!(e["first_divergence"]["checkpoint"], "enc.ctc_bpe_logits");
+    assert_eq!(status("dec.text_logits"), "pass");
+    assert_eq!(e["transcript"]["tokens_equal"], true);
+}

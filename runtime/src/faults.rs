@@ -388,6 +388,18 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             },
         },
         CatalogueEntry {
+            name: "bpe_head_sign_flip",
+            family: "granite_nar",
+            description:
+                "BPE-CTC head with the wrong sign: another hypothesis, so every dec.* shape changes",
+            default_target: "enc.ctc_bpe_logits",
+            step: None,
+            expected_origin: ("enc.ctc_bpe_logits", 0),
+            expected_signature: "sign_flip",
+            needs_second_input: false,
+            build: |_| Output(Negate),
+        },
+        CatalogueEntry {
             name: "causal_mask_added",
             family: "granite_nar",
             description:

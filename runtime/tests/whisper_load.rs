@@ -102,7 +102,8 @@ fn a_key_missing_from_the_file_is_named_with_the_file() {
 #[test]
 fn inconsistent_geometry_fails_closed() {
     let Some(src) = fixture(RAND_A) else { return };
-    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
+    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
         (
             "config.json",
             Box::new(|c| c["decoder_attention_heads"] = 5.into()),

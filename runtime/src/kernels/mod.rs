@@ -140,7 +140,7 @@ pub(crate) fn par_rows(
     f: impl Fn(usize, &mut [f32]) + Sync + Send,
 ) {
     use rayon::prelude::*;
-    let n = if row_len == 0 { 0 } else { out.len() / row_len };
+    let n = out.len().checked_div(row_len).unwrap_or(0);
     let nt = threads().min(n.max(1));
     let Some(pool) = pool().filter(|_| nt > 1 && n.saturating_mul(cost_per_row) >= PAR_MIN_WORK)
     else {

@@ -117,7 +117,8 @@ const EXP_P1: f32 = 1.398_199_9e-3;
 const EXP_P2: f32 = 8.333_452e-3;
 const EXP_P3: f32 = 4.166_579_6e-2;
 const EXP_P4: f32 = 1.666_666_5e-1;
-const EXP_P5: f32 = 5.000_000_1e-1;
+// Cephes writes 5.0000001201e-1, which is 0.5 in f32.
+const EXP_P5: f32 = 0.5;
 
 const ERF_P: f32 = 0.327_591_1;
 const ERF_A1: f32 = 0.254_829_6;

@@ -255,3 +255,90 @@ pub fn compare_dumps(
     let pairs = DumpPairs::new(contract, reference, runtime, isolated);
     compare_graph(&g, &pairs, opts)
 }
+
+/// One row of a statistics comparison (stats-only dumps).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StatsRow {
+    /// Checkpoint.
+    pub name: String,
+    /// Step.
+    pub step: usize,
+    /// `identical` (same content hash), `close`, `differs`, or `missing`.
+    pub status: String,
+    /// Largest relative difference over mean, rms, min, max (relative to the reference rms).
+    pub max_rel_delta: f64,
+}
+
+fn summary_of(d: &Dump, name: &str, step: usize) -> Option<(xray_runtime::dump::Stats, String)> {
+    if let Some(e) = d.entry(name, step) {
+        if let (Some(s), Some(h)) = (&e.stats, &e.content_sha256) {
+            return Some((s.clone(), h.clone()));
+        }
+    }
+    let t = d.get(name, step)?;
+    let std = t.as_standard_layout();
+    let sl = std.as_slice()?;
+    Some((
+        xray_runtime::dump::Stats::of(sl),
+        xray_runtime::dump::content_sha256(sl),
+    ))
+}
+
+/// Compare two dumps by content hash and summary statistics, in contract order (works when either
+/// side is stats-only). `rel` is the relative tolerance on each statistic.
+pub fn compare_stats(contract: &Contract, reference: &Dump, got: &Dump, rel: f64) -> Vec<StatsRow> {
+    let mut keys: Vec<(usize, usize, String)> = reference
+        .manifest
+        .checkpoints
+        .iter()
+        .map(|e| {
+            (
+                e.step,
+                contract.get(&e.name).map(|s| s.order).unwrap_or(usize::MAX),
+                e.name.clone(),
+            )
+        })
+        .collect();
+    keys.sort();
+    keys.into_iter()
+        .map(|(step, _, name)| {
+            let (status, delta) = match (
+                summary_of(reference, &name, step),
+                summary_of(got, &name, step),
+            ) {
+                (Some((a, ha)), Some((b, hb))) => {
+                    if ha == hb {
+                        ("identical", 0.0)
+                    } else {
+                        let scale = a.rms.max(1e-30);
+                        let d = [
+                            (a.mean, b.mean),
+                            (a.rms, b.rms),
+                            (a.min, b.min),
+                            (a.max, b.max),
+                        ]
+                        .iter()
+                        .map(|(x, y)| (x - y).abs() / scale)
+                        .fold(0.0f64, f64::max);
+                        let nonfinite = a.nan != b.nan || a.inf != b.inf || a.count != b.count;
+                        (
+                            if nonfinite || d > rel {
+                                "differs"
+                            } else {
+                                "close"
+                            },
+                            d,
+                        )
+                    }
+                }
+                _ => ("missing", f64::NAN),
+            };
+            StatsRow {
+                name,
+                step,
+                status: status.into(),
+                max_rel_delta: delta,
+            }
+        })
+        .collect()
+}

@@ -268,3 +268,39 @@ fn granite_data_dependent_shape_divergence_and_teacher_forcing() {
     assert_eq!(status("dec.text_logits"), "pass");
     assert_eq!(e["transcript"]["tokens_equal"], true);
 }
+
+#[test]
+fn stats_only_dumps_bisect_without_tensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let run = |out: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--model",
+            "fixtures/build/whisper-rand-a",
+            "--audio",
+            "fixtures/audio/fox.wav",
+            "--max-steps",
+            "2",
+            "--stats-only",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let o = xray(&args);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+    };
+    run(&a, &[]);
+    run(&b, &["--inject", "layernorm_eps"]);
+    // No tensors on disk, only the manifest.
+    assert_eq!(std::fs::read_dir(&a).unwrap().count(), 1);
+    let o = xray(&["compare", a.to_str().unwrap(), a.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = xray(&["compare", a.to_str().unwrap(), b.to_str().unwrap()]);
+    assert_eq!(code(&o), 1);
+    assert!(
+        stderr(&o).contains("first checkpoint that differs: audio.encoder.layer.1.out@step0"),
+        "{}",
+        stderr(&o)
+    );
+}

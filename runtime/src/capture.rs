@@ -77,3 +77,54 @@ impl Observer for Recorder {
         });
     }
 }
+
+/// An observer that keeps only per-checkpoint statistics and a content hash (stats-only dumps for
+/// models too large to hold every tensor): each tensor is summarized as it is produced and
+/// dropped.
+#[derive(Debug, Default)]
+pub struct StatsRecorder {
+    filter: Option<globset::GlobSet>,
+    /// Entries in production order (`stats` and `content_sha256` set, no file).
+    pub entries: Vec<crate::dump::Entry>,
+}
+
+impl StatsRecorder {
+    /// Summarize everything, or only names matching the globs.
+    pub fn new(globs: &[String]) -> Result<Self, globset::Error> {
+        let filter = if globs.is_empty() {
+            None
+        } else {
+            let mut b = globset::GlobSetBuilder::new();
+            for g in globs {
+                b.add(globset::Glob::new(g)?);
+            }
+            Some(b.build()?)
+        };
+        Ok(StatsRecorder {
+            filter,
+            entries: Vec::new(),
+        })
+    }
+}
+
+impl Observer for StatsRecorder {
+    fn wants(&self, name: &str, _step: usize) -> bool {
+        self.filter.as_ref().is_none_or(|f| f.is_match(name))
+    }
+
+    fn observe(&mut self, name: &str, step: usize, layout: Layout, data: ArrayViewD<'_, f32>) {
+        let std = data.as_standard_layout();
+        let slice = std.as_slice().unwrap_or(&[]);
+        self.entries.push(crate::dump::Entry {
+            name: name.to_string(),
+            step,
+            shape: data.shape().to_vec(),
+            dtype: "f32".into(),
+            layout,
+            file: None,
+            sha256: None,
+            stats: Some(crate::dump::Stats::of(slice)),
+            content_sha256: Some(crate::dump::content_sha256(slice)),
+        });
+    }
+}

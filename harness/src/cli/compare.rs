@@ -73,7 +73,32 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         None => Policy::default(),
     };
     if reference.manifest.stats_only || got.manifest.stats_only {
-        return Err(anyhow!("stats-only dumps compare by content hash and statistics only: use `xray compare-stats`"));
+        // Stats-only (large-model) dumps: content hash and summary statistics per checkpoint, in
+        // contract order; the first that differs is where to re-tap with `xray run --only`.
+        let rows = xray_harness::pipeline::compare_stats(&contract, &reference, &got, 1e-3);
+        let mut out = format!(
+            "{:<56} {:>5} {:<10} {:>12}\n",
+            "checkpoint", "step", "status", "max_rel_delta"
+        );
+        for r in &rows {
+            out.push_str(&format!(
+                "{:<56} {:>5} {:<10} {:>12.3e}\n",
+                r.name, r.step, r.status, r.max_rel_delta
+            ));
+        }
+        if a.json {
+            out = format!("{}\n", serde_json::to_string_pretty(&rows)?);
+        }
+        super::say(&out)?;
+        let first = rows
+            .iter()
+            .find(|r| r.status == "differs" || r.status == "missing");
+        if let Some(f) = first {
+            super::note(&format!("xray: first checkpoint that differs: {}@step{} (re-tap with `xray run --only` around it)", f.name, f.step));
+            return Ok(super::exit_fail());
+        }
+        super::note("xray: statistics agree for every checkpoint");
+        return Ok(ExitCode::SUCCESS);
     }
     let cmp = compare_dumps(
         &contract,

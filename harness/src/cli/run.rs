@@ -42,6 +42,49 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         max_new_tokens: a.max_steps,
         teacher_tokens: (!a.teacher.is_empty()).then(|| a.teacher.clone()),
     };
+    if a.stats_only {
+        // Streamed: each checkpoint is summarized as it is produced and dropped.
+        let audio = xray_runtime::audio::load_wav(&a.audio, 16000)?;
+        let mut rec = xray_runtime::capture::StatsRecorder::new(&a.only)
+            .map_err(|e| anyhow::anyhow!("--only: {e}"))?;
+        let out = model.run(
+            &audio,
+            &opts,
+            &mut xray_runtime::models::RunHooks {
+                observer: Some(&mut rec),
+                substitute: None,
+                faults: Some(&faults),
+            },
+        )?;
+        let manifest = xray_runtime::dump::Manifest {
+            schema: xray_runtime::dump::SCHEMA.into(),
+            version: xray_runtime::dump::VERSION,
+            family: model.family().into(),
+            model_id: a.model.display().to_string(),
+            producer: "runtime".into(),
+            weights_sha256: model.weights().sha256().into(),
+            audio_sha256: audio.sha256.clone(),
+            tools: [("runtime".to_string(), xray_runtime::version())]
+                .into_iter()
+                .collect(),
+            tokens: out.tokens.clone(),
+            transcript: out.transcript.clone(),
+            stats_only: true,
+            checkpoints: rec.entries,
+            extra: [("config".to_string(), super::read_config(&a.model)?)]
+                .into_iter()
+                .collect(),
+        };
+        let w = xray_runtime::dump::DumpWriter::new(manifest);
+        w.write(&a.out)?;
+        super::note(&format!(
+            "xray: {} checkpoint summaries -> {}",
+            w.manifest.checkpoints.len(),
+            a.out.display()
+        ));
+        super::say(&format!("{}\n", out.transcript))?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let only = (!a.only.is_empty()).then_some(a.only.as_slice());
     let (dump, out) = xray_harness::check::runtime_dump(
         model.as_ref(),
@@ -55,20 +98,6 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     w.manifest
         .extra
         .insert("config".into(), super::read_config(&a.model)?);
-    if a.stats_only {
-        let m = w.manifest.clone();
-        let mut s = xray_runtime::dump::DumpWriter::new(xray_runtime::dump::Manifest {
-            stats_only: true,
-            checkpoints: vec![],
-            ..m
-        });
-        for e in &dump.manifest.checkpoints {
-            if let Some(t) = dump.get(&e.name, e.step) {
-                s.add(&e.name, e.step, e.layout, t);
-            }
-        }
-        w = s;
-    }
     w.write(&a.out)?;
     super::note(&format!(
         "xray: {} checkpoints -> {}",

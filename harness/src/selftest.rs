@@ -24,7 +24,8 @@ pub struct Row {
     pub expected: String,
     /// Where the harness put it (`-` for none).
     pub reported: String,
-    /// The signature the harness named for the origin.
+    /// The signature the harness named for the origin (must equal the catalogue's expected
+    /// signature when it declares one).
     pub signature: String,
     /// Whether reported == expected.
     pub pass: bool,
@@ -68,8 +69,8 @@ pub fn selftest(
         ));
         let req = reference_request(model.as_ref(), &base);
         let ref_run = oracle.run(&req)?;
-        let mut cases: Vec<(String, Option<Planted>, String, bool)> =
-            vec![("clean".into(), None, "-".into(), false)];
+        let mut cases: Vec<(String, Option<Planted>, String, bool, &str)> =
+            vec![("clean".into(), None, "-".into(), false, "")];
         for e in catalogue().into_iter().filter(|e| e.family == family) {
             if !only.is_empty() && !only.iter().any(|o| o == e.name) {
                 continue;
@@ -90,9 +91,10 @@ pub fn selftest(
                 Some(planted),
                 format!("{cp}@step{step}"),
                 e.needs_second_input,
+                e.expected_signature,
             ));
         }
-        for (name, planted, expected, second) in cases {
+        for (name, planted, expected, second, want_sig) in cases {
             progress(&format!("{family}: {name}"));
             let plan = FaultPlan {
                 planted: planted.into_iter().collect(),
@@ -118,7 +120,7 @@ pub fn selftest(
             let pass = if name == "clean" {
                 ev.verdict == Verdict::Pass && reported == "-"
             } else {
-                reported == expected
+                reported == expected && (want_sig.is_empty() || signature == want_sig)
             };
             rows.push(Row {
                 family: family.into(),

@@ -42,6 +42,7 @@ pub struct Recorder {
     filter: Option<globset::GlobSet>,
     /// What was captured, in production order.
     pub captured: Vec<Captured>,
+    pool: Vec<Tensor>,
 }
 
 impl Recorder {
@@ -59,7 +60,15 @@ impl Recorder {
         Ok(Recorder {
             filter: Some(b.build()?),
             captured: Vec::new(),
+            pool: Vec::new(),
         })
+    }
+
+    /// Forget what was captured but keep its buffers for the next run (a long-lived capture
+    /// session copies into memory it already owns instead of allocating and faulting in fresh
+    /// pages every run).
+    pub fn reset(&mut self) {
+        self.pool.extend(self.captured.drain(..).map(|c| c.data));
     }
 }
 
@@ -69,11 +78,19 @@ impl Observer for Recorder {
     }
 
     fn observe(&mut self, name: &str, step: usize, layout: Layout, data: ArrayViewD<'_, f32>) {
+        let data = match self.pool.iter().position(|t| t.shape() == data.shape()) {
+            Some(i) => {
+                let mut t = self.pool.swap_remove(i);
+                t.assign(&data);
+                t
+            }
+            None => data.to_owned(),
+        };
         self.captured.push(Captured {
             name: name.to_string(),
             step,
             layout,
-            data: data.to_owned(),
+            data,
         });
     }
 }

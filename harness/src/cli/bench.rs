@@ -111,11 +111,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         )?;
         Ok((t0.elapsed().as_secs_f64(), out.predicted.len()))
     };
+    // One capture session across repetitions, as a long-lived harness would hold it.
+    let session = std::cell::RefCell::new(Recorder::new());
     let rt_generate = |cap: Option<usize>, capture: bool| -> anyhow::Result<(f64, usize)> {
-        let mut rec = Recorder::new();
+        let mut rec = session.borrow_mut();
+        rec.reset();
         let mut hooks = RunHooks::default();
         if capture {
-            hooks.observer = Some(&mut rec);
+            hooks.observer = Some(&mut *rec);
         }
         let t0 = Instant::now();
         let out = model.run(

@@ -304,3 +304,31 @@ fn stats_only_dumps_bisect_without_tensors() {
         stderr(&o)
     );
 }
+
+#[test]
+fn calibrated_mode_gates_at_the_reference_noise_floor() {
+    let dir = tempfile::tempdir().unwrap();
+    let ev = dir.path().join("e.json");
+    let o = xray(&[
+        "check",
+        "--model",
+        "fixtures/build/whisper-rand-a",
+        "--audio",
+        "fixtures/audio/fox.wav",
+        "--max-steps",
+        "3",
+        "--calibrate",
+        "--evidence",
+        ev.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let e = evidence(&ev);
+    for c in e["checkpoints"].as_array().unwrap() {
+        assert_eq!(
+            c["tolerance"]["source"], "calibrated:10x noise floor",
+            "{}",
+            c["name"]
+        );
+        assert!(c["tolerance"]["max_rel_l2"].as_f64().unwrap() > 0.0);
+    }
+}

@@ -4,18 +4,39 @@ use super::{data, dims, fixed, rank, simd};
 use crate::faults::ParamFault;
 use crate::graph::{port, port_any, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
 
-/// `y = a + b`, same shape and layout (residual connections: `a` = the residual stream, `b` = the
-/// branch).
-#[derive(Debug, Clone, Default)]
+/// `y = a + scale * b`, same shape and layout (residual connections: `a` = the residual stream,
+/// `b` = the branch; `scale` is 1 for a plain add, 0.5 for the conformer's macaron half-step,
+/// Granite's `residual_multiplier`).
+///
+/// Upstream: transformers v5.24.0 src/transformers/models/granite_speech/modeling_granite_speech.py
+/// `GraniteSpeechConformerBlock.forward` (`0.5 * self.ff1(h) + h`); src/transformers/models/granite/
+/// modeling_granite.py `GraniteDecoderLayer.forward` (`residual + h * self.residual_multiplier`).
+#[derive(Debug, Clone)]
 pub struct Add {
+    /// Branch multiplier.
+    scale: f32,
     /// Fault only: drop the branch and return `a` (see [`ParamFault::SkipBranch`]).
     skip_branch: bool,
+}
+
+impl Default for Add {
+    fn default() -> Self {
+        Add::new()
+    }
 }
 
 impl Add {
     /// A plain add.
     pub fn new() -> Self {
-        Add { skip_branch: false }
+        Add::scaled(1.0)
+    }
+
+    /// `a + scale * b`.
+    pub fn scaled(scale: f32) -> Self {
+        Add {
+            scale,
+            skip_branch: false,
+        }
     }
 }
 
@@ -56,20 +77,29 @@ impl Kernel for Add {
         if !self.skip_branch {
             let b = data(inputs[1], "b")?;
             let ys = y.as_slice_mut().ok_or("add output not contiguous")?;
-            simd::add_inplace(ys, b);
+            if self.scale == 1.0 {
+                simd::add_inplace(ys, b);
+            } else {
+                for (o, &v) in ys.iter_mut().zip(b) {
+                    *o += v * self.scale;
+                }
+            }
         }
         Ok(vec![y])
     }
     fn params(&self) -> serde_json::Value {
-        if self.skip_branch {
-            serde_json::json!({"skip_branch": true})
-        } else {
-            serde_json::Value::Null
+        match (self.scale == 1.0, self.skip_branch) {
+            (true, false) => serde_json::Value::Null,
+            (true, true) => serde_json::json!({"skip_branch": true}),
+            (false, s) => serde_json::json!({"scale": self.scale, "skip_branch": s}),
         }
     }
     fn with_param_fault(&self, fault: &ParamFault) -> Option<Box<dyn Kernel>> {
         match fault {
-            ParamFault::SkipBranch => Some(Box::new(Add { skip_branch: true })),
+            ParamFault::SkipBranch => Some(Box::new(Add {
+                skip_branch: true,
+                ..self.clone()
+            })),
             _ => None,
         }
     }

@@ -18,8 +18,8 @@ use super::frontend::{PreprocessorConfig, StackFrames};
 use super::kernels::{
     AddWindowPositions, AudioPrefix, BatchNorm, ChannelSlice, Column, ConcatChannels, ConcatRows,
     DepthwiseConv, Glu, GqaAttention, Identity, Pointwise, PosteriorPool, QueryInit, RmsNorm,
-    Scale, ScaledAdd, ShawBlockAttention, Silu, Softmax, SwiGlu, TailRows, WindowCrossAttention,
-    WindowPad, MAX_CONCAT, SYM_BPE_FRAMES, SYM_ENC_FRAMES, SYM_MEL_FRAMES, SYM_N_AUDIO, SYM_N_TEXT,
+    Scale, ShawBlockAttention, Silu, Softmax, SwiGlu, TailRows, WindowCrossAttention, WindowPad,
+    MAX_CONCAT, SYM_BPE_FRAMES, SYM_ENC_FRAMES, SYM_MEL_FRAMES, SYM_N_AUDIO, SYM_N_TEXT,
     SYM_N_TOTAL, SYM_PROJ_ROWS, SYM_PROJ_TOKENS,
 };
 use super::{Derived, GraniteNarConfig, ENCODER_NORM_EPS};
@@ -171,7 +171,14 @@ impl B<'_> {
         rows: &Dim,
         d: usize,
     ) -> Result<EdgeId> {
-        self.op(name, ScaledAdd::new(scale), &[a, b], &[], rows, d)
+        self.op(
+            name,
+            crate::kernels::add::Add::scaled(scale),
+            &[a, b],
+            &[],
+            rows,
+            d,
+        )
     }
 
     /// Conformer feed-forward `down(silu(up(LN(x))))` and the macaron half-step residual.

@@ -18,7 +18,7 @@ mod rows;
 
 pub use conformer::{BatchNorm, DepthwiseConv, Glu, Pointwise, ShawBlockAttention};
 pub use ctc::{Column, PosteriorPool, Softmax};
-pub use elementwise::{Identity, Scale, ScaledAdd, Silu};
+pub use elementwise::{Identity, Scale, Silu};
 pub use lm::{apply_rope, GqaAttention, RmsNorm, SwiGlu};
 pub use projector::{AddWindowPositions, QueryInit, WindowCrossAttention, WindowPad};
 pub use rows::{AudioPrefix, ChannelSlice, ConcatChannels, ConcatRows, TailRows, MAX_CONCAT};

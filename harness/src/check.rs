@@ -94,7 +94,7 @@ fn manifest_for(model: &dyn SpeechModel, producer: &str, weights: &str, audio: &
 
 /// The reference run as an in-memory dump.
 pub fn reference_dump(run: &OracleRun, family: &str, model_id: &str) -> Dump {
-    let mut m = Manifest {
+    let m = Manifest {
         schema: xray_runtime::dump::SCHEMA.into(),
         version: xray_runtime::dump::VERSION,
         family: family.into(),
@@ -109,7 +109,6 @@ pub fn reference_dump(run: &OracleRun, family: &str, model_id: &str) -> Dump {
         checkpoints: vec![],
         extra: run.extra.clone(),
     };
-    m.checkpoints.clear();
     Dump::from_captured(m, run.checkpoints.clone())
 }
 
@@ -372,9 +371,4 @@ pub fn check_against(
         reference,
         runtime,
     })
-}
-
-/// The sha256-free model id used in dumps.
-pub fn model_id(p: &Path) -> String {
-    p.display().to_string()
 }

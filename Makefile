@@ -37,7 +37,7 @@ demo: venv fixtures build
 	@echo "report: reports/demo.html  evidence: reports/demo.evidence.json"
 
 test-rust: venv fixtures
-	$(CARGO) test --release --workspace
+	XRAY_REQUIRE_FIXTURES=1 $(CARGO) test --release --workspace
 
 test-python: venv fixtures
 	$(PY) -m pytest -q oracle/tests

@@ -90,7 +90,7 @@ pub fn to_canonical(
         (a, b) if a == b => Ok(t.clone()),
         (TokenMajor, HeadMajor) if s.len() == 2 => {
             let h = heads.ok_or("the contract declares no 'heads' dim")?;
-            if s[1] % h != 0 {
+            if !s[1].is_multiple_of(h) {
                 return Err(format!(
                     "token_major width {} is not divisible by {h} heads",
                     s[1]

@@ -7,8 +7,8 @@ use ndarray::ArrayViewD;
 
 use crate::graph::{Layout, Tensor};
 
-/// Receives checkpoint tensors during a run.
-pub trait Observer {
+/// Receives checkpoint tensors during a run. `Send`: a formula runs on the kernels' worker pool.
+pub trait Observer: Send {
     /// Whether this checkpoint at this step should be handed over (`--only GLOB`).
     fn wants(&self, _name: &str, _step: usize) -> bool {
         true
@@ -17,8 +17,9 @@ pub trait Observer {
     fn observe(&mut self, name: &str, step: usize, layout: Layout, data: ArrayViewD<'_, f32>);
 }
 
-/// Supplies a tensor to use instead of the computed one at a checkpoint edge.
-pub trait Substitute {
+/// Supplies a tensor to use instead of the computed one at a checkpoint edge. `Sync`: a formula
+/// runs on the kernels' worker pool.
+pub trait Substitute: Sync {
     /// The replacement for `name@step`, if any.
     fn substitute(&self, name: &str, step: usize) -> Option<Tensor>;
 }

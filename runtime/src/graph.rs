@@ -141,6 +141,16 @@ pub struct KernelCtx<'a> {
     pub op: &'a str,
     /// The decode step.
     pub step: usize,
+    /// Per weight role, the weight's exact f16 mirror when the table holds one and the kernel
+    /// asked for it ([`Kernel::f16_weight_roles`]); see [`crate::weights::Weights::mirror_f16`].
+    pub weights_f16: &'a [Option<&'a [u16]>],
+}
+
+impl KernelCtx<'_> {
+    /// The exact f16 mirror of weight role `i`, if any.
+    pub fn weight_f16(&self, i: usize) -> Option<&[u16]> {
+        self.weights_f16.get(i).copied().flatten()
+    }
 }
 
 /// An op's computation. Kernels are pure: outputs depend on inputs, weights and parameters only.
@@ -176,6 +186,11 @@ pub trait Kernel: Send + Sync + fmt::Debug {
     /// `None` when this kernel has no such parameter. This is the one seam for parameter faults.
     fn with_param_fault(&self, _fault: &crate::faults::ParamFault) -> Option<Box<dyn Kernel>> {
         None
+    }
+    /// Weight roles (indices) this kernel can read from an exact f16 mirror with the same result
+    /// bits (see [`KernelCtx::weight_f16`]). Default: none.
+    fn f16_weight_roles(&self) -> Vec<usize> {
+        Vec::new()
     }
 }
 
@@ -681,9 +696,37 @@ impl Graph {
         Ok(())
     }
 
+    /// Build exact f16 mirrors in `w` for every weight a kernel can read as f16
+    /// ([`Kernel::f16_weight_roles`]) and whose values are all exactly f16 (a derived view of the
+    /// state; the graph itself is unchanged). Returns (mirrored, candidates).
+    pub fn mirror_f16_weights(&self, w: &mut Weights) -> (usize, usize) {
+        let mut keys: Vec<&str> = Vec::new();
+        for op in &self.ops {
+            for i in op.kernel.f16_weight_roles() {
+                if let Some(r) = op.weights.get(i) {
+                    if !keys.contains(&r.key.as_str()) {
+                        keys.push(&r.key);
+                    }
+                }
+            }
+        }
+        (w.mirror_f16(keys.iter().copied()), keys.len())
+    }
+
     /// Run a formula: compute `want` from `feeds`, running only the ops in between. Every
     /// produced tensor is checked against its edge's declared shape (symbols bind per run).
     pub fn run(
+        &self,
+        weights: &Weights,
+        feeds: Feeds,
+        want: &[EdgeId],
+        ctx: &mut RunCtx,
+    ) -> Result<Vec<Tensor>> {
+        crate::kernels::in_pool(|| self.run_here(weights, feeds, want, ctx))
+    }
+
+    /// [`Graph::run`] on the calling thread.
+    fn run_here(
         &self,
         weights: &Weights,
         mut feeds: Feeds,
@@ -779,9 +822,20 @@ impl Graph {
                         })
                 })
                 .collect::<Result<_>>()?;
+            let f16_roles = kernel.f16_weight_roles();
+            let ws_f16: Vec<Option<&[u16]>> = (0..op.weights.len())
+                .map(|i| {
+                    if f16_roles.contains(&i) {
+                        weights.f16(&op.weights[i].key)
+                    } else {
+                        None
+                    }
+                })
+                .collect();
             let kctx = KernelCtx {
                 op: &op.name,
                 step: ctx.step,
+                weights_f16: &ws_f16,
             };
             let mut outs = kernel
                 .run(&kctx, &ins, &ws)

@@ -1,5 +1,11 @@
 //! The weight table (state): HF safetensors loaded by state-dict name, f32/f16/bf16 on disk,
 //! f32 in memory. The graph checks it with [`crate::graph::Graph::check_weights`].
+//!
+//! A table can also hold *exact f16 mirrors*: for a tensor whose every value is exactly
+//! representable in IEEE half precision, the same values stored in 16 bits. Widening an f16 to
+//! f32 is exact, so a kernel that reads the mirror and widens computes the same bits as from the
+//! f32 tensor while reading half the memory (the memory-bound decode-step GEMVs). A tensor with
+//! even one value that does not round-trip gets no mirror; replacing a tensor drops its mirror.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -17,6 +23,8 @@ pub struct Weights {
     path: PathBuf,
     sha256: String,
     tensors: HashMap<String, Tensor>,
+    /// Exact f16 mirrors (bit patterns) of some tensors, by key.
+    f16: HashMap<String, Vec<u16>>,
 }
 
 impl Weights {
@@ -64,6 +72,7 @@ impl Weights {
             path: path.to_path_buf(),
             sha256,
             tensors,
+            f16: HashMap::new(),
         })
     }
 
@@ -73,6 +82,7 @@ impl Weights {
             path: PathBuf::from(path),
             sha256: String::new(),
             tensors,
+            f16: HashMap::new(),
         }
     }
 
@@ -105,8 +115,99 @@ impl Weights {
         self.tensors.keys().map(|k| k.as_str())
     }
 
-    /// Replace or add a tensor (what-if experiments: copy the table, not the graph).
+    /// Replace or add a tensor (what-if experiments: copy the table, not the graph). Drops the
+    /// tensor's f16 mirror, if it had one (call [`Weights::mirror_f16`] again to rebuild it).
     pub fn insert(&mut self, key: &str, t: Tensor) {
+        self.f16.remove(key);
         self.tensors.insert(key.to_string(), t);
+    }
+
+    /// Build exact f16 mirrors for `keys` (unknown keys are skipped: the graph's weight check
+    /// reports those). A tensor gets a mirror only when every value is finite and widens back to
+    /// the same f32 bits (no NaN, no infinity, nothing outside f16's range or precision). Returns how many
+    /// of the keys have a mirror afterwards.
+    pub fn mirror_f16<'a>(&mut self, keys: impl IntoIterator<Item = &'a str>) -> usize {
+        let mut n = 0;
+        for key in keys {
+            if self.f16.contains_key(key) {
+                n += 1;
+                continue;
+            }
+            let Some(t) = self.tensors.get(key) else {
+                continue;
+            };
+            if let Some(m) = exact_f16(t.iter().copied()) {
+                self.f16.insert(key.to_string(), m);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// The exact f16 mirror of a tensor (row-major, the tensor's shape), if one was built.
+    pub fn f16(&self, key: &str) -> Option<&[u16]> {
+        self.f16.get(key).map(|v| v.as_slice())
+    }
+
+    /// This table without any f16 mirror (the plain f32 path everywhere).
+    pub fn without_f16_mirrors(mut self) -> Weights {
+        self.f16.clear();
+        self
+    }
+}
+
+/// The f16 bit patterns of `vals` when every value is finite and round-trips exactly, else
+/// `None` (a weight with a NaN or an infinity keeps the plain f32 path).
+fn exact_f16(vals: impl Iterator<Item = f32>) -> Option<Vec<u16>> {
+    let (lo, _) = vals.size_hint();
+    let mut out = Vec::with_capacity(lo);
+    for v in vals {
+        let h = half::f16::from_f32(v);
+        if !v.is_finite() || h.to_f32().to_bits() != v.to_bits() {
+            return None;
+        }
+        out.push(h.to_bits());
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(vals: Vec<f32>) -> Weights {
+        let n = vals.len();
+        let t = ArrayD::from_shape_vec(IxDyn(&[n]), vals).unwrap();
+        Weights::from_map("mem", [("w".to_string(), t)].into_iter().collect())
+    }
+
+    #[test]
+    fn mirror_only_when_exact() {
+        let mut w = table(vec![0.5, -0.0, 65504.0, 1.0 / 16_777_216.0, -3.25]);
+        assert_eq!(w.mirror_f16(["w", "missing"]), 1);
+        let m = w.f16("w").unwrap();
+        for (h, v) in m.iter().zip(w.get("w").unwrap().iter()) {
+            assert_eq!(half::f16::from_bits(*h).to_f32().to_bits(), v.to_bits());
+        }
+        // 0.1 is not an f16; 1e5 overflows; NaN and infinities never mirror.
+        for bad in [0.1f32, 1.0e5, f32::NAN, f32::INFINITY] {
+            let mut w = table(vec![0.5, bad]);
+            assert_eq!(w.mirror_f16(["w"]), 0, "{bad}");
+            assert!(w.f16("w").is_none());
+        }
+    }
+
+    #[test]
+    fn insert_drops_the_mirror() {
+        let mut w = table(vec![0.5, 1.5]);
+        w.mirror_f16(["w"]);
+        assert!(w.f16("w").is_some());
+        w.insert(
+            "w",
+            ArrayD::from_shape_vec(IxDyn(&[2]), vec![0.25, 0.75]).unwrap(),
+        );
+        assert!(w.f16("w").is_none());
+        assert_eq!(w.mirror_f16(["w"]), 1);
+        assert!(w.without_f16_mirrors().f16("w").is_none());
     }
 }

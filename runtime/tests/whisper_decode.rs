@@ -154,6 +154,74 @@ fn full_window_equals_incremental_tiny_en() {
     full_window_equals_incremental("fixtures/whisper-tiny-en", "fox.wav");
 }
 
+/// Logits of every step and the tokens of a greedy run.
+fn run_bits(m: &WhisperModel, a: &Audio) -> (Vec<i64>, Vec<Vec<u32>>) {
+    let out = m
+        .run(a, &RunOptions::default(), &mut RunHooks::default())
+        .unwrap();
+    (out.tokens, out.outputs.iter().map(bits).collect())
+}
+
+/// Exact f16 mirrors of the decoder projections change no bit: tiny.en (every weight is exact
+/// f16, so the loader mirrors all 33 row-stable projections, the tied logits one included) run
+/// with and without its mirrors.
+#[test]
+fn f16_mirrors_change_no_bit_tiny_en() {
+    let (Some(m), Some(plain), Some(a)) = (
+        model("fixtures/whisper-tiny-en"),
+        model("fixtures/whisper-tiny-en"),
+        clip("fox.wav"),
+    ) else {
+        return;
+    };
+    let mut probe = m.weights().clone();
+    let (mirrored, candidates) = m.graph().mirror_f16_weights(&mut probe);
+    assert_eq!((mirrored, candidates), (33, 33));
+    assert!(m
+        .weights()
+        .f16("model.decoder.embed_tokens.weight")
+        .is_some());
+    let plain = plain
+        .with_weights(m.weights().clone().without_f16_mirrors())
+        .unwrap();
+    assert!(plain
+        .weights()
+        .f16("model.decoder.embed_tokens.weight")
+        .is_none());
+    assert_eq!(run_bits(&m, &a), run_bits(&plain, &a));
+}
+
+/// The same on a random model whose decoder weights are first rounded to f16 (random f32
+/// weights get no mirror), so a mirrored and an unmirrored copy of one rounded table run.
+#[test]
+fn f16_mirrors_change_no_bit_rand_a() {
+    let (Some(m), Some(m2), Some(a)) = (
+        model("fixtures/build/whisper-rand-a"),
+        model("fixtures/build/whisper-rand-a"),
+        clip("fox.wav"),
+    ) else {
+        return;
+    };
+    let mut probe = m.weights().clone();
+    assert_eq!(m.graph().mirror_f16_weights(&mut probe).0, 0);
+    let mut rounded = m.weights().clone();
+    let keys: Vec<String> = rounded.keys().map(str::to_string).collect();
+    for k in keys {
+        let t = rounded
+            .get(&k)
+            .unwrap()
+            .mapv(|v| half::f16::from_f32(v).to_f32());
+        rounded.insert(&k, t);
+    }
+    let mut mirrored = rounded.clone();
+    let (n, candidates) = m.graph().mirror_f16_weights(&mut mirrored);
+    assert_eq!(n, candidates);
+    assert!(n > 0);
+    let with = m.with_weights(mirrored).unwrap();
+    let without = m2.with_weights(rounded).unwrap();
+    assert_eq!(run_bits(&with, &a), run_bits(&without, &a));
+}
+
 #[test]
 fn teacher_forcing_feeds_the_teacher_and_predicts_its_own() {
     let (Some(m), Some(a)) = (model("fixtures/build/whisper-rand-a"), clip("weather.wav")) else {

@@ -56,7 +56,7 @@ impl Kernel for Linear {
     }
     fn run(
         &self,
-        _ctx: &KernelCtx,
+        ctx: &KernelCtx,
         inputs: &[&Tensor],
         weights: &[&Tensor],
     ) -> Result<Vec<Tensor>, String> {
@@ -90,11 +90,16 @@ impl Kernel for Linear {
             }
             MatmulStrategy::RowStable => {
                 // Split the output columns across threads: each thread streams its slice of W
-                // once for all rows (a decode step is a GEMV, memory-bound on W).
+                // once for all rows (a decode step is a GEMV, memory-bound on W). An exact f16
+                // mirror of W gives the same bits from half the bytes.
+                let w16 = ctx.weight_f16(0).filter(|h| h.len() == w.len());
                 let parts = par_ranges(n.div_ceil(4), 4 * k * m, |r| {
                     let (n0, n1) = ((r.start * 4).min(n), (r.end * 4).min(n));
                     let mut part = vec![0f32; m * (n1 - n0)];
-                    simd::gemm_nt_rows(x, w, b, k, m, n0, n1, &mut part);
+                    match w16 {
+                        Some(h) => simd::gemm_nt_rows_f16(x, h, b, k, m, n0, n1, &mut part),
+                        None => simd::gemm_nt_rows(x, w, b, k, m, n0, n1, &mut part),
+                    }
                     (n0, n1, part)
                 });
                 if parts.len() == 1 {
@@ -118,5 +123,11 @@ impl Kernel for Linear {
     }
     fn params(&self) -> serde_json::Value {
         serde_json::json!({"bias": self.bias, "strategy": self.strategy})
+    }
+    fn f16_weight_roles(&self) -> Vec<usize> {
+        match self.strategy {
+            MatmulStrategy::RowStable => vec![0],
+            MatmulStrategy::Gemm => Vec::new(),
+        }
     }
 }

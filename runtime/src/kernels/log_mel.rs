@@ -114,7 +114,7 @@ impl LogMel {
             || hop == 0
             || n_samples == 0
             || n_mels == 0
-            || n_samples % hop != 0
+            || !n_samples.is_multiple_of(hop)
             || n_samples <= n_fft / 2
         {
             return Err(format!(

@@ -107,6 +107,17 @@ fn pool() -> Option<&'static rayon::ThreadPool> {
     .as_ref()
 }
 
+/// Run `f` on a worker of the kernels' pool (or here when there is no pool). A formula runs this
+/// way: its parallel ops then split work from inside the pool (work stealing), instead of each op
+/// handing a job to the pool from outside and sleeping until it is done, which costs a thread
+/// wake-up round trip per op (tens of microseconds, comparable to a decode-step projection).
+pub(crate) fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    match pool() {
+        Some(p) => p.install(f),
+        None => f(),
+    }
+}
+
 /// Run `f(range)` over `0..n` split into contiguous ranges, a few per thread of the pool (when
 /// `n * cost_per_item` is large enough). Returns the per-range results in range order. Each range
 /// is computed whole by one thread, so results do not depend on scheduling.

@@ -8,11 +8,18 @@ pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// A fixture directory or file, or `None` after printing why the test is skipped.
+/// A fixture directory or file, or `None` after printing why the test is skipped. With
+/// `XRAY_REQUIRE_FIXTURES` set (`make test` sets it) a missing fixture fails the test instead:
+/// a skip must not pass for a result there.
 pub fn fixture(rel: &str) -> Option<PathBuf> {
     let p = repo().join(rel);
     if p.exists() {
         Some(p)
+    } else if std::env::var_os("XRAY_REQUIRE_FIXTURES").is_some() {
+        panic!(
+            "fixture {} is missing and XRAY_REQUIRE_FIXTURES is set (run `make fixtures`)",
+            p.display()
+        );
     } else {
         eprintln!("SKIP: fixture {} is missing (run `make fixtures` or `.venv/bin/python fixtures/build.py`)", p.display());
         None

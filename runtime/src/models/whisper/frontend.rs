@@ -74,7 +74,7 @@ impl PreprocessorConfig {
                 ));
             }
         }
-        if n % self.hop_length != 0 {
+        if !n.is_multiple_of(self.hop_length) {
             return e(format!(
                 "window of {n} samples is not a multiple of hop_length {}",
                 self.hop_length

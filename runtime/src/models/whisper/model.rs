@@ -77,8 +77,10 @@ impl WhisperModel {
         let (generation, _): (GenerationConfig, _) = read_json(&files.generation)?;
         let plan = GenerationPlan::new(&generation, &config, &files.generation)?;
         let (graph, edges) = wgraph::build(&config, &preprocessor, &files.preprocessor)?;
-        let weights = Weights::load(&files.weights)?;
+        let mut weights = Weights::load(&files.weights)?;
         graph.check_weights(&weights)?;
+        // Exact f16 mirrors for the row-stable (decoder) projections: same bits, half the bytes.
+        graph.mirror_f16_weights(&mut weights);
         let contract = Contract::for_family("whisper", &config_json)?;
         verify_contract(&graph, &contract)?;
         let tokenizer =
@@ -100,6 +102,17 @@ impl WhisperModel {
             tokenizer,
             session: Mutex::new(DecoderSession::new()),
         })
+    }
+
+    /// This model with another weight table (what-if experiments: the graph is the spec and
+    /// stays; the table is state). The table is checked against the graph like a loaded one and
+    /// used as given: its f16 mirrors, if any, are used, and none are added (see
+    /// [`Graph::mirror_f16_weights`]). The session's caches are dropped.
+    pub fn with_weights(mut self, weights: Weights) -> Result<WhisperModel> {
+        self.graph.check_weights(&weights)?;
+        self.weights = weights;
+        self.session = Mutex::new(DecoderSession::new());
+        Ok(self)
     }
 
     /// config.json.

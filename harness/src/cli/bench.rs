@@ -7,7 +7,8 @@
 //! - decode step: `(t(generate N) - t(generate 1)) / (tokens(N) - tokens(1))` on both sides, on
 //!   precomputed encoder output (torch: `generate(encoder_outputs=...)`; runtime: a decoder session
 //!   with the memory installed), so the encoder's noise does not swamp the per-token time.
-//! - capture overhead: runtime full run with every checkpoint captured vs capture off.
+//! - capture overhead: runtime full run with every checkpoint captured vs capture off, two of
+//!   each per repetition in the order off, on, on, off.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -162,8 +163,15 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         let (s, n) = rt_decode(n_full)?;
         rn.push(s);
         tok_r.1 = n;
-        coff.push(rt_generate(None, false)?.0);
-        con.push(rt_generate(None, true)?.0);
+        // Off, on, on, off: a drift within the repetition weighs on both sides alike.
+        for capture in [false, true, true, false] {
+            let (s, _) = rt_generate(None, capture)?;
+            if capture {
+                con.push(s);
+            } else {
+                coff.push(s);
+            }
+        }
     }
     let (te, re) = (median(te), median(re));
     // torch's generate output includes the prefix; the runtime counts generated tokens.

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, RuntimeError};
-use crate::graph::Layout;
+use crate::graph::{Dim, Graph, Layout};
 
 /// The contract text of a family, embedded at build time.
 pub fn contract_text(family: &str) -> Option<&'static str> {
@@ -493,6 +493,61 @@ impl Contract {
     /// A checkpoint by canonical name.
     pub fn get(&self, name: &str) -> Option<&CheckpointSpec> {
         self.checkpoints.iter().find(|c| c.name == name)
+    }
+
+    /// Check a graph against this contract: every contract checkpoint labels an edge whose
+    /// producer, layout and shape are the contract's, and the graph labels nothing the contract
+    /// lacks.
+    pub fn verify_graph(&self, graph: &Graph) -> Result<()> {
+        let err = |reason: String| RuntimeError::Contract {
+            family: self.family.clone(),
+            reason,
+        };
+        for c in &self.checkpoints {
+            let e = graph.checkpoint_edge(&c.name).ok_or_else(|| {
+                err(format!(
+                    "checkpoint '{}' is not labelled in the graph",
+                    c.name
+                ))
+            })?;
+            let edge = &graph.edges()[e];
+            let prod = graph.producer_name(e).unwrap_or("<feed>");
+            if prod != c.producer {
+                return Err(err(format!(
+                    "checkpoint '{}': contract producer '{}', graph producer '{prod}'",
+                    c.name, c.producer
+                )));
+            }
+            if edge.layout != c.layout {
+                return Err(err(format!(
+                    "checkpoint '{}': contract layout {}, graph edge '{}' is {}",
+                    c.name, c.layout, edge.name, edge.layout
+                )));
+            }
+            let same = edge.shape.len() == c.shape.len()
+                && edge.shape.iter().zip(&c.shape).all(|(g, k)| match (g, k) {
+                    (Dim::Fixed(a), CDim::Fixed(b)) => a == b,
+                    (Dim::Sym(a), CDim::Sym(b)) => a == b,
+                    _ => false,
+                });
+            if !same {
+                return Err(err(format!(
+                    "checkpoint '{}': contract shape {:?}, graph edge '{}' is {}",
+                    c.name,
+                    c.shape,
+                    edge.name,
+                    crate::graph::fmt_shape(&edge.shape)
+                )));
+            }
+        }
+        for (name, _) in graph.checkpoints() {
+            if self.get(&name).is_none() {
+                return Err(err(format!(
+                    "graph checkpoint '{name}' is not in the contract"
+                )));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -50,12 +50,11 @@ mod scalar {
         }
     }
 
-    /// `o = 0; for j in 0..p.len() { o += p[j] * v[j, :] }` (rows of `v` are `o.len()` long).
-    pub fn weighted_rows(o: &mut [f32], p: &[f32], v: &[f32]) {
-        let dv = o.len();
+    /// `o = 0; for j in 0..p.len() { o += p[j] * row(j) }`.
+    pub fn weighted_sum<'a>(o: &mut [f32], p: &[f32], row: impl Fn(usize) -> &'a [f32]) {
         o.fill(0.0);
         for (j, &pj) in p.iter().enumerate() {
-            axpy(o, pj, &v[j * dv..(j + 1) * dv]);
+            axpy(o, pj, row(j));
         }
     }
 
@@ -272,19 +271,19 @@ mod avx2 {
         .to_f32())
     }
 
-    /// [`super::scalar::weighted_rows`] with 64 output lanes held in registers across the rows
+    /// [`super::scalar::weighted_sum`] with 64 output lanes held in registers across the rows
     /// (the same adds per lane, in row order).
     #[target_feature(enable = "avx,avx2")]
-    pub unsafe fn weighted_rows(o: &mut [f32], p: &[f32], v: &[f32]) {
+    pub unsafe fn weighted_sum<'a>(o: &mut [f32], p: &[f32], row: impl Fn(usize) -> &'a [f32]) {
         let dv = o.len();
         let mut c0 = 0;
         while c0 + 64 <= dv {
             let mut acc = [_mm256_setzero_ps(); 8];
             for (j, &pj) in p.iter().enumerate() {
                 let pv = _mm256_set1_ps(pj);
-                let row = j * dv + c0;
+                let r = &row(j)[c0..c0 + 64];
                 for (i, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_add_ps(*a, _mm256_mul_ps(pv, ld(v, row + 8 * i)));
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(pv, ld(r, 8 * i)));
                 }
             }
             for (i, a) in acc.iter().enumerate() {
@@ -296,7 +295,7 @@ mod avx2 {
             let rest = &mut o[c0..];
             rest.fill(0.0);
             for (j, &pj) in p.iter().enumerate() {
-                axpy(rest, pj, &v[j * dv + c0..(j + 1) * dv]);
+                axpy(rest, pj, &row(j)[c0..dv]);
             }
         }
     }
@@ -626,8 +625,18 @@ pub(crate) fn attend_row(q: &[f32], k: &[f32], v: &[f32], n: usize, sc: &mut [f3
     // Scores are exactly `dot(q, k_j)` (four keys at a time share the loads of q).
     gemm_nt_rows(q, &k[..n * d], None, d, 1, 0, n, &mut sc[..n]);
     softmax_row(&mut sc[..n]);
-    let (p, v) = (&sc[..n], &v[..n * dv]);
-    dispatch!(avx2::weighted_rows(o, p, v), scalar::weighted_rows(o, p, v))
+    weighted_sum(o, &sc[..n], |j| &v[j * dv..(j + 1) * dv]);
+}
+
+/// `o = sum_j p[j] * row(j)`, the rows added in `j` order from `o = 0` (each row at least
+/// `o.len()` long; only its first `o.len()` values are read).
+pub(crate) fn weighted_sum<'a>(o: &mut [f32], p: &[f32], row: impl Fn(usize) -> &'a [f32]) {
+    let dv = o.len();
+    let row = |j: usize| &row(j)[..dv];
+    dispatch!(
+        avx2::weighted_sum(o, p, row),
+        scalar::weighted_sum(o, p, row)
+    )
 }
 
 /// Exact-erf GELU in place (HF `"gelu"` = `torch.nn.functional.gelu`, approximate='none').
@@ -784,14 +793,15 @@ mod tests {
                 avx2::gelu(&mut g1);
                 scalar::gelu(&mut g2);
                 assert_eq!(g1, g2, "gelu n={n}");
-                // weighted_rows: 64-lane register blocks plus a tail, against the scalar loop.
+                // weighted_sum: 64-lane register blocks plus a tail, against the scalar loop.
                 for dv in [64usize, 8, 72, 130] {
                     let rows = n.min(40);
                     let v = data(rows * dv, 3 + n as u32);
+                    let row = |j: usize| &v[j * dv..(j + 1) * dv];
                     let (mut o1, mut o2) = (vec![1f32; dv], vec![2f32; dv]);
-                    avx2::weighted_rows(&mut o1, &a[..rows], &v);
-                    scalar::weighted_rows(&mut o2, &a[..rows], &v);
-                    assert_eq!(o1, o2, "weighted_rows n={n} dv={dv}");
+                    avx2::weighted_sum(&mut o1, &a[..rows], row);
+                    scalar::weighted_sum(&mut o2, &a[..rows], row);
+                    assert_eq!(o1, o2, "weighted_sum n={n} dv={dv}");
                 }
                 let (mut y1, mut y2) = (b.clone(), b.clone());
                 avx2::axpy(&mut y1, 0.37, &a);

@@ -12,9 +12,9 @@ use super::decode::{DecoderSession, GenerationPlan};
 use super::graph::{self as wgraph, names, WhisperEdges};
 use super::{read_json, GenerationConfig, ModelFiles, PreprocessorConfig, WhisperConfig};
 use crate::audio::Audio;
-use crate::contract::{CDim, Contract};
+use crate::contract::Contract;
 use crate::error::{Result, RuntimeError};
-use crate::graph::{Dim, Feeds, Graph, RunCtx, Tensor};
+use crate::graph::{Feeds, Graph, RunCtx, Tensor};
 use crate::models::{RunHooks, RunOptions, RunOutput, SpeechModel};
 use crate::weights::Weights;
 
@@ -82,7 +82,7 @@ impl WhisperModel {
         // Exact f16 mirrors for the row-stable (decoder) projections: same bits, half the bytes.
         graph.mirror_f16_weights(&mut weights);
         let contract = Contract::for_family("whisper", &config_json)?;
-        verify_contract(&graph, &contract)?;
+        contract.verify_graph(&graph)?;
         let tokenizer =
             tokenizers::Tokenizer::from_file(&files.tokenizer).map_err(|e| RuntimeError::File {
                 path: files.tokenizer.clone(),
@@ -462,60 +462,6 @@ fn one(v: Vec<Tensor>) -> Result<Tensor> {
 fn next(it: &mut std::vec::IntoIter<Tensor>) -> Result<Tensor> {
     it.next()
         .ok_or_else(|| RuntimeError::Graph("formula returned fewer outputs than asked".into()))
-}
-
-/// Check the graph against the contract: every contract checkpoint labels an edge whose producer,
-/// layout and shape are the contract's, and the graph labels nothing the contract lacks.
-pub fn verify_contract(graph: &Graph, contract: &Contract) -> Result<()> {
-    let err = |reason: String| RuntimeError::Contract {
-        family: contract.family.clone(),
-        reason,
-    };
-    for c in &contract.checkpoints {
-        let e = graph.checkpoint_edge(&c.name).ok_or_else(|| {
-            err(format!(
-                "checkpoint '{}' is not labelled in the graph",
-                c.name
-            ))
-        })?;
-        let edge = &graph.edges()[e];
-        let prod = graph.producer_name(e).unwrap_or("<feed>");
-        if prod != c.producer {
-            return Err(err(format!(
-                "checkpoint '{}': contract producer '{}', graph producer '{prod}'",
-                c.name, c.producer
-            )));
-        }
-        if edge.layout != c.layout {
-            return Err(err(format!(
-                "checkpoint '{}': contract layout {}, graph edge '{}' is {}",
-                c.name, c.layout, edge.name, edge.layout
-            )));
-        }
-        let same = edge.shape.len() == c.shape.len()
-            && edge.shape.iter().zip(&c.shape).all(|(g, k)| match (g, k) {
-                (Dim::Fixed(a), CDim::Fixed(b)) => a == b,
-                (Dim::Sym(a), CDim::Sym(b)) => a == b,
-                _ => false,
-            });
-        if !same {
-            return Err(err(format!(
-                "checkpoint '{}': contract shape {:?}, graph edge '{}' is {}",
-                c.name,
-                c.shape,
-                edge.name,
-                crate::graph::fmt_shape(&edge.shape)
-            )));
-        }
-    }
-    for (name, _) in graph.checkpoints() {
-        if contract.get(&name).is_none() {
-            return Err(err(format!(
-                "graph checkpoint '{name}' is not in the contract"
-            )));
-        }
-    }
-    Ok(())
 }
 
 impl SpeechModel for WhisperModel {

@@ -405,14 +405,10 @@ impl Kernel for ShawBlockAttention {
                         *s = simd::dot(qi, kj) * scale + simd::dot(qi, rj) * scale;
                     }
                     softmax_in_place(&mut sc[..n]);
-                    let o = &mut out[i * d..(i + 1) * d];
-                    for (j, &p) in sc[..n].iter().enumerate() {
+                    simd::weighted_sum(&mut out[i * d..(i + 1) * d], &sc[..n], |j| {
                         let off = (base + j) * 2 * inner + inner + hi * d;
-                        let vj = &kv[off..off + d];
-                        for (ov, &vv) in o.iter_mut().zip(vj) {
-                            *ov += p * vv;
-                        }
-                    }
+                        &kv[off..off + d]
+                    });
                 }
                 res.push((b, hi, rows, out));
             }

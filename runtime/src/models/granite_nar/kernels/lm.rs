@@ -224,14 +224,9 @@ impl Kernel for GqaAttention {
                     }
                     softmax_in_place(&mut sc[..n]);
                     let o = &mut part[(j * t + ti) * dv..(j * t + ti + 1) * dv];
-                    for (kj, &p) in sc[..n].iter().enumerate() {
-                        for (ov, &vv) in o
-                            .iter_mut()
-                            .zip(&v[(kh * s + kj) * dv..(kh * s + kj + 1) * dv])
-                        {
-                            *ov += p * vv;
-                        }
-                    }
+                    simd::weighted_sum(o, &sc[..n], |kj| {
+                        &v[(kh * s + kj) * dv..(kh * s + kj + 1) * dv]
+                    });
                 }
             }
             part

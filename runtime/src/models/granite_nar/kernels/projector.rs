@@ -278,14 +278,10 @@ impl Kernel for WindowCrossAttention {
                     }
                     softmax_in_place(&mut sc);
                     let o = &mut y[qr * c + hi * d..qr * c + (hi + 1) * d];
-                    for (j, &p) in sc.iter().enumerate() {
+                    simd::weighted_sum(o, &sc, |j| {
                         let kr = w * blk + j;
-                        for (ov, &vv) in
-                            o.iter_mut().zip(&v[kr * c + hi * d..kr * c + (hi + 1) * d])
-                        {
-                            *ov += p * vv;
-                        }
-                    }
+                        &v[kr * c + hi * d..kr * c + (hi + 1) * d]
+                    });
                 }
             }
         }

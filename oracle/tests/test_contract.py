@@ -60,3 +60,41 @@ def test_bad_geometry_and_bad_contracts_fail_closed():
         load_contract_text('{"schema": "other"}')
     with pytest.raises(ContractError, match="does not parse"):
         load_contract_text("{not json")
+
+
+def test_one_resolver_for_granite_nar_extensions():
+    """lists, range, inputs_at_first, symbols and reference.kwarg go through the same resolver."""
+    from conftest import REPO
+
+    data = load_contract_text(REPO / "runtime" / "contracts" / "granite_nar.json")
+    cfg = json.loads((REPO / "fixtures" / "build" / "granite-nar-tiny" / "config.json").read_text())
+    c = resolve(data, cfg)
+    assert c.family == "granite_nar" and c.symbols and c.lists
+    names = [x.name for x in c.checkpoints]
+    assert len(names) == len(set(names))
+    assert c.get("enc.cat_out").inputs[-1] == "enc.ctc_logits"
+    assert c.get("dec.flat_embeds").reference.kwarg == "inputs_embeds"
+    assert c.get("proj.qformer.out").reference.transform == ["flatten_windows"]
+    bad = json.loads(json.dumps(data))
+    bad["checkpoints"][-1]["inputs"] = ["enc.block.{each:nope}.out"]
+    with pytest.raises(ContractError, match="unknown list 'nope'"):
+        resolve(bad, cfg)
+    bad = json.loads(json.dumps(data))
+    first_repeated = next(x for x in bad["checkpoints"] if "inputs_at_first" in x)
+    del first_repeated["inputs_at_first"]
+    with pytest.raises(ContractError, match="declare inputs_at_first"):
+        resolve(bad, cfg)
+    bad = json.loads(json.dumps(data))
+    bad["checkpoints"][0]["reference"]["kwarg"] = "x"
+    bad["checkpoints"][0]["reference"]["hook"] = "forward"
+    with pytest.raises(ContractError, match="kwarg needs hook 'pre'"):
+        resolve(bad, cfg)
+
+
+def test_expression_superset():
+    v = {"a": 7, "b": 2}.get
+    assert eval_expr("ceil_div(a, b)", v) == 4
+    assert eval_expr("floor_div(a, b) * (b + 1)", v) == 9
+    assert eval_expr("-b + max(a, 3)", v) == 5
+    with pytest.raises(ValueError, match="unexpected end"):
+        eval_expr("(a + b", v)

@@ -1,16 +1,29 @@
 """Checkpoint contracts (runtime/contracts/<family>.json, doc: docs/checkpoint-contracts.md) as the
-oracle reads them: dims and repeats resolved against a model config, `{...}` templates expanded,
-and each checkpoint's HF capture recipe (`reference`).
+oracle reads them: dims, repeats and lists resolved against a model config, `{...}` templates
+expanded, and each checkpoint's HF capture recipe (`reference`). One resolver for every family;
+runtime/src/contract.rs resolves the same text on the Rust side.
 
-The expression language mirrors `runtime/src/contract.rs::eval_expr` (the Rust side resolves the
-same text): `a`, `a * b`, `a / b`, `a + b - c`, `*` and `/` bind tighter, evaluated left to right;
-terms are integers, dims, repeats, `layer`, `last:REPEAT` or config keys (dotted paths walk nested
-objects); division must be exact.
+Expressions: integers and names (dims, repeats, dotted config keys, `layer`, `last:REPEAT`,
+`each:LIST`) combined with `+ - * /`; `*` and `/` bind tighter, evaluated left to right; `/` is
+exact integer division. The Rust grammar stops there; this one also accepts parentheses, unary
+minus and `ceil_div`, `floor_div`, `min`, `max`, which only the granite_nar `symbols` block uses
+(symbols are checked here after a run).
+
+The format extensions the granite_nar contract needs (docs/granite_nar.md, "Contract format
+extensions"):
+- `lists`: named integer lists read from the config and wrapped Python-style (`-1` = last); a
+  placeholder `{each:NAME ...}` in `inputs` expands once per element.
+- `range`: `[start_expr, end_expr]` restricts a repeated template to layers `start..end-1`;
+  `inputs_at_first` applies to the first layer of the range.
+- `symbols`: data-dependent dims with an expression over dims and other symbols.
+- `reference.kwarg`: a pre-hook captures a keyword argument instead of positional `index`.
+- transform `flatten_windows`: `[windows, per_window, C]` -> `[windows * per_window, C]`.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -21,7 +34,7 @@ SCHEMA = "xray.contract/v1"
 STEPS = ("once", "prefill", "every")
 LAYOUTS = ("token_major", "head_major", "channel_major", "plain")
 HOOKS = ("forward", "pre")
-TRANSFORMS = ("squeeze_batch", "split_heads")
+TRANSFORMS = ("squeeze_batch", "split_heads", "flatten_windows")
 
 
 def default_contract_path(family: str = "whisper") -> Path:
@@ -29,87 +42,136 @@ def default_contract_path(family: str = "whisper") -> Path:
     return Path(__file__).resolve().parents[2] / "runtime" / "contracts" / f"{family}.json"
 
 
-def load_contract_text(contract_json: str) -> dict:
-    """Parse contract text; a string that is not JSON but names a file is read from that file."""
-    text = contract_json
-    if not contract_json.lstrip().startswith("{") and os.path.isfile(contract_json):
-        text = Path(contract_json).read_text(encoding="utf-8")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ContractError(f"contract JSON does not parse: {e}") from e
+def load_contract_text(contract_json: str | os.PathLike | dict) -> dict:
+    """The contract as parsed JSON: given parsed, as JSON text, or as a path to a JSON file.
+    The schema must be `xray.contract/v1`."""
+    if isinstance(contract_json, dict):
+        data: Any = contract_json
+    else:
+        text = str(contract_json)
+        if not text.lstrip().startswith("{") and os.path.isfile(text):
+            text = Path(text).read_text(encoding="utf-8")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ContractError(f"contract JSON does not parse: {e}") from e
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise ContractError(f"contract schema is {data.get('schema') if isinstance(data, dict) else None!r}, expected {SCHEMA!r}")
+        found = data.get("schema") if isinstance(data, dict) else None
+        raise ContractError(f"contract schema is {found!r}, expected {SCHEMA!r}")
     return data
 
 
-def _config_int(config: dict, key: str) -> Optional[int]:
-    v: Any = config
+def config_value(config: dict, key: str) -> Any:
+    """A dotted config key (`encoder_config.hidden_dim`), or None if absent."""
+    node: Any = config
     for part in key.split("."):
-        if not isinstance(v, dict) or part not in v:
+        if not isinstance(node, dict) or part not in node:
             return None
-        v = v[part]
+        node = node[part]
+    return node
+
+
+def _config_int(config: dict, key: str) -> Optional[int]:
+    v = config_value(config, key)
     if isinstance(v, bool) or not isinstance(v, int):
         return None
     return v
 
 
-def _tokenize(s: str) -> list[str]:
-    out, cur = [], ""
-    for c in s:
-        if c in "+-*/":
-            if cur.strip():
-                out.append(cur.strip())
-            cur = ""
-            out.append(c)
-        else:
-            cur += c
-    if cur.strip():
-        out.append(cur.strip())
-    return out
+_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_.:]*)|(\S))")
+
+_FUNCS: dict[str, Callable[[int, int], int]] = {
+    "ceil_div": lambda a, b: -(-a // b),
+    "floor_div": lambda a, b: a // b,
+    "min": min,
+    "max": max,
+}
+
+
+def _tokenize(expr: str) -> list[str]:
+    toks: list[str] = []
+    pos = 0
+    while pos < len(expr):
+        m = _TOKEN.match(expr, pos)
+        if m is None or m.end() == pos:
+            break
+        pos = m.end()
+        tok = m.group(1) or m.group(2) or m.group(3)
+        if tok:
+            toks.append(tok)
+    return toks
 
 
 def eval_expr(expr: str, lookup: Callable[[str], Optional[int]]) -> int:
-    """Evaluate a contract expression (see module doc). Raises ValueError with the reason."""
+    """Evaluate a contract expression (see the module doc); `lookup` resolves names (None =
+    unknown). Raises ValueError with the reason."""
     toks = _tokenize(expr)
     if not toks:
         raise ValueError(f"empty expression '{expr}'")
+    pos = 0
 
-    def term(t: str) -> int:
-        try:
+    def peek() -> Optional[str]:
+        return toks[pos] if pos < len(toks) else None
+
+    def take() -> str:
+        nonlocal pos
+        if pos >= len(toks):
+            raise ValueError(f"dangling operator or unexpected end of '{expr}'")
+        pos += 1
+        return toks[pos - 1]
+
+    def atom() -> int:
+        t = take()
+        if t == "(":
+            v = additive()
+            if take() != ")":
+                raise ValueError(f"missing ')' in '{expr}'")
+            return v
+        if t == "-":
+            return -atom()
+        if t.isdigit():
             return int(t)
-        except ValueError:
-            pass
+        if t in _FUNCS and peek() == "(":
+            take()
+            a = additive()
+            if take() != ",":
+                raise ValueError(f"'{t}' takes two arguments in '{expr}'")
+            b = additive()
+            if take() != ")":
+                raise ValueError(f"missing ')' in '{expr}'")
+            if t in ("ceil_div", "floor_div") and b == 0:
+                raise ValueError(f"division by zero in '{expr}'")
+            return _FUNCS[t](a, b)
         v = lookup(t)
         if v is None:
-            raise ValueError(f"'{t}' is not a known dim, repeat or config key (in '{expr}')")
+            raise ValueError(f"'{t}' is not a known dim, repeat, symbol or config key (in '{expr}')")
         return v
 
-    total, sign, i = 0, 1, 0
-    while i < len(toks):
-        acc = term(toks[i])
-        i += 1
-        while i + 1 < len(toks) and toks[i] in ("*", "/"):
-            rhs = term(toks[i + 1])
-            if toks[i] == "*":
+    def product() -> int:
+        acc = atom()
+        while peek() in ("*", "/"):
+            op = take()
+            rhs = atom()
+            if op == "*":
                 acc *= rhs
             else:
                 if rhs == 0 or acc % rhs != 0:
                     raise ValueError(f"'{expr}': {acc} is not divisible by {rhs}")
                 acc //= rhs
-            i += 2
-        total += sign * acc
-        if i < len(toks):
-            if toks[i] == "+":
-                sign = 1
-            elif toks[i] == "-":
-                sign = -1
-            else:
-                raise ValueError(f"unexpected '{toks[i]}' in '{expr}'")
-            i += 1
-            if i >= len(toks):
-                raise ValueError(f"dangling operator in '{expr}'")
-    return total
+        return acc
+
+    def additive() -> int:
+        acc = product()
+        while peek() in ("+", "-"):
+            op = take()
+            rhs = product()
+            acc = acc + rhs if op == "+" else acc - rhs
+        return acc
+
+    value = additive()
+    if pos != len(toks):
+        raise ValueError(f"unexpected '{toks[pos]}' in '{expr}'")
+    return value
 
 
 @dataclass
@@ -120,6 +182,7 @@ class Reference:
     hook: str  # "forward" (module output) or "pre" (module input)
     index: int  # tuple index into the output / positional inputs; 0 on a bare tensor = the tensor
     transform: list[str]
+    kwarg: Optional[str] = None  # pre-hook: capture this keyword argument instead of `index`
 
 
 @dataclass
@@ -135,45 +198,100 @@ class Checkpoint:
     reference: Reference
     layer: Optional[int]
     order: int
+    producer: str = ""
+    inputs: list[str] = field(default_factory=list)  # checkpoint names, `@prefill`/`@previous` kept
 
 
 @dataclass
 class Contract:
+    """A contract resolved against one config."""
+
     family: str
     hf_class: Optional[str]
     dims: dict[str, int]
     repeats: dict[str, int]
+    lists: dict[str, list[int]] = field(default_factory=dict)
+    symbols: dict[str, str] = field(default_factory=dict)
     checkpoints: list[Checkpoint] = field(default_factory=list)
 
     def by_name(self) -> dict[str, Checkpoint]:
         return {c.name: c for c in self.checkpoints}
 
+    def get(self, name: str) -> Checkpoint:
+        for c in self.checkpoints:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+
+def _reference(raw: dict, tpl: str, err: Callable[[str], ContractError]) -> tuple[dict, list[str], int]:
+    ref = raw.get("reference")
+    if not isinstance(ref, dict) or "module" not in ref or "hook" not in ref:
+        raise err(f"'{tpl}': no usable 'reference' (need module and hook)")
+    if ref["hook"] not in HOOKS:
+        raise err(f"'{tpl}': reference hook {ref['hook']!r} is not one of {HOOKS}")
+    transforms = list(ref.get("transform") or [])
+    for t in transforms:
+        if t not in TRANSFORMS:
+            raise err(f"'{tpl}': unknown reference transform {t!r} (known: {TRANSFORMS})")
+    index = ref.get("index", 0)
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise err(f"'{tpl}': reference index {index!r} must be a non-negative integer")
+    if "kwarg" in ref and (ref["hook"] != "pre" or not isinstance(ref["kwarg"], str)):
+        raise err(f"'{tpl}': reference kwarg needs hook 'pre' and a keyword name")
+    return ref, transforms, index
+
 
 def resolve(data: dict, config: dict) -> Contract:
-    """Resolve a parsed contract against a model config (config.json as a dict)."""
+    """Resolve a parsed contract against a model config (config.json as a dict). Fails closed on
+    anything unknown: a missing config key, an inexact division, a bad step/layout/hook/transform,
+    a negative expansion, a duplicate name, an input naming no checkpoint."""
+    data = load_contract_text(data)
     fam = data.get("family", "?")
 
     def err(msg: str) -> ContractError:
         return ContractError(f"contract '{fam}': {msg}")
 
+    def ev(what: str, expr: str, lookup: Callable[[str], Optional[int]]) -> int:
+        try:
+            return eval_expr(expr, lookup)
+        except ValueError as x:
+            raise err(f"{what}: {x}") from None
+
     dims: dict[str, int] = {}
     for k, e in (data.get("dims") or {}).items():
-        try:
-            v = eval_expr(e, lambda t: _config_int(config, t))
-        except ValueError as x:
-            raise err(f"dim '{k}': {x}") from None
+        v = ev(f"dim '{k}'", e, lambda t: _config_int(config, t))
         if v <= 0:
             raise err(f"dim '{k}' = {e} = {v} must be positive")
         dims[k] = v
     repeats: dict[str, int] = {}
     for k, e in (data.get("repeats") or {}).items():
-        try:
-            v = eval_expr(e, lambda t: _config_int(config, t) if _config_int(config, t) is not None else dims.get(t))
-        except ValueError as x:
-            raise err(f"repeat '{k}': {x}") from None
+        v = ev(f"repeat '{k}'", e, lambda t: _config_int(config, t) if _config_int(config, t) is not None else dims.get(t))
         if v <= 0:
             raise err(f"repeat '{k}' = {v} must be positive")
         repeats[k] = v
+
+    def base_lookup(t: str) -> Optional[int]:
+        if t.startswith("last:"):
+            r = repeats.get(t[5:].strip())
+            return None if r is None else r - 1
+        for table in (repeats, dims):
+            if t in table:
+                return table[t]
+        return _config_int(config, t)
+
+    lists: dict[str, list[int]] = {}
+    for k, spec in (data.get("lists") or {}).items():
+        raw_list = config_value(config, spec.get("config", ""))
+        if not isinstance(raw_list, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in raw_list):
+            raise err(f"list '{k}': config key '{spec.get('config')}' is not an integer list")
+        wrap = ev(f"list '{k}' wrap", spec.get("wrap", ""), base_lookup)
+        wrapped = []
+        for x in raw_list:
+            if not -wrap <= x < wrap:
+                raise err(f"list '{k}': element {x} outside [-{wrap}, {wrap})")
+            wrapped.append(x % wrap)
+        lists[k] = wrapped
 
     out: list[Checkpoint] = []
     for raw in data.get("checkpoints") or []:
@@ -186,57 +304,72 @@ def resolve(data: dict, config: dict) -> Contract:
         layout = raw.get("layout")
         if layout not in LAYOUTS:
             raise err(f"'{tpl}': layout {layout!r} is not one of {LAYOUTS}")
-        ref = raw.get("reference")
-        if not isinstance(ref, dict) or "module" not in ref or "hook" not in ref:
-            raise err(f"'{tpl}': no usable 'reference' (need module and hook)")
-        if ref["hook"] not in HOOKS:
-            raise err(f"'{tpl}': reference hook {ref['hook']!r} is not one of {HOOKS}")
-        transforms = list(ref.get("transform") or [])
-        for t in transforms:
-            if t not in TRANSFORMS:
-                raise err(f"'{tpl}': unknown reference transform {t!r} (known: {TRANSFORMS})")
-        index = ref.get("index", 0)
-        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            raise err(f"'{tpl}': reference index {index!r} must be a non-negative integer")
+        ref, transforms, index = _reference(raw, tpl, err)
 
-        if raw.get("repeat") is not None:
-            rep = raw["repeat"]
+        rep = raw.get("repeat")
+        layers: list[Optional[int]] = [None]
+        if rep is not None:
             if rep not in repeats:
                 raise err(f"'{tpl}' repeats over unknown '{rep}'")
-            layers: list[Optional[int]] = list(range(repeats[rep]))
-        else:
-            layers = [None]
+            start, end = 0, repeats[rep]
+            if "range" in raw:
+                start, end = (ev(f"range of '{tpl}'", e, base_lookup) for e in raw["range"])
+                if not 0 <= start <= end <= repeats[rep]:
+                    raise err(f"'{tpl}' range [{start}, {end}) outside [0, {repeats[rep]})")
+            layers = list(range(start, end))
+        elif "range" in raw:
+            raise err(f"'{tpl}' has a range but no repeat")
+        first_layer = layers[0] if layers else None
+
         for layer in layers:
 
-            def lookup(t: str, layer=layer) -> Optional[int]:
-                if t == "layer":
-                    return layer
-                if t.startswith("last:"):
-                    n = repeats.get(t[5:].strip())
-                    return None if n is None else n - 1
-                if t in repeats:
-                    return repeats[t]
-                if t in dims:
-                    return dims[t]
-                return _config_int(config, t)
+            def expand(s: str, each: Optional[int] = None, _layer: Optional[int] = layer) -> Optional[str]:
+                """`s` with every `{expr}` evaluated; None when one is negative."""
 
-            def expand(s: str) -> str:
+                def lookup(t: str) -> Optional[int]:
+                    if t == "layer":
+                        return _layer
+                    if t.startswith("each:"):
+                        return each
+                    return base_lookup(t)
+
                 res, rest = "", s
                 while "{" in rest:
                     o = rest.index("{")
                     c = rest.find("}", o)
                     if c < 0:
                         raise err(f"unclosed '{{' in '{s}'")
-                    try:
-                        v = eval_expr(rest[o + 1 : c], lookup)
-                    except ValueError as x:
-                        raise err(f"'{s}': {x}") from None
+                    v = ev(f"'{s}'", rest[o + 1 : c], lookup)
                     if v < 0:
-                        raise err(f"'{s}' expands to a negative index")
+                        return None
                     res += rest[:o] + str(v)
                     rest = rest[c + 1 :]
                 return res + rest
 
+            name = expand(tpl)
+            if name is None:
+                raise err(f"'{tpl}' expands to a negative index")
+            module = expand(ref["module"])
+            if module is None:
+                raise err(f"reference module of '{name}' expands to a negative index")
+            producer = expand(raw.get("producer", ""))
+            if producer is None:
+                raise err(f"producer of '{name}' expands to a negative index")
+            if layer is not None and layer == first_layer and "inputs_at_first" in raw:
+                tpl_inputs = raw["inputs_at_first"]
+            else:
+                tpl_inputs = raw.get("inputs") or []
+            inputs: list[str] = []
+            for itpl in tpl_inputs:
+                m = re.search(r"each:([A-Za-z_][A-Za-z0-9_]*)", itpl)
+                if m and m.group(1) not in lists:
+                    raise err(f"input '{itpl}' of '{name}' uses unknown list '{m.group(1)}'")
+                for el in lists[m.group(1)] if m else [None]:
+                    n = expand(itpl, el)
+                    if n is None:
+                        raise err(f"input '{itpl}' of '{name}' expands to a negative layer; declare inputs_at_first")
+                    if n not in inputs:
+                        inputs.append(n)
             shape: list = []
             for d in raw.get("shape") or []:
                 d = str(d)
@@ -248,19 +381,26 @@ def resolve(data: dict, config: dict) -> Contract:
                     shape.append(d)
             out.append(
                 Checkpoint(
-                    name=expand(tpl),
+                    name=name,
                     template=tpl,
                     steps=steps,
                     shape=shape,
                     layout=layout,
                     kind=raw.get("kind"),
-                    reference=Reference(expand(ref["module"]), ref["hook"], index, transforms),
+                    reference=Reference(module, ref["hook"], index, transforms, ref.get("kwarg")),
                     layer=layer,
                     order=len(out),
+                    producer=producer,
+                    inputs=inputs,
                 )
             )
     names = [c.name for c in out]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise err(f"checkpoint names expand to duplicates: {sorted(dup)}")
-    return Contract(fam, data.get("hf_class"), dims, repeats, out)
+    known = set(names)
+    for c in out:
+        for i in c.inputs:
+            if i.split("@")[0] not in known:
+                raise err(f"'{c.name}' lists unknown input checkpoint '{i}'")
+    return Contract(fam, data.get("hf_class"), dims, repeats, lists, dict(data.get("symbols") or {}), out)

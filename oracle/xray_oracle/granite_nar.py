@@ -689,7 +689,7 @@ def run_granite_nar(
         if bad:
             raise GraniteNarInputError(f"teacher_hypothesis: ids {bad} outside [0, {vocab})")
     audio, audio_bytes = read_wav(audio_path)
-    resolved = gc.resolve(gc.load_contract(contract_json), raw_config)
+    resolved = gc.resolve(gc.load_contract_text(contract_json), raw_config)
     if resolved.family != FAMILY:
         raise GraniteNarInputError(f"contract family '{resolved.family}' is not '{FAMILY}'")
     checkpoints = _select(resolved.checkpoints, only)

@@ -7,8 +7,9 @@ use xray_harness::localize::{localize, Observed, Status};
 #[test]
 fn whisper_contract_expands_into_a_step_major_dag() {
     let g = common::whisper_graph(4, 4, &[0, 1, 2]);
-    // Step 0: mel, conv1, conv2, 4 encoder layers, memory, 4 x 6 decoder, logits; later steps 4 x 4 + 1.
-    assert_eq!(g.len(), (3 + 4 + 1 + 24 + 1) + 2 * (16 + 1));
+    // Step 0: mel, conv1, conv2, 4 encoder layers, memory, 4 x 7 decoder, logits; later steps
+    // 4 x 5 + 1 (no cross K/V: the projection cache is made once, at prefill).
+    assert_eq!(g.len(), (3 + 4 + 1 + 28 + 1) + 2 * (20 + 1));
     assert!(g.nodes().windows(2).all(|w| w[0].step <= w[1].step));
     let ids = |i: usize| -> Vec<String> {
         g.nodes()[i]
@@ -37,7 +38,22 @@ fn whisper_contract_expands_into_a_step_major_dag() {
         .unwrap();
     assert_eq!(
         ids(sa),
-        ["audio.decoder.layer.0.self_attention.output@step0"]
+        [
+            "audio.decoder.layer.0.self_attention.probs@step1",
+            "audio.decoder.layer.0.self_attention.output@step0"
+        ]
+    );
+    // The attention probabilities at a decode step hang off the previous layer at this step and
+    // their own previous step (the self-attention cache is not a checkpoint).
+    let p2 = g
+        .find("audio.decoder.layer.2.self_attention.probs", 1)
+        .unwrap();
+    assert_eq!(
+        ids(p2),
+        [
+            "audio.decoder.layer.1.out@step1",
+            "audio.decoder.layer.2.self_attention.probs@step0"
+        ]
     );
     let enc0 = g.find("audio.encoder.layer.0.out", 0).unwrap();
     assert_eq!(ids(enc0), ["audio.encoder.conv2.out@step0"]);

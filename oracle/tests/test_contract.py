@@ -32,7 +32,7 @@ def test_tiny_en_expansion():
     assert c.dims == {"mel_bins": 80, "mel_frames": 3000, "enc_tokens": 1500, "d_model": 384, "heads": 6,
                       "head_dim": 64, "vocab": 51864}
     names = [x.name for x in c.checkpoints]
-    assert len(names) == 4 + 4 + 6 * 4 + 1  # once: mel, conv1, conv2, memory; 4 encoder layers; 6 per decoder layer; logits
+    assert len(names) == 4 + 4 + 7 * 4 + 1  # once: mel, conv1, conv2, memory; 4 encoder layers; 7 per decoder layer; logits
     ck = c.by_name()["audio.decoder.layer.3.cross_attention.output"]
     assert ck.shape == [6, "tokens", 64] and ck.layout == "head_major" and ck.steps == "every"
     assert ck.reference.module == "model.decoder.layers.3.encoder_attn.out_proj" and ck.reference.hook == "pre"

@@ -37,11 +37,13 @@ def expected_shapes(config: dict, tokens_at_step) -> dict:
     for i in range(config["decoder_layers"]):
         p = f"audio.decoder.layer.{i}"
         prefill[f"{p}.cross_k"] = prefill[f"{p}.cross_v"] = [h, src, d // h]
-        every[f"{p}.self_attention.output"] = lambda T: [T, d]
-        every[f"{p}.cross_attention.output"] = lambda T, h=h: [h, T, d // h]
-        every[f"{p}.cross_attention.out_proj"] = lambda T: [T, d]
-        every[f"{p}.out"] = lambda T: [T, d]
-    every["audio.decoder.logits"] = lambda T: [T, V]
+        # Self-attention probabilities: keys are every position so far (prefix 2 + step k).
+        every[f"{p}.self_attention.probs"] = lambda T, k, h=h: [h, T, 2 + k]
+        every[f"{p}.self_attention.output"] = lambda T, k: [T, d]
+        every[f"{p}.cross_attention.output"] = lambda T, k, h=h: [h, T, d // h]
+        every[f"{p}.cross_attention.out_proj"] = lambda T, k: [T, d]
+        every[f"{p}.out"] = lambda T, k: [T, d]
+    every["audio.decoder.logits"] = lambda T, k: [T, V]
     return once, prefill, every
 
 
@@ -55,7 +57,7 @@ def check_complete(res: dict, model_dir, dtype=np.float32):
     want = {(n, 0): s for n, s in {**once, **prefill}.items()}
     for n, f in every.items():
         for k in range(steps):
-            want[(n, k)] = f(2 if k == 0 else 1)
+            want[(n, k)] = f(2 if k == 0 else 1, k)
     assert set(got) == set(want)
     for key, shape in want.items():
         a = got[key]["array"]
@@ -93,6 +95,11 @@ def test_tiny_en_fox_all_checkpoints(contract_text):
     # (a) step 0 logits cover every prefix position; (c) cross K/V are computed at step 0 only
     assert got[("audio.decoder.logits", 0)]["array"].shape == (2, 51864)
     assert ("audio.decoder.layer.0.cross_k", 1) not in got
+    # (d) self-attention probabilities: rows sum to 1; the prefill's future key is masked to exactly 0
+    for k in range(steps):
+        pr = got[("audio.decoder.layer.1.self_attention.probs", k)]["array"]
+        assert np.allclose(pr.sum(-1), 1.0, atol=1e-5)
+    assert (got[("audio.decoder.layer.0.self_attention.probs", 0)]["array"][:, 0, 1] == 0.0).all()
     assert res["step_tokens"][0] == [SOT, NOTS] and all(len(t) == 1 for t in res["step_tokens"][1:])
     assert res["tools"]["transformers"] == "5.24.0" and len(res["weights_sha256"]) == 64
     # mel is the log-mel WhisperFeatureExtractor makes: in [-1.5, 1.5] after (x + 4) / 4
@@ -237,6 +244,6 @@ def test_dump_cli_round_trip(tmp_path):
     m = d.manifest
     assert m["producer"] == "oracle" and m["family"] == "whisper" and m["tokens"][:2] == [SOT, NOTS]
     assert m["tools"]["torch"].startswith("2.11") and m["weights_sha256"] and m["audio_sha256"]
-    assert len(d.checkpoints) == (4 + 3) + 2 * 2 + 2 * (4 * 2 + 1)  # once + prefill (cross K/V) + 2 steps x every
+    assert len(d.checkpoints) == (4 + 3) + 2 * 2 + 2 * (5 * 2 + 1)  # once + prefill (cross K/V) + 2 steps x every (5 per layer)
     assert d.get("audio.decoder.layer.1.cross_attention.output", 1).array.shape == (3, 1, 32)
     assert main(argv) == 2  # exists, no --force

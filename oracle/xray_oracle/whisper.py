@@ -172,6 +172,12 @@ class _Recorder:
                     f"checkpoint {ckpt.name}: {ref.module} {what} has {len(value)} elements, contract index is {ref.index}"
                 )
             t = value[ref.index]
+            if t is None:
+                raise CaptureError(
+                    f"checkpoint {ckpt.name}: {ref.module} {what}[{ref.index}] is None; HF returns attention "
+                    "probabilities only with attn_implementation='eager' (select other checkpoints with `only` "
+                    "to run sdpa)"
+                )
         elif torch.is_tensor(value):
             # A module returning a bare tensor (WhisperEncoderLayer, WhisperDecoderLayer, nn.Linear):
             # index 0 means the tensor itself.
@@ -385,8 +391,13 @@ def _verify_and_collect(rec: _Recorder, contract: Contract, selected: list[Check
                     expected.append(dim)
                 elif dim == "tokens":
                     expected.append(tokens)
+                elif dim == "past+tokens":
+                    # Self-attention keys: every position so far (the cache plus this step's).
+                    expected.append(prefix_len + s)
                 else:
-                    raise ContractError(f"checkpoint {ckpt.name}: shape symbol {dim!r} is neither a dim nor 'tokens'")
+                    raise ContractError(
+                        f"checkpoint {ckpt.name}: shape symbol {dim!r} is neither a dim, 'tokens' nor 'past+tokens'"
+                    )
             if list(a.shape) != expected:
                 raise CaptureError(
                     f"checkpoint {ckpt.name}@step{s}: HF gives shape {list(a.shape)}, the contract says "

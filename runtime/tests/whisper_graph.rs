@@ -43,6 +43,7 @@ fn cross_graph(with_transform: bool) -> Result<xray_runtime::Graph, RuntimeError
             scale: 0.5,
             causal: false,
             strategy: MatmulStrategy::RowStable,
+            probs: false,
         }),
         &[q, k, v],
         &[],

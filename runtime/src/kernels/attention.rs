@@ -29,6 +29,10 @@ pub struct Attention {
     /// `gemm`: two sgemm per head (encoder, long rows); `row_stable`: fixed-order dot products per
     /// query row (decoder).
     pub strategy: MatmulStrategy,
+    /// Also output the attention probabilities `[H, T, S]` (port `probs`, head-major; masked keys
+    /// are exactly 0), HF eager attention's `attn_weights`. The decoder's self-attention exposes
+    /// them as a checkpoint, where a mask bug shows as the `mask` signature.
+    pub probs: bool,
 }
 
 impl Kernel for Attention {
@@ -43,7 +47,11 @@ impl Kernel for Attention {
         ]
     }
     fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::HeadMajor)]
+        let mut o = vec![port("y", Layout::HeadMajor)];
+        if self.probs {
+            o.push(port("probs", Layout::HeadMajor));
+        }
+        o
     }
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         for (s, n) in inputs.iter().zip(["q", "k", "v"]) {
@@ -53,11 +61,19 @@ impl Kernel for Attention {
         same_dim(&inputs[0][0], &inputs[2][0], "heads of q and v")?;
         same_dim(&inputs[0][2], &inputs[1][2], "head_dim of q and k")?;
         same_dim(&inputs[1][1], &inputs[2][1], "keys of k and v")?;
-        Ok(vec![vec![
+        let mut o = vec![vec![
             inputs[0][0].clone(),
             inputs[0][1].clone(),
             inputs[2][2].clone(),
-        ]])
+        ]];
+        if self.probs {
+            o.push(vec![
+                inputs[0][0].clone(),
+                inputs[0][1].clone(),
+                inputs[1][1].clone(),
+            ]);
+        }
+        Ok(o)
     }
     fn run(
         &self,
@@ -84,6 +100,11 @@ impl Kernel for Attention {
         let k = data(inputs[1], "k")?;
         let v = data(inputs[2], "v")?;
         let mut out = vec![0f32; h * t * dv];
+        let mut probs = if self.probs {
+            vec![0f32; h * t * s]
+        } else {
+            Vec::new()
+        };
         match self.strategy {
             MatmulStrategy::Gemm => {
                 // Blocks of query rows whose score rows stay in L2 between the two products.
@@ -118,6 +139,10 @@ impl Kernel for Attention {
                                 row[n..].fill(0.0);
                             }
                         });
+                        if self.probs {
+                            let at = (hi * t + t0) * s;
+                            probs[at..at + rows * s].copy_from_slice(sc);
+                        }
                         sgemm(
                             rows,
                             s,
@@ -136,6 +161,7 @@ impl Kernel for Attention {
             MatmulStrategy::RowStable => {
                 let parts = par_ranges(h, t * s * (d + dv), |heads| {
                     let mut part = vec![0f32; heads.len() * t * dv];
+                    let mut ppart = vec![0f32; if self.probs { heads.len() * t * s } else { 0 }];
                     let mut qrow = vec![0f32; d];
                     let mut sc = vec![0f32; s];
                     for (j, hi) in heads.enumerate() {
@@ -145,22 +171,36 @@ impl Kernel for Attention {
                             let o = &mut part[(j * t + ti) * dv..(j * t + ti + 1) * dv];
                             let kh = &k[hi * s * d..(hi + 1) * s * d];
                             let vh = &v[hi * s * dv..(hi + 1) * s * dv];
-                            simd::attend_row(&qrow, kh, vh, valid(ti), &mut sc, o);
+                            let n = valid(ti);
+                            simd::attend_row(&qrow, kh, vh, n, &mut sc, o);
+                            if self.probs {
+                                // Keys past `n` keep probability 0 (masked).
+                                let at = (j * t + ti) * s;
+                                ppart[at..at + n].copy_from_slice(&sc[..n]);
+                            }
                         }
                     }
-                    part
+                    (part, ppart)
                 });
-                let mut off = 0;
-                for p in parts {
+                let (mut off, mut poff) = (0, 0);
+                for (p, pp) in parts {
                     out[off..off + p.len()].copy_from_slice(&p);
                     off += p.len();
+                    if self.probs {
+                        probs[poff..poff + pp.len()].copy_from_slice(&pp);
+                        poff += pp.len();
+                    }
                 }
             }
         }
-        Ok(vec![tensor(&[h, t, dv], out)?])
+        let mut outs = vec![tensor(&[h, t, dv], out)?];
+        if self.probs {
+            outs.push(tensor(&[h, t, s], probs)?);
+        }
+        Ok(outs)
     }
     fn params(&self) -> serde_json::Value {
-        serde_json::json!({"scale": self.scale, "causal": self.causal, "strategy": self.strategy})
+        serde_json::json!({"scale": self.scale, "causal": self.causal, "strategy": self.strategy, "probs": self.probs})
     }
     fn with_param_fault(&self, fault: &ParamFault) -> Option<Box<dyn Kernel>> {
         match fault {

@@ -290,6 +290,7 @@ pub fn build(
                 scale: escale,
                 causal: false,
                 strategy: gemm,
+                probs: false,
             }),
             &heads,
             &[],
@@ -510,18 +511,23 @@ pub fn build(
         )?[0];
         g.output(k_all);
         g.output(v_all);
-        let sa = g.op1(
+        let sa_out = g.op(
             &format!("{p}.self_attn"),
             Box::new(Attention {
                 scale: dscale,
                 causal: true,
                 strategy: stable,
+                probs: true,
             }),
             &[hm[0], k_all, v_all],
             &[],
-            shape![dh, "tokens", dhd],
-            Layout::HeadMajor,
+            vec![
+                crate::graph::Out::new(shape![dh, "tokens", dhd], Layout::HeadMajor),
+                crate::graph::Out::new(shape![dh, "tokens", "past+tokens"], Layout::HeadMajor),
+            ],
         )?;
+        let sa = sa_out[0];
+        g.checkpoint(sa_out[1], &format!("audio.{p}.self_attention.probs"))?;
         let sm = g.op1(
             &format!("{p}.self_merge_heads"),
             Box::new(MergeHeads),
@@ -633,6 +639,7 @@ pub fn build(
                 scale: dscale,
                 causal: false,
                 strategy: stable,
+                probs: false,
             }),
             &[cqh, ckh, cvh],
             &[],

@@ -1,11 +1,12 @@
 //! The weight table (state): HF safetensors loaded by state-dict name, f32/f16/bf16 on disk,
 //! f32 in memory. The graph checks it with [`crate::graph::Graph::check_weights`].
 //!
-//! A table can also hold *exact f16 mirrors*: for a tensor whose every value is exactly
-//! representable in IEEE half precision, the same values stored in 16 bits. Widening an f16 to
-//! f32 is exact, so a kernel that reads the mirror and widens computes the same bits as from the
-//! f32 tensor while reading half the memory (the memory-bound decode-step GEMVs). A tensor with
-//! even one value that does not round-trip gets no mirror; replacing a tensor drops its mirror.
+//! A table can also hold *exact f16 mirrors*: for a 2-D tensor whose every value is exactly
+//! representable in IEEE half precision, the same values stored in 16 bits, in the block layout
+//! the row-stable GEMV reads (`kernels::simd::pack_f16_rows`). Widening an f16 to f32 is exact,
+//! so a kernel that reads the mirror and widens computes the same bits as from the f32 tensor
+//! while reading half the memory (the memory-bound decode-step GEMVs). A tensor with even one
+//! value that does not round-trip gets no mirror; replacing a tensor drops its mirror.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -123,9 +124,9 @@ impl Weights {
     }
 
     /// Build exact f16 mirrors for `keys` (unknown keys are skipped: the graph's weight check
-    /// reports those). A tensor gets a mirror only when every value is finite and widens back to
-    /// the same f32 bits (no NaN, no infinity, nothing outside f16's range or precision). Returns how many
-    /// of the keys have a mirror afterwards.
+    /// reports those). A tensor gets a mirror only when it is 2-D and every value is finite and
+    /// widens back to the same f32 bits (no NaN, no infinity, nothing outside f16's range or
+    /// precision). Returns how many of the keys have a mirror afterwards.
     pub fn mirror_f16<'a>(&mut self, keys: impl IntoIterator<Item = &'a str>) -> usize {
         let mut n = 0;
         for key in keys {
@@ -136,15 +137,20 @@ impl Weights {
             let Some(t) = self.tensors.get(key) else {
                 continue;
             };
+            let &[rows, cols] = t.shape() else {
+                continue;
+            };
             if let Some(m) = exact_f16(t.iter().copied()) {
-                self.f16.insert(key.to_string(), m);
+                let packed = crate::kernels::simd::pack_f16_rows(&m, rows, cols);
+                self.f16.insert(key.to_string(), packed);
                 n += 1;
             }
         }
         n
     }
 
-    /// The exact f16 mirror of a tensor (row-major, the tensor's shape), if one was built.
+    /// The exact f16 mirror of a 2-D tensor, in the row-stable GEMV's block layout
+    /// (`kernels::simd::pack_f16_rows`), if one was built.
     pub fn f16(&self, key: &str) -> Option<&[u16]> {
         self.f16.get(key).map(|v| v.as_slice())
     }
@@ -175,9 +181,10 @@ fn exact_f16(vals: impl Iterator<Item = f32>) -> Option<Vec<u16>> {
 mod tests {
     use super::*;
 
+    /// One row: the block layout keeps it in order.
     fn table(vals: Vec<f32>) -> Weights {
         let n = vals.len();
-        let t = ArrayD::from_shape_vec(IxDyn(&[n]), vals).unwrap();
+        let t = ArrayD::from_shape_vec(IxDyn(&[1, n]), vals).unwrap();
         Weights::from_map("mem", [("w".to_string(), t)].into_iter().collect())
     }
 
@@ -204,10 +211,17 @@ mod tests {
         assert!(w.f16("w").is_some());
         w.insert(
             "w",
-            ArrayD::from_shape_vec(IxDyn(&[2]), vec![0.25, 0.75]).unwrap(),
+            ArrayD::from_shape_vec(IxDyn(&[1, 2]), vec![0.25, 0.75]).unwrap(),
         );
         assert!(w.f16("w").is_none());
         assert_eq!(w.mirror_f16(["w"]), 1);
         assert!(w.without_f16_mirrors().f16("w").is_none());
+        // Only matrices are mirrored (biases and norms are read in f32).
+        let mut v = table(vec![]);
+        v.insert(
+            "b",
+            ArrayD::from_shape_vec(IxDyn(&[2]), vec![0.25, 0.75]).unwrap(),
+        );
+        assert_eq!(v.mirror_f16(["b"]), 0);
     }
 }

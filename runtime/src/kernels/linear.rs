@@ -97,7 +97,7 @@ impl Kernel for Linear {
                     let (n0, n1) = ((r.start * 4).min(n), (r.end * 4).min(n));
                     let mut part = vec![0f32; m * (n1 - n0)];
                     match w16 {
-                        Some(h) => simd::gemm_nt_rows_f16(x, h, b, k, m, n0, n1, &mut part),
+                        Some(h) => simd::gemm_nt_rows_f16(x, h, n, b, k, m, n0, n1, &mut part),
                         None => simd::gemm_nt_rows(x, w, b, k, m, n0, n1, &mut part),
                     }
                     (n0, n1, part)

@@ -5,10 +5,13 @@
 /// Lanes of the dot-product accumulators (two 8-wide vectors).
 const L: usize = 16;
 
-/// How many weight rows ahead the row-stable GEMV prefetches (two blocks of four: measured on
-/// the tiny.en logits projection, 51864 x 384 in f16, 5.4 -> 4.2 ms on one thread).
+/// How many weight rows ahead the row-stable f32 GEMV prefetches (two blocks of four).
 #[cfg(target_arch = "x86_64")]
 const PREFETCH_ROWS: usize = 8;
+
+/// How far ahead the packed f16 GEMV prefetches (its blocks are one sequential stream).
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_BYTES: usize = 4096;
 
 /// The scalar definition of every primitive. The AVX2 versions perform the same IEEE operations
 /// per lane in the same order (no fused multiply-add), so both give the same bits.
@@ -205,33 +208,26 @@ mod avx2 {
         s
     }
 
-    /// Four dot products of `x` with rows `w[0..4]` sharing the loads of `x`; `$ld8(row, k)`
-    /// loads 8 lanes of a row as f32, `$at(row, i)` one element. Same operations and order as
-    /// [`dot`] (the loads only widen, which is exact).
+    /// Four dot products of `x` with four weight rows held in `$w`, sharing the loads of `x`:
+    /// `$ld8($w, j, k)` loads lanes `k..k + 8` of row `j` as f32, `$at($w, j, i)` one element,
+    /// `$pf($w, k)` prefetches ahead (a hint only: it never faults nor changes a result). Same
+    /// operations and order as [`dot`] (the loads only widen, which is exact).
     macro_rules! dot4_body {
-        ($x:expr, $w:expr, $ld8:expr, $at:expr) => {{
+        ($x:expr, $w:expr, $ld8:ident, $at:ident, $pf:ident) => {{
             let (x, w) = ($x, $w);
             let n = x.len();
             let full = n / 16 * 16;
             let z = _mm256_setzero_ps();
             let mut acc = [z; 8];
             let mut k = 0;
-            // Rows are consecutive in W: prefetch the same offset PREFETCH_ROWS rows ahead (a
-            // hint only: it never faults and does not change a result).
-            let ahead = super::PREFETCH_ROWS * n;
             while k < full {
                 let x0 = ld(x, k);
                 let x1 = ld(x, k + 8);
+                $pf(w, k);
                 for j in 0..4 {
-                    _mm_prefetch(
-                        w[j].as_ptr().wrapping_add(k + ahead) as *const i8,
-                        _MM_HINT_T0,
-                    );
-                }
-                for j in 0..4 {
-                    acc[2 * j] = _mm256_add_ps(acc[2 * j], _mm256_mul_ps(x0, $ld8(w[j], k)));
+                    acc[2 * j] = _mm256_add_ps(acc[2 * j], _mm256_mul_ps(x0, $ld8(w, j, k)));
                     acc[2 * j + 1] =
-                        _mm256_add_ps(acc[2 * j + 1], _mm256_mul_ps(x1, $ld8(w[j], k + 8)));
+                        _mm256_add_ps(acc[2 * j + 1], _mm256_mul_ps(x1, $ld8(w, j, k + 8)));
                 }
                 k += 16;
             }
@@ -239,7 +235,7 @@ mod avx2 {
             for j in 0..4 {
                 let mut s = reduce(acc[2 * j], acc[2 * j + 1]);
                 for i in full..n {
-                    s += x[i] * $at(w[j], i);
+                    s += x[i] * $at(w, j, i);
                 }
                 out[j] = s;
             }
@@ -247,28 +243,65 @@ mod avx2 {
         }};
     }
 
+    #[target_feature(enable = "avx,avx2")]
+    #[inline]
+    unsafe fn rows_ld(w: &[&[f32]; 4], j: usize, k: usize) -> __m256 {
+        ld(w[j], k)
+    }
+
+    #[inline(always)]
+    fn rows_at(w: &[&[f32]; 4], j: usize, i: usize) -> f32 {
+        w[j][i]
+    }
+
+    /// Rows are consecutive in W: the same offset PREFETCH_ROWS rows ahead.
+    #[target_feature(enable = "avx,avx2")]
+    #[inline]
+    unsafe fn rows_pf(w: &[&[f32]; 4], k: usize) {
+        let ahead = super::PREFETCH_ROWS * w[0].len();
+        for r in w {
+            _mm_prefetch(r.as_ptr().wrapping_add(k + ahead) as *const i8, _MM_HINT_T0);
+        }
+    }
+
     /// Four [`dot`]s of `x` with rows `w[0..4]`, sharing the loads of `x`.
     #[target_feature(enable = "avx,avx2")]
     pub unsafe fn dot4(x: &[f32], w: [&[f32]; 4]) -> [f32; 4] {
-        dot4_body!(x, w, ld, |r: &[f32], i: usize| r[i])
+        dot4_body!(x, &w, rows_ld, rows_at, rows_pf)
     }
 
-    /// 8 f16 lanes of `p` at `i`, widened to f32 (exact).
+    /// One block of four rows in the packed f16 layout (see [`super::pack_f16_rows`]) and the
+    /// row length.
+    pub struct Block<'a>(pub &'a [u16], pub usize);
+
     #[target_feature(enable = "avx,avx2,f16c")]
     #[inline]
-    unsafe fn ld_f16(p: &[u16], i: usize) -> __m256 {
-        debug_assert!(i + 8 <= p.len());
-        _mm256_cvtph_ps(_mm_loadu_si128(p.as_ptr().add(i) as *const __m128i))
+    unsafe fn packed_ld(b: &Block, j: usize, k: usize) -> __m256 {
+        let off = super::packed_offset(b.1, j, k);
+        debug_assert!(off + 8 <= b.0.len());
+        _mm256_cvtph_ps(_mm_loadu_si128(b.0.as_ptr().add(off) as *const __m128i))
     }
 
-    /// [`dot4`] with rows given as exact f16 bit patterns: the same bits as [`dot4`] on the
-    /// widened rows.
+    #[inline(always)]
+    fn packed_at(b: &Block, j: usize, i: usize) -> f32 {
+        half::f16::from_bits(b.0[super::packed_offset(b.1, j, i)]).to_f32()
+    }
+
+    /// A block is one sequential stream: prefetch PREFETCH_BYTES ahead of this iteration's
+    /// 128 bytes (the next blocks follow in memory).
     #[target_feature(enable = "avx,avx2,f16c")]
-    pub unsafe fn dot4_f16(x: &[f32], w: [&[u16]; 4]) -> [f32; 4] {
-        dot4_body!(x, w, ld_f16, |r: &[u16], i: usize| half::f16::from_bits(
-            r[i]
-        )
-        .to_f32())
+    #[inline]
+    unsafe fn packed_pf(b: &Block, k: usize) {
+        let p = b.0.as_ptr().wrapping_add(4 * k + super::PREFETCH_BYTES / 2) as *const i8;
+        _mm_prefetch(p, _MM_HINT_T0);
+        _mm_prefetch(p.wrapping_add(64), _MM_HINT_T0);
+    }
+
+    /// [`dot4`] with the four rows given as one packed block of exact f16 bit patterns: the
+    /// same bits as [`dot4`] on the widened rows.
+    #[target_feature(enable = "avx,avx2,f16c")]
+    pub unsafe fn dot4_packed(x: &[f32], b: &Block) -> [f32; 4] {
+        dot4_body!(x, b, packed_ld, packed_at, packed_pf)
     }
 
     /// [`super::scalar::weighted_sum`] with 64 output lanes held in registers across the rows
@@ -516,13 +549,58 @@ fn rows4<T>(w: &[T], n: usize, k: usize) -> [&[T]; 4] {
     ]
 }
 
-/// [`gemm_nt_rows`] with `w` given as exact f16 bit patterns (an exact f16 mirror of an f32
-/// weight): widening is exact, so every element has the bits [`gemm_nt_rows`] gives on the f32
-/// weight, at half the memory traffic.
+/// Where element `i` of row `j` (0..4) of a block sits in the packed f16 layout of
+/// [`pack_f16_rows`] for rows of length `k`.
+#[inline(always)]
+fn packed_offset(k: usize, j: usize, i: usize) -> usize {
+    let full = k / 16 * 16;
+    if i < full {
+        (i / 16 * 4 + j) * 16 + i % 16
+    } else {
+        4 * full + j * (k - full) + (i - full)
+    }
+}
+
+/// The layout the row-stable GEMV reads f16 weights in: a row-major `[n, k]` matrix (f16 bits)
+/// regrouped into blocks of four rows, each block one contiguous run of `4 k` values: the first
+/// 16 values of rows 0, 1, 2, 3, then the next 16 of each, ..., then the `k % 16` tail of each
+/// row; the last `n % 4` rows follow row-major. A block is then read as one sequential stream
+/// (four rows read side by side are four streams, which the hardware prefetches worse: 3.6 vs
+/// 2.6 ms for the tiny.en logits projection on one thread).
+pub(crate) fn pack_f16_rows(w: &[u16], n: usize, k: usize) -> Vec<u16> {
+    let mut out = vec![0u16; n * k];
+    let blocks = n / 4;
+    for b in 0..blocks {
+        let blk = &mut out[b * 4 * k..(b + 1) * 4 * k];
+        for j in 0..4 {
+            for (i, &v) in w[(4 * b + j) * k..(4 * b + j + 1) * k].iter().enumerate() {
+                blk[packed_offset(k, j, i)] = v;
+            }
+        }
+    }
+    out[blocks * 4 * k..].copy_from_slice(&w[blocks * 4 * k..n * k]);
+    out
+}
+
+/// Row `r` of a packed matrix ([`pack_f16_rows`]), widened to f32.
+fn unpack_f16_row(w: &[u16], n: usize, k: usize, r: usize) -> Vec<f32> {
+    let f = |h: u16| half::f16::from_bits(h).to_f32();
+    if r < n / 4 * 4 {
+        let blk = &w[r / 4 * 4 * k..(r / 4 + 1) * 4 * k];
+        (0..k).map(|i| f(blk[packed_offset(k, r % 4, i)])).collect()
+    } else {
+        w[r * k..(r + 1) * k].iter().map(|&h| f(h)).collect()
+    }
+}
+
+/// [`gemm_nt_rows`] with `w` an exact f16 mirror of the f32 weight in the packed layout of
+/// [`pack_f16_rows`] (`n` rows in all): widening is exact, so every element has the bits
+/// [`gemm_nt_rows`] gives on the f32 weight, from half the bytes.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm_nt_rows_f16(
     x: &[f32],
     w: &[u16],
+    n: usize,
     bias: Option<&[f32]>,
     k: usize,
     m: usize,
@@ -530,37 +608,46 @@ pub(crate) fn gemm_nt_rows_f16(
     n1: usize,
     out: &mut [f32],
 ) {
-    let widen = |n: usize| -> Vec<f32> {
-        w[n * k..(n + 1) * k]
-            .iter()
-            .map(|&h| half::f16::from_bits(h).to_f32())
-            .collect()
+    let nb = n1 - n0;
+    let in_block = n / 4 * 4;
+    let put = |out: &mut [f32], r: usize, col: usize, d: f32| {
+        out[r * nb + col - n0] = match bias {
+            Some(b) => d + b[col],
+            None => d,
+        };
     };
-    gemm_nt_rows_with(
-        bias,
-        m,
-        n0,
-        n1,
-        out,
-        |n, r| {
-            let xr = &x[r * k..(r + 1) * k];
-            #[cfg(target_arch = "x86_64")]
-            if has_f16c() {
-                let ws = rows4(w, n, k);
-                // SAFETY: runs only when the CPU has AVX, AVX2 and F16C.
-                return unsafe { avx2::dot4_f16(xr, ws) };
+    let mut col = n0;
+    while col < n1 {
+        if col.is_multiple_of(4) && col + 4 <= n1.min(in_block) {
+            let blk = &w[col * k..(col + 4) * k];
+            for r in 0..m {
+                let xr = &x[r * k..(r + 1) * k];
+                #[cfg(target_arch = "x86_64")]
+                let d: [f32; 4] = if has_f16c() {
+                    // SAFETY: runs only when the CPU has AVX, AVX2 and F16C.
+                    unsafe { avx2::dot4_packed(xr, &avx2::Block(blk, k)) }
+                } else {
+                    std::array::from_fn(|j| dot(xr, &unpack_f16_row(w, n, k, col + j)))
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let d: [f32; 4] =
+                    std::array::from_fn(|j| dot(xr, &unpack_f16_row(w, n, k, col + j)));
+                for (j, dj) in d.iter().enumerate() {
+                    put(out, r, col + j, *dj);
+                }
             }
-            let mut d = [0f32; 4];
-            for (j, dj) in d.iter_mut().enumerate() {
-                *dj = dot(xr, &widen(n + j));
+            col += 4;
+        } else {
+            let row = unpack_f16_row(w, n, k, col);
+            for r in 0..m {
+                put(out, r, col, dot(&x[r * k..(r + 1) * k], &row));
             }
-            d
-        },
-        |n, r| dot(&x[r * k..(r + 1) * k], &widen(n)),
-    )
+            col += 1;
+        }
+    }
 }
 
-/// The tiling shared by [`gemm_nt_rows`] and [`gemm_nt_rows_f16`]: columns in blocks of four
+/// The tiling of [`gemm_nt_rows`]: columns in blocks of four
 /// (`dot4(n, r)` = the dots of row `r` with columns `n..n + 4`), the rest one by one
 /// (`dot1(n, r)`), then `+ bias`.
 #[allow(clippy::too_many_arguments)]
@@ -721,43 +808,48 @@ mod tests {
         }
     }
 
-    /// An exact f16 mirror gives the f32 weight's bits on every path: four-column blocks, the
-    /// column tail, several rows, a `k` that is not a multiple of 16, with and without F16C.
+    /// An exact f16 mirror in the packed layout gives the f32 weight's bits on every path:
+    /// four-row blocks, the rows after the last block, column ranges that start mid-block,
+    /// several rows of x, `k` with and without a tail past a multiple of 16.
     #[test]
     fn gemm_rows_f16_equal_f32() {
-        let (m, k, n) = (3, 77, 7);
-        let x = data(m * k, 4);
-        let w: Vec<f32> = data(n * k, 5)
-            .iter()
-            .map(|&v| half::f16::from_f32(v).to_f32())
-            .collect();
-        let w16: Vec<u16> = w
-            .iter()
-            .map(|&v| half::f16::from_f32(v).to_bits())
-            .collect();
-        let b = data(n, 6);
-        for bias in [None, Some(&b[..])] {
-            for (n0, n1) in [(0, n), (1, 6), (4, 7)] {
-                let mut o32 = vec![0f32; m * (n1 - n0)];
-                let mut o16 = vec![1f32; m * (n1 - n0)];
-                gemm_nt_rows(&x, &w, bias, k, m, n0, n1, &mut o32);
-                gemm_nt_rows_f16(&x, &w16, bias, k, m, n0, n1, &mut o16);
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&o32), bits(&o16), "columns {n0}..{n1}");
-                #[cfg(target_arch = "x86_64")]
-                if has_f16c() {
-                    let ws = [
-                        &w16[0..k],
-                        &w16[k..2 * k],
-                        &w16[2 * k..3 * k],
-                        &w16[3 * k..4 * k],
-                    ];
-                    // SAFETY: F16C (and AVX2) checked above.
-                    let d = unsafe { avx2::dot4_f16(&x[..k], ws) };
-                    for (j, dj) in d.iter().enumerate() {
-                        let s = scalar::dot(&x[..k], &w[j * k..(j + 1) * k]);
-                        assert_eq!(dj.to_bits(), s.to_bits(), "dot4_f16 row {j}");
-                    }
+        for (m, k, n) in [(3usize, 77usize, 11usize), (2, 64, 8), (1, 384, 9)] {
+            let x = data(m * k, 4);
+            let w: Vec<f32> = data(n * k, 5)
+                .iter()
+                .map(|&v| half::f16::from_f32(v).to_f32())
+                .collect();
+            let bits16: Vec<u16> = w
+                .iter()
+                .map(|&v| half::f16::from_f32(v).to_bits())
+                .collect();
+            let packed = pack_f16_rows(&bits16, n, k);
+            for r in 0..n {
+                let want: Vec<u32> = w[r * k..(r + 1) * k].iter().map(|v| v.to_bits()).collect();
+                let got: Vec<u32> = unpack_f16_row(&packed, n, k, r)
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect();
+                assert_eq!(got, want, "unpacked row {r}");
+            }
+            let b = data(n, 6);
+            for bias in [None, Some(&b[..])] {
+                for (n0, n1) in [(0, n), (1, n - 2), (4, n), (n - 1, n)] {
+                    let mut o32 = vec![0f32; m * (n1 - n0)];
+                    let mut o16 = vec![1f32; m * (n1 - n0)];
+                    gemm_nt_rows(&x, &w, bias, k, m, n0, n1, &mut o32);
+                    gemm_nt_rows_f16(&x, &packed, n, bias, k, m, n0, n1, &mut o16);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&o32), bits(&o16), "k {k}, columns {n0}..{n1}");
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            if has_f16c() {
+                // SAFETY: F16C (and AVX2) checked above.
+                let d = unsafe { avx2::dot4_packed(&x[..k], &avx2::Block(&packed[..4 * k], k)) };
+                for (j, dj) in d.iter().enumerate() {
+                    let s = scalar::dot(&x[..k], &w[j * k..(j + 1) * k]);
+                    assert_eq!(dj.to_bits(), s.to_bits(), "dot4_packed row {j}");
                 }
             }
         }

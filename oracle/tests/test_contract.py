@@ -33,6 +33,10 @@ def test_tiny_en_expansion():
                       "head_dim": 64, "vocab": 51864}
     names = [x.name for x in c.checkpoints]
     assert len(names) == 4 + 4 + 7 * 4 + 1  # once: mel, conv1, conv2, memory; 4 encoder layers; 7 per decoder layer; logits
+    # Consecutive templates over the same repeat expand layer-major: layer 0's seven, then layer 1's.
+    assert all(".layer.0." in n for n in names[8:15]) and all(".layer.1." in n for n in names[15:22])
+    assert names[8] == "audio.decoder.layer.0.self_attention.probs" and names[-1] == "audio.decoder.logits"
+    assert [x.order for x in c.checkpoints] == list(range(len(names)))
     ck = c.by_name()["audio.decoder.layer.3.cross_attention.output"]
     assert ck.shape == [6, "tokens", 64] and ck.layout == "head_major" and ck.steps == "every"
     assert ck.reference.module == "model.decoder.layers.3.encoder_attn.out_proj" and ck.reference.hook == "pre"

@@ -293,8 +293,19 @@ def resolve(data: dict, config: dict) -> Contract:
             wrapped.append(x % wrap)
         lists[k] = wrapped
 
+    # Consecutive templates repeating over the same key (and range) form a group, expanded
+    # layer-major (layer 0 of each, then layer 1, ...) so the order follows depth, as in
+    # runtime/src/contract.rs and the harness.
+    raws = list(data.get("checkpoints") or [])
+    group: list[int] = []
+    for ti, raw in enumerate(raws):
+        same = ti > 0 and raw.get("repeat") is not None and (
+            raws[ti - 1].get("repeat") == raw.get("repeat") and raws[ti - 1].get("range") == raw.get("range")
+        )
+        group.append(group[-1] if same else (group[-1] + 1 if group else 0))
+    keys: list[tuple[int, int, int]] = []
     out: list[Checkpoint] = []
-    for raw in data.get("checkpoints") or []:
+    for ti, raw in enumerate(raws):
         tpl = raw.get("name")
         if not isinstance(tpl, str):
             raise err(f"a checkpoint has no name: {raw!r}")
@@ -379,6 +390,7 @@ def resolve(data: dict, config: dict) -> Contract:
                     shape.append(dims[d])
                 else:
                     shape.append(d)
+            keys.append((group[ti], layer or 0, ti))
             out.append(
                 Checkpoint(
                     name=name,
@@ -394,6 +406,9 @@ def resolve(data: dict, config: dict) -> Contract:
                     inputs=inputs,
                 )
             )
+    out = [c for _, c in sorted(zip(keys, out), key=lambda kc: kc[0])]
+    for i, c in enumerate(out):
+        c.order = i
     names = [c.name for c in out]
     dup = {n for n in names if names.count(n) > 1}
     if dup:

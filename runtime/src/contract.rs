@@ -331,8 +331,25 @@ impl Contract {
                 .collect();
             lists.insert(k.clone(), vals);
         }
+        // Consecutive templates repeating over the same key (and range) form a group, expanded
+        // layer-major (layer 0 of each, then layer 1, ...) so the order follows depth, as the
+        // harness's `localize::expand_templates` does.
+        let mut group = Vec::with_capacity(file.checkpoints.len());
+        for (ti, raw) in file.checkpoints.iter().enumerate() {
+            let same = ti > 0 && raw.repeat.is_some() && {
+                let prev = &file.checkpoints[ti - 1];
+                prev.repeat == raw.repeat && prev.range == raw.range
+            };
+            let g = match group.last() {
+                Some(&g) if same => g,
+                Some(&g) => g + 1,
+                None => 0usize,
+            };
+            group.push(g);
+        }
+        let mut sort_keys: Vec<(usize, usize, usize)> = Vec::new();
         let mut checkpoints = Vec::new();
-        for raw in &file.checkpoints {
+        for (ti, raw) in file.checkpoints.iter().enumerate() {
             let layers: Vec<Option<usize>> = match &raw.repeat {
                 Some(r) => {
                     let n = *repeats.get(r).ok_or_else(|| {
@@ -455,6 +472,7 @@ impl Contract {
                         }
                     })
                     .collect();
+                sort_keys.push((group[ti], layer.unwrap_or(0), ti));
                 checkpoints.push(CheckpointSpec {
                     name,
                     steps: raw.steps,
@@ -469,6 +487,16 @@ impl Contract {
                 });
             }
         }
+        let mut keyed: Vec<_> = sort_keys.into_iter().zip(checkpoints).collect();
+        keyed.sort_by_key(|(k, _)| *k);
+        let checkpoints: Vec<CheckpointSpec> = keyed
+            .into_iter()
+            .enumerate()
+            .map(|(i, (_, mut c))| {
+                c.order = i;
+                c
+            })
+            .collect();
         // Every input must name a checkpoint of the contract.
         for c in &checkpoints {
             for (i, _) in &c.inputs {

@@ -815,14 +815,24 @@ pub fn build(
             rope_theta: der.rope_theta as f32,
             query_pos_offset: 0,
         };
-        let a = b.g.op1(
+        let att_out = b.g.op(
             &names::dec_attention(l),
             Box::new(att),
             &[hm[0], hm[1], hm[2]],
             &[],
-            vec![hq.into(), n_total.clone(), hd.into()],
-            Layout::HeadMajor,
+            vec![
+                Out::new(
+                    vec![hq.into(), n_total.clone(), hd.into()],
+                    Layout::HeadMajor,
+                ),
+                Out::new(
+                    vec![hq.into(), n_total.clone(), n_total.clone()],
+                    Layout::HeadMajor,
+                ),
+            ],
         )?;
+        b.g.checkpoint(att_out[1], &format!("dec.layer.{l}.attn_probs"))?;
+        let a = att_out[0];
         let a = b.op(
             &format!("{p}.merge_heads"),
             MergeHeads,

@@ -117,7 +117,9 @@ pub fn apply_rope(x: &mut [f32], h: usize, t: usize, d: usize, theta: f32, offse
 /// `[Hkv, S, Dv]` as projected; RoPE ([`apply_rope`]) on k at positions `0 .. S` and on q at
 /// positions `S - T + query_pos_offset ..`;
 /// query head h uses kv head `h / (Hq / Hkv)`; scores `(q . k) * scale` (Granite's
-/// `attention_multiplier`), softmax, `sum p v`. No mask: the NAR LM is bidirectional. Fault
+/// `attention_multiplier`), softmax, `sum p v`. Outputs the context `[Hq, T, Dv]` and the
+/// probabilities `[Hq, T, S]` (HF eager attention's `attn_weights`; masked keys exactly 0).
+/// No mask: the NAR LM is bidirectional. Fault
 /// seams: [`ParamFault::AttnScale`] (replaces the scale), [`ParamFault::Causal`] (query t sees
 /// keys `..= S - T + t`), [`ParamFault::RopeOffset`] (shifts the query positions against the
 /// key positions: the classic off-by-one; a shift of both would be invisible, since RoPE scores
@@ -150,7 +152,10 @@ impl Kernel for GqaAttention {
         ]
     }
     fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::HeadMajor)]
+        vec![
+            port("y", Layout::HeadMajor),
+            port("probs", Layout::HeadMajor),
+        ]
     }
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         for (s, n) in inputs.iter().zip(["q", "k", "v"]) {
@@ -170,11 +175,18 @@ impl Kernel for GqaAttention {
         if d % 2 != 0 {
             return Err(format!("head_dim {d} is odd (RoPE rotates halves)"));
         }
-        Ok(vec![vec![
-            inputs[0][0].clone(),
-            inputs[0][1].clone(),
-            inputs[2][2].clone(),
-        ]])
+        Ok(vec![
+            vec![
+                inputs[0][0].clone(),
+                inputs[0][1].clone(),
+                inputs[2][2].clone(),
+            ],
+            vec![
+                inputs[0][0].clone(),
+                inputs[0][1].clone(),
+                inputs[1][1].clone(),
+            ],
+        ])
     }
     fn run(
         &self,
@@ -212,6 +224,8 @@ impl Kernel for GqaAttention {
         let (q, k, v) = (&q, &k, data(inputs[2], "v")?);
         let parts = par_ranges(hq, t * s * (d + dv), |heads| {
             let mut part = vec![0f32; heads.len() * t * dv];
+            // Probabilities of these heads; keys past `n` stay 0 (masked).
+            let mut probs = vec![0f32; heads.len() * t * s];
             let mut sc = vec![0f32; s];
             for (j, hi) in heads.enumerate() {
                 let kh = hi / group;
@@ -227,11 +241,17 @@ impl Kernel for GqaAttention {
                     simd::weighted_sum(o, &sc[..n], |kj| {
                         &v[(kh * s + kj) * dv..(kh * s + kj + 1) * dv]
                     });
+                    let at = (j * t + ti) * s;
+                    probs[at..at + n].copy_from_slice(&sc[..n]);
                 }
             }
-            part
+            (part, probs)
         });
-        Ok(vec![tensor(&[hq, t, dv], parts.concat())?])
+        let (ys, ps): (Vec<Vec<f32>>, Vec<Vec<f32>>) = parts.into_iter().unzip();
+        Ok(vec![
+            tensor(&[hq, t, dv], ys.concat())?,
+            tensor(&[hq, t, s], ps.concat())?,
+        ])
     }
     fn params(&self) -> serde_json::Value {
         serde_json::json!({

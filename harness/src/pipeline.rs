@@ -186,9 +186,8 @@ impl<'a> DumpPairs<'a> {
 impl PairSource for DumpPairs<'_> {
     fn pair(&self, name: &str, step: u32) -> Pair<'_> {
         let step_u = step as usize;
-        let layout = self
-            .contract
-            .get(name)
+        let spec = self.contract.get(name);
+        let layout = spec
             .map(|s| s.layout.to_string())
             .unwrap_or_else(|| "plain".into());
         let r = self.side(self.reference, 0, name, step_u);
@@ -197,7 +196,11 @@ impl PairSource for DumpPairs<'_> {
             shape: a.shape().to_vec(),
             dtype: Dtype::F32,
             layout: layout.clone(),
-            axis_names: layout_axis_names(&layout, a.ndim()),
+            // The contract's own axis names when they fit, else the layout's defaults.
+            axis_names: match spec {
+                Some(s) if s.axes.len() == a.ndim() => s.axes.clone(),
+                _ => layout_axis_names(&layout, a.ndim()),
+            },
         };
         match (r, x) {
             (None, None) => Pair::Missing {

@@ -133,6 +133,8 @@ pub struct CheckpointSpec {
     pub kind: Option<String>,
     /// Shape.
     pub shape: Vec<CDim>,
+    /// The axes' names as the contract writes the shape (`heads`, `tokens`, `past+tokens`).
+    pub axes: Vec<String>,
     /// Canonical layout.
     pub layout: Layout,
     /// Producing op.
@@ -478,6 +480,7 @@ impl Contract {
                     steps: raw.steps,
                     kind: raw.kind.clone(),
                     shape,
+                    axes: raw.shape.clone(),
                     layout: raw.layout,
                     producer,
                     inputs,

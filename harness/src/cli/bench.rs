@@ -7,9 +7,9 @@
 //! - decode step: `(t(generate N) - t(generate 1)) / (tokens(N) - tokens(1))` on both sides, on
 //!   precomputed encoder output (torch: `generate(encoder_outputs=...)`; runtime: a decoder session
 //!   with the memory installed), so the encoder's noise does not swamp the per-token time.
-//! - capture overhead: runtime full run with every checkpoint captured vs capture off, two of
-//!   each per repetition in the order off, on, on, off; the median over repetitions of
-//!   `(on + on) / (off + off) - 1` (paired, so drift between repetitions cancels).
+//! - capture overhead: runtime full run with every checkpoint captured vs capture off, four of
+//!   each per repetition in the order off, on, on, off, off, on, on, off; the median over
+//!   repetitions of `sum(on) / sum(off) - 1` (paired, so drift between repetitions cancels).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -148,7 +148,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         vec![],
     );
     let (mut tok_t, mut tok_r) = ((0, 0), (0, 0));
-    // Per repetition: (on + on) / (off + off) of the same repetition.
+    // Per repetition: sum(on) / sum(off) of the same repetition.
     let mut cpair: Vec<f64> = Vec::new();
     for rep in 0..a.reps {
         super::note(&format!("xray bench: repetition {}/{}", rep + 1, a.reps));
@@ -166,9 +166,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         let (s, n) = rt_decode(n_full)?;
         rn.push(s);
         tok_r.1 = n;
-        // Off, on, on, off: a drift within the repetition weighs on both sides alike.
+        // Off, on, on, off (twice): a drift within the repetition weighs on both sides alike.
         let (mut on_rep, mut off_rep) = (0.0, 0.0);
-        for capture in [false, true, true, false] {
+        for capture in [false, true, true, false, false, true, true, false] {
             let (s, _) = rt_generate(None, capture)?;
             if capture {
                 con.push(s);

@@ -522,6 +522,7 @@ pub(crate) fn gemm_nt_rows(
         n0,
         n1,
         out,
+        |_| true,
         |n, r| {
             let ws = rows4(w, n, k);
             let xr = &x[r * k..(r + 1) * k];
@@ -608,48 +609,33 @@ pub(crate) fn gemm_nt_rows_f16(
     n1: usize,
     out: &mut [f32],
 ) {
-    let nb = n1 - n0;
     let in_block = n / 4 * 4;
-    let put = |out: &mut [f32], r: usize, col: usize, d: f32| {
-        out[r * nb + col - n0] = match bias {
-            Some(b) => d + b[col],
-            None => d,
-        };
-    };
-    let mut col = n0;
-    while col < n1 {
-        if col.is_multiple_of(4) && col + 4 <= n1.min(in_block) {
-            let blk = &w[col * k..(col + 4) * k];
-            for r in 0..m {
-                let xr = &x[r * k..(r + 1) * k];
-                #[cfg(target_arch = "x86_64")]
-                let d: [f32; 4] = if has_f16c() {
-                    // SAFETY: runs only when the CPU has AVX, AVX2 and F16C.
-                    unsafe { avx2::dot4_packed(xr, &avx2::Block(blk, k)) }
-                } else {
-                    std::array::from_fn(|j| dot(xr, &unpack_f16_row(w, n, k, col + j)))
-                };
-                #[cfg(not(target_arch = "x86_64"))]
-                let d: [f32; 4] =
-                    std::array::from_fn(|j| dot(xr, &unpack_f16_row(w, n, k, col + j)));
-                for (j, dj) in d.iter().enumerate() {
-                    put(out, r, col + j, *dj);
-                }
+    gemm_nt_rows_with(
+        bias,
+        m,
+        n0,
+        n1,
+        out,
+        // Only whole packed blocks go four at a time.
+        |col| col.is_multiple_of(4) && col + 4 <= in_block,
+        |col, r| {
+            let xr = &x[r * k..(r + 1) * k];
+            #[cfg(target_arch = "x86_64")]
+            if has_f16c() {
+                let blk = &w[col * k..(col + 4) * k];
+                // SAFETY: runs only when the CPU has AVX, AVX2 and F16C.
+                return unsafe { avx2::dot4_packed(xr, &avx2::Block(blk, k)) };
             }
-            col += 4;
-        } else {
-            let row = unpack_f16_row(w, n, k, col);
-            for r in 0..m {
-                put(out, r, col, dot(&x[r * k..(r + 1) * k], &row));
-            }
-            col += 1;
-        }
-    }
+            std::array::from_fn(|j| dot(xr, &unpack_f16_row(w, n, k, col + j)))
+        },
+        |col, r| dot(&x[r * k..(r + 1) * k], &unpack_f16_row(w, n, k, col)),
+    )
 }
 
-/// The tiling of [`gemm_nt_rows`]: columns in blocks of four
-/// (`dot4(n, r)` = the dots of row `r` with columns `n..n + 4`), the rest one by one
-/// (`dot1(n, r)`), then `+ bias`.
+/// The tiling shared by [`gemm_nt_rows`] and [`gemm_nt_rows_f16`]: a column `n` where
+/// `block(n)` holds starts a block of four (`dot4(n, r)` = the dots of row `r` with columns
+/// `n..n + 4`, used when the four fit before `n1`); other columns go one by one (`dot1(n, r)`);
+/// then `+ bias`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn gemm_nt_rows_with(
@@ -658,13 +644,14 @@ fn gemm_nt_rows_with(
     n0: usize,
     n1: usize,
     out: &mut [f32],
+    block: impl Fn(usize) -> bool,
     dot4: impl Fn(usize, usize) -> [f32; 4],
     dot1: impl Fn(usize, usize) -> f32,
 ) {
     let nb = n1 - n0;
     let mut n = n0;
     while n < n1 {
-        if n + 4 <= n1 {
+        if n + 4 <= n1 && block(n) {
             for r in 0..m {
                 let d = dot4(n, r);
                 for j in 0..4 {

@@ -82,7 +82,7 @@ pub fn selftest(
             };
             let planted = Planted {
                 name: e.name.to_string(),
-                kind: e.kind(&config),
+                kind: e.kind(&config)?,
                 target: e.default_target.to_string(),
                 step: e.step,
             };

@@ -207,21 +207,28 @@ pub struct CatalogueEntry {
     pub expected_signature: &'static str,
     /// Needs a previous input through the same model (stale-state bugs).
     pub needs_second_input: bool,
-    build: fn(&serde_json::Value) -> FaultKind,
+    build: fn(&serde_json::Value) -> Result<FaultKind, String>,
 }
 
 impl CatalogueEntry {
-    /// The fault for a model config.
-    pub fn kind(&self, config: &serde_json::Value) -> FaultKind {
+    /// The fault for a model config; a config key the fault needs and the config lacks is an
+    /// error naming it.
+    pub fn kind(&self, config: &serde_json::Value) -> crate::Result<FaultKind> {
         (self.build)(config)
+            .map_err(|e| crate::RuntimeError::Fault(format!("fault '{}': {e}", self.name)))
     }
 }
 
-fn granite_head_dim(c: &serde_json::Value) -> f32 {
-    let t = &c["text_config"];
-    let hidden = t["hidden_size"].as_f64().unwrap_or(1.0);
-    let heads = t["num_attention_heads"].as_f64().unwrap_or(1.0);
-    (hidden / heads) as f32
+/// A number from config.json by dotted key, or an error naming the key.
+fn num(c: &serde_json::Value, key: &str) -> Result<f64, String> {
+    key.split('.')
+        .fold(Some(c), |v, k| v.and_then(|v| v.get(k)))
+        .and_then(|v| v.as_f64())
+        .ok_or_else(|| format!("config.json has no number at '{key}'"))
+}
+
+fn granite_head_dim(c: &serde_json::Value) -> Result<f32, String> {
+    Ok((num(c, "text_config.hidden_size")? / num(c, "text_config.num_attention_heads")?) as f32)
 }
 
 /// The fault catalogue.
@@ -240,7 +247,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             expected_origin: ("audio.decoder.layer.1.cross_k", 0),
             expected_signature: "permutation",
             needs_second_input: false,
-            build: |_| Output(TokenMajorLeak),
+            build: |_| Ok(Output(TokenMajorLeak)),
         },
         CatalogueEntry {
             name: "attn_scale_dropped",
@@ -253,9 +260,8 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             expected_signature: "",
             needs_second_input: false,
             build: |c| {
-                let d = c["d_model"].as_f64().unwrap_or(1.0)
-                    / c["decoder_attention_heads"].as_f64().unwrap_or(1.0);
-                Param(AttnScale(d.sqrt() as f32))
+                let d = num(c, "d_model")? / num(c, "decoder_attention_heads")?;
+                Ok(Param(AttnScale(d.sqrt() as f32)))
             },
         },
         CatalogueEntry {
@@ -268,7 +274,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             expected_origin: ("audio.decoder.layer.0.self_attention.probs", 0),
             expected_signature: "mask",
             needs_second_input: false,
-            build: |_| Param(Causal(false)),
+            build: |_| Ok(Param(Causal(false))),
         },
         CatalogueEntry {
             name: "causal_mask_added",
@@ -279,7 +285,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             expected_origin: ("audio.encoder.layer.0.out", 0),
             expected_signature: "",
             needs_second_input: false,
-            build: |_| Param(Causal(true)),
+            build: |_| Ok(Param(Causal(true))),
         },
         CatalogueEntry {
             name: "stale_cross_cache",
@@ -291,7 +297,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             expected_origin: ("audio.decoder.layer.0.cross_attention.output", 1),
             expected_signature: "",
             needs_second_input: true,
-            build: |_| Host("stale_cross_cache".into()),
+            build: |_| Ok(Host("stale_cross_cache".into())),
         },
         CatalogueEntry {
             name: "layernorm_eps",
@@ -302,7 +308,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             expected_origin: ("audio.encoder.layer.1.out", 0),
             expected_signature: "",
             needs_second_input: false,
-            build: |_| Param(Eps(1e-1)),
+            build: |_| Ok(Param(Eps(1e-1))),
         },
         CatalogueEntry {
             name: "round_f16",
@@ -313,7 +319,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             expected_origin: ("audio.encoder.memory", 0),
             expected_signature: "rounding",
             needs_second_input: false,
-            build: |_| Output(RoundF16),
+            build: |_| Ok(Output(RoundF16)),
         },
         CatalogueEntry {
             name: "round_bf16",
@@ -324,7 +330,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             expected_origin: ("audio.decoder.layer.0.cross_attention.output", 0),
             expected_signature: "rounding",
             needs_second_input: false,
-            build: |_| Output(RoundBf16),
+            build: |_| Ok(Output(RoundBf16)),
         },
         CatalogueEntry {
             name: "nan_one",
@@ -335,7 +341,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             expected_origin: ("audio.decoder.layer.1.out", 2),
             expected_signature: "non_finite",
             needs_second_input: false,
-            build: |_| Output(Nan(5)),
+            build: |_| Ok(Output(Nan(5))),
         },
         CatalogueEntry {
             name: "swap_heads",
@@ -346,7 +352,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             expected_origin: ("audio.decoder.layer.1.cross_attention.output", 0),
             expected_signature: "subset",
             needs_second_input: false,
-            build: |_| Output(SwapHeads(0, 1)),
+            build: |_| Ok(Output(SwapHeads(0, 1))),
         },
         CatalogueEntry {
             name: "out_proj_sign_flip",
@@ -358,7 +364,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             expected_origin: ("audio.decoder.layer.0.cross_attention.out_proj", 0),
             expected_signature: "sign_flip",
             needs_second_input: false,
-            build: |_| Output(Negate),
+            build: |_| Ok(Output(Negate)),
         },
         CatalogueEntry {
             name: "conv_pad_off_by_one",
@@ -369,7 +375,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             expected_origin: ("audio.encoder.conv1.out", 0),
             expected_signature: "shift",
             needs_second_input: false,
-            build: |_| Output(Shift(1)),
+            build: |_| Ok(Output(Shift(1))),
         },
         CatalogueEntry {
             name: "logits_scaling_applied",
@@ -382,9 +388,9 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             expected_signature: "scale",
             needs_second_input: false,
             build: |c| {
-                Output(Scale(
-                    1.0 / c["text_config"]["logits_scaling"].as_f64().unwrap_or(8.0) as f32,
-                ))
+                Ok(Output(Scale(
+                    1.0 / num(c, "text_config.logits_scaling")? as f32,
+                )))
             },
         },
         CatalogueEntry {
@@ -397,7 +403,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             expected_origin: ("enc.ctc_bpe_logits", 0),
             expected_signature: "sign_flip",
             needs_second_input: false,
-            build: |_| Output(Negate),
+            build: |_| Ok(Output(Negate)),
         },
         CatalogueEntry {
             name: "causal_mask_added",
@@ -409,7 +415,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             expected_origin: ("dec.layer.0.attn_probs", 0),
             expected_signature: "mask",
             needs_second_input: false,
-            build: |_| Param(Causal(true)),
+            build: |_| Ok(Param(Causal(true))),
         },
         CatalogueEntry {
             name: "ctc_bypass_skipped",
@@ -421,7 +427,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             expected_origin: ("enc.block.SC.out", 0),
             expected_signature: "",
             needs_second_input: false,
-            build: |_| Param(SkipBranch),
+            build: |_| Ok(Param(SkipBranch)),
         },
         CatalogueEntry {
             name: "rope_off_by_one",
@@ -432,7 +438,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             expected_origin: ("dec.layer.1.attn_probs", 0),
             expected_signature: "",
             needs_second_input: false,
-            build: |_| Param(RopeOffset(1)),
+            build: |_| Ok(Param(RopeOffset(1))),
         },
         CatalogueEntry {
             name: "attn_scale_sqrt_d",
@@ -444,10 +450,8 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             expected_signature: "",
             needs_second_input: false,
             build: |c| {
-                let m = c["text_config"]["attention_multiplier"]
-                    .as_f64()
-                    .unwrap_or(1.0) as f32;
-                Param(AttnScale(1.0 / granite_head_dim(c).sqrt() / m))
+                let m = num(c, "text_config.attention_multiplier")? as f32;
+                Ok(Param(AttnScale(1.0 / granite_head_dim(c)?.sqrt() / m)))
             },
         },
         CatalogueEntry {
@@ -459,7 +463,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             expected_origin: ("proj.out", 0),
             expected_signature: "rounding",
             needs_second_input: false,
-            build: |_| Output(RoundBf16),
+            build: |_| Ok(Output(RoundBf16)),
         },
     ]
 }
@@ -486,8 +490,41 @@ pub fn plant(spec: &str, family: &str, config: &serde_json::Value) -> crate::Res
         })?;
     Ok(Planted {
         name: name.to_string(),
-        kind: e.kind(config),
+        kind: e.kind(config)?,
         target: target.unwrap_or(e.default_target).to_string(),
         step: e.step,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fault that needs a config number the config lacks is refused, naming the key.
+    #[test]
+    fn missing_config_key_fails_closed() {
+        let e = plant(
+            "attn_scale_dropped",
+            "whisper",
+            &serde_json::json!({"d_model": 384}),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("decoder_attention_heads"), "{e}");
+        let ok = plant(
+            "attn_scale_dropped",
+            "whisper",
+            &serde_json::json!({"d_model": 384, "decoder_attention_heads": 6}),
+        )
+        .unwrap();
+        assert!(matches!(ok.kind, FaultKind::Param(ParamFault::AttnScale(s)) if s == 8.0));
+        let e = plant(
+            "logits_scaling_applied",
+            "granite_nar",
+            &serde_json::json!({}),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("text_config.logits_scaling"), "{e}");
+    }
 }

@@ -405,12 +405,12 @@ fn granite_fault_catalogue_entries_surface_at_their_expected_origin() {
         let plan = FaultPlan {
             planted: vec![Planted {
                 name: e.name.into(),
-                kind: e.kind(&cfg),
+                kind: e.kind(&cfg).expect("fault for the tiny config"),
                 target: e.default_target.into(),
                 step: e.step,
             }],
         };
-        if let FaultKind::Param(p) = e.kind(&cfg) {
+        if let FaultKind::Param(p) = e.kind(&cfg).expect("fault for the tiny config") {
             let hits: Vec<&str> = m
                 .graph()
                 .ops()

@@ -167,6 +167,8 @@ fn teacher_for(family: &str, reference: &OracleRun, teacher_force: bool) -> Opti
 pub fn check(opts: &CheckOptions, progress: &dyn Fn(&str)) -> anyhow::Result<CheckOutput> {
     progress(&format!("loading runtime model {}", opts.model.display()));
     let model = models::load(&opts.model)?;
+    // A fault that would plant nothing is refused before the reference runs.
+    opts.faults.validate(model.graph())?;
     let oracle = Oracle::discover()?;
     progress("running the HF reference (oracle, f32)");
     let req = reference_request(model.as_ref(), opts);
@@ -219,6 +221,8 @@ pub fn check_against(
             &mut RunHooks::default(),
         )?;
     }
+    opts.faults.validate(model.graph())?;
+    opts.faults.reset_hits();
     progress("running the runtime with capture (teacher-forced on the reference tokens)");
     let (runtime, out_on) = runtime_dump(
         model,
@@ -228,6 +232,8 @@ pub fn check_against(
         None,
         None,
     )?;
+    // The evidence says these faults were planted: they must have changed something.
+    opts.faults.confirm_fired()?;
     progress("running the runtime with capture off (neutrality)");
     let a = load_wav(&opts.audio, 16000)?;
     let out_off = model.run(
@@ -351,6 +357,7 @@ pub fn check_against(
         runtime_version: xray_runtime::version(),
         oracle: Some(oracle_versions(&ref_run.tools)),
         isolated: opts.isolate,
+        contract_sha256: Some(contract.sha256()),
     };
     if model.weights().sha256() != ref_run.weights_sha256 {
         notes.push(format!(

@@ -104,6 +104,14 @@ pub enum Error {
         /// Schema expected.
         expected: String,
     },
+    /// `gate` was given evidence and a baseline that describe different runs.
+    #[error("the evidence and the baseline describe different runs: {}{}", .differences.join("; "), if *.overridable { " (pass --allow-different-input to gate them anyway)" } else { "" })]
+    IdentityMismatch {
+        /// One line per differing fact (family, contract, weights, audio).
+        differences: Vec<String>,
+        /// Whether `--allow-different-input` may override it (false for family and contract).
+        overridable: bool,
+    },
 }
 
 /// Result alias of the harness library.

@@ -70,6 +70,11 @@ pub struct Run {
     /// Whether the run used isolated mode (`local_metrics` present).
     #[serde(default)]
     pub isolated: bool,
+    /// sha256 of the checkpoint contract the comparison was made through (the gate refuses to
+    /// compare evidence made through different contracts). `None` in evidence written before it
+    /// was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contract_sha256: Option<String>,
 }
 
 /// Tolerance in force for a checkpoint and where it came from.

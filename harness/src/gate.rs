@@ -8,13 +8,18 @@
 //!   metric's absolute floor (so `1e-9 -> 3e-9` does not fail).
 //!
 //! Informational findings (do not fail): checkpoints new in the new evidence, improvements of
-//! status.
+//! status, and (with `allow_different_input`) the weights or audio that differ.
+//!
+//! Before any of that, both documents must describe the same run: the same family and contract
+//! (always), the same weights and audio (unless `allow_different_input`). A fact missing from
+//! either side counts as different: a gate between unrelated runs is refused, never computed.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use crate::evidence::{CheckpointEvidence, Evidence, Verdict};
 use crate::localize::Status;
+use crate::Error;
 
 /// Gate thresholds.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -25,6 +30,9 @@ pub struct GateOptions {
     pub rel_l2_floor: f64,
     /// `max_abs` at or below this never fails (default 1e-4).
     pub max_abs_floor: f64,
+    /// Gate evidence of other weights or other audio against the baseline (family and contract
+    /// must still match); the differences are reported as informational findings.
+    pub allow_different_input: bool,
 }
 
 impl Default for GateOptions {
@@ -33,6 +41,7 @@ impl Default for GateOptions {
             factor: 2.0,
             rel_l2_floor: 1e-6,
             max_abs_floor: 1e-4,
+            allow_different_input: false,
         }
     }
 }
@@ -76,6 +85,8 @@ pub enum FindingKind {
         /// New status.
         to: Status,
     },
+    /// The runs differ in weights or audio, allowed by `allow_different_input` (informational).
+    DifferentInput,
 }
 
 /// One gate finding.
@@ -141,9 +152,60 @@ fn growth(
     }
 }
 
-/// Compares `new` evidence with `baseline`.
-pub fn gate(new: &Evidence, baseline: &Evidence, opts: &GateOptions) -> GateReport {
+/// The facts that identify what a piece of evidence is about, as `(what, new, baseline)` where
+/// they differ or either side lacks them; `fixed` are the ones no option overrides.
+fn identity_differences(new: &Evidence, baseline: &Evidence) -> (Vec<String>, Vec<String>) {
+    let show = |v: &Option<String>| match v {
+        Some(s) if s.len() > 12 => format!("{}..", &s[..12]),
+        Some(s) => s.clone(),
+        None => "not recorded".into(),
+    };
+    let differs = |a: &Option<String>, b: &Option<String>| a.is_none() || b.is_none() || a != b;
+    let (n, b) = (&new.run, &baseline.run);
+    let mut fixed = vec![];
+    let mut input = vec![];
+    if n.family != b.family {
+        fixed.push(format!("family {} vs baseline {}", n.family, b.family));
+    }
+    if differs(&n.contract_sha256, &b.contract_sha256) {
+        fixed.push(format!(
+            "contract sha256 {} vs baseline {} (regenerate the baseline with this X-Ray)",
+            show(&n.contract_sha256),
+            show(&b.contract_sha256)
+        ));
+    }
+    for (what, x, y) in [
+        ("weights", &n.weights_sha256, &b.weights_sha256),
+        ("audio", &n.audio_sha256, &b.audio_sha256),
+    ] {
+        if differs(x, y) {
+            input.push(format!("{what} sha256 {} vs baseline {}", show(x), show(y)));
+        }
+    }
+    (fixed, input)
+}
+
+/// Compares `new` evidence with `baseline`. Refused with [`Error::IdentityMismatch`] when they
+/// describe different runs (family, contract, and unless `opts.allow_different_input`, weights
+/// and audio).
+pub fn gate(new: &Evidence, baseline: &Evidence, opts: &GateOptions) -> Result<GateReport, Error> {
     let mut findings = Vec::new();
+    let (fixed, input) = identity_differences(new, baseline);
+    if !fixed.is_empty() || (!input.is_empty() && !opts.allow_different_input) {
+        let overridable = fixed.is_empty();
+        return Err(Error::IdentityMismatch {
+            differences: fixed.into_iter().chain(input).collect(),
+            overridable,
+        });
+    }
+    for d in input {
+        findings.push(Finding {
+            checkpoint: None,
+            kind: FindingKind::DifferentInput,
+            failing: false,
+            message: format!("different input (allowed): {d}"),
+        });
+    }
     let rank = |v: Verdict| match v {
         Verdict::Pass => 0,
         Verdict::Diverged | Verdict::Error => 1,
@@ -234,11 +296,11 @@ pub fn gate(new: &Evidence, baseline: &Evidence, opts: &GateOptions) -> GateRepo
             });
         }
     }
-    GateReport {
+    Ok(GateReport {
         family: new.run.family.clone(),
         checked,
         findings,
-    }
+    })
 }
 
 /// Escapes text for XML attributes and content; drops characters XML 1.0 forbids.
@@ -354,6 +416,9 @@ mod tests {
             verdict,
             run: Run {
                 family: "whisper".into(),
+                weights_sha256: Some("ab".repeat(32)),
+                audio_sha256: Some("cd".repeat(32)),
+                contract_sha256: Some("ef".repeat(32)),
                 ..Default::default()
             },
             checkpoints: cps,
@@ -366,10 +431,60 @@ mod tests {
         }
     }
 
+    /// Evidence for another clip, other weights, another family or another contract is refused;
+    /// `allow_different_input` admits other weights/audio (reported), never another family or
+    /// contract; a fact missing from one side counts as different.
+    #[test]
+    fn different_runs_are_refused() {
+        let base = ev(Verdict::Pass, vec![cp("a", Status::Pass, 1e-6, 1e-5)]);
+        let allow = GateOptions {
+            allow_different_input: true,
+            ..Default::default()
+        };
+        let with = |f: &dyn Fn(&mut Run)| {
+            let mut e = base.clone();
+            f(&mut e.run);
+            e
+        };
+        let other_audio = with(&|r| r.audio_sha256 = Some("00".repeat(32)));
+        match gate(&other_audio, &base, &GateOptions::default()) {
+            Err(Error::IdentityMismatch {
+                differences,
+                overridable: true,
+            }) => assert!(
+                differences[0].starts_with("audio sha256"),
+                "{differences:?}"
+            ),
+            other => panic!("another clip was gated: {other:?}"),
+        }
+        let r = gate(&other_audio, &base, &allow).expect("allowed");
+        assert!(r.passed());
+        assert!(r
+            .findings
+            .iter()
+            .any(|f| f.kind == FindingKind::DifferentInput && !f.failing));
+        let no_weights = with(&|r| r.weights_sha256 = None);
+        assert!(gate(&no_weights, &base, &GateOptions::default()).is_err());
+        for fixed in [
+            with(&|r| r.family = "granite_nar".into()),
+            with(&|r| r.contract_sha256 = Some("01".repeat(32))),
+            with(&|r| r.contract_sha256 = None),
+        ] {
+            match gate(&fixed, &base, &allow) {
+                Err(
+                    e @ Error::IdentityMismatch {
+                        overridable: false, ..
+                    },
+                ) => assert!(!e.to_string().contains("--allow-different-input"), "{e}"),
+                other => panic!("family/contract difference was gated: {other:?}"),
+            }
+        }
+    }
+
     #[test]
     fn identical_evidence_passes() {
         let e = ev(Verdict::Pass, vec![cp("a", Status::Pass, 1e-6, 1e-5)]);
-        let r = gate(&e, &e, &GateOptions::default());
+        let r = gate(&e, &e, &GateOptions::default()).expect("same run");
         assert!(r.passed());
         assert!(r.findings.is_empty());
     }
@@ -390,12 +505,14 @@ mod tests {
                 cp("b", Status::Pass, 1e-6, 1e-5),
             ],
         );
-        let r = gate(&n, &b, &GateOptions::default());
+        let r = gate(&n, &b, &GateOptions::default()).expect("same run");
         assert!(!r.passed());
         let kinds: Vec<_> = r.failures().map(|f| f.checkpoint.clone()).collect();
         assert_eq!(kinds, vec![None, Some("a@step0".into())]);
         // The reverse direction is an improvement, not a failure.
-        assert!(gate(&b, &n, &GateOptions::default()).passed());
+        assert!(gate(&b, &n, &GateOptions::default())
+            .expect("same run")
+            .passed());
     }
 
     #[test]
@@ -414,7 +531,7 @@ mod tests {
                 cp("b", Status::Pass, 2.5e-4, 1.9e-3),
             ],
         );
-        let r = gate(&n, &b, &GateOptions::default());
+        let r = gate(&n, &b, &GateOptions::default()).expect("same run");
         let f: Vec<_> = r.failures().collect();
         assert_eq!(f.len(), 1, "{f:?}");
         assert!(matches!(
@@ -429,7 +546,7 @@ mod tests {
             factor: 3.0,
             ..Default::default()
         };
-        assert!(gate(&n, &b, &loose).passed());
+        assert!(gate(&n, &b, &loose).expect("same run").passed());
     }
 
     #[test]
@@ -448,7 +565,7 @@ mod tests {
                 cp("new", Status::Pass, 0.0, 0.0),
             ],
         );
-        let r = gate(&n, &b, &GateOptions::default());
+        let r = gate(&n, &b, &GateOptions::default()).expect("same run");
         assert!(!r.passed());
         assert_eq!(r.checked, ["a@step0", "new@step0", "gone@step0"]);
         assert!(r
@@ -473,7 +590,7 @@ mod tests {
                 cp("ok", Status::Pass, 0.0, 0.0),
             ],
         );
-        let x = junit_xml(&gate(&n, &b, &GateOptions::default()));
+        let x = junit_xml(&gate(&n, &b, &GateOptions::default()).expect("same run"));
         assert_eq!(x.matches("<testcase ").count(), 3);
         assert_eq!(x.matches("<failure ").count(), 1);
         assert!(x.contains("name=\"a&lt;&amp;&gt;&quot;&apos;@step0\""));

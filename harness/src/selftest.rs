@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use xray_oracle::Oracle;
-use xray_runtime::faults::{catalogue, FaultPlan, Planted};
+use xray_runtime::faults::{catalogue, plant, FaultPlan, Planted};
 use xray_runtime::models;
 
 use crate::check::{check_against, reference_request, CheckOptions};
@@ -80,12 +80,7 @@ pub fn selftest(
                 Some(sc) => cp.replace("SC", &sc.to_string()),
                 None => cp.to_string(),
             };
-            let planted = Planted {
-                name: e.name.to_string(),
-                kind: e.kind(&config)?,
-                target: e.default_target.to_string(),
-                step: e.step,
-            };
+            let planted = plant(e.name, family, &config)?;
             cases.push((
                 e.name.to_string(),
                 Some(planted),

@@ -255,6 +255,13 @@ fn tokenize(s: &str) -> Vec<String> {
 }
 
 impl Contract {
+    /// sha256 of the contract text: which contract a comparison was made through (evidence
+    /// records it; `xray gate` refuses evidence made through another contract).
+    pub fn sha256(&self) -> String {
+        use sha2::{Digest, Sha256};
+        hex::encode(Sha256::digest(self.text.as_bytes()))
+    }
+
     /// Parse a family's embedded contract and resolve it against a model's config.json value.
     pub fn for_family(family: &str, config: &serde_json::Value) -> Result<Contract> {
         let text =

@@ -4,7 +4,10 @@
 //! rounding, a NaN, swapped heads, a layout leak). Host-level faults (a stale cross-attention cache)
 //! are flags the model's decode loop reads. No kernel has a fault `if` of its own.
 
-use crate::graph::{Edge, Kernel, Layout, Op, Tensor};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crate::graph::{Dim, Edge, Graph, Kernel, Layout, Op, Tensor};
 
 /// A parameter fault: the op runs with a wrong parameter.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,17 +58,35 @@ pub enum FaultKind {
 }
 
 /// One planted fault: what and where (an op-name glob for params, a checkpoint/edge glob for
-/// outputs), optionally only at some steps.
+/// outputs), optionally only at some steps. `hits` counts how often it actually changed an op or a
+/// tensor, so a fault that was planted but never fired is an error, not a silent clean run.
 #[derive(Debug, Clone)]
 pub struct Planted {
     /// Catalogue name.
     pub name: String,
     /// The fault.
     pub kind: FaultKind,
-    /// Op name glob (params) or checkpoint/edge name glob (outputs).
+    /// Op name glob (params) or checkpoint/edge name glob (outputs); empty for host faults.
     pub target: String,
     /// Only at this step, if set.
     pub step: Option<usize>,
+    /// How many times the fault was applied (kernels patched, tensors corrupted, flags read).
+    pub hits: Arc<AtomicUsize>,
+}
+
+impl Planted {
+    /// `NAME@TARGET` as the user wrote it (`NAME` alone for host faults, which take no target).
+    pub fn spec(&self) -> String {
+        if matches!(self.kind, FaultKind::Host(_)) && self.target.is_empty() {
+            self.name.clone()
+        } else {
+            format!("{}@{}", self.name, self.target)
+        }
+    }
+
+    fn hit(&self) {
+        self.hits.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// A set of planted faults.
@@ -81,17 +102,224 @@ fn glob_match(pattern: &str, s: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// Up to five names nearest to `target` (by edit distance), for an error message.
+fn nearest<'a>(target: &str, names: impl Iterator<Item = &'a str>) -> String {
+    let mut v: Vec<(usize, &str)> = names.map(|n| (strsim::levenshtein(target, n), n)).collect();
+    v.sort();
+    v.dedup_by(|a, b| a.1 == b.1);
+    if v.is_empty() {
+        return "none in this model".into();
+    }
+    v.iter()
+        .take(5)
+        .map(|(_, n)| *n)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Why an output fault cannot change a tensor on `edge` (None: it can, or only the run can tell).
+fn output_fault_misfit(f: &OutputFault, edge: &Edge) -> Option<String> {
+    let rank = edge.shape.len();
+    let fixed = |i: usize| match edge.shape.get(i) {
+        Some(Dim::Fixed(n)) => Some(*n),
+        _ => None,
+    };
+    match f {
+        OutputFault::TokenMajorLeak if edge.layout != Layout::HeadMajor || rank != 3 => {
+            Some(format!(
+                "needs a head_major rank-3 edge; it is {} rank {rank}",
+                edge.layout
+            ))
+        }
+        OutputFault::SwapHeads(..) if rank != 3 || edge.layout != Layout::HeadMajor => {
+            Some(format!(
+                "needs a head_major rank-3 edge; it is {} rank {rank}",
+                edge.layout
+            ))
+        }
+        OutputFault::SwapHeads(a, b) if fixed(0).is_some_and(|h| *a.max(b) >= h) || a == b => {
+            Some(format!(
+                "heads {a} and {b} are not two distinct heads of {}",
+                crate::graph::fmt_shape(&edge.shape)
+            ))
+        }
+        OutputFault::Shift(_) if rank == 0 => Some("needs a tensor with a time axis".into()),
+        OutputFault::Nan(i)
+            if edge
+                .shape
+                .iter()
+                .map(|d| match d {
+                    Dim::Fixed(n) => Some(*n),
+                    Dim::Sym(_) => None,
+                })
+                .collect::<Option<Vec<_>>>()
+                .is_some_and(|dims| dims.iter().product::<usize>() <= *i) =>
+        {
+            Some(format!(
+                "index {i} is outside {}",
+                crate::graph::fmt_shape(&edge.shape)
+            ))
+        }
+        _ => None,
+    }
+}
+
 impl FaultPlan {
     /// No faults.
     pub fn none() -> FaultPlan {
         FaultPlan::default()
     }
 
-    /// Whether a host flag is planted.
+    /// Whether a host flag is planted (counted as a hit of that fault).
     pub fn host(&self, flag: &str) -> bool {
-        self.planted
+        let mut on = false;
+        for p in &self.planted {
+            if matches!(&p.kind, FaultKind::Host(h) if h == flag) {
+                p.hit();
+                on = true;
+            }
+        }
+        on
+    }
+
+    /// Checks every planted fault against `graph` before anything runs: a parameter fault must
+    /// target at least one op whose kernel takes that parameter, an output fault at least one
+    /// edge or checkpoint it can change, a host fault takes no target. The error names the
+    /// target and the nearest names that would work.
+    pub fn validate(&self, graph: &Graph) -> crate::Result<()> {
+        let refuse = |p: &Planted, why: String| {
+            Err(crate::RuntimeError::Fault(format!(
+                "--inject {}: {why}",
+                p.spec()
+            )))
+        };
+        for p in &self.planted {
+            if !p.target.is_empty() {
+                if let Err(e) = globset::Glob::new(&p.target) {
+                    return refuse(p, format!("target is not a valid glob: {e}"));
+                }
+            }
+            match &p.kind {
+                FaultKind::Host(_) => {
+                    if !p.target.is_empty() {
+                        return refuse(
+                            p,
+                            format!(
+                                "'{}' is a host behaviour of the model loop and takes no target",
+                                p.name
+                            ),
+                        );
+                    }
+                }
+                FaultKind::Param(pf) => {
+                    let takes = |op: &Op| op.kernel.with_param_fault(pf).is_some();
+                    let matched: Vec<&Op> = graph
+                        .ops()
+                        .iter()
+                        .filter(|op| glob_match(&p.target, &op.name))
+                        .collect();
+                    if matched.iter().any(|op| takes(op)) {
+                        continue;
+                    }
+                    let fit = nearest(
+                        &p.target,
+                        graph
+                            .ops()
+                            .iter()
+                            .filter(|op| takes(op))
+                            .map(|o| o.name.as_str()),
+                    );
+                    return refuse(
+                        p,
+                        if matched.is_empty() {
+                            format!("target matches no op; nearest ops that take this fault: {fit}")
+                        } else {
+                            format!(
+                                "target matches {} op(s) ({}) but none takes this fault (wrong op kind); nearest ops that do: {fit}",
+                                matched.len(),
+                                nearest(&p.target, matched.iter().map(|o| o.name.as_str()))
+                            )
+                        },
+                    );
+                }
+                FaultKind::Output(of) => {
+                    let names = |e: &'_ Edge| -> Vec<String> {
+                        e.checkpoint
+                            .iter()
+                            .cloned()
+                            .chain(std::iter::once(e.name.clone()))
+                            .collect()
+                    };
+                    let matched: Vec<&Edge> = graph
+                        .edges()
+                        .iter()
+                        .filter(|e| names(e).iter().any(|n| glob_match(&p.target, n)))
+                        .collect();
+                    if matched.is_empty() {
+                        let all: Vec<String> = graph.edges().iter().flat_map(names).collect();
+                        return refuse(
+                            p,
+                            format!(
+                                "target matches no edge or checkpoint; nearest: {}",
+                                nearest(&p.target, all.iter().map(String::as_str))
+                            ),
+                        );
+                    }
+                    let misfits: Vec<String> = matched
+                        .iter()
+                        .filter_map(|e| output_fault_misfit(of, e).map(|w| (e, w)))
+                        .map(|(e, w)| format!("{}: {w}", e.checkpoint.as_ref().unwrap_or(&e.name)))
+                        .collect();
+                    if misfits.len() == matched.len() {
+                        let fit: Vec<String> = graph
+                            .edges()
+                            .iter()
+                            .filter(|e| output_fault_misfit(of, e).is_none())
+                            .flat_map(names)
+                            .collect();
+                        return refuse(
+                            p,
+                            format!(
+                                "this fault cannot change what the target names ({}); nearest that it can: {}",
+                                misfits.join("; "),
+                                nearest(&p.target, fit.iter().map(String::as_str))
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets every fault's hit count to zero (before a run whose firing is to be confirmed).
+    pub fn reset_hits(&self) {
+        for p in &self.planted {
+            p.hits.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Fails when a planted fault changed nothing since the last [`FaultPlan::reset_hits`] (its
+    /// step was never reached, its index was out of range, ...): the run is not the faulty run
+    /// the user asked for, and calling it one would be a silent pass.
+    pub fn confirm_fired(&self) -> crate::Result<()> {
+        let idle: Vec<String> = self
+            .planted
             .iter()
-            .any(|p| matches!(&p.kind, FaultKind::Host(h) if h == flag))
+            .filter(|p| p.hits.load(Ordering::Relaxed) == 0)
+            .map(|p| match p.step {
+                Some(s) => format!("{} (at step {s})", p.spec()),
+                None => p.spec(),
+            })
+            .collect();
+        if idle.is_empty() {
+            Ok(())
+        } else {
+            Err(crate::RuntimeError::Fault(format!(
+                "planted fault(s) never fired during the run, so nothing was planted: {}",
+                idle.join(", ")
+            )))
+        }
     }
 
     /// A patched kernel for this op, if a parameter fault targets it.
@@ -102,6 +330,7 @@ impl FaultPlan {
                 if glob_match(&p.target, &op.name) {
                     let base: &dyn Kernel = out.as_deref().unwrap_or(op.kernel.as_ref());
                     if let Some(k) = base.with_param_fault(pf) {
+                        p.hit();
                         out = Some(k);
                     }
                 }
@@ -124,29 +353,31 @@ impl FaultPlan {
                 .as_deref()
                 .is_some_and(|c| glob_match(&p.target, c))
                 || glob_match(&p.target, &edge.name);
-            if hit {
-                apply_output_fault(of, edge.layout, t);
+            if hit && apply_output_fault(of, edge.layout, t) {
+                p.hit();
             }
         }
     }
 }
 
-/// Apply an output fault in place.
-pub fn apply_output_fault(f: &OutputFault, layout: Layout, t: &mut Tensor) {
+/// Apply an output fault in place; `false` when it could not apply to this tensor (wrong rank or
+/// layout, index out of range), so the caller does not count it as planted.
+pub fn apply_output_fault(f: &OutputFault, layout: Layout, t: &mut Tensor) -> bool {
     match f {
         OutputFault::RoundF16 => t.mapv_inplace(|v| half::f16::from_f32(v).to_f32()),
         OutputFault::RoundBf16 => t.mapv_inplace(|v| half::bf16::from_f32(v).to_f32()),
-        OutputFault::Nan(i) => {
-            if let Some(v) = t.iter_mut().nth(*i) {
-                *v = f32::NAN;
-            }
-        }
+        OutputFault::Nan(i) => match t.iter_mut().nth(*i) {
+            Some(v) => *v = f32::NAN,
+            None => return false,
+        },
         OutputFault::SwapHeads(a, b) => {
             if t.ndim() == 3 && *a < t.shape()[0] && *b < t.shape()[0] && a != b {
                 let ta = t.index_axis(ndarray::Axis(0), *a).to_owned();
                 let tb = t.index_axis(ndarray::Axis(0), *b).to_owned();
                 t.index_axis_mut(ndarray::Axis(0), *a).assign(&tb);
                 t.index_axis_mut(ndarray::Axis(0), *b).assign(&ta);
+            } else {
+                return false;
             }
         }
         OutputFault::Scale(f) => t.mapv_inplace(|v| v * f),
@@ -157,16 +388,17 @@ pub fn apply_output_fault(f: &OutputFault, layout: Layout, t: &mut Tensor) {
             } else {
                 0
             };
-            if t.ndim() > 0 {
-                let n = t.shape()[axis] as i64;
-                let src = t.clone();
-                t.fill(0.0);
-                for i in 0..n {
-                    let j = i - k;
-                    if (0..n).contains(&j) {
-                        t.index_axis_mut(ndarray::Axis(axis), i as usize)
-                            .assign(&src.index_axis(ndarray::Axis(axis), j as usize));
-                    }
+            if t.ndim() == 0 || *k == 0 {
+                return false;
+            }
+            let n = t.shape()[axis] as i64;
+            let src = t.clone();
+            t.fill(0.0);
+            for i in 0..n {
+                let j = i - k;
+                if (0..n).contains(&j) {
+                    t.index_axis_mut(ndarray::Axis(axis), i as usize)
+                        .assign(&src.index_axis(ndarray::Axis(axis), j as usize));
                 }
             }
         }
@@ -179,12 +411,16 @@ pub fn apply_output_fault(f: &OutputFault, layout: Layout, t: &mut Tensor) {
                     .permuted_axes(ndarray::IxDyn(&[1, 0, 2]))
                     .as_standard_layout()
                     .into_owned();
-                if let Ok(flat) = token_major.into_shape_with_order(ndarray::IxDyn(&[h, tt, d])) {
-                    *t = flat;
+                match token_major.into_shape_with_order(ndarray::IxDyn(&[h, tt, d])) {
+                    Ok(flat) => *t = flat,
+                    Err(_) => return false,
                 }
+            } else {
+                return false;
             }
         }
     }
+    true
 }
 
 /// A catalogue entry: a realistic bring-up bug with where it is planted by default and where the
@@ -493,6 +729,7 @@ pub fn plant(spec: &str, family: &str, config: &serde_json::Value) -> crate::Res
         kind: e.kind(config)?,
         target: target.unwrap_or(e.default_target).to_string(),
         step: e.step,
+        hits: Arc::default(),
     })
 }
 

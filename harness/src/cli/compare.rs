@@ -137,6 +137,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             .unwrap_or_else(|| got.manifest.producer.clone()),
         oracle: Some(oracle_versions(&reference.manifest.tools)),
         isolated: false,
+        contract_sha256: Some(contract.sha256()),
     };
     let transcript = Transcript {
         runtime: got.manifest.transcript.clone(),

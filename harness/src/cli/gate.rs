@@ -30,6 +30,10 @@ pub struct Args {
     /// max_abs at or below this never fails.
     #[arg(long, value_name = "X", default_value_t = GateOptions::default().max_abs_floor)]
     pub max_abs_floor: f64,
+    /// Gate evidence of other weights or other audio against the baseline (reported as info);
+    /// family and contract must still match.
+    #[arg(long)]
+    pub allow_different_input: bool,
 }
 
 /// Runs the gate: prints findings, writes JUnit, exit 0 pass / 1 failure / 2 input error.
@@ -44,8 +48,15 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         factor: a.factor,
         rel_l2_floor: a.rel_l2_floor,
         max_abs_floor: a.max_abs_floor,
+        allow_different_input: a.allow_different_input,
     };
-    let r = gate(&new, &base, &opts);
+    let r = gate(&new, &base, &opts).with_context(|| {
+        format!(
+            "gating {} against {}",
+            a.evidence.display(),
+            a.baseline.display()
+        )
+    })?;
     let mut out = String::new();
     for f in &r.findings {
         let tag = if f.failing { "FAIL" } else { "info" };

@@ -38,6 +38,7 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let model = models::load(&a.model)?;
     let (faults, _) = super::faults::plan(&a.inject, &a.model)?;
+    faults.validate(model.graph())?;
     let opts = RunOptions {
         max_new_tokens: a.max_steps,
         teacher_tokens: (!a.teacher.is_empty()).then(|| a.teacher.clone()),
@@ -56,6 +57,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 faults: Some(&faults),
             },
         )?;
+        faults.confirm_fired()?;
         let manifest = xray_runtime::dump::Manifest {
             schema: xray_runtime::dump::SCHEMA.into(),
             version: xray_runtime::dump::VERSION,
@@ -94,6 +96,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         None,
         only,
     )?;
+    faults.confirm_fired()?;
     let mut w = dump.to_writer();
     w.manifest
         .extra

@@ -1,0 +1,133 @@
+//! `--inject FAULT@TARGET` never plants nothing silently: a target that matches no op or edge, an
+//! empty target, or a target of the wrong op kind is refused before the run, naming the target
+//! and the nearest names that would work; a fault that never fires during the run is an error.
+
+mod whisper_support;
+
+use xray_runtime::audio::load_wav;
+use xray_runtime::faults::{catalogue, plant, FaultKind, FaultPlan};
+use xray_runtime::models::{self, RunHooks, RunOptions};
+
+fn plan_of(spec: &str, family: &str, config: &serde_json::Value) -> FaultPlan {
+    FaultPlan {
+        planted: vec![plant(spec, family, config).expect("catalogue fault")],
+    }
+}
+
+fn config(dir: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).expect("config"))
+        .expect("config json")
+}
+
+/// Every catalogue fault of both families: the default target validates; a target that matches
+/// nothing and an empty target are refused with the target named and a suggestion.
+#[test]
+fn every_fault_refuses_a_target_that_matches_nothing() {
+    for (dir, family) in [
+        ("fixtures/build/whisper-rand-a", "whisper"),
+        ("fixtures/build/granite-nar-tiny", "granite_nar"),
+    ] {
+        let Some(dir) = whisper_support::fixture(dir) else {
+            return;
+        };
+        let model = models::load(&dir).expect("load");
+        let cfg = config(&dir);
+        let mut n = 0;
+        for e in catalogue().into_iter().filter(|e| e.family == family) {
+            n += 1;
+            plan_of(e.name, family, &cfg)
+                .validate(model.graph())
+                .unwrap_or_else(|err| panic!("{}: default target refused: {err}", e.name));
+            let host = matches!(e.kind(&cfg).expect("kind"), FaultKind::Host(_));
+            for target in ["no.such.layer.9", ""] {
+                if host && target.is_empty() {
+                    continue; // a host fault's target is empty by definition
+                }
+                let spec = format!("{}@{target}", e.name);
+                let err = plan_of(&spec, family, &cfg)
+                    .validate(model.graph())
+                    .expect_err(&spec)
+                    .to_string();
+                assert!(err.contains(&spec), "{spec}: {err}");
+                if !host {
+                    assert!(err.contains("nearest"), "{spec}: {err}");
+                }
+            }
+        }
+        assert!(n >= 7, "{family}: only {n} catalogue faults");
+    }
+}
+
+/// A target that names a real op of the wrong kind (a LayerNorm epsilon fault on an attention op)
+/// and an output fault that cannot change the edge it names are refused.
+#[test]
+fn wrong_op_kind_is_refused() {
+    let Some(dir) = whisper_support::fixture("fixtures/build/whisper-rand-a") else {
+        return;
+    };
+    let model = models::load(&dir).expect("load");
+    let cfg = config(&dir);
+    let err = plan_of("layernorm_eps@decoder.layer.0.self_attn", "whisper", &cfg)
+        .validate(model.graph())
+        .expect_err("wrong op kind")
+        .to_string();
+    assert!(err.contains("wrong op kind"), "{err}");
+    assert!(err.contains("nearest ops that do"), "{err}");
+    // A head-major leak on a token-major edge changes nothing.
+    let err = plan_of(
+        "cross_k_token_major@audio.decoder.layer.1.out",
+        "whisper",
+        &cfg,
+    )
+    .validate(model.graph())
+    .expect_err("layout leak on a token-major edge")
+    .to_string();
+    assert!(err.contains("head_major"), "{err}");
+    // A host fault takes no target.
+    let err = plan_of("stale_cross_cache@decoder.layer.0", "whisper", &cfg)
+        .validate(model.graph())
+        .expect_err("host fault with a target")
+        .to_string();
+    assert!(err.contains("takes no target"), "{err}");
+}
+
+/// A valid target whose step is never reached fires nothing: confirmed as an error after the run,
+/// while the same fault at a reached step fires.
+#[test]
+fn a_fault_that_never_fires_is_an_error() {
+    let (Some(dir), Some(wav)) = (
+        whisper_support::fixture("fixtures/build/whisper-rand-a"),
+        whisper_support::fixture("fixtures/audio/fox.wav"),
+    ) else {
+        return;
+    };
+    let model = models::load(&dir).expect("load");
+    let cfg = config(&dir);
+    let audio = load_wav(&wav, 16000).expect("wav");
+    // nan_one is planted at step 2; a run capped at one new token never gets there.
+    let plan = plan_of("nan_one", "whisper", &cfg);
+    plan.validate(model.graph()).expect("valid target");
+    let run = |max: usize| {
+        plan.reset_hits();
+        model
+            .run(
+                &audio,
+                &RunOptions {
+                    max_new_tokens: Some(max),
+                    teacher_tokens: None,
+                },
+                &mut RunHooks {
+                    faults: Some(&plan),
+                    ..Default::default()
+                },
+            )
+            .expect("run");
+        plan.confirm_fired()
+    };
+    let err = run(1).expect_err("step 2 never reached").to_string();
+    assert!(
+        err.contains("never fired") && err.contains("nan_one"),
+        "{err}"
+    );
+    run(4).expect("step 2 reached: the fault fired");
+}

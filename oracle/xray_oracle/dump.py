@@ -200,7 +200,7 @@ def dump_target(out: Path, overwrite: bool) -> list[str]:
             "move those away or choose another directory"
         )
     if not overwrite:
-        raise DumpError(f"{out}: already holds an X-Ray dump; pass overwrite=True (CLI: --force) to replace it")
+        raise DumpError(f"{out}: already exists and holds an X-Ray dump; pass overwrite=True (CLI: --force) to replace it")
     return [n for n in present if n in files]
 
 

@@ -595,7 +595,7 @@ pub enum DumpTarget {
 /// X-Ray dump, or an ancestor that is not a directory is refused with an error naming it.
 pub fn check_dump_target(dir: &Path, replace: bool) -> Result<DumpTarget> {
     let meta = match std::fs::symlink_metadata(dir) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        Err(e) if absent(&e) => {
             let mut a = dir.parent();
             while let Some(p) = a.filter(|p| !p.as_os_str().is_empty()) {
                 match std::fs::metadata(p) {
@@ -606,7 +606,7 @@ pub fn check_dump_target(dir: &Path, replace: bool) -> Result<DumpTarget> {
                             "is not a directory (needed as a parent of the dump)",
                         ))
                     }
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => a = p.parent(),
+                    Err(e) if absent(&e) => a = p.parent(),
                     Err(e) => return Err(RuntimeError::io(p, e)),
                 }
             }
@@ -682,6 +682,14 @@ pub fn check_dump_target(dir: &Path, replace: bool) -> Result<DumpTarget> {
     }
     files.retain(|f| present.iter().any(|(n, _)| n == f));
     Ok(DumpTarget::Dump { files })
+}
+
+/// Nothing there: not found, or a path component is a file (then an ancestor check names it).
+fn absent(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+    )
 }
 
 /// Creates a fresh, uniquely named hidden sibling directory `.{base}.xray-{tag}-{pid}-{n}`.

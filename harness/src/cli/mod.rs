@@ -283,7 +283,10 @@ fn writable_ancestor(what: &str, p: &std::path::Path) -> anyhow::Result<()> {
                 dir.display()
             ),
             Err(e)
-                if e.kind() == std::io::ErrorKind::NotFound && dir != std::path::Path::new(".") =>
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) && dir != std::path::Path::new(".") =>
             {
                 a = dir.parent()
             }

@@ -238,6 +238,76 @@ fn missing_output_folders_are_created() {
     assert!(ev.exists() && md.exists());
 }
 
+#[test]
+fn a_write_that_fails_after_the_run_keeps_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path().join("r");
+    assert_eq!(code(&run_dump(&r, &[])), 0);
+    // A file name longer than the file system allows: the folder is fine before the run, the
+    // write itself fails afterwards.
+    let long = dir.path().join(format!("{}.html", "x".repeat(300)));
+    let (ev, md) = (dir.path().join("e.json"), dir.path().join("r.md"));
+    let o = xray(&[
+        "compare",
+        s(&r),
+        s(&r),
+        "--evidence",
+        s(&ev),
+        "--report",
+        s(&long),
+        "--markdown",
+        s(&md),
+    ]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("could not write the report") && stderr(&o).contains("xxxx.html"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(evidence(&ev)["verdict"], "pass");
+    assert!(
+        md.exists(),
+        "the Markdown after the failed report was not written"
+    );
+    // Evidence that cannot be written where asked is saved elsewhere, and said so.
+    let long_ev = dir.path().join(format!("{}.json", "e".repeat(300)));
+    let o = xray(&["compare", s(&r), s(&r), "--evidence", s(&long_ev)]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    let err = stderr(&o);
+    let saved = err
+        .lines()
+        .find_map(|l| l.strip_prefix("xray: the evidence was saved to "))
+        .and_then(|l| l.strip_suffix(" instead"))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert_eq!(evidence(Path::new(saved))["verdict"], "pass");
+    let _ = std::fs::remove_file(saved);
+}
+
+#[test]
+fn the_default_reports_folder_is_checked_too() {
+    let cwd = tempfile::tempdir().unwrap();
+    std::fs::write(cwd.path().join("reports"), b"a file, not a folder").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_xray"))
+        .current_dir(cwd.path())
+        .args([
+            "check",
+            "--model",
+            s(&root().join(MODEL)),
+            "--audio",
+            s(&root().join(AUDIO)),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--evidence")
+            && stderr(&o).contains("reports")
+            && !stderr(&o).contains("running"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 // ----------------------------------------------------------------------------------------------
 // Item 10: --only that matches nothing; unlisted files; not-compared checkpoints named.
 
@@ -305,8 +375,11 @@ fn compare_names_missing_checkpoints_and_unlisted_files() {
 // ----------------------------------------------------------------------------------------------
 // Item 4: stats-only comparison.
 
+/// A tensor-to-tensor transformation of a dump's content.
+type Transform = dyn Fn(&ArrayD<f32>) -> ArrayD<f32>;
+
 /// Writes a stats-only copy of `full` with every tensor passed through `f`.
-fn stats_copy(full: &Dump, out: &Path, f: &dyn Fn(&ArrayD<f32>) -> ArrayD<f32>) {
+fn stats_copy(full: &Dump, out: &Path, f: &Transform) {
     let mut m = full.manifest.clone();
     m.checkpoints.clear();
     m.stats_only = true;
@@ -382,7 +455,7 @@ fn stats_only_compare_sees_order_and_writes_every_output() {
     // Every tensor reversed, shifted by one element, or (2-D) transposed in place: the same values
     // and the same mean/rms/min/max, another order. Each fails, and the failing compare replaces
     // the "pass" evidence, report and Markdown left at those paths.
-    let transforms: Vec<(&str, Box<dyn Fn(&ArrayD<f32>) -> ArrayD<f32>>)> = vec![
+    let transforms: Vec<(&str, Box<Transform>)> = vec![
         (
             "reversed",
             Box::new(|t| {

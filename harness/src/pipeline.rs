@@ -7,14 +7,20 @@ use std::collections::HashMap;
 
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
 use xray_runtime::contract::{Contract, StepRef as CStep, Steps as CSteps};
-use xray_runtime::dump::Dump;
+use xray_runtime::dump::{content_sha256, Dump, Stats};
 use xray_runtime::Layout;
 
 use crate::compare::{
     compare_graph, layout_axis_names, CompareOptions, Comparison, Pair, PairMeta, PairSource,
 };
-use crate::evidence::OracleVersions;
-use crate::localize::{build_graph, CheckpointGraph, CheckpointSpec, StepRef, Steps};
+use crate::evidence::{
+    CheckpointEvidence, FirstDivergence, InputEvidence, OracleVersions, ToleranceEvidence,
+};
+use crate::localize::{
+    build_graph, error_profile, localize, CheckpointGraph, CheckpointSpec, Observed, Status,
+    StepRef, Steps,
+};
+use crate::signatures::Explanation;
 use crate::tolerance::Dtype;
 use crate::Error;
 
@@ -259,89 +265,295 @@ pub fn compare_dumps(
     compare_graph(&g, &pairs, opts)
 }
 
-/// One row of a statistics comparison (stats-only dumps).
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct StatsRow {
-    /// Checkpoint.
-    pub name: String,
-    /// Step.
-    pub step: usize,
-    /// `identical` (same content hash), `close`, `differs`, or `missing`.
-    pub status: String,
-    /// Largest relative difference over mean, rms, min, max (relative to the reference rms).
-    pub max_rel_delta: f64,
+/// One side of a statistics comparison: the summary of `name@step` in the contract's canonical
+/// layout (computed from the tensor for a full dump, read from the manifest for a stats-only one).
+struct SideSummary {
+    stats: Stats,
+    content_sha256: String,
+    shape: Vec<usize>,
+    layout: Layout,
 }
 
-fn summary_of(d: &Dump, name: &str, step: usize) -> Option<(xray_runtime::dump::Stats, String)> {
-    if let Some(e) = d.entry(name, step) {
-        if let (Some(s), Some(h)) = (&e.stats, &e.content_sha256) {
-            return Some((s.clone(), h.clone()));
-        }
+fn side_summary(
+    contract: &Contract,
+    d: &Dump,
+    name: &str,
+    step: usize,
+) -> Option<Result<SideSummary, String>> {
+    let e = d.entry(name, step)?;
+    if let (Some(s), Some(h)) = (&e.stats, &e.content_sha256) {
+        return Some(Ok(SideSummary {
+            stats: s.clone(),
+            content_sha256: h.clone(),
+            shape: e.shape.clone(),
+            layout: e.layout,
+        }));
     }
     let t = d.get(name, step)?;
+    let (t, layout) = match contract.get(name) {
+        Some(spec) if spec.layout != e.layout => {
+            match to_canonical(
+                t,
+                e.layout,
+                spec.layout,
+                contract.dims.get("heads").copied(),
+            ) {
+                Ok(c) => (c, spec.layout),
+                Err(err) => return Some(Err(err)),
+            }
+        }
+        _ => (t.clone(), e.layout),
+    };
     let std = t.as_standard_layout();
     let sl = std.as_slice()?;
-    Some((
-        xray_runtime::dump::Stats::of(sl),
-        xray_runtime::dump::content_sha256(sl),
-    ))
+    Some(Ok(SideSummary {
+        stats: Stats::of(sl),
+        content_sha256: content_sha256(sl),
+        shape: t.shape().to_vec(),
+        layout,
+    }))
 }
 
-/// Compare two dumps by content hash and summary statistics, in contract order (works when either
-/// side is stats-only). `rel` is the relative tolerance on each statistic.
-pub fn compare_stats(contract: &Contract, reference: &Dump, got: &Dump, rel: f64) -> Vec<StatsRow> {
-    let mut keys: Vec<(usize, usize, String)> = reference
-        .manifest
-        .checkpoints
-        .iter()
-        .map(|e| {
-            (
-                e.step,
-                contract.get(&e.name).map(|s| s.order).unwrap_or(usize::MAX),
-                e.name.clone(),
-            )
-        })
-        .collect();
-    keys.sort();
-    keys.into_iter()
-        .map(|(step, _, name)| {
-            let (status, delta) = match (
-                summary_of(reference, &name, step),
-                summary_of(got, &name, step),
-            ) {
-                (Some((a, ha)), Some((b, hb))) => {
-                    if ha == hb {
-                        ("identical", 0.0)
-                    } else {
-                        let scale = a.rms.max(1e-30);
-                        let d = [
-                            (a.mean, b.mean),
-                            (a.rms, b.rms),
-                            (a.min, b.min),
-                            (a.max, b.max),
-                        ]
-                        .iter()
-                        .map(|(x, y)| (x - y).abs() / scale)
-                        .fold(0.0f64, f64::max);
-                        let nonfinite = a.nan != b.nan || a.inf != b.inf || a.count != b.count;
-                        (
-                            if nonfinite || d > rel {
-                                "differs"
-                            } else {
-                                "close"
-                            },
-                            d,
-                        )
-                    }
+/// The outcome of comparing two summaries of one checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatsVerdict {
+    /// Whether it passes.
+    pub pass: bool,
+    /// Estimated `rel_l2` (see [`stats_rel_l2`]).
+    pub rel_l2: f64,
+    /// The bound it was held to.
+    pub bound: f64,
+    /// One sentence for the evidence note.
+    pub note: String,
+}
+
+/// Estimated `rel_l2 = ||x - y|| / ||y||` of a tensor `x` against its reference `y` from their
+/// summaries: the larger of the sketch estimate `sqrt(mean_k (sketch_k(x) - sketch_k(y))^2) /
+/// rms(y)` (unbiased in the square; a relative spread of ~sqrt(2/32) = 25 %) and the exact lower
+/// bound `max(|rms(x) - rms(y)|, |mean(x) - mean(y)|) / rms(y)` (triangle and Cauchy-Schwarz
+/// inequalities). Returns `(estimate, lower_bound)`; `None` when a side lacks a sketch.
+pub fn stats_rel_l2(reference: &Stats, got: &Stats) -> Option<(f64, f64)> {
+    let (a, b) = (reference.sketch.as_ref()?, got.sketch.as_ref()?);
+    if a.len() != b.len() || a.is_empty() {
+        return None;
+    }
+    let scale = reference.rms.max(f64::MIN_POSITIVE);
+    let ms = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum::<f64>() / a.len() as f64;
+    let lower = (reference.rms - got.rms)
+        .abs()
+        .max((reference.mean - got.mean).abs())
+        / scale;
+    Some((ms.sqrt() / scale, lower))
+}
+
+/// Judges one checkpoint from summaries under `tol`: identical content hashes pass; any
+/// non-finite value, count mismatch or missing sketch fails; otherwise the estimated `rel_l2`
+/// (the larger of [`stats_rel_l2`]'s two) must be within `tol.max_rel_l2`, or, when the tolerance
+/// sets none, within `rtol + atol / rms(ref)` (the largest `rel_l2` of a tensor whose every
+/// element is within `atol + rtol * |ref|`).
+pub fn judge_stats(
+    reference: &Stats,
+    ref_hash: &str,
+    got: &Stats,
+    got_hash: &str,
+    tol: &crate::tolerance::Tolerance,
+) -> StatsVerdict {
+    let bound = tol
+        .max_rel_l2
+        .unwrap_or(tol.rtol + tol.atol / reference.rms.max(f64::MIN_POSITIVE));
+    let fail = |note: String| StatsVerdict {
+        pass: false,
+        rel_l2: 0.0,
+        bound,
+        note,
+    };
+    if reference.nan + reference.inf > 0 {
+        return fail(format!(
+            "stats-only: the reference holds {} NaN and {} Inf values; a non-finite reference cannot be compared",
+            reference.nan, reference.inf
+        ));
+    }
+    if got.nan + got.inf > 0 {
+        return fail(format!(
+            "stats-only: {} NaN and {} Inf values where the reference is finite",
+            got.nan, got.inf
+        ));
+    }
+    if reference.count != got.count {
+        return fail(format!(
+            "stats-only: {} elements vs {} in the reference",
+            got.count, reference.count
+        ));
+    }
+    if ref_hash == got_hash {
+        return StatsVerdict {
+            pass: true,
+            rel_l2: 0.0,
+            bound,
+            note: "stats-only: identical content (same sha256)".into(),
+        };
+    }
+    let Some((est, lower)) = stats_rel_l2(reference, got) else {
+        return fail("stats-only: a side has no order-sensitive sketch".into());
+    };
+    let rel = est.max(lower);
+    let pass = rel <= bound;
+    let mut note = format!(
+        "stats-only: rel_l2 ~ {rel:.2e} (sketch estimate {est:.2e}, lower bound from mean/rms {lower:.2e}), bound {bound:.2e}"
+    );
+    if !pass && lower <= bound {
+        let (r, g) = (reference, got);
+        let scale = r.rms.max(f64::MIN_POSITIVE);
+        if ((r.min - g.min).abs().max((r.max - g.max).abs())) / scale <= bound {
+            note.push_str(": the same mean, rms and range in another order (a permutation, shift or transposition)");
+        }
+    }
+    StatsVerdict {
+        pass,
+        rel_l2: rel,
+        bound,
+        note,
+    }
+}
+
+/// Compares two dumps when either is stats-only: each checkpoint is judged from its summaries
+/// ([`judge_stats`], tolerances from `opts.policy`), then localized along the contract's graph like
+/// the full comparison, so the evidence has the same form (metrics `null`, the estimate in the
+/// checkpoint's `note`).
+pub fn compare_stats_dumps(
+    contract: &Contract,
+    reference: &Dump,
+    got: &Dump,
+    opts: &CompareOptions,
+) -> Result<Comparison, Error> {
+    let g = graph_for(contract, reference)?;
+    let mut observed = Vec::with_capacity(g.len());
+    let mut partial = Vec::with_capacity(g.len());
+    for node in g.nodes() {
+        let step = node.step as usize;
+        let r = side_summary(contract, reference, &node.name, step);
+        let x = side_summary(contract, got, &node.name, step);
+        let tol = opts.policy.resolve(
+            &node.name,
+            node.step,
+            Dtype::F32,
+            opts.floors.get(&(node.name.clone(), node.step)),
+        );
+        let (obs, note, meta) = match (r, x) {
+            (None, None) => (
+                Observed::Missing,
+                "absent from both dumps".to_string(),
+                None,
+            ),
+            (None, Some(_)) => (
+                Observed::Missing,
+                "absent from the reference dump".into(),
+                None,
+            ),
+            (Some(Ok(r)), None) => (
+                Observed::Missing,
+                "absent from the dump under test".into(),
+                Some(r),
+            ),
+            (Some(Err(e)), _) | (_, Some(Err(e))) => (Observed::AlignmentFault, e, None),
+            (Some(Ok(r)), Some(Ok(x))) => {
+                if r.layout != x.layout {
+                    (
+                        Observed::AlignmentFault,
+                        format!(
+                            "layout {} vs {} (reference); stats-only summaries cannot be re-laid out",
+                            x.layout, r.layout
+                        ),
+                        Some(r),
+                    )
+                } else if r.shape != x.shape {
+                    (
+                        Observed::AlignmentFault,
+                        format!("shape {:?} vs {:?} (reference)", x.shape, r.shape),
+                        Some(r),
+                    )
+                } else {
+                    let v = judge_stats(
+                        &r.stats,
+                        &r.content_sha256,
+                        &x.stats,
+                        &x.content_sha256,
+                        &tol.tolerance,
+                    );
+                    (
+                        if v.pass {
+                            Observed::Pass
+                        } else {
+                            Observed::Fail
+                        },
+                        v.note,
+                        Some(r),
+                    )
                 }
-                _ => ("missing", f64::NAN),
-            };
-            StatsRow {
-                name,
-                step,
-                status: status.into(),
-                max_rel_delta: delta,
             }
-        })
-        .collect()
+        };
+        observed.push(obs);
+        partial.push(CheckpointEvidence {
+            name: node.name.clone(),
+            step: node.step,
+            producer: node.producer.clone(),
+            consumers: node.consumers.clone(),
+            shape: meta.as_ref().map(|m| m.shape.clone()).unwrap_or_default(),
+            dtype: Dtype::F32.as_str().into(),
+            layout: meta
+                .as_ref()
+                .map(|m| m.layout.to_string())
+                .unwrap_or_default(),
+            metrics: None,
+            local_metrics: None,
+            tolerance: ToleranceEvidence::from(&tol),
+            status: Status::Pass,
+            propagated_from: vec![],
+            note: Some(note),
+        });
+    }
+    let loc = localize(&g, &observed)?;
+    let nodes = g.nodes();
+    for (i, c) in partial.iter_mut().enumerate() {
+        c.status = loc.status[i];
+        c.propagated_from = loc.propagated_from[i]
+            .iter()
+            .map(|&u| nodes[u].id())
+            .collect();
+    }
+    let profile = error_profile(&g, &vec![None; g.len()], &loc.status)?;
+    let first_divergence = loc.origin.map(|o| {
+        let node = &nodes[o];
+        FirstDivergence {
+            checkpoint: node.name.clone(),
+            step: node.step,
+            producer: node.producer.clone(),
+            inputs: node
+                .upstream
+                .iter()
+                .map(|&u| InputEvidence {
+                    checkpoint: nodes[u].name.clone(),
+                    step: nodes[u].step,
+                    status: loc.status[u],
+                })
+                .collect(),
+            explanation: Some(Explanation {
+                signature: "none".into(),
+                detail: format!(
+                    "{}; re-tap with `xray run --only '{}'` (full tensors) for a signature",
+                    partial[o].note.clone().unwrap_or_default(),
+                    node.name
+                ),
+                evidence: serde_json::json!({"stats_only": true}),
+            }),
+        }
+    });
+    Ok(Comparison {
+        checkpoints: partial,
+        first_divergence,
+        error_profile: profile,
+        first_divergent_token_step: None,
+        drill_down: None,
+        localization: loc,
+    })
 }

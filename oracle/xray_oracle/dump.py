@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import math
 import os
 import shutil
 import struct
@@ -90,7 +91,7 @@ def parse_npy(data: bytes, where: str) -> np.ndarray:
     if not isinstance(shape, tuple) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise DumpError(f"{where}: .npy shape {shape!r} is not a tuple of non-negative integers")
     dt = np.dtype(descr)
-    expected = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    expected = math.prod(shape) * dt.itemsize  # Python ints: no wrap-around
     payload = data[10 + hlen :]
     if len(payload) != expected:
         raise DumpError(
@@ -120,19 +121,87 @@ class DumpCheckpoint:
     content_sha256: Optional[str] = None
 
 
+SKETCH_LEN = 32
+_SKETCH_CHUNK = 1 << 16
+
+
+def sketch_bits(idx: np.ndarray) -> np.ndarray:
+    """splitmix64 of each flat index (uint64): bit k is the sign of that element in sketch
+    projection k (1 = minus). The same function as `xray_runtime::dump::sketch_bits`."""
+    z = idx.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def tensor_sketch(a: np.ndarray) -> list[float]:
+    """The order-sensitive `sketch` of a stats-only entry: SKETCH_LEN random-sign projections of the
+    C-order content over finite values, divided by sqrt(count) (docs/dump-format.md)."""
+    x = np.ascontiguousarray(a, dtype=np.float64).ravel()
+    acc = np.zeros(SKETCH_LEN, dtype=np.float64)
+    ks = np.arange(SKETCH_LEN, dtype=np.uint64)
+    for start in range(0, x.size, _SKETCH_CHUNK):
+        chunk = x[start : start + _SKETCH_CHUNK]
+        chunk = np.where(np.isfinite(chunk), chunk, 0.0)
+        bits = (sketch_bits(np.arange(start, start + chunk.size, dtype=np.uint64))[:, None] >> ks) & np.uint64(1)
+        acc += chunk @ (1.0 - 2.0 * bits.astype(np.float64))
+    return [float(v) for v in acc / np.sqrt(max(x.size, 1))]
+
+
 def tensor_stats(a: np.ndarray) -> dict:
-    """`stats` of a stats-only dump entry (over the values as f64)."""
+    """`stats` of a stats-only dump entry (over the values as f64; min/max/mean/rms are 0 when no
+    value is finite, as the Rust writer does)."""
     x = np.asarray(a, dtype=np.float64).ravel()
     finite = x[np.isfinite(x)]
     return {
         "count": int(x.size),
-        "min": float(finite.min()) if finite.size else None,
-        "max": float(finite.max()) if finite.size else None,
-        "mean": float(finite.mean()) if finite.size else None,
-        "rms": float(np.sqrt(np.mean(finite * finite))) if finite.size else None,
+        "min": float(finite.min()) if finite.size else 0.0,
+        "max": float(finite.max()) if finite.size else 0.0,
+        "mean": float(finite.mean()) if finite.size else 0.0,
+        "rms": float(np.sqrt(np.mean(finite * finite))) if finite.size else 0.0,
         "nan": int(np.isnan(x).sum()),
         "inf": int(np.isinf(x).sum()),
+        "sketch": tensor_sketch(a),
     }
+
+
+def dump_target(out: Path, overwrite: bool) -> list[str]:
+    """Check that a dump may be written at `out` (the rules of `xray_runtime::dump::check_dump_target`):
+    absent or empty -> []; an X-Ray dump whose every file its manifest lists -> those files (only
+    with `overwrite`); anything else raises DumpError naming `out`."""
+    if out.is_symlink():
+        raise DumpError(f"{out}: is a symbolic link; give the real directory (a dump is replaced by renaming)")
+    if not out.exists():
+        return []
+    if not out.is_dir():
+        raise DumpError(f"{out}: exists and is not a directory")
+    present = sorted(os.listdir(out))
+    if not present:
+        return []
+    not_dump = DumpError(
+        f"{out}: is not empty and is not an X-Ray dump (no xray.dump manifest.json); refusing to write there, "
+        "choose a new or empty directory"
+    )
+    try:
+        m = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        raise not_dump from None
+    if not isinstance(m, dict) or m.get("schema") != SCHEMA:
+        raise not_dump
+    files = {"manifest.json"}
+    for e in m.get("checkpoints") or []:
+        f = e.get("file") if isinstance(e, dict) else None
+        if isinstance(f, str) and "/" not in f and "\\" not in f and f not in (".", ".."):
+            files.add(f)
+    foreign = [n for n in present if n not in files or not (out / n).is_file() or (out / n).is_symlink()]
+    if foreign:
+        raise DumpError(
+            f"{out}: is an X-Ray dump but also holds what its manifest does not list ({', '.join(foreign)}); "
+            "move those away or choose another directory"
+        )
+    if not overwrite:
+        raise DumpError(f"{out}: already exists and holds an X-Ray dump; pass overwrite=True (CLI: --force) to replace it")
+    return [n for n in present if n in files]
 
 
 def content_sha256(a: np.ndarray) -> str:
@@ -162,8 +231,7 @@ def write_dump(
     `checkpoints` items are DumpCheckpoint or dicts with name, step, layout, array (the result of
     `run_whisper` fits as is)."""
     out = Path(out_dir)
-    if out.exists() and not overwrite:
-        raise DumpError(f"{out} already exists; pass overwrite=True (CLI: --force) to replace it")
+    old_files = dump_target(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
@@ -223,16 +291,29 @@ def write_dump(
         manifest = {k: v for k, v in manifest.items() if v is not None or k in ("weights_sha256", "audio_sha256")}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         os.chmod(tmp, 0o755)
+        old_files = dump_target(out, overwrite)  # again: the directory may have changed meanwhile
         if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            shutil.rmtree(old, ignore_errors=True)
+            # A fresh, unique aside name; the old dump is removed only after the new one is in
+            # place, and only the files its manifest listed (then the directory, if empty).
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.rmdir(old)
             os.rename(out, old)
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
+            try:
+                os.rename(tmp, out)
+            except BaseException:
+                os.rename(old, out)
+                raise
+            for f in old_files:
+                try:
+                    os.unlink(old / f)
+                except FileNotFoundError:
+                    pass
+            os.rmdir(old)
         else:
             os.rename(tmp, out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)  # our own fresh mkdtemp directory
         raise
     return out
 
@@ -307,7 +388,13 @@ def read_dump(path: str | Path) -> Dump:
         if stats_only:
             if "stats" not in e or "content_sha256" not in e:
                 raise DumpError(f"{where}: a stats-only entry needs 'stats' and 'content_sha256'")
-            c.stats, c.content_sha256 = e["stats"], e["content_sha256"]
+            st = e["stats"]
+            sk = st.get("sketch") if isinstance(st, dict) else None
+            if not isinstance(sk, list) or len(sk) != SKETCH_LEN or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in sk
+            ):
+                raise DumpError(f"{where}: a stats-only entry needs an order-sensitive 'sketch' of {SKETCH_LEN} finite numbers")
+            c.stats, c.content_sha256 = st, e["content_sha256"]
         else:
             for key in ("file", "sha256"):
                 if key not in e:

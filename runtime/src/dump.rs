@@ -18,27 +18,49 @@ pub const SCHEMA: &str = "xray.dump";
 /// Schema version.
 pub const VERSION: u32 = 1;
 
+/// Number of signed projections in [`Stats::sketch`].
+pub const SKETCH_LEN: usize = 32;
+
+/// The 64 pseudo-random sign bits of flat element `i` (splitmix64 of `i`): bit `k` is the sign of
+/// element `i` in sketch projection `k` (1 = minus). The Python writer
+/// (`oracle/xray_oracle/dump.py`) computes the same bits.
+pub fn sketch_bits(i: u64) -> u64 {
+    let mut z = i.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// Per-checkpoint summary statistics (stats-only dumps, and evidence).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
     /// Element count.
     pub count: usize,
-    /// Minimum over finite values.
+    /// Minimum over finite values (0 when there is none).
     pub min: f64,
-    /// Maximum over finite values.
+    /// Maximum over finite values (0 when there is none).
     pub max: f64,
-    /// Mean over finite values.
+    /// Mean over finite values (0 when there is none).
     pub mean: f64,
-    /// Root mean square over finite values.
+    /// Root mean square over finite values (0 when there is none).
     pub rms: f64,
     /// NaN count.
     pub nan: usize,
     /// ±Inf count.
     pub inf: usize,
+    /// Order-sensitive summary: [`SKETCH_LEN`] random-sign projections of the C-order content,
+    /// `sketch[k] = sum_i s_k(i) * x_i / sqrt(count)` over finite `x_i`, with `s_k(i) = -1` when
+    /// bit `k` of [`sketch_bits`]`(i)` is set, else `+1`. For two tensors `x`, `y` of the same
+    /// shape, `mean_k (sketch_k(x) - sketch_k(y))^2` is an unbiased estimate of
+    /// `||x - y||^2 / count`, so a permutation, shift or transposition shows as a large
+    /// difference while f32 rounding noise stays at its own size (docs/dump-format.md).
+    /// Absent only in dumps from older writers, which stats-only comparison refuses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sketch: Option<Vec<f64>>,
 }
 
 impl Stats {
-    /// Statistics of a slice.
+    /// Statistics of a slice (C order).
     pub fn of(data: &[f32]) -> Stats {
         let (mut mn, mut mx, mut s, mut s2, mut nan, mut inf, mut n) = (
             f64::INFINITY,
@@ -49,7 +71,8 @@ impl Stats {
             0usize,
             0usize,
         );
-        for &v in data {
+        let mut acc = [0f64; SKETCH_LEN];
+        for (i, &v) in data.iter().enumerate() {
             if v.is_nan() {
                 nan += 1;
             } else if v.is_infinite() {
@@ -61,9 +84,14 @@ impl Stats {
                 s += v;
                 s2 += v * v;
                 n += 1;
+                let bits = sketch_bits(i as u64);
+                for (k, a) in acc.iter_mut().enumerate() {
+                    *a += if (bits >> k) & 1 == 1 { -v } else { v };
+                }
             }
         }
         let nf = n.max(1) as f64;
+        let norm = (data.len().max(1) as f64).sqrt();
         Stats {
             count: data.len(),
             min: if n > 0 { mn } else { 0.0 },
@@ -72,6 +100,7 @@ impl Stats {
             rms: (s2 / nf).sqrt(),
             nan,
             inf,
+            sketch: Some(acc.iter().map(|a| a / norm).collect()),
         }
     }
 }
@@ -161,6 +190,9 @@ pub struct Dump {
     pub manifest: Manifest,
     /// Tensors by (name, step); empty for stats-only dumps.
     pub tensors: BTreeMap<(String, usize), Tensor>,
+    /// Files in the directory that the manifest does not list (reported by the caller, never
+    /// read).
+    pub unlisted: Vec<String>,
 }
 
 fn derr(path: &Path, reason: impl Into<String>) -> RuntimeError {
@@ -200,66 +232,195 @@ pub fn npy_bytes(t: &Tensor) -> Vec<u8> {
     out
 }
 
-/// Decode `.npy` bytes (v1/v2/v3; `<f4`, `<f8`, `<f2`, `<i8`, `<i4`; C order) into f32.
+/// A value of a `.npy` header dict (the Python literal subset NumPy writes).
+#[derive(Debug, Clone, PartialEq)]
+enum HeaderValue {
+    Str(String),
+    Bool(bool),
+    Tuple(Vec<usize>),
+}
+
+/// Parses a `.npy` header: a Python dict literal with string keys and string, bool or
+/// integer-tuple values. Keys are matched as whole dict keys, never inside a string.
+fn parse_npy_header(text: &str) -> std::result::Result<BTreeMap<String, HeaderValue>, String> {
+    let b = text.as_bytes();
+    let mut i = 0usize;
+    let ws = |i: &mut usize| {
+        while *i < b.len() && (b[*i] == b' ' || b[*i] == b'\t' || b[*i] == b'\n' || b[*i] == b'\r')
+        {
+            *i += 1;
+        }
+    };
+    let string = |i: &mut usize| -> std::result::Result<String, String> {
+        let q = b[*i];
+        let start = *i + 1;
+        let end = b[start..]
+            .iter()
+            .position(|&c| c == q || c == b'\\')
+            .map(|p| start + p)
+            .ok_or("unterminated string")?;
+        if b[end] == b'\\' {
+            return Err("escape sequences are not supported in header strings".into());
+        }
+        *i = end + 1;
+        Ok(text[start..end].to_string())
+    };
+    ws(&mut i);
+    if b.get(i) != Some(&b'{') {
+        return Err("header is not a dict".into());
+    }
+    i += 1;
+    let mut out = BTreeMap::new();
+    loop {
+        ws(&mut i);
+        match b.get(i) {
+            Some(b'}') => {
+                i += 1;
+                break;
+            }
+            Some(b'\'') | Some(b'"') => {}
+            _ => return Err(format!("expected a quoted key or '}}' at byte {i}")),
+        }
+        let key = string(&mut i)?;
+        ws(&mut i);
+        if b.get(i) != Some(&b':') {
+            return Err(format!("expected ':' after key '{key}'"));
+        }
+        i += 1;
+        ws(&mut i);
+        let value = match b.get(i) {
+            Some(b'\'') | Some(b'"') => HeaderValue::Str(string(&mut i)?),
+            Some(b'T') if text[i..].starts_with("True") => {
+                i += 4;
+                HeaderValue::Bool(true)
+            }
+            Some(b'F') if text[i..].starts_with("False") => {
+                i += 5;
+                HeaderValue::Bool(false)
+            }
+            Some(b'(') => {
+                i += 1;
+                let mut dims = Vec::new();
+                loop {
+                    ws(&mut i);
+                    match b.get(i) {
+                        Some(b')') => {
+                            i += 1;
+                            break;
+                        }
+                        Some(c) if c.is_ascii_digit() => {
+                            let start = i;
+                            while i < b.len() && b[i].is_ascii_digit() {
+                                i += 1;
+                            }
+                            let d = text[start..i].parse::<usize>().map_err(|_| {
+                                format!("shape dimension {} is too large", &text[start..i])
+                            })?;
+                            dims.push(d);
+                            ws(&mut i);
+                            match b.get(i) {
+                                Some(b',') => i += 1,
+                                Some(b')') => {}
+                                _ => return Err("expected ',' or ')' in shape".into()),
+                            }
+                        }
+                        _ => return Err("shape must be a tuple of non-negative integers".into()),
+                    }
+                }
+                HeaderValue::Tuple(dims)
+            }
+            _ => return Err(format!("unsupported value for key '{key}'")),
+        };
+        if out.insert(key.clone(), value).is_some() {
+            return Err(format!("key '{key}' appears twice"));
+        }
+        ws(&mut i);
+        match b.get(i) {
+            Some(b',') => i += 1,
+            Some(b'}') => {}
+            _ => return Err(format!("expected ',' or '}}' after the value of '{key}'")),
+        }
+    }
+    ws(&mut i);
+    if i != b.len() {
+        return Err("trailing bytes after the header dict".into());
+    }
+    Ok(out)
+}
+
+/// Decode `.npy` bytes (v1/v2/v3; `<f4`, `<f8`, `<f2`, `<i8`, `<i4`; C order) into f32. The
+/// header must be a dict with exactly `descr`, `fortran_order` and `shape`; the payload must be
+/// exactly `prod(shape) * itemsize` bytes (checked arithmetic). Nothing is allocated before the
+/// sizes are checked against the bytes given, and every failure names `path`.
 pub fn parse_npy(path: &Path, bytes: &[u8]) -> Result<(Tensor, String)> {
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
         return Err(derr(path, "not a .npy file (bad magic)"));
     }
     let (hlen, start) = match bytes[6] {
-        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10usize),
         2 | 3 if bytes.len() >= 12 => (
             u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
             12,
         ),
         v => return Err(derr(path, format!("unsupported .npy version {v}"))),
     };
-    let header = bytes
-        .get(start..start + hlen)
+    let header = start
+        .checked_add(hlen)
+        .and_then(|end| bytes.get(start..end))
         .ok_or_else(|| derr(path, "truncated .npy header"))?;
     let header = std::str::from_utf8(header).map_err(|_| derr(path, "non-UTF-8 .npy header"))?;
-    let field = |key: &str| -> Option<&str> {
-        let i = header.find(&format!("'{key}'"))?;
-        let rest = header[i + key.len() + 2..]
-            .trim_start()
-            .strip_prefix(':')?
-            .trim_start();
-        Some(rest)
-    };
-    let descr = field("descr")
-        .and_then(|r| r.strip_prefix('\''))
-        .and_then(|r| r.split('\'').next())
-        .ok_or_else(|| derr(path, "no 'descr' in .npy header"))?;
-    if field("fortran_order").is_some_and(|r| r.starts_with("True")) {
+    let dict = parse_npy_header(header)
+        .map_err(|e| derr(path, format!(".npy header does not parse: {e}")))?;
+    if dict.len() != 3 {
         return Err(derr(
             path,
-            "fortran_order .npy files are not supported; save C-contiguous",
+            format!(
+                ".npy header keys are {:?}, expected exactly descr, fortran_order, shape",
+                dict.keys().collect::<Vec<_>>()
+            ),
         ));
     }
-    let shape_s = field("shape")
-        .and_then(|r| r.strip_prefix('('))
-        .and_then(|r| r.split(')').next())
-        .ok_or_else(|| derr(path, "no 'shape' in .npy header"))?;
-    let shape: Vec<usize> = shape_s
-        .split(',')
-        .map(|s| s.trim())
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<usize>())
-        .collect::<std::result::Result<_, _>>()
-        .map_err(|_| derr(path, format!("bad shape '({shape_s})' in .npy header")))?;
-    let n: usize = shape.iter().product();
-    let payload = &bytes[start + hlen..];
+    let descr = match dict.get("descr") {
+        Some(HeaderValue::Str(d)) => d.as_str(),
+        _ => return Err(derr(path, "no string 'descr' in .npy header")),
+    };
+    match dict.get("fortran_order") {
+        Some(HeaderValue::Bool(false)) => {}
+        Some(HeaderValue::Bool(true)) => {
+            return Err(derr(
+                path,
+                "fortran_order .npy files are not supported; save C-contiguous",
+            ))
+        }
+        _ => return Err(derr(path, "no boolean 'fortran_order' in .npy header")),
+    }
+    let shape = match dict.get("shape") {
+        Some(HeaderValue::Tuple(s)) => s.clone(),
+        _ => return Err(derr(path, "no tuple 'shape' in .npy header")),
+    };
     let (item, dtype) = match descr {
-        "<f4" => (4, "f32"),
+        "<f4" => (4usize, "f32"),
         "<f8" => (8, "f64"),
         "<f2" => (2, "f16"),
         "<i8" => (8, "i64"),
         "<i4" => (4, "i32"),
         d => return Err(derr(path, format!("unsupported dtype '{d}'"))),
     };
-    if payload.len() != n * item {
+    let need = shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .and_then(|n| n.checked_mul(item))
+        .ok_or_else(|| {
+            derr(
+                path,
+                format!("shape {shape:?} of {dtype} overflows the address space"),
+            )
+        })?;
+    let payload = &bytes[start + hlen..];
+    if payload.len() != need {
         return Err(derr(
             path,
-            format!("payload is {} bytes, shape {shape:?} of {dtype} needs {} (truncated or padded file)", payload.len(), n * item),
+            format!("payload is {} bytes, shape {shape:?} of {dtype} needs {need} (truncated or padded file)", payload.len()),
         ));
     }
     let vals: Vec<f32> = match dtype {
@@ -344,24 +505,30 @@ impl DumpWriter {
         self.files.push((file, bytes));
     }
 
-    /// Write everything into `dir` atomically: a temp sibling directory, then rename. An existing
-    /// `dir` is replaced only after the new one is complete.
+    /// Write everything into a new or empty `dir`; an existing dump is refused (see
+    /// [`DumpWriter::write_to`]).
     pub fn write(&self, dir: &Path) -> Result<()> {
+        self.write_to(dir, false)
+    }
+
+    /// Write everything into `dir` atomically: the files go into a fresh temporary sibling
+    /// directory, which is renamed into place once complete. `dir` may be absent or empty; an
+    /// existing X-Ray dump is replaced only when `replace` is true (`--force`), and then only
+    /// after the new dump is complete, removing only the files its manifest lists. Anything else
+    /// at `dir` is refused (see [`check_dump_target`]); nothing X-Ray did not write is deleted.
+    pub fn write_to(&self, dir: &Path, replace: bool) -> Result<()> {
+        let target = check_dump_target(dir, replace)?;
         let parent = dir
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
         std::fs::create_dir_all(parent).map_err(|e| RuntimeError::io(parent, e))?;
         let base = dir.file_name().and_then(|n| n.to_str()).unwrap_or("dump");
-        let tmp = parent.join(format!(".{base}.tmp-{}", std::process::id()));
-        if tmp.exists() {
-            std::fs::remove_dir_all(&tmp).map_err(|e| RuntimeError::io(&tmp, e))?;
-        }
-        std::fs::create_dir_all(&tmp).map_err(|e| RuntimeError::io(&tmp, e))?;
+        let tmp = fresh_sibling(parent, base, "tmp")?;
         let result = (|| -> Result<()> {
             for (f, bytes) in &self.files {
                 let p = tmp.join(f);
-                let mut fh = std::fs::File::create(&p).map_err(|e| RuntimeError::io(&p, e))?;
+                let mut fh = std::fs::File::create_new(&p).map_err(|e| RuntimeError::io(&p, e))?;
                 fh.write_all(bytes).map_err(|e| RuntimeError::io(&p, e))?;
                 fh.sync_all().map_err(|e| RuntimeError::io(&p, e))?;
             }
@@ -369,21 +536,173 @@ impl DumpWriter {
             let text = serde_json::to_string_pretty(&self.manifest)
                 .map_err(|e| derr(&mp, e.to_string()))?;
             std::fs::write(&mp, text + "\n").map_err(|e| RuntimeError::io(&mp, e))?;
-            if dir.exists() {
-                let old = parent.join(format!(".{base}.old-{}", std::process::id()));
-                std::fs::rename(dir, &old).map_err(|e| RuntimeError::io(dir, e))?;
-                std::fs::rename(&tmp, dir).map_err(|e| RuntimeError::io(dir, e))?;
-                std::fs::remove_dir_all(&old).map_err(|e| RuntimeError::io(&old, e))?;
-            } else {
-                std::fs::rename(&tmp, dir).map_err(|e| RuntimeError::io(dir, e))?;
+            match &target {
+                DumpTarget::Absent => {
+                    std::fs::rename(&tmp, dir).map_err(|e| RuntimeError::io(dir, e))?;
+                }
+                DumpTarget::Empty => {
+                    // remove_dir only removes an empty directory.
+                    std::fs::remove_dir(dir).map_err(|e| RuntimeError::io(dir, e))?;
+                    std::fs::rename(&tmp, dir).map_err(|e| RuntimeError::io(dir, e))?;
+                }
+                DumpTarget::Dump { files } => {
+                    let old = fresh_sibling(parent, base, "old")?;
+                    std::fs::remove_dir(&old).map_err(|e| RuntimeError::io(&old, e))?;
+                    std::fs::rename(dir, &old).map_err(|e| RuntimeError::io(dir, e))?;
+                    if let Err(e) = std::fs::rename(&tmp, dir) {
+                        let _ = std::fs::rename(&old, dir);
+                        return Err(RuntimeError::io(dir, e));
+                    }
+                    // The new dump is in place; remove only what the old manifest listed.
+                    for f in files {
+                        let _ = std::fs::remove_file(old.join(f));
+                    }
+                    std::fs::remove_dir(&old).map_err(|e| {
+                        derr(
+                            &old,
+                            format!("the new dump is complete at {}, but the previous one could not be removed: {e}", dir.display()),
+                        )
+                    })?;
+                }
             }
             Ok(())
         })();
-        if result.is_err() {
+        if result.is_err() && tmp.exists() {
+            // Our own fresh directory: nothing else can be in it.
             let _ = std::fs::remove_dir_all(&tmp);
         }
         result
     }
+}
+
+/// What an output directory for a dump holds now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DumpTarget {
+    /// Nothing there yet (the nearest existing ancestor is a directory).
+    Absent,
+    /// An empty directory.
+    Empty,
+    /// An X-Ray dump whose every file is listed in its manifest.
+    Dump {
+        /// The files X-Ray wrote there (`manifest.json` and the listed `.npy` files).
+        files: Vec<String>,
+    },
+}
+
+/// Checks that a dump may be written to `dir` (run it before the expensive work; the writer
+/// runs it again): absent, empty, or (only with `replace`) an existing X-Ray dump holding no
+/// file its manifest does not list. A file, a symbolic link, a non-empty directory that is not an
+/// X-Ray dump, or an ancestor that is not a directory is refused with an error naming it.
+pub fn check_dump_target(dir: &Path, replace: bool) -> Result<DumpTarget> {
+    let meta = match std::fs::symlink_metadata(dir) {
+        Err(e) if absent(&e) => {
+            let mut a = dir.parent();
+            while let Some(p) = a.filter(|p| !p.as_os_str().is_empty()) {
+                match std::fs::metadata(p) {
+                    Ok(m) if m.is_dir() => return Ok(DumpTarget::Absent),
+                    Ok(_) => {
+                        return Err(derr(
+                            p,
+                            "is not a directory (needed as a parent of the dump)",
+                        ))
+                    }
+                    Err(e) if absent(&e) => a = p.parent(),
+                    Err(e) => return Err(RuntimeError::io(p, e)),
+                }
+            }
+            return Ok(DumpTarget::Absent);
+        }
+        Err(e) => return Err(RuntimeError::io(dir, e)),
+        Ok(m) => m,
+    };
+    if meta.file_type().is_symlink() {
+        return Err(derr(
+            dir,
+            "is a symbolic link; give the real directory (a dump is replaced by renaming)",
+        ));
+    }
+    if !meta.is_dir() {
+        return Err(derr(dir, "exists and is not a directory"));
+    }
+    let mut present = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(|e| RuntimeError::io(dir, e))? {
+        let e = e.map_err(|e| RuntimeError::io(dir, e))?;
+        present.push((
+            e.file_name().to_string_lossy().to_string(),
+            e.file_type().map(|t| t.is_file()).unwrap_or(false),
+        ));
+    }
+    if present.is_empty() {
+        return Ok(DumpTarget::Empty);
+    }
+    let not_dump = || {
+        derr(
+            dir,
+            "is not empty and is not an X-Ray dump (no xray.dump manifest.json); refusing to write there, choose a new or empty directory",
+        )
+    };
+    let mp = dir.join("manifest.json");
+    let text = std::fs::read_to_string(&mp).map_err(|_| not_dump())?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|_| not_dump())?;
+    if v.get("schema").and_then(|s| s.as_str()) != Some(SCHEMA) {
+        return Err(not_dump());
+    }
+    let mut files = vec!["manifest.json".to_string()];
+    for e in v
+        .get("checkpoints")
+        .and_then(|c| c.as_array())
+        .into_iter()
+        .flatten()
+    {
+        if let Some(f) = e.get("file").and_then(|f| f.as_str()) {
+            if !f.contains('/') && !f.contains('\\') && f != "." && f != ".." {
+                files.push(f.to_string());
+            }
+        }
+    }
+    let foreign: Vec<&str> = present
+        .iter()
+        .filter(|(n, is_file)| !is_file || !files.contains(n))
+        .map(|(n, _)| n.as_str())
+        .collect();
+    if !foreign.is_empty() {
+        return Err(derr(
+            dir,
+            format!(
+                "is an X-Ray dump but also holds what its manifest does not list ({}); move those away or choose another directory",
+                foreign.join(", ")
+            ),
+        ));
+    }
+    if !replace {
+        return Err(derr(
+            dir,
+            "already holds an X-Ray dump; pass --force to replace it",
+        ));
+    }
+    files.retain(|f| present.iter().any(|(n, _)| n == f));
+    Ok(DumpTarget::Dump { files })
+}
+
+/// Nothing there: not found, or a path component is a file (then an ancestor check names it).
+fn absent(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+    )
+}
+
+/// Creates a fresh, uniquely named hidden sibling directory `.{base}.xray-{tag}-{pid}-{n}`.
+fn fresh_sibling(parent: &Path, base: &str, tag: &str) -> Result<PathBuf> {
+    for n in 0..10_000u32 {
+        let p = parent.join(format!(".{base}.xray-{tag}-{}-{n}", std::process::id()));
+        match std::fs::create_dir(&p) {
+            Ok(()) => return Ok(p),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(RuntimeError::io(&p, e)),
+        }
+    }
+    Err(derr(parent, "could not create a fresh temporary directory"))
 }
 
 impl Dump {
@@ -409,6 +728,7 @@ impl Dump {
             dir: PathBuf::new(),
             manifest,
             tensors,
+            unlisted: Vec::new(),
         }
     }
 
@@ -441,27 +761,53 @@ impl Dump {
             ));
         }
         let mut tensors = BTreeMap::new();
+        let mut seen = std::collections::BTreeSet::new();
+        let mut listed = std::collections::BTreeSet::new();
         for e in &manifest.checkpoints {
-            if tensors.contains_key(&(e.name.clone(), e.step)) {
+            if seen.contains(&(e.name.clone(), e.step)) {
                 return Err(derr(&mp, format!("{}@step{} listed twice", e.name, e.step)));
             }
             if manifest.stats_only {
-                if e.stats.is_none() || e.content_sha256.is_none() {
+                let id = format!("{}@step{}", e.name, e.step);
+                let (Some(st), Some(_)) = (&e.stats, &e.content_sha256) else {
+                    return Err(derr(
+                        &mp,
+                        format!("stats-only entry {id} has no stats/content_sha256"),
+                    ));
+                };
+                let n = e.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+                if n != Some(st.count) {
                     return Err(derr(
                         &mp,
                         format!(
-                            "stats-only entry {}@step{} has no stats/content_sha256",
-                            e.name, e.step
+                            "stats-only entry {id}: count {} does not match shape {:?}",
+                            st.count, e.shape
                         ),
                     ));
                 }
+                match &st.sketch {
+                    Some(k) if k.len() == SKETCH_LEN && k.iter().all(|v| v.is_finite()) => {}
+                    Some(_) => {
+                        return Err(derr(
+                            &mp,
+                            format!("stats-only entry {id}: 'sketch' must be {SKETCH_LEN} finite numbers"),
+                        ))
+                    }
+                    None => {
+                        return Err(derr(
+                            &mp,
+                            format!("stats-only entry {id} has no order-sensitive 'sketch' (written by an older writer; re-run `xray run --stats-only`)"),
+                        ))
+                    }
+                }
+                seen.insert((e.name.clone(), e.step));
                 continue;
             }
             let file = e
                 .file
                 .as_ref()
                 .ok_or_else(|| derr(&mp, format!("entry {}@step{} has no file", e.name, e.step)))?;
-            if file.contains('/') || file.contains("..") {
+            if file.contains('/') || file.contains('\\') || file.contains("..") {
                 return Err(derr(
                     &mp,
                     format!("entry file '{file}' must be a plain file name"),
@@ -490,12 +836,24 @@ impl Dump {
                     format!("dtype {dtype} in file, manifest says {}", e.dtype),
                 ));
             }
+            seen.insert((e.name.clone(), e.step));
+            listed.insert(file.clone());
             tensors.insert((e.name.clone(), e.step), t);
         }
+        let mut unlisted = Vec::new();
+        for ent in std::fs::read_dir(dir).map_err(|e| RuntimeError::io(dir, e))? {
+            let ent = ent.map_err(|e| RuntimeError::io(dir, e))?;
+            let n = ent.file_name().to_string_lossy().to_string();
+            if n != "manifest.json" && !listed.contains(&n) {
+                unlisted.push(n);
+            }
+        }
+        unlisted.sort();
         Ok(Dump {
             dir: dir.to_path_buf(),
             manifest,
             tensors,
+            unlisted,
         })
     }
 

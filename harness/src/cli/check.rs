@@ -3,9 +3,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use xray_harness::check::{check, CheckOptions};
-use xray_harness::evidence::{write_atomic, Verdict};
+use xray_harness::evidence::Verdict;
 use xray_harness::report;
 use xray_harness::tolerance::Policy;
 
@@ -45,9 +44,13 @@ pub struct Args {
     /// Plant a deliberate fault (see `xray faults`): NAME or NAME@TARGET. Repeatable.
     #[arg(long, value_name = "FAULT")]
     pub inject: Vec<String>,
-    /// Also write both dumps under this directory (reference/, runtime/).
+    /// Also write both dumps under this directory (reference/, runtime/; each new, empty, or an
+    /// X-Ray dump replaced with --force).
     #[arg(long, value_name = "DIR")]
     pub dumps: Option<PathBuf>,
+    /// Replace existing X-Ray dumps under --dumps.
+    #[arg(long)]
+    pub force: bool,
     /// torch threads for the oracle (default 1: deterministic and immune to oversubscription).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -58,6 +61,27 @@ pub struct Args {
 
 /// Runs the check. Exit 0 pass, 1 divergence, 2 input error.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let evidence_path = a
+        .evidence
+        .clone()
+        .unwrap_or_else(|| default_evidence_path(&a));
+    // Every output location is checked before anything runs.
+    let mut outputs = super::Outputs::default();
+    outputs.file("evidence", &evidence_path);
+    if let Some(p) = &a.report {
+        outputs.file("report", p);
+    }
+    if let Some(p) = &a.markdown {
+        outputs.file("markdown", p);
+    }
+    if let Some(d) = &a.dumps {
+        if d.exists() && !d.is_dir() {
+            anyhow::bail!("--dumps {}: exists and is not a directory", d.display());
+        }
+        outputs.dump("dumps", &d.join("reference"), a.force);
+        outputs.dump("dumps", &d.join("runtime"), a.force);
+    }
+    outputs.check()?;
     let policy = match &a.policy {
         Some(p) => Policy::load(p)?,
         None => Policy::default(),
@@ -81,32 +105,27 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         super::note(&format!("xray: {m} [{:.1}s]", t0.elapsed().as_secs_f64()))
     })?;
     let ev = &out.evidence;
-    let evidence_path = a.evidence.clone().unwrap_or_else(|| {
-        let stem = |p: &PathBuf| {
-            p.file_stem()
-                .map(|s| s.to_string_lossy().to_string())
-                .unwrap_or_default()
-        };
-        PathBuf::from("reports").join(format!(
-            "{}.{}.evidence.json",
-            a.model
-                .file_name()
-                .map(|s| s.to_string_lossy().to_string())
-                .unwrap_or_default(),
-            stem(&a.audio)
-        ))
-    });
-    ev.save(&evidence_path)
-        .with_context(|| format!("writing {}", evidence_path.display()))?;
-    if let Some(d) = &a.dumps {
-        out.reference.to_writer().write(&d.join("reference"))?;
-        out.runtime.to_writer().write(&d.join("runtime"))?;
-    }
+    // The evidence first, then the reports, then the dumps; a failed write does not stop the rest.
+    outputs.write_evidence(&evidence_path, &ev.to_json()?);
     if let Some(p) = &a.report {
-        write_atomic(p, report::html(ev).as_bytes())?;
+        outputs.write_file("report", p, report::html(ev).as_bytes());
     }
     if let Some(p) = &a.markdown {
-        write_atomic(p, report::markdown(ev).as_bytes())?;
+        outputs.write_file("markdown", p, report::markdown(ev).as_bytes());
+    }
+    if let Some(d) = &a.dumps {
+        outputs.write_dump(
+            "dumps",
+            &d.join("reference"),
+            &out.reference.to_writer(),
+            a.force,
+        );
+        outputs.write_dump(
+            "dumps",
+            &d.join("runtime"),
+            &out.runtime.to_writer(),
+            a.force,
+        );
     }
     if a.json {
         super::say(&ev.to_json()?)?;
@@ -116,8 +135,22 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if let Some(p) = &a.report {
         super::note(&format!("xray: report {}", p.display()));
     }
+    outputs.finish()?;
     Ok(match ev.verdict {
         Verdict::Pass => ExitCode::SUCCESS,
         _ => super::exit_fail(),
     })
+}
+
+/// `reports/<model>.<audio>.evidence.json` (the `reports/` folder is created when writing).
+fn default_evidence_path(a: &Args) -> PathBuf {
+    let name = |p: Option<&std::ffi::OsStr>| {
+        p.map(|s| s.to_string_lossy().to_string())
+            .unwrap_or_default()
+    };
+    PathBuf::from("reports").join(format!(
+        "{}.{}.evidence.json",
+        name(a.model.file_name()),
+        name(a.audio.file_stem())
+    ))
 }

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 
 use anyhow::{anyhow, Context};
 use xray_harness::compare::CompareOptions;
-use xray_harness::evidence::{write_atomic, Run, Transcript, Verdict};
-use xray_harness::pipeline::{compare_dumps, oracle_versions};
+use xray_harness::evidence::{Run, Transcript, Verdict};
+use xray_harness::pipeline::{compare_dumps, compare_stats_dumps, oracle_versions};
 use xray_harness::report;
 use xray_harness::tolerance::Policy;
 use xray_runtime::contract::Contract;
@@ -42,8 +42,20 @@ pub struct Args {
     pub json: bool,
 }
 
-/// Compares two dumps. Exit 0 pass, 1 divergence, 2 input error.
+/// Compares two dumps (full or stats-only: the same evidence, report and Markdown outputs either
+/// way). Exit 0 pass, 1 divergence, 2 input error.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let mut outputs = super::Outputs::default();
+    for (what, p) in [
+        ("evidence", &a.evidence),
+        ("report", &a.report),
+        ("markdown", &a.markdown),
+    ] {
+        if let Some(p) = p {
+            outputs.file(what, p);
+        }
+    }
+    outputs.check()?;
     let reference = Dump::load(&a.reference)?;
     let got = Dump::load(&a.got)?;
     if reference.manifest.family != got.manifest.family {
@@ -72,46 +84,34 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         Some(p) => Policy::load(p)?,
         None => Policy::default(),
     };
-    if reference.manifest.stats_only || got.manifest.stats_only {
-        // Stats-only (large-model) dumps: content hash and summary statistics per checkpoint, in
-        // contract order; the first that differs is where to re-tap with `xray run --only`.
-        let rows = xray_harness::pipeline::compare_stats(&contract, &reference, &got, 1e-3);
-        let mut out = format!(
-            "{:<56} {:>5} {:<10} {:>12}\n",
-            "checkpoint", "step", "status", "max_rel_delta"
-        );
-        for r in &rows {
-            out.push_str(&format!(
-                "{:<56} {:>5} {:<10} {:>12.3e}\n",
-                r.name, r.step, r.status, r.max_rel_delta
-            ));
-        }
-        if a.json {
-            out = format!("{}\n", serde_json::to_string_pretty(&rows)?);
-        }
-        super::say(&out)?;
-        let first = rows
-            .iter()
-            .find(|r| r.status == "differs" || r.status == "missing");
-        if let Some(f) = first {
-            super::note(&format!("xray: first checkpoint that differs: {}@step{} (re-tap with `xray run --only` around it)", f.name, f.step));
-            return Ok(super::exit_fail());
-        }
-        super::note("xray: statistics agree for every checkpoint");
-        return Ok(ExitCode::SUCCESS);
+    let opts = CompareOptions {
+        policy,
+        floors: Default::default(),
+    };
+    let stats_only = reference.manifest.stats_only || got.manifest.stats_only;
+    let cmp = if stats_only {
+        // Stats-only (large-model) dumps: each checkpoint judged from its summaries (order-
+        // sensitive sketch, mean, rms, counts), localized along the same graph.
+        compare_stats_dumps(&contract, &reference, &got, &opts)
+    } else {
+        compare_dumps(&contract, &reference, &got, None, &opts)
     }
-    let cmp = compare_dumps(
-        &contract,
-        &reference,
-        &got,
-        None,
-        &CompareOptions {
-            policy,
-            floors: Default::default(),
-        },
-    )
     .context("comparing")?;
     let mut notes = vec![];
+    if stats_only {
+        notes.push("stats-only comparison: metrics are estimated from each checkpoint's summary (see its note); re-tap with `xray run --only` for full tensors".to_string());
+    }
+    for (side, d) in [("reference", &reference), ("dump under test", &got)] {
+        if !d.unlisted.is_empty() {
+            let msg = format!(
+                "{} ({side}) holds files its manifest does not list (ignored): {}",
+                d.dir.display(),
+                d.unlisted.join(", ")
+            );
+            super::note(&format!("xray: note: {msg}"));
+            notes.push(msg);
+        }
+    }
     if reference.manifest.weights_sha256 != got.manifest.weights_sha256 {
         notes.push(format!(
             "weights sha256 differ: reference {} vs {}",
@@ -145,20 +145,25 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         tokens_equal: got.manifest.tokens == reference.manifest.tokens,
         first_divergent_step: None,
     };
-    let ev = cmp.into_evidence(run, Some(transcript), None, notes);
+    let mut ev = cmp.into_evidence(run, Some(transcript), None, notes);
+    if let Some(n) = super::not_compared(&ev) {
+        ev.notes.push(n);
+    }
+    // The evidence first, then the reports; a failed write does not stop the rest.
     if let Some(p) = &a.evidence {
-        ev.save(p)?;
+        outputs.write_evidence(p, &ev.to_json()?);
     }
     if let Some(p) = &a.report {
-        write_atomic(p, report::html(&ev).as_bytes())?;
+        outputs.write_file("report", p, report::html(&ev).as_bytes());
     }
     if let Some(p) = &a.markdown {
-        write_atomic(p, report::markdown(&ev).as_bytes())?;
+        outputs.write_file("markdown", p, report::markdown(&ev).as_bytes());
     }
     if a.json {
         super::say(&ev.to_json()?)?;
     }
     super::note(&super::summary(&ev));
+    outputs.finish()?;
     Ok(if ev.verdict == Verdict::Pass {
         ExitCode::SUCCESS
     } else {

@@ -53,6 +53,37 @@ pub fn read_config(dir: &std::path::Path) -> anyhow::Result<serde_json::Value> {
     serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
 }
 
+/// Names the checkpoints that could not be compared (missing or not aligned), at most 12 of each
+/// kind, or `None` when every checkpoint was compared.
+pub fn not_compared(e: &xray_harness::evidence::Evidence) -> Option<String> {
+    use xray_harness::localize::Status;
+    let mut parts = Vec::new();
+    for (status, label) in [
+        (Status::Missing, "missing"),
+        (Status::AlignmentFault, "not aligned"),
+    ] {
+        let ids: Vec<String> = e
+            .checkpoints
+            .iter()
+            .filter(|c| c.status == status)
+            .map(|c| c.id())
+            .collect();
+        if ids.is_empty() {
+            continue;
+        }
+        let mut t = format!(
+            "{} {label}: {}",
+            ids.len(),
+            ids[..ids.len().min(12)].join(", ")
+        );
+        if ids.len() > 12 {
+            t.push_str(&format!(", and {} more", ids.len() - 12));
+        }
+        parts.push(t);
+    }
+    (!parts.is_empty()).then(|| format!("not compared: {}", parts.join("; ")))
+}
+
 /// One-paragraph human summary of an evidence document (stderr).
 pub fn summary(e: &xray_harness::evidence::Evidence) -> String {
     let n = e.checkpoints.len();
@@ -75,6 +106,9 @@ pub fn summary(e: &xray_harness::evidence::Evidence) -> String {
             t.reference, t.runtime, t.tokens_equal
         ));
     }
+    if let Some(n) = not_compared(e) {
+        s.push_str(&format!("\nxray: {n}"));
+    }
     if let Some(f) = &e.first_divergence {
         s.push_str(&format!(
             "\nxray: first divergence: {}@step{} (producer {})",
@@ -85,4 +119,220 @@ pub fn summary(e: &xray_harness::evidence::Evidence) -> String {
         }
     }
     s
+}
+
+/// Output locations of one command, checked before any expensive work ([`Outputs::check`]) and
+/// written in order afterwards ([`Outputs::write_file`]): a failed write does not stop the
+/// others, and each failure is named ([`Outputs::finish`]).
+#[derive(Debug, Default)]
+pub struct Outputs {
+    files: Vec<(String, std::path::PathBuf)>,
+    dumps: Vec<(String, std::path::PathBuf, bool)>,
+    failed: Vec<String>,
+}
+
+impl Outputs {
+    /// Plans an output file (`what` names it in messages: `evidence`, `report`, ...).
+    pub fn file(&mut self, what: &str, path: &std::path::Path) -> &mut Self {
+        self.files.push((what.to_string(), path.to_path_buf()));
+        self
+    }
+
+    /// Plans an output dump directory; an existing dump is replaced only with `force`.
+    pub fn dump(&mut self, what: &str, dir: &std::path::Path, force: bool) -> &mut Self {
+        self.dumps
+            .push((what.to_string(), dir.to_path_buf(), force));
+        self
+    }
+
+    /// Checks every planned location before anything runs: a file must not be a directory, two
+    /// outputs must not share a path, a dump directory must be new, empty or (with `--force`)
+    /// an X-Ray dump, and the nearest existing ancestor of each must be a directory this process
+    /// can write in (probed by creating and removing a temporary file). Missing folders below
+    /// that ancestor are created when writing. The error names the option and the path.
+    pub fn check(&self) -> anyhow::Result<()> {
+        let mut seen: Vec<&std::path::Path> = Vec::new();
+        let all = self
+            .files
+            .iter()
+            .map(|(w, p)| (w, p))
+            .chain(self.dumps.iter().map(|(w, p, _)| (w, p)));
+        for (what, p) in all {
+            if seen.contains(&p.as_path()) {
+                anyhow::bail!(
+                    "--{what} {}: the same path is given for two outputs",
+                    p.display()
+                );
+            }
+            seen.push(p);
+        }
+        for (what, p) in &self.files {
+            if p.is_dir() {
+                anyhow::bail!("--{what} {}: is a directory; give a file path", p.display());
+            }
+            writable_ancestor(what, p)?;
+        }
+        for (what, d, force) in &self.dumps {
+            xray_runtime::dump::check_dump_target(d, *force)
+                .map_err(|e| anyhow::anyhow!("--{what}: {e}"))?;
+            writable_ancestor(what, d)?;
+        }
+        Ok(())
+    }
+
+    /// Writes one planned file atomically (creating missing folders); on failure records it,
+    /// says so on stderr and returns false, so the next outputs are still written.
+    pub fn write_file(&mut self, what: &str, path: &std::path::Path, bytes: &[u8]) -> bool {
+        let r = (|| -> anyhow::Result<()> {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", parent.display()))?;
+            }
+            xray_harness::evidence::write_atomic(path, bytes)?;
+            Ok(())
+        })();
+        match r {
+            Ok(()) => true,
+            Err(e) => {
+                let msg = format!("could not write the {what} {}: {e:#}", path.display());
+                note(&format!("xray: error: {msg}"));
+                self.failed.push(msg);
+                false
+            }
+        }
+    }
+
+    /// Writes a dump (see [`xray_runtime::dump::DumpWriter::write_to`]); on failure records it
+    /// like [`Outputs::write_file`].
+    pub fn write_dump(
+        &mut self,
+        what: &str,
+        dir: &std::path::Path,
+        w: &xray_runtime::dump::DumpWriter,
+        force: bool,
+    ) -> bool {
+        match w.write_to(dir, force) {
+            Ok(()) => true,
+            Err(e) => {
+                let msg = format!("could not write the {what} dump {}: {e}", dir.display());
+                note(&format!("xray: error: {msg}"));
+                self.failed.push(msg);
+                false
+            }
+        }
+    }
+
+    /// Writes the evidence; when its path fails, saves it under the system temporary directory
+    /// instead (so the computed result is not lost) and says where.
+    pub fn write_evidence(&mut self, path: &std::path::Path, json: &str) -> bool {
+        if self.write_file("evidence", path, json.as_bytes()) {
+            return true;
+        }
+        let fallback = std::env::temp_dir().join(format!(
+            "xray-{}-{}.evidence.json",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0)
+        ));
+        if xray_harness::evidence::write_atomic(&fallback, json.as_bytes()).is_ok() {
+            note(&format!(
+                "xray: the evidence was saved to {} instead",
+                fallback.display()
+            ));
+        }
+        false
+    }
+
+    /// `Ok` when every write succeeded, else an error listing the outputs that failed (exit 2).
+    pub fn finish(self) -> anyhow::Result<()> {
+        if self.failed.is_empty() {
+            Ok(())
+        } else {
+            Err(anyhow::anyhow!("{}", self.failed.join("; ")))
+        }
+    }
+}
+
+/// The nearest existing ancestor of `p` must be a directory this process can create files in.
+fn writable_ancestor(what: &str, p: &std::path::Path) -> anyhow::Result<()> {
+    let mut a = p.parent();
+    loop {
+        let dir = match a {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => std::path::Path::new("."),
+        };
+        match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => {
+                return tempfile::Builder::new()
+                    .prefix(".xray-probe-")
+                    .tempfile_in(dir)
+                    .map(drop)
+                    .map_err(|e| {
+                        anyhow::anyhow!(
+                            "--{what} {}: cannot create files in {}: {e}",
+                            p.display(),
+                            dir.display()
+                        )
+                    });
+            }
+            Ok(_) => anyhow::bail!(
+                "--{what} {}: {} is not a directory",
+                p.display(),
+                dir.display()
+            ),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) && dir != std::path::Path::new(".") =>
+            {
+                a = dir.parent()
+            }
+            Err(e) => anyhow::bail!("--{what} {}: {}: {e}", p.display(), dir.display()),
+        }
+    }
+}
+
+/// Each `--only` pattern must select at least one checkpoint of the contract: a glob over the
+/// expanded names, or (`templates`) an exact name or contract template (the oracle's spelling).
+/// Checked before anything runs; the error names the pattern and some valid names.
+pub fn check_only(
+    patterns: &[String],
+    contract: &xray_runtime::contract::Contract,
+    templates: bool,
+) -> anyhow::Result<()> {
+    let templ: Vec<String> = if templates {
+        serde_json::from_str::<xray_runtime::contract::ContractFile>(&contract.text)
+            .map(|f| f.checkpoints.into_iter().map(|c| c.name).collect())
+            .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    for pat in patterns {
+        let hit = if templates {
+            contract.checkpoints.iter().any(|c| &c.name == pat) || templ.contains(pat)
+        } else {
+            let g = globset::Glob::new(pat)
+                .map_err(|e| anyhow::anyhow!("--only '{pat}': {e}"))?
+                .compile_matcher();
+            contract.checkpoints.iter().any(|c| g.is_match(&c.name))
+        };
+        if !hit {
+            let some: Vec<&str> = contract
+                .checkpoints
+                .iter()
+                .take(3)
+                .map(|c| c.name.as_str())
+                .collect();
+            anyhow::bail!(
+                "--only '{pat}' matches no checkpoint of the {} contract (e.g. {}; `xray list --model DIR` lists them{})",
+                contract.family,
+                some.join(", "),
+                if templates { "; the oracle takes exact names or templates such as audio.decoder.layer.{layer}.out" } else { "" }
+            );
+        }
+    }
+    Ok(())
 }

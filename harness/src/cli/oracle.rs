@@ -14,9 +14,12 @@ pub struct Args {
     /// 16 kHz mono 16-bit WAV.
     #[arg(long, value_name = "WAV")]
     pub audio: PathBuf,
-    /// Dump directory to write (atomically).
+    /// Dump directory to write (atomically): new or empty, or an existing X-Ray dump with --force.
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
+    /// Replace an existing X-Ray dump at --out (only a directory holding nothing but a dump).
+    #[arg(long)]
+    pub force: bool,
     /// `float32` (the reference) or `float64` (noise-floor calibration).
     #[arg(long, default_value = "float32")]
     pub dtype: String,
@@ -36,6 +39,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let family = xray_runtime::models::detect_family(&a.model)?;
     let config = super::read_config(&a.model)?;
     let contract = xray_runtime::contract::Contract::for_family(family, &config)?;
+    // Checked before the reference runs: the output directory and --only.
+    let mut outputs = super::Outputs::default();
+    outputs.dump("out", &a.out, a.force).check()?;
+    super::check_only(&a.only, &contract, true)?;
     let oracle = Oracle::discover()?;
     let mut req = OracleRequest::new(family, &a.model, &a.audio, &contract.text);
     req.dtype = a.dtype.clone();
@@ -48,7 +55,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     w.manifest
         .extra
         .insert("dtype".into(), serde_json::json!(a.dtype));
-    w.write(&a.out)?;
+    outputs.write_dump("out", &a.out, &w, a.force);
+    outputs.finish()?;
     super::note(&format!(
         "xray: {} checkpoints -> {}",
         w.manifest.checkpoints.len(),

@@ -14,9 +14,12 @@ pub struct Args {
     /// 16 kHz mono 16-bit WAV.
     #[arg(long, value_name = "WAV")]
     pub audio: PathBuf,
-    /// Dump directory to write (atomically).
+    /// Dump directory to write (atomically): new or empty, or an existing X-Ray dump with --force.
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
+    /// Replace an existing X-Ray dump at --out (only a directory holding nothing but a dump).
+    #[arg(long)]
+    pub force: bool,
     /// Only checkpoints matching these globs (re-tap a range to bisect a large model).
     #[arg(long, value_name = "GLOB")]
     pub only: Vec<String>,
@@ -36,6 +39,15 @@ pub struct Args {
 
 /// Runs the runtime and writes its dump.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    // Everything that can be checked before the run: the output directory and --only.
+    let mut outputs = super::Outputs::default();
+    outputs.dump("out", &a.out, a.force).check()?;
+    if !a.only.is_empty() {
+        let family = models::detect_family(&a.model)?;
+        let config = super::read_config(&a.model)?;
+        let contract = xray_runtime::contract::Contract::for_family(family, &config)?;
+        super::check_only(&a.only, &contract, false)?;
+    }
     let model = models::load(&a.model)?;
     let (faults, _) = super::faults::plan(&a.inject, &a.model)?;
     faults.validate(model.graph())?;
@@ -78,7 +90,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 .collect(),
         };
         let w = xray_runtime::dump::DumpWriter::new(manifest);
-        w.write(&a.out)?;
+        outputs.write_dump("out", &a.out, &w, a.force);
+        outputs.finish()?;
         super::note(&format!(
             "xray: {} checkpoint summaries -> {}",
             w.manifest.checkpoints.len(),
@@ -101,7 +114,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     w.manifest
         .extra
         .insert("config".into(), super::read_config(&a.model)?);
-    w.write(&a.out)?;
+    outputs.write_dump("out", &a.out, &w, a.force);
+    outputs.finish()?;
     super::note(&format!(
         "xray: {} checkpoints -> {}",
         w.manifest.checkpoints.len(),

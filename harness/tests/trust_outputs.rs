@@ -1,0 +1,572 @@
+//! Issue 10, items 2, 4, 7 and part of 10, end to end through the CLI on the real fixtures:
+//! output directories are never wiped, output paths are checked before the run, stats-only
+//! comparison sees order and writes the same outputs as the full path, `--only` that matches
+//! nothing is refused, and checkpoints that could not be compared are named.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use ndarray::{ArrayD, IxDyn};
+use serde_json::Value;
+use xray_runtime::dump::{Dump, DumpWriter, Stats};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn xray(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xray"))
+        .current_dir(root())
+        .args(args)
+        .output()
+        .expect("run xray")
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+const MODEL: &str = "fixtures/build/whisper-rand-a";
+const AUDIO: &str = "fixtures/audio/fox.wav";
+
+/// A runtime dump of the random-init fixture (two decode steps; ~0.3 s).
+fn run_dump(out: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "run",
+        "--model",
+        MODEL,
+        "--audio",
+        AUDIO,
+        "--max-steps",
+        "2",
+        "--out",
+        s(out),
+    ];
+    args.extend_from_slice(extra);
+    xray(&args)
+}
+
+fn precious(dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let f = dir.join("precious.txt");
+    std::fs::write(&f, b"not X-Ray's").unwrap();
+    f
+}
+
+fn evidence(p: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+fn assert_schema_valid(v: &Value) {
+    let p = root().join("docs/evidence.schema.json");
+    let schema: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    let val = jsonschema::validator_for(&schema).unwrap();
+    let errors: Vec<String> = val
+        .iter_errors(v)
+        .map(|e| format!("{e} at {}", e.instance_path))
+        .collect();
+    assert!(errors.is_empty(), "schema errors: {errors:#?}");
+}
+
+// ----------------------------------------------------------------------------------------------
+// Item 2: --out / --dumps never delete what X-Ray did not write.
+
+#[test]
+fn run_oracle_and_check_refuse_a_directory_that_is_not_a_dump() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("mine");
+    let f = precious(&d);
+    for force in [false, true] {
+        let mut extra = vec![];
+        if force {
+            extra.push("--force");
+        }
+        let o = run_dump(&d, &extra);
+        assert_eq!(code(&o), 2, "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("mine") && stderr(&o).contains("not an X-Ray dump"),
+            "{}",
+            stderr(&o)
+        );
+        assert!(f.exists());
+        let o = xray(&[
+            "oracle",
+            "--model",
+            MODEL,
+            "--audio",
+            AUDIO,
+            "--out",
+            s(&d),
+            "--force",
+        ]);
+        assert_eq!(code(&o), 2, "{}", stderr(&o));
+        assert!(stderr(&o).contains("not an X-Ray dump"), "{}", stderr(&o));
+        assert!(f.exists());
+    }
+    // check --dumps D writes D/reference and D/runtime: a foreign D/reference is refused before
+    // anything runs.
+    let g = precious(&dir.path().join("dumps/reference"));
+    let o = xray(&[
+        "check",
+        "--model",
+        MODEL,
+        "--audio",
+        AUDIO,
+        "--max-steps",
+        "1",
+        "--evidence",
+        s(&dir.path().join("e.json")),
+        "--dumps",
+        s(&dir.path().join("dumps")),
+    ]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("reference") && !stderr(&o).contains("running"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(g.exists() && !dir.path().join("e.json").exists());
+}
+
+#[test]
+fn run_replaces_its_own_dump_only_with_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("dump");
+    let o = run_dump(&d, &[]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = run_dump(&d, &[]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("--force"), "{}", stderr(&o));
+    let o = run_dump(&d, &["--force", "--only", "audio.encoder.*"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let l = Dump::load(&d).unwrap();
+    assert!(l
+        .manifest
+        .checkpoints
+        .iter()
+        .all(|e| e.name.starts_with("audio.encoder.")));
+    assert!(l.unlisted.is_empty(), "old files left: {:?}", l.unlisted);
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 1, "leftover siblings: {names:?}");
+}
+
+// ----------------------------------------------------------------------------------------------
+// Item 7: output paths are checked before anything runs.
+
+#[test]
+fn bad_output_paths_are_refused_before_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let under_file = file.join("e.json");
+    let cases: Vec<(&str, PathBuf)> = vec![
+        ("--evidence", under_file.clone()),
+        ("--report", file.join("r.html")),
+        ("--markdown", dir.path().to_path_buf()),
+        ("--evidence", PathBuf::from("/proc/xray-evidence.json")),
+    ];
+    for (flag, p) in &cases {
+        let t = std::time::Instant::now();
+        let o = xray(&["check", "--model", MODEL, "--audio", AUDIO, flag, s(p)]);
+        assert_eq!(code(&o), 2, "{flag} {}: {}", p.display(), stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains(flag.trim_start_matches('-')) && !err.contains("running"),
+            "{err}"
+        );
+        assert!(t.elapsed().as_secs_f64() < 5.0, "took {:?}", t.elapsed());
+    }
+    // compare: checked before the dumps are even read.
+    let o = xray(&[
+        "compare",
+        "/nonexistent/ref",
+        "/nonexistent/got",
+        "--report",
+        s(&file.join("r.html")),
+    ]);
+    assert_eq!(code(&o), 2);
+    assert!(
+        stderr(&o).contains("--report") && stderr(&o).contains("a-file"),
+        "{}",
+        stderr(&o)
+    );
+    // Two outputs on one path.
+    let p = dir.path().join("same");
+    let o = xray(&[
+        "check",
+        "--model",
+        MODEL,
+        "--audio",
+        AUDIO,
+        "--report",
+        s(&p),
+        "--markdown",
+        s(&p),
+    ]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("two outputs"), "{}", stderr(&o));
+}
+
+#[test]
+fn missing_output_folders_are_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path().join("r");
+    assert_eq!(code(&run_dump(&r, &[])), 0);
+    let ev = dir.path().join("new/deeper/e.json");
+    let md = dir.path().join("new/other/r.md");
+    let o = xray(&[
+        "compare",
+        s(&r),
+        s(&r),
+        "--evidence",
+        s(&ev),
+        "--markdown",
+        s(&md),
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(ev.exists() && md.exists());
+}
+
+#[test]
+fn a_write_that_fails_after_the_run_keeps_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path().join("r");
+    assert_eq!(code(&run_dump(&r, &[])), 0);
+    // A file name longer than the file system allows: the folder is fine before the run, the
+    // write itself fails afterwards.
+    let long = dir.path().join(format!("{}.html", "x".repeat(300)));
+    let (ev, md) = (dir.path().join("e.json"), dir.path().join("r.md"));
+    let o = xray(&[
+        "compare",
+        s(&r),
+        s(&r),
+        "--evidence",
+        s(&ev),
+        "--report",
+        s(&long),
+        "--markdown",
+        s(&md),
+    ]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("could not write the report") && stderr(&o).contains("xxxx.html"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(evidence(&ev)["verdict"], "pass");
+    assert!(
+        md.exists(),
+        "the Markdown after the failed report was not written"
+    );
+    // Evidence that cannot be written where asked is saved elsewhere, and said so.
+    let long_ev = dir.path().join(format!("{}.json", "e".repeat(300)));
+    let o = xray(&["compare", s(&r), s(&r), "--evidence", s(&long_ev)]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    let err = stderr(&o);
+    let saved = err
+        .lines()
+        .find_map(|l| l.strip_prefix("xray: the evidence was saved to "))
+        .and_then(|l| l.strip_suffix(" instead"))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert_eq!(evidence(Path::new(saved))["verdict"], "pass");
+    let _ = std::fs::remove_file(saved);
+}
+
+#[test]
+fn the_default_reports_folder_is_checked_too() {
+    let cwd = tempfile::tempdir().unwrap();
+    std::fs::write(cwd.path().join("reports"), b"a file, not a folder").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_xray"))
+        .current_dir(cwd.path())
+        .args([
+            "check",
+            "--model",
+            s(&root().join(MODEL)),
+            "--audio",
+            s(&root().join(AUDIO)),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--evidence")
+            && stderr(&o).contains("reports")
+            && !stderr(&o).contains("running"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+// ----------------------------------------------------------------------------------------------
+// Item 10: --only that matches nothing; unlisted files; not-compared checkpoints named.
+
+#[test]
+fn only_that_matches_nothing_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run_dump(
+        &dir.path().join("d"),
+        &["--only", "audio.encoder.*", "--only", "no.such.*"],
+    );
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("'no.such.*'"), "{}", stderr(&o));
+    assert!(!dir.path().join("d").exists());
+    let o = run_dump(
+        &dir.path().join("d"),
+        &["--stats-only", "--only", "no.such.*"],
+    );
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    let o = xray(&[
+        "oracle",
+        "--model",
+        MODEL,
+        "--audio",
+        AUDIO,
+        "--out",
+        s(&dir.path().join("o")),
+        "--only",
+        "no.such.*",
+    ]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("'no.such.*'"), "{}", stderr(&o));
+}
+
+#[test]
+fn compare_names_missing_checkpoints_and_unlisted_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (r, g) = (dir.path().join("r"), dir.path().join("g"));
+    assert_eq!(code(&run_dump(&r, &[])), 0);
+    assert_eq!(
+        code(&run_dump(
+            &g,
+            &["--only", "audio.encoder.*", "--only", "audio.frontend.*"]
+        )),
+        0
+    );
+    std::fs::write(g.join("stray@step0.npy"), b"x").unwrap();
+    let ev = dir.path().join("e.json");
+    let o = xray(&["compare", s(&r), s(&g), "--evidence", s(&ev)]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("not compared:") && err.contains("missing: audio.decoder."),
+        "{err}"
+    );
+    assert!(err.contains("stray@step0.npy"), "{err}");
+    let e = evidence(&ev);
+    let notes = e["notes"].to_string();
+    assert!(
+        notes.contains("missing: audio.decoder.") && notes.contains("stray@step0.npy"),
+        "{notes}"
+    );
+    assert_schema_valid(&e);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Item 4: stats-only comparison.
+
+/// A tensor-to-tensor transformation of a dump's content.
+type Transform = dyn Fn(&ArrayD<f32>) -> ArrayD<f32>;
+
+/// Writes a stats-only copy of `full` with every tensor passed through `f`.
+fn stats_copy(full: &Dump, out: &Path, f: &Transform) {
+    let mut m = full.manifest.clone();
+    m.checkpoints.clear();
+    m.stats_only = true;
+    let mut w = DumpWriter::new(m);
+    for e in &full.manifest.checkpoints {
+        let t = full.get(&e.name, e.step).unwrap();
+        w.add(&e.name, e.step, e.layout, &f(t));
+    }
+    w.write(out).unwrap();
+}
+
+fn flat_map(t: &ArrayD<f32>, f: impl Fn(Vec<f32>) -> Vec<f32>) -> ArrayD<f32> {
+    let v = f(t.as_standard_layout().iter().copied().collect());
+    ArrayD::from_shape_vec(IxDyn(t.shape()), v).unwrap()
+}
+
+#[test]
+fn stats_only_compare_sees_order_and_writes_every_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path().join("r");
+    assert_eq!(code(&run_dump(&r, &[])), 0);
+    let full = Dump::load(&r).unwrap();
+    // Clean f32-sized noise (relative 1e-6 per element, rel_l2 ~ 6e-7) passes.
+    let noise = dir.path().join("noise");
+    stats_copy(&full, &noise, &|t| {
+        flat_map(t, |v| {
+            v.into_iter()
+                .enumerate()
+                .map(|(k, x)| {
+                    let h = (k as u32).wrapping_mul(2_654_435_761) >> 8;
+                    x * (1.0 + 2e-6 * (h as f32 / (1u32 << 24) as f32 - 0.5))
+                })
+                .collect()
+        })
+    });
+    let dir_s = |n: &str| dir.path().join(n);
+    let ev = dir_s("e.json");
+    let (html, md) = (dir_s("r.html"), dir_s("r.md"));
+    let args = |got: &Path| {
+        vec![
+            "compare".to_string(),
+            s(&r).into(),
+            s(got).into(),
+            "--evidence".into(),
+            s(&ev).into(),
+            "--report".into(),
+            s(&html).into(),
+            "--markdown".into(),
+            s(&md).into(),
+        ]
+    };
+    let run = |got: &Path, extra: &[&str]| {
+        let mut a = args(got);
+        a.extend(extra.iter().map(|x| x.to_string()));
+        let a: Vec<&str> = a.iter().map(|x| x.as_str()).collect();
+        xray(&a)
+    };
+    let o = run(&noise, &[]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let e = evidence(&ev);
+    assert_eq!(e["verdict"], "pass");
+    assert!(html.exists() && md.exists());
+    assert_schema_valid(&e);
+    // The same noise fails under a policy that asks for more: --policy is honoured.
+    let pol = dir_s("p.json");
+    std::fs::write(
+        &pol,
+        r#"{"schema": "xray.policy/v1", "rules": [{"match": "*", "max_rel_l2": 1e-9}]}"#,
+    )
+    .unwrap();
+    let o = run(&noise, &["--policy", s(&pol)]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    // Every tensor reversed, shifted by one element, or (2-D) transposed in place: the same values
+    // and the same mean/rms/min/max, another order. Each fails, and the failing compare replaces
+    // the "pass" evidence, report and Markdown left at those paths.
+    let transforms: Vec<(&str, Box<Transform>)> = vec![
+        (
+            "reversed",
+            Box::new(|t| {
+                flat_map(t, |mut v| {
+                    v.reverse();
+                    v
+                })
+            }),
+        ),
+        (
+            "shifted",
+            Box::new(|t| {
+                flat_map(t, |mut v| {
+                    v.rotate_right(1);
+                    v
+                })
+            }),
+        ),
+        (
+            "transposed",
+            Box::new(|t| {
+                if t.ndim() == 2 {
+                    let v: Vec<f32> = t.t().iter().copied().collect();
+                    ArrayD::from_shape_vec(IxDyn(t.shape()), v).unwrap()
+                } else {
+                    t.clone()
+                }
+            }),
+        ),
+    ];
+    for (label, f) in &transforms {
+        let got = dir_s(label);
+        stats_copy(&full, &got, f.as_ref());
+        let before = std::fs::read_to_string(&md).unwrap();
+        let o = run(&got, &[]);
+        assert_eq!(code(&o), 1, "{label}: {}", stderr(&o));
+        let e = evidence(&ev);
+        assert_eq!(e["verdict"], "diverged", "{label}");
+        assert_schema_valid(&e);
+        let fd = &e["first_divergence"];
+        assert!(fd.is_object(), "{label}: no origin");
+        assert!(stderr(&o).contains("first divergence"), "{}", stderr(&o));
+        assert_ne!(
+            std::fs::read_to_string(&md).unwrap(),
+            before,
+            "{label}: markdown not rewritten"
+        );
+        // Localized: exactly one origin, everything else pass or propagated.
+        let statuses: Vec<String> = e["checkpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["status"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(
+            statuses.iter().filter(|s| *s == "origin").count(),
+            1,
+            "{label}: {statuses:?}"
+        );
+    }
+}
+
+#[test]
+fn rust_and_python_stats_agree_on_the_same_array() {
+    let py = root().join(".venv/bin/python");
+    if !py.exists() {
+        panic!("{} missing (make venv)", py.display());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let shape = [3usize, 17, 29];
+    let n: usize = shape.iter().product();
+    let mut v: Vec<f32> = (0..n)
+        .map(|i| ((i as f32) * 0.731).sin() * (1.0 + (i % 7) as f32))
+        .collect();
+    v[5] = f32::NAN;
+    v[77] = f32::INFINITY;
+    let t = ArrayD::from_shape_vec(IxDyn(&shape), v.clone()).unwrap();
+    let f = dir.path().join("a.npy");
+    std::fs::write(&f, xray_runtime::dump::npy_bytes(&t)).unwrap();
+    let o = Command::new(&py)
+        .env("PYTHONPATH", root().join("oracle"))
+        .args([
+            "-c",
+            "import json,sys\nfrom xray_oracle.dump import parse_npy, tensor_stats, content_sha256\n\
+             a = parse_npy(open(sys.argv[1],'rb').read(), sys.argv[1])\n\
+             print(json.dumps({'stats': tensor_stats(a), 'sha': content_sha256(a)}))",
+            s(&f),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ps: Stats = serde_json::from_value(p["stats"].clone()).unwrap();
+    let rs = Stats::of(&v);
+    assert_eq!((ps.count, ps.nan, ps.inf), (rs.count, rs.nan, rs.inf));
+    for (a, b) in [
+        (ps.min, rs.min),
+        (ps.max, rs.max),
+        (ps.mean, rs.mean),
+        (ps.rms, rs.rms),
+    ] {
+        assert!((a - b).abs() <= 1e-12 * b.abs().max(1.0), "{a} vs {b}");
+    }
+    let (pk, rk) = (ps.sketch.unwrap(), rs.sketch.unwrap());
+    assert_eq!(pk.len(), rk.len());
+    let scale = rk.iter().fold(0f64, |m, x| m.max(x.abs()));
+    for (a, b) in pk.iter().zip(&rk) {
+        assert!((a - b).abs() <= 1e-12 * scale, "sketch {a} vs {b}");
+    }
+    assert_eq!(
+        p["sha"].as_str().unwrap(),
+        xray_runtime::dump::content_sha256(&v)
+    );
+}

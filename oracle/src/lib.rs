@@ -75,7 +75,11 @@ fn one_line(s: &str) -> String {
 fn py_err(py: Python<'_>, e: PyErr) -> OracleError {
     let tb = (|| -> PyResult<String> {
         let tbm = py.import("traceback")?;
-        let lines = tbm.call_method1("format_exception", (e.value(py),))?;
+        // pyo3 keeps the traceback beside the value: pass it explicitly.
+        let lines = tbm.call_method1(
+            "format_exception",
+            (e.get_type(py), e.value(py), e.traceback(py)),
+        )?;
         let parts: Vec<String> = lines.extract()?;
         Ok(parts.concat())
     })()

@@ -167,7 +167,7 @@ pub fn decode_wav(path: &Path, bytes: &[u8], target_rate: u32) -> Result<Audio> 
     if claimed == 0 {
         return Err(aerr(path, "no samples"));
     }
-    if claimed % u64::from(channels) != 0 {
+    if !claimed.is_multiple_of(u64::from(channels)) {
         return Err(aerr(
             path,
             format!("corrupt WAV file: {claimed} samples are not a whole number of {channels}-channel frames"),

@@ -19,6 +19,16 @@ fn sox(args: &[&str]) -> bool {
     }
 }
 
+/// (name, sox output options, source rate, channels, format, minimum SNR in dB).
+type Case = (
+    &'static str,
+    &'static [&'static str],
+    u32,
+    u16,
+    &'static str,
+    f64,
+);
+
 /// Signal-to-error ratio in dB of `got` against `want` over their common length.
 fn snr_db(want: &[f32], got: &[f32]) -> f64 {
     let n = want.len().min(got.len());
@@ -60,7 +70,7 @@ fn sox_made_rates_channels_and_formats_convert_close_to_the_original() {
     let orig = fox();
     // (name, sox output options, expected source rate, channels, format, min SNR dB vs the
     // original). 8 kHz keeps only the band below 4 kHz, so its bound is loose.
-    let cases: [(&str, &[&str], u32, u16, &str, f64); 5] = [
+    let cases: [Case; 5] = [
         (
             "44k-stereo.wav",
             &["-r", "44100", "-c", "2"],

@@ -154,7 +154,7 @@ proptest! {
 fn safetensors_bytes() -> Vec<u8> {
     let header = r#"{"a.weight":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},"b.bias":{"dtype":"F16","shape":[4],"data_offsets":[24,32]},"__metadata__":{"format":"pt"}}"#;
     let mut h = header.as_bytes().to_vec();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut b = (h.len() as u64).to_le_bytes().to_vec();

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Context};
 use xray_oracle::{Oracle, OracleRequest, OracleRun};
-use xray_runtime::audio::load_wav;
+use xray_runtime::audio::{load_wav, Audio};
 use xray_runtime::capture::{Recorder, Substitute};
 use xray_runtime::dump::{Dump, Manifest};
 use xray_runtime::faults::FaultPlan;
@@ -122,6 +122,18 @@ pub fn runtime_dump(
     only: Option<&[String]>,
 ) -> anyhow::Result<(Dump, RunOutput)> {
     let a = load_wav(audio, 16000)?;
+    runtime_dump_audio(model, &a, opts, faults, substitute, only)
+}
+
+/// [`runtime_dump`] on audio already decoded and converted (the samples the oracle is fed).
+pub fn runtime_dump_audio(
+    model: &dyn SpeechModel,
+    a: &Audio,
+    opts: &RunOptions,
+    faults: Option<&FaultPlan>,
+    substitute: Option<&dyn Substitute>,
+    only: Option<&[String]>,
+) -> anyhow::Result<(Dump, RunOutput)> {
     let mut rec = match only {
         Some(g) => Recorder::only(g).map_err(|e| anyhow!("--only: {e}"))?,
         None => Recorder::new(),
@@ -132,12 +144,13 @@ pub fn runtime_dump(
             substitute,
             faults,
         };
-        model.run(&a, opts, &mut hooks)?
+        model.run(a, opts, &mut hooks)?
     };
     let mut m = manifest_for(model, "runtime", model.weights().sha256(), &a.sha256);
     m.tokens = out.tokens.clone();
     m.transcript = out.transcript.clone();
     m.extra = out.extra.clone();
+    m.extra.insert("audio".into(), a.conversion.to_json());
     Ok((Dump::from_captured(m, rec.captured), out))
 }
 
@@ -169,24 +182,32 @@ pub fn check(opts: &CheckOptions, progress: &dyn Fn(&str)) -> anyhow::Result<Che
     let model = models::load(&opts.model)?;
     // A fault that would plant nothing is refused before the reference runs.
     opts.faults.validate(model.graph())?;
+    // The audio is decoded, validated and converted once, before the oracle starts: a file the
+    // runtime refuses never costs a reference run, and both engines get these samples.
+    let req = reference_request(model.as_ref(), opts)?;
     let oracle = Oracle::discover()?;
     progress("running the HF reference (oracle, f32)");
-    let req = reference_request(model.as_ref(), opts);
     let ref_run = oracle.run(&req)?;
     check_against(model.as_ref(), &oracle, &req, &ref_run, opts, progress)
 }
 
-/// The oracle request a check makes.
-pub fn reference_request(model: &dyn SpeechModel, opts: &CheckOptions) -> OracleRequest {
+/// The oracle request a check makes: the audio decoded and converted by the runtime's reader
+/// (an error naming the file if it refuses it), passed to the oracle as samples.
+pub fn reference_request(
+    model: &dyn SpeechModel,
+    opts: &CheckOptions,
+) -> anyhow::Result<OracleRequest> {
+    let audio = load_wav(&opts.audio, 16000)?;
     let mut req = OracleRequest::new(
         model.family(),
         &opts.model,
         &opts.audio,
         &model.contract().text,
-    );
+    )
+    .with_audio(&audio);
     req.max_new_tokens = opts.max_steps;
     req.threads = opts.threads;
-    req
+    Ok(req)
 }
 
 /// The runtime side of a check against a reference run that is already there (the self-test
@@ -221,21 +242,25 @@ pub fn check_against(
             &mut RunHooks::default(),
         )?;
     }
+    let a = load_wav(&opts.audio, 16000)?;
+    if req
+        .samples
+        .as_deref()
+        .is_some_and(|s| s != a.samples.as_slice())
+    {
+        return Err(anyhow!(
+            "{}: the oracle was fed other samples than the runtime reads now (file changed during the check?)",
+            opts.audio.display()
+        ));
+    }
     opts.faults.validate(model.graph())?;
     opts.faults.reset_hits();
     progress("running the runtime with capture (teacher-forced on the reference tokens)");
-    let (runtime, out_on) = runtime_dump(
-        model,
-        &opts.audio,
-        &run_opts,
-        Some(&opts.faults),
-        None,
-        None,
-    )?;
+    let (runtime, out_on) =
+        runtime_dump_audio(model, &a, &run_opts, Some(&opts.faults), None, None)?;
     // The evidence says these faults were planted: they must have changed something.
     opts.faults.confirm_fired()?;
     progress("running the runtime with capture off (neutrality)");
-    let a = load_wav(&opts.audio, 16000)?;
     let out_off = model.run(
         &a,
         &run_opts,
@@ -285,17 +310,7 @@ pub fn check_against(
             max_new_tokens: opts.max_steps,
             teacher_tokens: teacher_for(family, ref_run, true),
         };
-        Some(
-            runtime_dump(
-                model,
-                &opts.audio,
-                &ro,
-                Some(&opts.faults),
-                Some(&sub),
-                None,
-            )?
-            .0,
-        )
+        Some(runtime_dump_audio(model, &a, &ro, Some(&opts.faults), Some(&sub), None)?.0)
     } else {
         None
     };
@@ -311,6 +326,12 @@ pub fn check_against(
         notes.push(
             "runtime teacher-forced on the reference CTC hypothesis (--teacher-force)".into(),
         );
+    }
+    if !a.conversion.is_identity() {
+        notes.push(format!(
+            "audio converted once for both engines: {}",
+            a.conversion.to_json()
+        ));
     }
     if !opts.fault_names.is_empty() {
         notes.push(format!(

@@ -5,7 +5,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod cli;
 
@@ -13,6 +13,9 @@ mod cli;
 #[derive(Debug, Parser)]
 #[command(name = "xray", version, about)]
 struct Cli {
+    /// Show the Python traceback behind an oracle error (also: XRAY_TRACEBACK=1).
+    #[arg(short, long, global = true)]
+    verbose: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -41,10 +44,29 @@ enum Command {
     Gate(cli::gate::Args),
     /// Measure the comparison throughput (GB/s per core).
     BenchCompare(cli::bench_compare::Args),
+    /// Where the oracle's Python environment and package come from, and their versions.
+    Doctor(cli::doctor::Args),
+}
+
+/// `xray --version`: the version and where the oracle environment is (no Python started).
+fn long_version() -> String {
+    let env = match xray_oracle::Oracle::discover() {
+        Ok(o) => o.describe(),
+        Err(e) => format!("oracle environment: not found: {e}"),
+    };
+    format!("{}\n{env}", env!("CARGO_PKG_VERSION"))
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let mut cmd = Cli::command();
+    if std::env::args_os().any(|a| a == "--version") {
+        // Leaked once per process: clap keeps a `&'static str` (no "string" feature).
+        cmd = cmd.long_version(&*Box::leak(long_version().into_boxed_str()));
+    }
+    let parsed = cmd
+        .try_get_matches()
+        .and_then(|mut m| Cli::from_arg_matches_mut(&mut m));
+    let cli = match parsed {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
@@ -67,8 +89,19 @@ fn main() -> ExitCode {
         Command::Report(a) => cli::report::run(a),
         Command::Gate(a) => cli::gate::run(a),
         Command::BenchCompare(a) => cli::bench_compare::run(a),
+        Command::Doctor(a) => cli::doctor::run(a),
     };
+    let verbose = cli.verbose || std::env::var_os("XRAY_TRACEBACK").is_some_and(|v| v != "0");
     result.unwrap_or_else(|e| {
+        if verbose {
+            if let Some(tb) = e
+                .chain()
+                .find_map(|c| c.downcast_ref::<xray_oracle::OracleError>())
+                .and_then(|o| o.traceback())
+            {
+                cli::note(tb.trim_end());
+            }
+        }
         cli::note(&format!("xray: error: {e:#}"));
         cli::exit_usage()
     })

@@ -67,7 +67,7 @@ pub fn selftest(
             "{family}: reference run on {}",
             fx.audio.display()
         ));
-        let req = reference_request(model.as_ref(), &base);
+        let req = reference_request(model.as_ref(), &base)?;
         let ref_run = oracle.run(&req)?;
         let mut cases: Vec<(String, Option<Planted>, String, bool, &str)> =
             vec![("clean".into(), None, "-".into(), false, "")];

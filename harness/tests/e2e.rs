@@ -181,10 +181,10 @@ fn bad_inputs_exit_2_with_a_clear_message() {
         "--model",
         "fixtures/whisper-tiny-en",
         "--audio",
-        "fixtures/build/audio/fox-44k.wav",
+        "fixtures/build/audio/long-35s.wav",
     ]);
     assert_eq!(code(&o), 2);
-    assert!(stderr(&o).contains("44100"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("35.00 s"), "{}", stderr(&o));
     let o = xray(&[
         "check",
         "--model",

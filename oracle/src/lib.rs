@@ -29,9 +29,21 @@ pub enum OracleError {
         /// The command that fixes it.
         fix: String,
     },
-    /// A Python exception, with its formatted traceback.
-    #[error("oracle raised in Python:\n{traceback}")]
+    /// A known input error the oracle refused on purpose (`OracleInputError` and its
+    /// subclasses): one line naming the file and the fix.
+    #[error("{message}")]
+    Input {
+        /// The exception's message (one line).
+        message: String,
+        /// `traceback.format_exception` output (shown with `xray -v`).
+        traceback: String,
+    },
+    /// An unexpected Python exception: one line (type, message, where) on display; the full
+    /// traceback is kept for `xray -v` / `XRAY_TRACEBACK=1`.
+    #[error("oracle raised {summary} (run with -v or XRAY_TRACEBACK=1 for the Python traceback)")]
     Python {
+        /// `Type: message (at file:line in function)`.
+        summary: String,
         /// `traceback.format_exception` output.
         traceback: String,
     },
@@ -43,24 +55,94 @@ pub enum OracleError {
 /// Result alias.
 pub type Result<T> = std::result::Result<T, OracleError>;
 
+impl OracleError {
+    /// The full Python traceback, when the error came from a Python exception.
+    pub fn traceback(&self) -> Option<&str> {
+        match self {
+            OracleError::Input { traceback, .. } | OracleError::Python { traceback, .. } => {
+                Some(traceback)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Collapse a message to one line (tracebacks and multi-line messages stay behind `-v`).
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 fn py_err(py: Python<'_>, e: PyErr) -> OracleError {
     let tb = (|| -> PyResult<String> {
         let tbm = py.import("traceback")?;
-        let lines = tbm.call_method1("format_exception", (e.value(py),))?;
+        // pyo3 keeps the traceback beside the value: pass it explicitly.
+        let lines = tbm.call_method1(
+            "format_exception",
+            (e.get_type(py), e.value(py), e.traceback(py)),
+        )?;
         let parts: Vec<String> = lines.extract()?;
         Ok(parts.concat())
     })()
     .unwrap_or_else(|_| e.to_string());
-    OracleError::Python { traceback: tb }
+    let value = e.value(py);
+    let message = value
+        .str()
+        .map(|s| s.to_string())
+        .unwrap_or_else(|_| e.to_string());
+    // Input errors: the oracle's own `OracleInputError` (every input refusal subclasses it).
+    let is_input = py
+        .import("xray_oracle.errors")
+        .and_then(|m| m.getattr("OracleInputError"))
+        .map(|cls| value.is_instance(&cls).unwrap_or(false))
+        .unwrap_or(false);
+    if is_input {
+        return OracleError::Input {
+            message: one_line(&message),
+            traceback: tb,
+        };
+    }
+    let ty = e
+        .get_type(py)
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "Exception".into());
+    // Where: the innermost frame of the traceback.
+    let place = (|| -> PyResult<String> {
+        let tbm = py.import("traceback")?;
+        let Some(tbo) = e.traceback(py) else {
+            return Ok(String::new());
+        };
+        let frames = tbm.call_method1("extract_tb", (tbo,))?;
+        let n: usize = frames.len()?;
+        if n == 0 {
+            return Ok(String::new());
+        }
+        let last = frames.get_item(n - 1)?;
+        let file: String = last.getattr("filename")?.extract()?;
+        let line: usize = last.getattr("lineno")?.extract()?;
+        let func: String = last.getattr("name")?.extract()?;
+        Ok(format!(" (at {file}:{line} in {func})"))
+    })()
+    .unwrap_or_default();
+    OracleError::Python {
+        summary: format!("{ty}: {}{place}", one_line(&message)),
+        traceback: tb,
+    }
 }
 
-/// Where the oracle's Python lives.
+/// Where the oracle's Python lives, and why it was taken from there.
 #[derive(Debug, Clone)]
 pub struct Oracle {
+    /// The venv directory.
+    pub venv: PathBuf,
     /// The venv's site-packages.
     pub site_packages: PathBuf,
     /// The directory that contains the `xray_oracle` package.
     pub package_root: PathBuf,
+    /// Why this venv: `XRAY_VENV`, or the X-Ray checkout it belongs to.
+    pub venv_source: String,
+    /// Why this package root: `XRAY_ORACLE_PATH`, or the X-Ray checkout it belongs to.
+    pub package_source: String,
 }
 
 /// One reference run request.
@@ -70,8 +152,15 @@ pub struct OracleRequest {
     pub family: String,
     /// HF model directory.
     pub model_dir: PathBuf,
-    /// WAV file.
+    /// The audio file (named in messages; read by Python only when `samples` is `None`).
     pub audio: PathBuf,
+    /// The decoded, converted 16 kHz mono samples (`xray_runtime::audio::load_audio`): the
+    /// oracle is fed exactly what the runtime is fed and never decodes the file itself.
+    pub samples: Option<Vec<f32>>,
+    /// sha256 of the audio FILE bytes (with `samples`).
+    pub audio_sha256: Option<String>,
+    /// How the file became `samples` (recorded as `extra.audio` in the reference's dump).
+    pub audio_conversion: Option<serde_json::Value>,
     /// The family's contract text (from `xray_runtime::contract::contract_text`).
     pub contract: String,
     /// `float32` (default) or `float64` (calibration).
@@ -87,12 +176,24 @@ pub struct OracleRequest {
 }
 
 impl OracleRequest {
+    /// Feed these already converted samples (and the file's sha256) instead of the path.
+    pub fn with_audio(mut self, audio: &xray_runtime::audio::Audio) -> Self {
+        self.audio = audio.path.clone();
+        self.samples = Some(audio.samples.clone());
+        self.audio_sha256 = Some(audio.sha256.clone());
+        self.audio_conversion = Some(audio.conversion.to_json());
+        self
+    }
+
     /// A float32 request with no options.
     pub fn new(family: &str, model_dir: &Path, audio: &Path, contract: &str) -> Self {
         OracleRequest {
             family: family.to_string(),
             model_dir: model_dir.to_path_buf(),
             audio: audio.to_path_buf(),
+            samples: None,
+            audio_sha256: None,
+            audio_conversion: None,
             contract: contract.to_string(),
             dtype: "float32".into(),
             max_new_tokens: None,
@@ -147,8 +248,46 @@ impl OracleRun {
     }
 }
 
-fn find_up(start: &Path, rel: &str) -> Option<PathBuf> {
-    start.ancestors().map(|a| a.join(rel)).find(|p| p.exists())
+/// The X-Ray checkout an executable or source directory belongs to: the nearest ancestor that
+/// holds both `oracle/xray_oracle/__init__.py` and `runtime/contracts` (the installation's own
+/// files, never the working directory's).
+fn checkout_of(start: &Path) -> Option<PathBuf> {
+    start
+        .ancestors()
+        .find(|a| {
+            a.join("oracle/xray_oracle/__init__.py").is_file()
+                && a.join("runtime/contracts").is_dir()
+        })
+        .map(Path::to_path_buf)
+}
+
+/// The installation roots the oracle may come from, in order, with the reason for each: the
+/// checkout holding the running executable (`target/release/xray`), then the checkout this crate
+/// was compiled from (`CARGO_MANIFEST_DIR` at build time). The working directory is never one.
+fn installation_roots() -> Vec<(PathBuf, String)> {
+    let mut roots: Vec<(PathBuf, String)> = Vec::new();
+    if let Ok(exe) = std::env::current_exe() {
+        let exe = exe.canonicalize().unwrap_or(exe);
+        if let Some(r) = checkout_of(&exe) {
+            roots.push((
+                r,
+                format!(
+                    "the X-Ray checkout holding the executable {}",
+                    exe.display()
+                ),
+            ));
+        }
+    }
+    let built = Path::new(env!("CARGO_MANIFEST_DIR"));
+    if let Some(r) = checkout_of(built) {
+        if !roots.iter().any(|(p, _)| p == &r) {
+            roots.push((
+                r,
+                "the X-Ray checkout this binary was built from (CARGO_MANIFEST_DIR)".into(),
+            ));
+        }
+    }
+    roots
 }
 
 fn site_packages_in(venv: &Path) -> Option<PathBuf> {
@@ -164,26 +303,41 @@ fn site_packages_in(venv: &Path) -> Option<PathBuf> {
 }
 
 impl Oracle {
-    /// Find the venv and the package: `XRAY_VENV` / `XRAY_ORACLE_PATH` if set, else the nearest
-    /// `.venv` and `oracle/xray_oracle` above the current directory or the executable, else the
-    /// source checkout this crate was built from.
+    /// Find the venv and the package: `XRAY_VENV` / `XRAY_ORACLE_PATH` if set, else the X-Ray
+    /// checkout that holds the running executable, else the checkout this crate was built from
+    /// (its `.venv` and `oracle/`). Never the working directory or its parents: a `.venv` there
+    /// could hold `.pth` files, which Python executes.
     pub fn discover() -> Result<Oracle> {
         let fix = "run `make venv` in the X-Ray checkout (or set XRAY_VENV to a venv made from oracle/requirements.txt)";
-        let mut starts: Vec<PathBuf> = Vec::new();
-        if let Ok(c) = std::env::current_dir() {
-            starts.push(c);
-        }
-        if let Ok(e) = std::env::current_exe() {
-            starts.push(e);
-        }
-        starts.push(PathBuf::from(env!("CARGO_MANIFEST_DIR")));
-        let venv = match std::env::var_os("XRAY_VENV") {
-            Some(v) => PathBuf::from(v),
-            None => starts
+        let roots = installation_roots();
+        let (venv, venv_source) = match std::env::var_os("XRAY_VENV") {
+            Some(v) => {
+                let v = PathBuf::from(v);
+                if !v.is_dir() {
+                    return Err(OracleError::Environment {
+                        reason: format!("XRAY_VENV={} is not a directory", v.display()),
+                        fix: "point XRAY_VENV at a venv made from oracle/requirements.txt, or unset it".into(),
+                    });
+                }
+                (v, "XRAY_VENV".to_string())
+            }
+            None => roots
                 .iter()
-                .find_map(|s| find_up(s, ".venv"))
+                .map(|(r, why)| (r.join(".venv"), why.clone()))
+                .find(|(v, _)| v.is_dir())
                 .ok_or_else(|| OracleError::Environment {
-                    reason: "no .venv found above the current directory".into(),
+                    reason: format!(
+                        "no .venv in the X-Ray installation ({})",
+                        if roots.is_empty() {
+                            "no X-Ray checkout holds this executable".to_string()
+                        } else {
+                            roots
+                                .iter()
+                                .map(|(r, _)| r.display().to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        }
+                    ),
                     fix: fix.into(),
                 })?,
         };
@@ -191,20 +345,80 @@ impl Oracle {
             reason: format!("{} has no lib/python3.*/site-packages", venv.display()),
             fix: fix.into(),
         })?;
-        let package_root = match std::env::var_os("XRAY_ORACLE_PATH") {
-            Some(p) => PathBuf::from(p),
-            None => starts
+        let (package_root, package_source) = match std::env::var_os("XRAY_ORACLE_PATH") {
+            Some(p) => {
+                let p = PathBuf::from(p);
+                if !p.join("xray_oracle/__init__.py").is_file() {
+                    return Err(OracleError::Environment {
+                        reason: format!(
+                            "XRAY_ORACLE_PATH={} has no xray_oracle/__init__.py",
+                            p.display()
+                        ),
+                        fix: "point XRAY_ORACLE_PATH at the X-Ray checkout's oracle/ directory, or unset it".into(),
+                    });
+                }
+                (p, "XRAY_ORACLE_PATH".to_string())
+            }
+            None => roots
                 .iter()
-                .find_map(|s| find_up(s, "oracle/xray_oracle"))
-                .and_then(|p| p.parent().map(Path::to_path_buf))
+                .map(|(r, why)| (r.join("oracle"), why.clone()))
+                .next()
                 .ok_or_else(|| OracleError::Environment {
-                    reason: "the xray_oracle Python package (oracle/xray_oracle) was not found".into(),
-                    fix: "run xray from the X-Ray checkout or set XRAY_ORACLE_PATH to its oracle/ directory".into(),
+                    reason: "the xray_oracle Python package was not found: no X-Ray checkout holds this executable".into(),
+                    fix: "run the xray built in the X-Ray checkout, or set XRAY_ORACLE_PATH to its oracle/ directory".into(),
                 })?,
         };
         Ok(Oracle {
+            venv,
             site_packages,
             package_root,
+            venv_source,
+            package_source,
+        })
+    }
+
+    /// Where the environment is, for `xray --version` (never starts Python).
+    pub fn describe(&self) -> String {
+        format!(
+            "oracle venv: {} ({})\noracle package: {} ({})",
+            self.venv.display(),
+            self.venv_source,
+            self.package_root.join("xray_oracle").display(),
+            self.package_source
+        )
+    }
+
+    /// What `xray doctor` reports: the imported package's file, python, numpy, torch,
+    /// transformers versions, the interpreter's libpython and sys.path. Imports torch.
+    pub fn environment_report(&self) -> Result<Vec<(String, String)>> {
+        self.with_python(|py, m| {
+            let e = |e: PyErr| py_err(py, e);
+            let mut out: Vec<(String, String)> = Vec::new();
+            let file: String = m.getattr("__file__").and_then(|f| f.extract()).map_err(e)?;
+            out.push(("xray_oracle".into(), file));
+            let sys = py.import("sys").map_err(e)?;
+            let version: String = sys
+                .getattr("version")
+                .and_then(|v| v.extract())
+                .map_err(e)?;
+            out.push(("python".into(), one_line(&version)));
+            for name in ["numpy", "torch", "transformers"] {
+                let v: String = py
+                    .import(name)
+                    .and_then(|mm| mm.getattr("__version__"))
+                    .and_then(|v| v.str().map(|s| s.to_string()))
+                    .map_err(e)?;
+                let f: String = py
+                    .import(name)
+                    .and_then(|mm| mm.getattr("__file__"))
+                    .and_then(|f| f.extract())
+                    .unwrap_or_default();
+                out.push((name.into(), format!("{v} ({f})")));
+            }
+            out.push(("libpython".into(), loaded_libpython()));
+            let path: Vec<String> = sys.getattr("path").and_then(|p| p.extract()).map_err(e)?;
+            out.push(("sys.path".into(), path.join(":")));
+            Ok(out)
         })
     }
 
@@ -223,6 +437,17 @@ impl Oracle {
                 let sys = py.import("sys")?;
                 let path = sys.getattr("path")?;
                 let root = self.package_root.to_string_lossy().to_string();
+                // No entry may name the working directory ('' or its path): modules there
+                // must never shadow the installation's.
+                let cwd = std::env::current_dir()
+                    .map(|c| c.to_string_lossy().to_string())
+                    .unwrap_or_default();
+                let entries: Vec<String> = path.extract()?;
+                for entry in entries {
+                    if entry.is_empty() || entry == "." || (entry == cwd && entry != root) {
+                        path.call_method1("remove", (entry,))?;
+                    }
+                }
                 let has: bool = path
                     .call_method1("__contains__", (root.clone(),))?
                     .extract()?;
@@ -272,6 +497,13 @@ impl Oracle {
             if let Some(n) = req.threads {
                 kw.set_item("threads", n).map_err(e)?;
             }
+            if let Some(x) = &req.samples {
+                kw.set_item("samples", numpy::PyArray1::from_slice(py, x))
+                    .map_err(e)?;
+            }
+            if let Some(h) = &req.audio_sha256 {
+                kw.set_item("audio_sha256", h.as_str()).map_err(e)?;
+            }
             let res = m
                 .call_method(
                     "run",
@@ -284,8 +516,46 @@ impl Oracle {
                     Some(&kw),
                 )
                 .map_err(|e| py_err(py, e))?;
-            extract_run(py, &res)
+            let mut run = extract_run(py, &res)?;
+            // What the reference computed on, hashed by Python: it must be what was sent.
+            let fed: Option<String> = res
+                .get_item("samples_sha256")
+                .ok()
+                .and_then(|v| v.extract().ok());
+            if let Some(mut c) = req.audio_conversion.clone() {
+                let sent = c.get("samples_sha256").and_then(|v| v.as_str()).map(str::to_string);
+                if sent.is_some() && fed != sent {
+                    return Err(OracleError::Data(format!(
+                        "{}: the reference computed on samples with sha256 {:?}, not the {:?} it was sent",
+                        req.audio.display(),
+                        fed,
+                        sent
+                    )));
+                }
+                if let Some(obj) = c.as_object_mut() {
+                    obj.insert("oracle_samples_sha256".into(), serde_json::json!(fed));
+                }
+                run.extra.insert("audio".into(), c);
+            }
+            Ok(run)
         })
+    }
+}
+
+/// The libpython this process has mapped (from /proc/self/maps), or the reason it is unknown.
+fn loaded_libpython() -> String {
+    match std::fs::read_to_string("/proc/self/maps") {
+        Ok(maps) => maps
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .find(|p| {
+                Path::new(p)
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("libpython"))
+            })
+            .map(str::to_string)
+            .unwrap_or_else(|| "statically linked (no libpython mapped)".into()),
+        Err(e) => format!("unknown (/proc/self/maps: {e})"),
     }
 }
 

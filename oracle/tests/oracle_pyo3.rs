@@ -1,5 +1,5 @@
 //! The oracle through pyo3 on the real fixtures: contract coverage, shapes, steps, layouts, the
-//! tiny.en transcript, dump round trip, and errors that carry the Python traceback.
+//! tiny.en transcript, dump round trip, and input errors as one line (traceback kept).
 
 use std::path::{Path, PathBuf};
 
@@ -130,7 +130,7 @@ fn granite_nar_fixture_matches_contract() {
 }
 
 #[test]
-fn python_errors_carry_the_traceback_and_name_the_file() {
+fn input_errors_are_one_line_and_keep_the_traceback() {
     let oracle = Oracle::discover().unwrap();
     let c = xray_runtime::contract::contract_text("whisper").unwrap();
     let missing = root().join("fixtures/no-such-model");
@@ -143,13 +143,12 @@ fn python_errors_carry_the_traceback_and_name_the_file() {
         ))
         .unwrap_err();
     match &e {
-        OracleError::Python { traceback } => {
-            assert!(traceback.contains("no-such-model"), "{traceback}");
-            assert!(
-                traceback.contains("Traceback") || traceback.contains("Error"),
-                "{traceback}"
-            );
+        OracleError::Input { message, traceback } => {
+            assert!(message.contains("no-such-model"), "{message}");
+            assert!(!message.contains('\n'), "{message}");
+            assert!(traceback.contains("Traceback"), "{traceback}");
+            assert_eq!(e.to_string(), *message);
         }
-        other => panic!("expected a Python error, got {other}"),
+        other => panic!("expected an input error, got {other}"),
     }
 }

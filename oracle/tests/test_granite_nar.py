@@ -345,11 +345,11 @@ def _write_wav(path: Path, rate=16000, channels=1, width=2, frames=1600, data: b
         ("stereo", "2 channels"),
         ("8bit", "8-bit"),
         ("24bit", "24-bit"),
-        ("float", "not a readable PCM WAV"),
-        ("garbage", "not a readable PCM WAV"),
+        ("float", "not 16-bit integer PCM"),
+        ("garbage", "not a readable WAV"),
         ("truncated", "truncated"),
         ("empty", "no samples"),
-        ("missing", "cannot read audio"),
+        ("missing", "does not exist"),
     ],
 )
 def test_bad_audio_is_refused(tmp_path, kind, match):

@@ -21,25 +21,46 @@ __all__ = [
 
 
 def run(family: str, model_dir: str, audio_path: str, contract_json: str, *, dtype: str = "float32",
-        max_new_tokens=None, teacher=None, only=None, threads=None) -> dict:
+        max_new_tokens=None, teacher=None, only=None, threads=None, samples=None, audio_sha256=None) -> dict:
     """One entry for the Rust side: dispatch on the family name with the common options.
 
     `teacher` is the granite CTC hypothesis to force; Whisper's reference is never teacher-forced
-    (its generate is the reference token stream).
+    (its generate is the reference token stream). `samples` (float32, 16 kHz mono) and
+    `audio_sha256` are the audio as the runtime's reader decoded and converted it: the reference
+    is fed the same samples and never reads `audio_path`. Arguments, the model directory and the
+    audio are checked here, before torch is imported (one check for every family).
     """
+    from .modeldir import check_model_dir
+
+    if dtype not in ("float32", "float64"):
+        raise OracleInputError(f"dtype {dtype!r} is not 'float32' or 'float64'")
+    for name, v in (("max_new_tokens", max_new_tokens), ("threads", threads)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise OracleInputError(f"{name} must be a positive integer, got {v!r}")
+    if family not in ("whisper", "granite_nar"):
+        raise OracleError(f"unknown family '{family}' (known: whisper, granite_nar)")
+    check_model_dir(model_dir, family)
+    if samples is not None:
+        from .audio import from_samples
+
+        from_samples(audio_path, samples, audio_sha256 or "")
+    else:
+        from .audio import read_wav
+
+        read_wav(audio_path)
     if family == "whisper":
         if teacher is not None:
             raise OracleError("whisper: the reference is not teacher-forced; teacher must be None")
         kw = {} if threads is None else {"threads": threads}
         return run_whisper(model_dir, audio_path, contract_json, max_new_tokens=max_new_tokens,
-                           dtype=dtype, only=only, **kw)
+                           dtype=dtype, only=only, samples=samples, audio_sha256=audio_sha256, **kw)
     if family == "granite_nar":
         if threads is not None:
             import torch
             torch.set_num_threads(int(threads))
         from .granite_nar import run_granite_nar
         return run_granite_nar(model_dir, audio_path, contract_json, dtype=dtype,
-                               teacher_hypothesis=teacher, only=only)
+                               teacher_hypothesis=teacher, only=only, samples=samples, audio_sha256=audio_sha256)
     raise OracleError(f"unknown family '{family}' (known: whisper, granite_nar)")
 
 

@@ -30,7 +30,6 @@ import hashlib
 import json
 import math
 import platform
-import wave
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -46,6 +45,11 @@ from transformers.models.granite_speech.feature_extraction_granite_speech import
 from transformers.models.granite_speech.modeling_granite_speech import GraniteSpeechCTCEncoder
 
 from . import granite_contract as gc
+from . import audio as _audio
+from .errors import OracleInputError
+from .modeldir import FIXES, check_model_dir
+
+FIXES_TOKENIZER = FIXES["tokenizer.json"]
 
 FAMILY = "granite_nar"
 SAMPLE_RATE = 16000
@@ -53,8 +57,9 @@ SAMPLE_RATE = 16000
 _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
-class GraniteNarInputError(ValueError):
-    """Audio, model directory or argument the granite_nar oracle refuses, with the reason."""
+class GraniteNarInputError(OracleInputError, ValueError):
+    """Audio, model directory or argument the granite_nar oracle refuses, with the reason (an
+    `OracleInputError`: `xray` shows it as one line)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,32 +184,15 @@ class GraniteNarConfig:
 
 def read_wav(path: str | Path) -> tuple[np.ndarray, bytes]:
     """Read a 16 kHz mono 16-bit PCM WAV; returns (float32 samples in [-1, 1), file bytes).
-
-    Anything else is refused with a GraniteNarInputError naming the file and the reason.
-    """
-    path = Path(path)
+    The one standalone reader (`xray_oracle.audio.read_wav`) shared with Whisper; refusals are
+    GraniteNarInputError naming the file and the reason."""
     try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise GraniteNarInputError(f"{path}: cannot read audio ({e.strerror})") from e
-    try:
-        with wave.open(str(path), "rb") as w:
-            rate, channels, width, n = w.getframerate(), w.getnchannels(), w.getsampwidth(), w.getnframes()
-            frames = w.readframes(n)
-    except (wave.Error, EOFError) as e:
-        raise GraniteNarInputError(f"{path}: not a readable PCM WAV file ({e})") from e
-    if rate != SAMPLE_RATE:
-        raise GraniteNarInputError(f"{path}: sample rate {rate} Hz, granite_nar needs {SAMPLE_RATE} Hz")
-    if channels != 1:
-        raise GraniteNarInputError(f"{path}: {channels} channels, granite_nar needs mono")
-    if width != 2:
-        raise GraniteNarInputError(f"{path}: {8 * width}-bit samples, granite_nar needs 16-bit PCM")
-    if len(frames) != 2 * n:
-        raise GraniteNarInputError(f"{path}: truncated data chunk ({len(frames)} of {2 * n} bytes)")
-    if n == 0:
-        raise GraniteNarInputError(f"{path}: no samples")
-    audio = np.frombuffer(frames, dtype="<i2").astype(np.float32) / 32768.0
-    return audio, data
+        a = _audio.read_wav(path)
+    except GraniteNarInputError:
+        raise
+    except OracleInputError as e:
+        raise GraniteNarInputError(str(e)) from None
+    return a.samples, Path(path).read_bytes()
 
 
 class GraniteNarFrontend:
@@ -603,9 +591,7 @@ def load_granite_nar(model_dir: str | Path, dtype: str = "float32") -> tuple[Gra
     model_dir = Path(model_dir)
     if dtype not in _DTYPES:
         raise GraniteNarInputError(f"dtype '{dtype}' not one of {sorted(_DTYPES)}")
-    for name in ("config.json", "model.safetensors", "preprocessor_config.json"):
-        if not (model_dir / name).is_file():
-            raise GraniteNarInputError(f"{model_dir}: missing {name}")
+    check_model_dir(model_dir, FAMILY, for_run=False)
     try:
         raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
         pre = json.loads((model_dir / "preprocessor_config.json").read_text(encoding="utf-8"))
@@ -668,6 +654,8 @@ def run_granite_nar(
     *,
     model: GraniteNARForConditionalGeneration | None = None,
     frontend: GraniteNarFrontend | None = None,
+    samples=None,
+    audio_sha256: str | None = None,
 ) -> dict[str, Any]:
     """Run the reference on one clip and capture the contract's checkpoints.
 
@@ -676,9 +664,17 @@ def run_granite_nar(
     float32 C-contiguous arrays in the contract's canonical shapes. `teacher_hypothesis` replaces
     the CTC hypothesis in the LM template (token ids); `hypothesis` stays the CTC one. `only`
     restricts capture to the named (expanded) checkpoints. `model`/`frontend` reuse an already
-    loaded model (tests); they must come from `model_dir`.
+    loaded model (tests); they must come from `model_dir`. `samples`/`audio_sha256`: 16 kHz mono
+    float32 samples decoded and converted by the caller (`xray`) and the file's sha256;
+    `audio_path` is then only named in messages.
     """
     model_dir = Path(model_dir)
+    if samples is not None:
+        audio = _audio.from_samples(audio_path, samples, audio_sha256 or "").samples
+        audio_sha = audio_sha256 or ""
+    else:
+        audio, audio_bytes = read_wav(audio_path)
+        audio_sha = hashlib.sha256(audio_bytes).hexdigest()
     if model is None or frontend is None:
         model, frontend, raw_config = load_granite_nar(model_dir, dtype)
     else:
@@ -688,7 +684,6 @@ def run_granite_nar(
         bad = [t for t in teacher_hypothesis if not 0 <= int(t) < vocab]
         if bad:
             raise GraniteNarInputError(f"teacher_hypothesis: ids {bad} outside [0, {vocab})")
-    audio, audio_bytes = read_wav(audio_path)
     resolved = gc.resolve(gc.load_contract_text(contract_json), raw_config)
     if resolved.family != FAMILY:
         raise GraniteNarInputError(f"contract family '{resolved.family}' is not '{FAMILY}'")
@@ -700,7 +695,9 @@ def run_granite_nar(
     gc.check_shapes(resolved, checkpoints, rec.captured)
 
     tok = _tokenizer(model_dir)
-    transcript = tok.decode(out.tokens, skip_special_tokens=True) if tok is not None else None
+    if tok is None:
+        raise GraniteNarInputError(f"{model_dir / 'tokenizer.json'} is missing; {FIXES_TOKENIZER}")
+    transcript = tok.decode(out.tokens, skip_special_tokens=True)
     return {
         "family": FAMILY,
         "tokens": out.tokens,
@@ -712,6 +709,7 @@ def run_granite_nar(
         ],
         "tools": tool_versions(),
         "weights_sha256": _sha256_file(model_dir / "model.safetensors"),
-        "audio_sha256": hashlib.sha256(audio_bytes).hexdigest(),
+        "audio_sha256": audio_sha,
+        "samples_sha256": _audio.samples_sha256(audio),
         "config": raw_config,
     }

@@ -20,12 +20,12 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .audio import read_wav
+from .audio import from_samples, read_wav, samples_sha256
 from .contract import Checkpoint, Contract, load_contract_text, resolve
-from .errors import FIXTURES_HINT, CaptureError, ContractError, OracleInputError
+from .errors import CaptureError, ContractError, OracleInputError
+from .modeldir import PICKLE_SUFFIXES  # noqa: F401  (re-exported)
+from .modeldir import check_model_dir as _shared_check
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
-REQUIRED_FILES = ("config.json", "preprocessor_config.json", "generation_config.json")
 DTYPES = ("float32", "float64")
 
 _sha_cache: dict[tuple[str, int, int], str] = {}
@@ -45,29 +45,8 @@ def _sha256_file(path: Path) -> str:
 
 def check_model_dir(model_dir: str | Path) -> tuple[Path, dict, str]:
     """Refuse anything but a local safetensors Whisper directory. Returns (dir, config, weights sha256)."""
-    d = Path(model_dir)
-    if not d.is_dir():
-        raise OracleInputError(f"model directory {d} does not exist; {FIXTURES_HINT}")
-    pickles = sorted(p.name for p in d.iterdir() if p.suffix in PICKLE_SUFFIXES)
-    if pickles:
-        raise OracleInputError(
-            f"{d} contains pickle-format weights {pickles}; the oracle loads safetensors only and never unpickles. "
-            "Remove them (keep model.safetensors)"
-        )
+    d, config = _shared_check(model_dir, "whisper")
     st = sorted(d.glob("*.safetensors"))
-    if not st:
-        raise OracleInputError(f"{d} has no .safetensors weights; {FIXTURES_HINT}")
-    for f in REQUIRED_FILES:
-        if not (d / f).is_file():
-            raise OracleInputError(f"{d / f} is missing; {FIXTURES_HINT}")
-    try:
-        config = json.loads((d / "config.json").read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise OracleInputError(f"{d / 'config.json'} does not parse: {e}") from None
-    if config.get("model_type") != "whisper":
-        raise OracleInputError(f"{d / 'config.json'}: model_type is {config.get('model_type')!r}, expected 'whisper'")
-    if "auto_map" in config:
-        raise OracleInputError(f"{d / 'config.json'} has an auto_map (remote code); the oracle never runs remote code")
     if len(st) == 1:
         weights_sha = _sha256_file(st[0])
     else:  # sharded: hash of the sorted (file name, file hash) list
@@ -75,6 +54,19 @@ def check_model_dir(model_dir: str | Path) -> tuple[Path, dict, str]:
             "".join(f"{p.name}:{_sha256_file(p)}\n" for p in st).encode()
         ).hexdigest()
     return d, config, weights_sha
+
+
+def _chunk_length(d: Path) -> float:
+    """preprocessor_config.json's window length in seconds (read without transformers)."""
+    p = d / "preprocessor_config.json"
+    try:
+        pre = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise OracleInputError(f"{p} does not parse: {e}") from None
+    chunk = pre.get("chunk_length", 30) if isinstance(pre, dict) else None
+    if not isinstance(chunk, (int, float)) or chunk <= 0:
+        raise OracleInputError(f"{p}: chunk_length {chunk!r} is not a positive number of seconds")
+    return float(chunk)
 
 
 def tool_versions() -> dict:
@@ -222,6 +214,8 @@ def run_whisper(
     only: Optional[list[str]] = None,
     attn_implementation: str = "eager",
     threads: Optional[int] = 1,
+    samples=None,
+    audio_sha256: Optional[str] = None,
 ) -> dict:
     """Run the HF Whisper reference on one WAV and capture the contract's checkpoints.
 
@@ -236,6 +230,9 @@ def run_whisper(
       setting. The default 1 makes the reference independent of the host's core count and immune
       to oversubscription: on a busy 2-core machine torch's 2-thread CPU ops (e.g. torch.isin in
       generate's suppress-tokens processor) ran up to 100x slower than with one thread.
+    - samples / audio_sha256: 16 kHz mono float32 samples already decoded and converted by the
+      caller (`xray`, the runtime's reader) and the audio FILE's sha256; audio_path is then only
+      named in messages and never read.
 
     Returns {"family", "tokens", "transcript", "checkpoints": [{"name", "step", "layout",
     "array"}], "tools", "weights_sha256", "audio_sha256", "config", "dims", "dtype",
@@ -257,6 +254,13 @@ def run_whisper(
         raise ContractError(f"run_whisper got the contract of family {data.get('family')!r}")
     contract = resolve(data, config)
     selected = _select(contract, only)
+    # The audio is checked before torch loads: a bad file costs no model load.
+    chunk = _chunk_length(d)
+    np_dtype = np.float64 if dtype == "float64" else np.float32
+    if samples is not None:
+        audio = from_samples(audio_path, samples, audio_sha256 or "", dtype=np_dtype, max_seconds=chunk)
+    else:
+        audio = read_wav(audio_path, max_seconds=chunk, dtype=np_dtype)
 
     import torch
 
@@ -264,12 +268,12 @@ def run_whisper(
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _run(d, config, weights_sha, contract, selected, audio_path, max_new_tokens, dtype, attn_implementation)
+        return _run(d, config, weights_sha, contract, selected, audio, max_new_tokens, dtype, attn_implementation)
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def _run(d: Path, config: dict, weights_sha: str, contract: Contract, selected: list[Checkpoint], audio_path: str,
+def _run(d: Path, config: dict, weights_sha: str, contract: Contract, selected: list[Checkpoint], audio,
          max_new_tokens: Optional[int], dtype: str, attn_implementation: str) -> dict:
     import torch
     import transformers
@@ -280,7 +284,7 @@ def _run(d: Path, config: dict, weights_sha: str, contract: Contract, selected: 
     tdtype = torch.float64 if dtype == "float64" else torch.float32
 
     fe = WhisperFeatureExtractor.from_pretrained(str(d), local_files_only=True)
-    audio = read_wav(audio_path, max_seconds=fe.chunk_length, dtype=np.float64 if dtype == "float64" else np.float32)
+
     if fe.sampling_rate != audio.sample_rate:
         raise OracleInputError(f"{d / 'preprocessor_config.json'}: sampling_rate {fe.sampling_rate}, the oracle feeds 16000 Hz")
     tokenizer = WhisperTokenizer.from_pretrained(str(d), local_files_only=True)
@@ -329,6 +333,7 @@ def _run(d: Path, config: dict, weights_sha: str, contract: Contract, selected: 
         "tools": tool_versions(),
         "weights_sha256": weights_sha,
         "audio_sha256": audio.sha256,
+        "samples_sha256": samples_sha256(audio.samples),
         "config": config,
         "dims": dict(contract.dims),
         "dtype": dtype,

@@ -14,7 +14,7 @@ pub struct Args {
     /// HF model directory (config.json, model.safetensors, tokenizer.json, ...).
     #[arg(long, value_name = "DIR")]
     pub model: PathBuf,
-    /// 16 kHz mono 16-bit WAV.
+    /// WAV file (any common rate, mono or stereo: converted once to 16 kHz mono for both engines).
     #[arg(long, value_name = "WAV")]
     pub audio: PathBuf,
     /// Write the evidence JSON here (default: reports/<model>.<audio>.evidence.json).
@@ -29,8 +29,8 @@ pub struct Args {
     /// Tolerance policy (JSON; docs/tolerances.md).
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
-    /// Cap on generated tokens.
-    #[arg(long, value_name = "N")]
+    /// Cap on generated tokens (at least 1).
+    #[arg(long, value_name = "N", value_parser = super::positive)]
     pub max_steps: Option<usize>,
     /// Also measure each checkpoint's local error with the reference substituted upstream.
     #[arg(long)]
@@ -52,7 +52,7 @@ pub struct Args {
     #[arg(long)]
     pub force: bool,
     /// torch threads for the oracle (default 1: deterministic and immune to oversubscription).
-    #[arg(long)]
+    #[arg(long, value_parser = super::positive)]
     pub threads: Option<usize>,
     /// Print the evidence JSON on stdout.
     #[arg(long)]

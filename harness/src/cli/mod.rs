@@ -35,6 +35,7 @@ pub fn note(text: &str) {
 pub mod bench;
 pub mod check;
 pub mod compare;
+pub mod doctor;
 pub mod faults;
 pub mod list;
 pub mod oracle;
@@ -335,4 +336,13 @@ pub fn check_only(
         }
     }
     Ok(())
+}
+
+/// clap value parser for counts that must be at least 1 (`--max-steps`, `--threads`).
+pub fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("not a positive integer: {e}")),
+    }
 }

@@ -11,7 +11,7 @@ pub struct Args {
     /// HF model directory.
     #[arg(long, value_name = "DIR")]
     pub model: PathBuf,
-    /// 16 kHz mono 16-bit WAV.
+    /// WAV file (any common rate, mono or stereo: converted once to 16 kHz mono for both engines).
     #[arg(long, value_name = "WAV")]
     pub audio: PathBuf,
     /// Dump directory to write (atomically): new or empty, or an existing X-Ray dump with --force.
@@ -21,16 +21,16 @@ pub struct Args {
     #[arg(long)]
     pub force: bool,
     /// `float32` (the reference) or `float64` (noise-floor calibration).
-    #[arg(long, default_value = "float32")]
+    #[arg(long, default_value = "float32", value_parser = ["float32", "float64"])]
     pub dtype: String,
-    /// Cap on generated tokens.
-    #[arg(long, value_name = "N")]
+    /// Cap on generated tokens (at least 1).
+    #[arg(long, value_name = "N", value_parser = super::positive)]
     pub max_steps: Option<usize>,
     /// Only checkpoints matching these names.
     #[arg(long, value_name = "NAME")]
     pub only: Vec<String>,
     /// torch threads (default 1).
-    #[arg(long)]
+    #[arg(long, value_parser = super::positive)]
     pub threads: Option<usize>,
 }
 
@@ -43,8 +43,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let mut outputs = super::Outputs::default();
     outputs.dump("out", &a.out, a.force).check()?;
     super::check_only(&a.only, &contract, true)?;
+    // Decoded and converted once by the runtime's reader (refused here, before Python starts,
+    // if the runtime would refuse it); the reference is fed these samples.
+    let audio = xray_runtime::audio::load_wav(&a.audio, 16000)?;
     let oracle = Oracle::discover()?;
-    let mut req = OracleRequest::new(family, &a.model, &a.audio, &contract.text);
+    let mut req = OracleRequest::new(family, &a.model, &a.audio, &contract.text).with_audio(&audio);
     req.dtype = a.dtype.clone();
     req.max_new_tokens = a.max_steps;
     req.only = (!a.only.is_empty()).then(|| a.only.clone());

@@ -11,7 +11,7 @@ pub struct Args {
     /// HF model directory.
     #[arg(long, value_name = "DIR")]
     pub model: PathBuf,
-    /// 16 kHz mono 16-bit WAV.
+    /// WAV file (any common rate, mono or stereo: converted once to 16 kHz mono for both engines).
     #[arg(long, value_name = "WAV")]
     pub audio: PathBuf,
     /// Dump directory to write (atomically): new or empty, or an existing X-Ray dump with --force.
@@ -26,8 +26,8 @@ pub struct Args {
     /// Keep per-checkpoint statistics and a content hash instead of tensors.
     #[arg(long)]
     pub stats_only: bool,
-    /// Cap on generated tokens.
-    #[arg(long, value_name = "N")]
+    /// Cap on generated tokens (at least 1).
+    #[arg(long, value_name = "N", value_parser = super::positive)]
     pub max_steps: Option<usize>,
     /// Teacher-force these token ids (comma separated).
     #[arg(long, value_name = "IDS", value_delimiter = ',')]

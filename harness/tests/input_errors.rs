@@ -1,0 +1,295 @@
+//! Issue 10 item 9 and "audio a user actually has", end to end through the CLI: argument ranges
+//! refused by clap before anything runs, audio refused before the oracle starts, oracle input
+//! errors and unexpected Python exceptions as one line (the traceback behind `-v`), and audio at
+//! other rates / channel counts converted once with both engines fed the same samples.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .canonicalize()
+        .unwrap()
+}
+
+fn xray(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xray"))
+        .current_dir(root())
+        .env_remove("XRAY_TRACEBACK")
+        .args(args)
+        .output()
+        .expect("run xray")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+fn ready() -> bool {
+    let ok = root()
+        .join("fixtures/build/whisper-rand-a/config.json")
+        .is_file()
+        && root()
+            .join("fixtures/build/granite-nar-tiny/config.json")
+            .is_file();
+    if !ok && std::env::var_os("XRAY_REQUIRE_FIXTURES").is_some() {
+        panic!("fixtures missing (run `make fixtures`)");
+    }
+    ok
+}
+
+/// Exit 2 and the error is the last stderr line, one line, with no Python traceback.
+fn one_line_error(o: &Output) -> String {
+    let e = stderr(o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(!e.contains("Traceback"), "traceback without -v: {e}");
+    let last = e.lines().last().unwrap_or_default().to_string();
+    assert!(
+        last.starts_with("xray: error: ")
+            || last.starts_with("error: ")
+            || last.starts_with("For more"),
+        "{e}"
+    );
+    last
+}
+
+const RAND: &str = "fixtures/build/whisper-rand-a";
+const FOX: &str = "fixtures/audio/fox.wav";
+
+#[test]
+fn argument_ranges_are_refused_before_anything_runs() {
+    let out = tempfile::tempdir().unwrap();
+    let o = out.path().join("d");
+    let o = o.to_str().unwrap();
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["check", "--model", RAND, "--audio", FOX, "--max-steps", "0"],
+        vec!["check", "--model", RAND, "--audio", FOX, "--threads", "0"],
+        vec![
+            "oracle",
+            "--model",
+            RAND,
+            "--audio",
+            FOX,
+            "--out",
+            o,
+            "--max-steps",
+            "0",
+        ],
+        vec![
+            "oracle",
+            "--model",
+            RAND,
+            "--audio",
+            FOX,
+            "--out",
+            o,
+            "--threads",
+            "0",
+        ],
+        vec![
+            "oracle", "--model", RAND, "--audio", FOX, "--out", o, "--dtype", "float16",
+        ],
+        vec![
+            "run",
+            "--model",
+            RAND,
+            "--audio",
+            FOX,
+            "--out",
+            o,
+            "--max-steps",
+            "0",
+        ],
+    ];
+    for args in cases {
+        let r = xray(&args);
+        let e = stderr(&r);
+        assert_eq!(r.status.code(), Some(2), "{args:?}: {e}");
+        assert!(e.contains("invalid value"), "{args:?}: {e}");
+        assert!(
+            !e.contains("HF reference") && !e.contains("Traceback"),
+            "{e}"
+        );
+    }
+    assert!(!Path::new(o).exists());
+}
+
+#[test]
+fn audio_the_runtime_refuses_is_refused_before_the_oracle_runs() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // A directory is "a directory", not "does not exist".
+    let d = dir.path().to_str().unwrap();
+    for cmd in ["check", "oracle"] {
+        let mut args = vec![cmd, "--model", RAND, "--audio", d];
+        let out = dir.path().join("o");
+        if cmd == "oracle" {
+            args.extend(["--out", out.to_str().unwrap()]);
+        }
+        let r = xray(&args);
+        let last = one_line_error(&r);
+        assert!(last.contains("is a directory"), "{last}");
+        assert!(!stderr(&r).contains("HF reference"), "{}", stderr(&r));
+    }
+    // A huge fmt chunk (wave.py used to raise from deep inside) and a rate nobody converts.
+    let huge = dir.path().join("huge-fmt.wav");
+    let mut b = b"RIFF\x24\x00\x00\x00WAVEfmt ".to_vec();
+    b.extend_from_slice(&0xFFFF_FFF0u32.to_le_bytes());
+    b.extend_from_slice(&[1, 0, 1, 0, 0x80, 0x3e, 0, 0, 0, 0x7d, 0, 0, 2, 0, 16, 0]);
+    b.extend_from_slice(b"data\x04\x00\x00\x00\x01\x00\x02\x00");
+    std::fs::write(&huge, b).unwrap();
+    let r = xray(&["check", "--model", RAND, "--audio", huge.to_str().unwrap()]);
+    let last = one_line_error(&r);
+    assert!(last.contains("huge-fmt.wav"), "{last}");
+    assert!(!stderr(&r).contains("HF reference"), "{}", stderr(&r));
+}
+
+#[test]
+fn oracle_input_errors_are_one_line_and_the_traceback_is_behind_v() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let g = dir.path().join("granite");
+    std::fs::create_dir(&g).unwrap();
+    for f in std::fs::read_dir(root().join("fixtures/build/granite-nar-tiny")).unwrap() {
+        let f = f.unwrap().path();
+        if f.file_name().unwrap() != "tokenizer.json" {
+            std::fs::copy(&f, g.join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    let out = dir.path().join("o");
+    let args = [
+        "oracle",
+        "--model",
+        g.to_str().unwrap(),
+        "--audio",
+        FOX,
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let r = xray(&args);
+    let last = one_line_error(&r);
+    assert!(last.contains("tokenizer.json is missing"), "{last}");
+    let mut v = vec!["-v"];
+    v.extend(args);
+    let r = xray(&v);
+    assert_eq!(r.status.code(), Some(2));
+    assert!(stderr(&r).contains("Traceback"), "{}", stderr(&r));
+
+    // pytorch_model.bin next to the safetensors: refused the same way as for Whisper.
+    std::fs::write(g.join("pytorch_model.bin"), b"\x80\x04 not a pickle").unwrap();
+    let last = one_line_error(&xray(&args));
+    assert!(
+        last.contains("pickle-format weights ['pytorch_model.bin']"),
+        "{last}"
+    );
+}
+
+#[test]
+fn unexpected_python_exceptions_are_one_line_with_type_and_place() {
+    if !ready() {
+        return;
+    }
+    // Whisper weights that are not safetensors: transformers raises from deep inside.
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap();
+    for f in std::fs::read_dir(root().join(RAND)).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, m.join(f.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(
+        m.join("model.safetensors"),
+        b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}",
+    )
+    .unwrap();
+    let out = dir.path().join("o");
+    let r = xray(&[
+        "oracle",
+        "--model",
+        m.to_str().unwrap(),
+        "--audio",
+        FOX,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let last = one_line_error(&r);
+    assert!(
+        last.contains("oracle raised") && last.contains(" (at ") && last.contains("-v"),
+        "{last}"
+    );
+}
+
+#[test]
+fn stereo_44k_audio_is_converted_once_and_both_engines_get_the_same_samples() {
+    if !ready() || Command::new("sox").arg("--version").output().is_err() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let wav = dir.path().join("fox-44k-stereo.wav");
+    let ok = Command::new("sox")
+        .args([root().join(FOX).to_str().unwrap(), "-r", "44100", "-c", "2"])
+        .arg(&wav)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let ev = dir.path().join("e.json");
+    let dumps = dir.path().join("dumps");
+    let r = xray(&[
+        "check",
+        "--model",
+        RAND,
+        "--audio",
+        wav.to_str().unwrap(),
+        "--evidence",
+        ev.to_str().unwrap(),
+        "--dumps",
+        dumps.to_str().unwrap(),
+        "--max-steps",
+        "3",
+    ]);
+    assert_eq!(r.status.code(), Some(0), "{}", stderr(&r));
+    let read = |p: PathBuf| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    };
+    let rf = read(dumps.join("reference/manifest.json"));
+    let rt = read(dumps.join("runtime/manifest.json"));
+    let (a, b) = (&rf["extra"]["audio"], &rt["extra"]["audio"]);
+    assert_eq!(a["source_rate"], 44100);
+    assert_eq!(a["source_channels"], 2);
+    assert!(a["resampler"].as_str().unwrap().contains("rubato"));
+    let sha = a["samples_sha256"].as_str().unwrap();
+    assert_eq!(sha.len(), 64);
+    assert_eq!(b["samples_sha256"], a["samples_sha256"]);
+    // Hashed by Python from what it computed on.
+    assert_eq!(a["oracle_samples_sha256"], a["samples_sha256"]);
+    // audio_sha256 stays the FILE's sha256.
+    use sha2_hex::file_sha256;
+    assert_eq!(rf["audio_sha256"].as_str().unwrap(), file_sha256(&wav));
+    let e = read(ev);
+    assert_eq!(e["verdict"], "pass");
+    assert!(e["notes"].as_array().unwrap().iter().any(|n| n
+        .as_str()
+        .unwrap_or_default()
+        .contains("audio converted once")));
+}
+
+mod sha2_hex {
+    /// sha256 of a file with the system's sha256sum (the harness crate has no sha2 dependency).
+    pub fn file_sha256(p: &std::path::Path) -> String {
+        let o = std::process::Command::new("sha256sum")
+            .arg(p)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    }
+}

@@ -204,7 +204,7 @@ pub fn reference_request(
         &opts.audio,
         &model.contract().text,
     )
-    .with_audio(&audio);
+    .with_samples(&audio.samples, &audio.sha256, audio.conversion.to_json());
     req.max_new_tokens = opts.max_steps;
     req.threads = opts.threads;
     Ok(req)

@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use numpy::PyReadonlyArrayDyn;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use xray_runtime::capture::Captured;
-use xray_runtime::dump::{DumpWriter, Manifest};
-use xray_runtime::Layout;
+use xray_core::capture::Captured;
+use xray_core::dump::{DumpWriter, Manifest};
+use xray_core::Layout;
 
 /// Oracle errors.
 #[derive(Debug, thiserror::Error)]
@@ -154,14 +154,14 @@ pub struct OracleRequest {
     pub model_dir: PathBuf,
     /// The audio file (named in messages; read by Python only when `samples` is `None`).
     pub audio: PathBuf,
-    /// The decoded, converted 16 kHz mono samples (`xray_runtime::audio::load_audio`): the
+    /// The decoded, converted 16 kHz mono samples (`xray_runtime::audio::load_wav`): the
     /// oracle is fed exactly what the runtime is fed and never decodes the file itself.
     pub samples: Option<Vec<f32>>,
     /// sha256 of the audio FILE bytes (with `samples`).
     pub audio_sha256: Option<String>,
     /// How the file became `samples` (recorded as `extra.audio` in the reference's dump).
     pub audio_conversion: Option<serde_json::Value>,
-    /// The family's contract text (from `xray_runtime::contract::contract_text`).
+    /// The family's contract text (from `xray_core::contract::contract_text`).
     pub contract: String,
     /// `float32` (default) or `float64` (calibration).
     pub dtype: String,
@@ -176,12 +176,18 @@ pub struct OracleRequest {
 }
 
 impl OracleRequest {
-    /// Feed these already converted samples (and the file's sha256) instead of the path.
-    pub fn with_audio(mut self, audio: &xray_runtime::audio::Audio) -> Self {
-        self.audio = audio.path.clone();
-        self.samples = Some(audio.samples.clone());
-        self.audio_sha256 = Some(audio.sha256.clone());
-        self.audio_conversion = Some(audio.conversion.to_json());
+    /// Feed these already decoded and converted samples instead of the path: `file_sha256` is the
+    /// sha256 of the audio FILE bytes, `conversion` how the file became these samples (both are
+    /// recorded in the reference's dump).
+    pub fn with_samples(
+        mut self,
+        samples: &[f32],
+        file_sha256: &str,
+        conversion: serde_json::Value,
+    ) -> Self {
+        self.samples = Some(samples.to_vec());
+        self.audio_sha256 = Some(file_sha256.to_string());
+        self.audio_conversion = Some(conversion);
         self
     }
 
@@ -227,8 +233,8 @@ impl OracleRun {
     /// A dump writer holding this run (`producer = oracle`).
     pub fn to_dump(&self, family: &str, model_id: &str) -> DumpWriter {
         let mut w = DumpWriter::new(Manifest {
-            schema: xray_runtime::dump::SCHEMA.into(),
-            version: xray_runtime::dump::VERSION,
+            schema: xray_core::dump::SCHEMA.into(),
+            version: xray_core::dump::VERSION,
             family: family.into(),
             model_id: model_id.into(),
             producer: "oracle".into(),
@@ -249,14 +255,14 @@ impl OracleRun {
 }
 
 /// The X-Ray checkout an executable or source directory belongs to: the nearest ancestor that
-/// holds both `oracle/xray_oracle/__init__.py` and `runtime/contracts` (the installation's own
+/// holds both `oracle/xray_oracle/__init__.py` and `core/contracts` (the installation's own
 /// files, never the working directory's).
 fn checkout_of(start: &Path) -> Option<PathBuf> {
     start
         .ancestors()
         .find(|a| {
             a.join("oracle/xray_oracle/__init__.py").is_file()
-                && a.join("runtime/contracts").is_dir()
+                && a.join("core/contracts").is_dir()
         })
         .map(Path::to_path_buf)
 }

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use xray_oracle::{Oracle, OracleError, OracleRequest};
-use xray_runtime::contract::{CDim, Contract, Steps};
-use xray_runtime::dump::Dump;
+use xray_core::contract::{CDim, Contract, Steps};
+use xray_core::dump::Dump;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -132,7 +132,7 @@ fn granite_nar_fixture_matches_contract() {
 #[test]
 fn input_errors_are_one_line_and_keep_the_traceback() {
     let oracle = Oracle::discover().unwrap();
-    let c = xray_runtime::contract::contract_text("whisper").unwrap();
+    let c = xray_core::contract::contract_text("whisper").unwrap();
     let missing = root().join("fixtures/no-such-model");
     let e = oracle
         .run(&OracleRequest::new(

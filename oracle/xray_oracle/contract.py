@@ -1,4 +1,4 @@
-"""Checkpoint contracts (runtime/contracts/<family>.json, doc: docs/checkpoint-contracts.md) as the
+"""Checkpoint contracts (core/contracts/<family>.json, doc: docs/checkpoint-contracts.md) as the
 oracle reads them: dims, repeats and lists resolved against a model config, `{...}` templates
 expanded, and each checkpoint's HF capture recipe (`reference`). One resolver for every family;
 runtime/src/contract.rs resolves the same text on the Rust side.
@@ -38,8 +38,8 @@ TRANSFORMS = ("squeeze_batch", "split_heads", "flatten_windows")
 
 
 def default_contract_path(family: str = "whisper") -> Path:
-    """runtime/contracts/<family>.json of the repository this package lives in."""
-    return Path(__file__).resolve().parents[2] / "runtime" / "contracts" / f"{family}.json"
+    """core/contracts/<family>.json of the repository this package lives in."""
+    return Path(__file__).resolve().parents[2] / "core" / "contracts" / f"{family}.json"
 
 
 def load_contract_text(contract_json: str | os.PathLike | dict) -> dict:

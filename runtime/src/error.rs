@@ -6,6 +6,9 @@ use std::path::PathBuf;
 /// Errors of the X-Ray runtime. Structured fields, never a bare string where a name is known.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
+    /// A core error (file, dump, contract).
+    #[error(transparent)]
+    Core(#[from] xray_core::CoreError),
     /// A layout disagreement on an edge with no declared transform between the endpoints.
     #[error("layout mismatch on edge '{edge}': {producer} -> {consumer}: no physical-layout route; declare a layout transform op between them")]
     LayoutMismatch {

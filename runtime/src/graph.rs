@@ -8,97 +8,24 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-use ndarray::ArrayD;
 use serde::Serialize;
 
-use crate::capture::{Observer, Substitute};
+use xray_core::capture::{Observer, Substitute};
+use xray_core::contract::Contract;
 use crate::error::{Result, RuntimeError};
 use crate::faults::FaultPlan;
 use crate::weights::Weights;
 
-/// Every tensor the runtime computes is f32 (weights are converted on load).
-pub type Tensor = ArrayD<f32>;
-
 /// Index of an edge in its graph.
 pub type EdgeId = usize;
 
-/// Physical layout of a tensor edge.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Layout {
-    /// `[tokens, channels]` rows are tokens.
-    TokenMajor,
-    /// `[heads, tokens, head_dim]`.
-    HeadMajor,
-    /// `[channels, time]` (conv and mel layout).
-    ChannelMajor,
-    /// Anything else (ids, pcm samples, scalars); no layout transform applies.
-    Plain,
-}
-
-impl fmt::Display for Layout {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Layout::TokenMajor => "token_major",
-            Layout::HeadMajor => "head_major",
-            Layout::ChannelMajor => "channel_major",
-            Layout::Plain => "plain",
-        })
-    }
-}
-
-/// One dimension of a declared shape: a number fixed by the config, or a symbol bound per run
-/// (`tokens`, `past`, `past+tokens`, `frames`, ...).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Dim {
-    /// Fixed by the config.
-    Fixed(usize),
-    /// Bound at run time; `a+b` is the sum of two symbols.
-    Sym(String),
-}
-
-impl Dim {
-    /// A symbolic dim.
-    pub fn sym(s: &str) -> Dim {
-        Dim::Sym(s.to_string())
-    }
-}
-
-impl From<usize> for Dim {
-    fn from(n: usize) -> Dim {
-        Dim::Fixed(n)
-    }
-}
-
-impl From<&str> for Dim {
-    fn from(s: &str) -> Dim {
-        Dim::Sym(s.to_string())
-    }
-}
-
-impl fmt::Display for Dim {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Dim::Fixed(n) => write!(f, "{n}"),
-            Dim::Sym(s) => f.write_str(s),
-        }
-    }
-}
-
-/// A declared shape.
-pub type Shape = Vec<Dim>;
+pub use xray_core::{fmt_shape, Dim, Layout, Shape, Tensor};
 
 /// Build a [`Shape`] from a mix of numbers and symbol names: `shape![tokens, 384]` is not valid
 /// Rust, so write `shape!["tokens", 384]`.
 #[macro_export]
 macro_rules! shape {
     ($($d:expr),* $(,)?) => { vec![$($crate::graph::Dim::from($d)),*] };
-}
-
-/// Render a shape as `[a, b, c]`.
-pub fn fmt_shape(s: &[Dim]) -> String {
-    let parts: Vec<String> = s.iter().map(|d| d.to_string()).collect();
-    format!("[{}]", parts.join(", "))
 }
 
 /// The layout a kernel port requires or produces.
@@ -1012,4 +939,62 @@ fn bind_shape(
         }
     }
     Ok(())
+}
+
+impl Graph {
+    /// Check this graph against a contract: every contract checkpoint labels an edge whose
+    /// producer, layout and shape are the contract's, and the graph labels nothing the contract
+    /// lacks.
+    pub fn verify_contract(&self, contract: &Contract) -> Result<()> {
+        let graph = self;
+        let err = |reason: String| RuntimeError::Contract {
+            family: contract.family.clone(),
+            reason,
+        };
+        for c in &contract.checkpoints {
+            let e = graph.checkpoint_edge(&c.name).ok_or_else(|| {
+                err(format!(
+                    "checkpoint '{}' is not labelled in the graph",
+                    c.name
+                ))
+            })?;
+            let edge = &graph.edges()[e];
+            let prod = graph.producer_name(e).unwrap_or("<feed>");
+            if prod != c.producer {
+                return Err(err(format!(
+                    "checkpoint '{}': contract producer '{}', graph producer '{prod}'",
+                    c.name, c.producer
+                )));
+            }
+            if edge.layout != c.layout {
+                return Err(err(format!(
+                    "checkpoint '{}': contract layout {}, graph edge '{}' is {}",
+                    c.name, c.layout, edge.name, edge.layout
+                )));
+            }
+            let same = edge.shape.len() == c.shape.len()
+                && edge.shape.iter().zip(&c.shape).all(|(g, k)| match (g, k) {
+                    (Dim::Fixed(a), Dim::Fixed(b)) => a == b,
+                    (Dim::Sym(a), Dim::Sym(b)) => a == b,
+                    _ => false,
+                });
+            if !same {
+                return Err(err(format!(
+                    "checkpoint '{}': contract shape {:?}, graph edge '{}' is {}",
+                    c.name,
+                    c.shape,
+                    edge.name,
+                    fmt_shape(&edge.shape)
+                )));
+            }
+        }
+        for (name, _) in graph.checkpoints() {
+            if contract.get(&name).is_none() {
+                return Err(err(format!(
+                    "graph checkpoint '{name}' is not in the contract"
+                )));
+            }
+        }
+        Ok(())
+    }
 }

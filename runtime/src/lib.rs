@@ -5,9 +5,6 @@
 //! No Python here; the HF reference lives in `xray-oracle`.
 
 pub mod audio;
-pub mod capture;
-pub mod contract;
-pub mod dump;
 pub mod error;
 pub mod faults;
 pub mod graph;
@@ -16,6 +13,9 @@ pub mod models;
 pub mod weights;
 
 pub use error::{Result, RuntimeError};
+/// The capture API, checkpoint contracts and the dump format live in `xray-core` (no Python, no
+/// kernels), shared with the oracle, the comparison library and outside engines.
+pub use xray_core::{capture, contract, dump};
 pub use graph::{Dim, Graph, GraphBuilder, Layout, Tensor};
 
 /// Runtime version string recorded in dumps and evidence.

@@ -15,7 +15,7 @@ use xray_harness::localize::{
 
 /// The Whisper checkpoint contract shipped by the runtime crate.
 pub fn whisper_contract_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../runtime/contracts/whisper.json")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../core/contracts/whisper.json")
 }
 
 /// Templates of the Whisper contract.

@@ -27,7 +27,7 @@ from xray_oracle.granite_nar import run_granite_nar
 
 ROOT = Path(__file__).resolve().parents[3]
 MODEL = ROOT / "fixtures/build/granite-nar-tiny"
-CONTRACT = (ROOT / "runtime/contracts/granite_nar.json").read_text(encoding="utf-8")
+CONTRACT = (ROOT / "core/contracts/granite_nar.json").read_text(encoding="utf-8")
 OUT = Path(__file__).resolve().parent / "granite_ref"
 # Five ids (the CTC hypothesis on fox.wav has four): template length 11 instead of 9.
 TEACHER = [50, 8, 8, 20, 11]

@@ -92,7 +92,7 @@ impl GraniteNarModel {
         let weights = Weights::load(&files.weights)?;
         graph.check_weights(&weights)?;
         let contract = Contract::for_family("granite_nar", &config_json)?;
-        contract.verify_graph(&graph)?;
+        graph.verify_contract(&contract)?;
         let tokenizer =
             tokenizers::Tokenizer::from_file(&files.tokenizer).map_err(|e| RuntimeError::File {
                 path: files.tokenizer.clone(),

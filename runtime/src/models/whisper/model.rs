@@ -82,7 +82,7 @@ impl WhisperModel {
         // Exact f16 mirrors for the row-stable (decoder) projections: same bits, half the bytes.
         graph.mirror_f16_weights(&mut weights);
         let contract = Contract::for_family("whisper", &config_json)?;
-        contract.verify_graph(&graph)?;
+        graph.verify_contract(&contract)?;
         let tokenizer =
             tokenizers::Tokenizer::from_file(&files.tokenizer).map_err(|e| RuntimeError::File {
                 path: files.tokenizer.clone(),

@@ -1,4 +1,4 @@
-//! Checkpoint contracts (`runtime/contracts/<family>.json`, doc: docs/checkpoint-contracts.md):
+//! Checkpoint contracts (`core/contracts/<family>.json`, doc: docs/checkpoint-contracts.md):
 //! the canonical checkpoint names of a family with their symbolic shapes, layouts, producers,
 //! checkpoint-level edges and the HF reference capture recipe. The file is embedded here and its
 //! text is handed to the Python oracle, so both sides read the same facts.
@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Result, RuntimeError};
-use crate::graph::{Dim, Graph, Layout};
+use crate::error::{CoreError, Result};
+use crate::Layout;
 
 /// The contract text of a family, embedded at build time.
 pub fn contract_text(family: &str) -> Option<&'static str> {
@@ -112,15 +112,8 @@ pub struct ListSpec {
     pub wrap: Option<String>,
 }
 
-/// One dimension of a resolved checkpoint shape.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(untagged)]
-pub enum CDim {
-    /// Fixed by the config.
-    Fixed(usize),
-    /// Run-time symbol (`tokens`, `n_text`...).
-    Sym(String),
-}
+/// One dimension of a resolved checkpoint shape: the same [`Dim`] the runtime's graph declares.
+pub use crate::Dim as CDim;
 
 /// A checkpoint with templates expanded against a config.
 #[derive(Debug, Clone, Serialize)]
@@ -166,8 +159,8 @@ pub struct Contract {
     pub text: String,
 }
 
-fn cerr(family: &str, reason: impl Into<String>) -> RuntimeError {
-    RuntimeError::Contract {
+fn cerr(family: &str, reason: impl Into<String>) -> CoreError {
+    CoreError::Contract {
         family: family.to_string(),
         reason: reason.into(),
     }
@@ -533,60 +526,6 @@ impl Contract {
         self.checkpoints.iter().find(|c| c.name == name)
     }
 
-    /// Check a graph against this contract: every contract checkpoint labels an edge whose
-    /// producer, layout and shape are the contract's, and the graph labels nothing the contract
-    /// lacks.
-    pub fn verify_graph(&self, graph: &Graph) -> Result<()> {
-        let err = |reason: String| RuntimeError::Contract {
-            family: self.family.clone(),
-            reason,
-        };
-        for c in &self.checkpoints {
-            let e = graph.checkpoint_edge(&c.name).ok_or_else(|| {
-                err(format!(
-                    "checkpoint '{}' is not labelled in the graph",
-                    c.name
-                ))
-            })?;
-            let edge = &graph.edges()[e];
-            let prod = graph.producer_name(e).unwrap_or("<feed>");
-            if prod != c.producer {
-                return Err(err(format!(
-                    "checkpoint '{}': contract producer '{}', graph producer '{prod}'",
-                    c.name, c.producer
-                )));
-            }
-            if edge.layout != c.layout {
-                return Err(err(format!(
-                    "checkpoint '{}': contract layout {}, graph edge '{}' is {}",
-                    c.name, c.layout, edge.name, edge.layout
-                )));
-            }
-            let same = edge.shape.len() == c.shape.len()
-                && edge.shape.iter().zip(&c.shape).all(|(g, k)| match (g, k) {
-                    (Dim::Fixed(a), CDim::Fixed(b)) => a == b,
-                    (Dim::Sym(a), CDim::Sym(b)) => a == b,
-                    _ => false,
-                });
-            if !same {
-                return Err(err(format!(
-                    "checkpoint '{}': contract shape {:?}, graph edge '{}' is {}",
-                    c.name,
-                    c.shape,
-                    edge.name,
-                    crate::graph::fmt_shape(&edge.shape)
-                )));
-            }
-        }
-        for (name, _) in graph.checkpoints() {
-            if self.get(&name).is_none() {
-                return Err(err(format!(
-                    "graph checkpoint '{name}' is not in the contract"
-                )));
-            }
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]

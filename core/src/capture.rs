@@ -5,7 +5,7 @@
 
 use ndarray::ArrayViewD;
 
-use crate::graph::{Layout, Tensor};
+use crate::{Layout, Tensor};
 
 /// Receives checkpoint tensors during a run. `Send`: a formula runs on the kernels' worker pool.
 pub trait Observer: Send {

@@ -6,11 +6,11 @@ use std::path::Path;
 
 use ndarray::{ArrayD, IxDyn};
 use proptest::prelude::*;
-use xray_runtime::dump::{
+use xray_core::dump::{
     check_dump_target, npy_bytes, parse_npy, Dump, DumpTarget, DumpWriter, Manifest, Stats, SCHEMA,
     SKETCH_LEN, VERSION,
 };
-use xray_runtime::Layout;
+use xray_core::Layout;
 
 fn manifest(stats_only: bool) -> Manifest {
     Manifest {

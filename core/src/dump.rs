@@ -10,8 +10,8 @@ use ndarray::{ArrayD, IxDyn};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::error::{Result, RuntimeError};
-use crate::graph::{Layout, Tensor};
+use crate::error::{CoreError, Result};
+use crate::{Layout, Tensor};
 
 /// Schema name in every manifest.
 pub const SCHEMA: &str = "xray.dump";
@@ -195,8 +195,8 @@ pub struct Dump {
     pub unlisted: Vec<String>,
 }
 
-fn derr(path: &Path, reason: impl Into<String>) -> RuntimeError {
-    RuntimeError::Dump {
+fn derr(path: &Path, reason: impl Into<String>) -> CoreError {
+    CoreError::Dump {
         path: path.to_path_buf(),
         reason: reason.into(),
     }
@@ -522,36 +522,36 @@ impl DumpWriter {
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
-        std::fs::create_dir_all(parent).map_err(|e| RuntimeError::io(parent, e))?;
+        std::fs::create_dir_all(parent).map_err(|e| CoreError::io(parent, e))?;
         let base = dir.file_name().and_then(|n| n.to_str()).unwrap_or("dump");
         let tmp = fresh_sibling(parent, base, "tmp")?;
         let result = (|| -> Result<()> {
             for (f, bytes) in &self.files {
                 let p = tmp.join(f);
-                let mut fh = std::fs::File::create_new(&p).map_err(|e| RuntimeError::io(&p, e))?;
-                fh.write_all(bytes).map_err(|e| RuntimeError::io(&p, e))?;
-                fh.sync_all().map_err(|e| RuntimeError::io(&p, e))?;
+                let mut fh = std::fs::File::create_new(&p).map_err(|e| CoreError::io(&p, e))?;
+                fh.write_all(bytes).map_err(|e| CoreError::io(&p, e))?;
+                fh.sync_all().map_err(|e| CoreError::io(&p, e))?;
             }
             let mp = tmp.join("manifest.json");
             let text = serde_json::to_string_pretty(&self.manifest)
                 .map_err(|e| derr(&mp, e.to_string()))?;
-            std::fs::write(&mp, text + "\n").map_err(|e| RuntimeError::io(&mp, e))?;
+            std::fs::write(&mp, text + "\n").map_err(|e| CoreError::io(&mp, e))?;
             match &target {
                 DumpTarget::Absent => {
-                    std::fs::rename(&tmp, dir).map_err(|e| RuntimeError::io(dir, e))?;
+                    std::fs::rename(&tmp, dir).map_err(|e| CoreError::io(dir, e))?;
                 }
                 DumpTarget::Empty => {
                     // remove_dir only removes an empty directory.
-                    std::fs::remove_dir(dir).map_err(|e| RuntimeError::io(dir, e))?;
-                    std::fs::rename(&tmp, dir).map_err(|e| RuntimeError::io(dir, e))?;
+                    std::fs::remove_dir(dir).map_err(|e| CoreError::io(dir, e))?;
+                    std::fs::rename(&tmp, dir).map_err(|e| CoreError::io(dir, e))?;
                 }
                 DumpTarget::Dump { files } => {
                     let old = fresh_sibling(parent, base, "old")?;
-                    std::fs::remove_dir(&old).map_err(|e| RuntimeError::io(&old, e))?;
-                    std::fs::rename(dir, &old).map_err(|e| RuntimeError::io(dir, e))?;
+                    std::fs::remove_dir(&old).map_err(|e| CoreError::io(&old, e))?;
+                    std::fs::rename(dir, &old).map_err(|e| CoreError::io(dir, e))?;
                     if let Err(e) = std::fs::rename(&tmp, dir) {
                         let _ = std::fs::rename(&old, dir);
-                        return Err(RuntimeError::io(dir, e));
+                        return Err(CoreError::io(dir, e));
                     }
                     // The new dump is in place; remove only what the old manifest listed.
                     for f in files {
@@ -607,12 +607,12 @@ pub fn check_dump_target(dir: &Path, replace: bool) -> Result<DumpTarget> {
                         ))
                     }
                     Err(e) if absent(&e) => a = p.parent(),
-                    Err(e) => return Err(RuntimeError::io(p, e)),
+                    Err(e) => return Err(CoreError::io(p, e)),
                 }
             }
             return Ok(DumpTarget::Absent);
         }
-        Err(e) => return Err(RuntimeError::io(dir, e)),
+        Err(e) => return Err(CoreError::io(dir, e)),
         Ok(m) => m,
     };
     if meta.file_type().is_symlink() {
@@ -625,8 +625,8 @@ pub fn check_dump_target(dir: &Path, replace: bool) -> Result<DumpTarget> {
         return Err(derr(dir, "exists and is not a directory"));
     }
     let mut present = Vec::new();
-    for e in std::fs::read_dir(dir).map_err(|e| RuntimeError::io(dir, e))? {
-        let e = e.map_err(|e| RuntimeError::io(dir, e))?;
+    for e in std::fs::read_dir(dir).map_err(|e| CoreError::io(dir, e))? {
+        let e = e.map_err(|e| CoreError::io(dir, e))?;
         present.push((
             e.file_name().to_string_lossy().to_string(),
             e.file_type().map(|t| t.is_file()).unwrap_or(false),
@@ -699,7 +699,7 @@ fn fresh_sibling(parent: &Path, base: &str, tag: &str) -> Result<PathBuf> {
         match std::fs::create_dir(&p) {
             Ok(()) => return Ok(p),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(RuntimeError::io(&p, e)),
+            Err(e) => return Err(CoreError::io(&p, e)),
         }
     }
     Err(derr(parent, "could not create a fresh temporary directory"))
@@ -748,7 +748,7 @@ impl Dump {
     /// Load and verify a dump directory.
     pub fn load(dir: &Path) -> Result<Dump> {
         let mp = dir.join("manifest.json");
-        let text = std::fs::read_to_string(&mp).map_err(|e| RuntimeError::io(&mp, e))?;
+        let text = std::fs::read_to_string(&mp).map_err(|e| CoreError::io(&mp, e))?;
         let manifest: Manifest = serde_json::from_str(&text)
             .map_err(|e| derr(&mp, format!("manifest does not parse: {e}")))?;
         if manifest.schema != SCHEMA || manifest.version != VERSION {
@@ -814,7 +814,7 @@ impl Dump {
                 ));
             }
             let p = dir.join(file);
-            let bytes = std::fs::read(&p).map_err(|e| RuntimeError::io(&p, e))?;
+            let bytes = std::fs::read(&p).map_err(|e| CoreError::io(&p, e))?;
             let got = hex::encode(Sha256::digest(&bytes));
             match &e.sha256 {
                 Some(want) if *want == got => {}
@@ -841,8 +841,8 @@ impl Dump {
             tensors.insert((e.name.clone(), e.step), t);
         }
         let mut unlisted = Vec::new();
-        for ent in std::fs::read_dir(dir).map_err(|e| RuntimeError::io(dir, e))? {
-            let ent = ent.map_err(|e| RuntimeError::io(dir, e))?;
+        for ent in std::fs::read_dir(dir).map_err(|e| CoreError::io(dir, e))? {
+            let ent = ent.map_err(|e| CoreError::io(dir, e))?;
             let n = ent.file_name().to_string_lossy().to_string();
             if n != "manifest.json" && !listed.contains(&n) {
                 unlisted.push(n);

@@ -38,15 +38,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             super::note(&format!("xray: wrote {}", p.display()));
         }
     }
-    match &a.markdown {
-        Some(p) if p.as_os_str() != "-" => {
-            if outputs.write_file("markdown", p, report::markdown(&e).as_bytes()) {
-                super::note(&format!("xray: wrote {}", p.display()));
-            }
+    if let Some(p) = md_file {
+        if outputs.write_file("markdown", p, report::markdown(&e).as_bytes()) {
+            super::note(&format!("xray: wrote {}", p.display()));
         }
-        Some(_) => super::say(&report::markdown(&e))?,
-        None if a.html.is_none() => super::say(&report::markdown(&e))?,
-        None => {}
+    } else if a.markdown.is_some() || a.html.is_none() {
+        // `--markdown -`, or no output named: Markdown on stdout.
+        super::say(&report::markdown(&e))?;
     }
     outputs.finish()?;
     Ok(ExitCode::SUCCESS)

@@ -299,7 +299,7 @@ fn stats_only_dumps_bisect_without_tensors() {
     let o = xray(&["compare", a.to_str().unwrap(), b.to_str().unwrap()]);
     assert_eq!(code(&o), 1);
     assert!(
-        stderr(&o).contains("first checkpoint that differs: audio.encoder.layer.1.out@step0"),
+        stderr(&o).contains("first divergence: audio.encoder.layer.1.out@step0"),
         "{}",
         stderr(&o)
     );

@@ -284,6 +284,32 @@ fn a_write_that_fails_after_the_run_keeps_the_rest() {
 }
 
 #[test]
+fn report_checks_its_outputs_and_writes_what_it_can() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path().join("r");
+    assert_eq!(code(&run_dump(&r, &[])), 0);
+    let ev = dir.path().join("e.json");
+    assert_eq!(
+        code(&xray(&["compare", s(&r), s(&r), "--evidence", s(&ev)])),
+        0
+    );
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let o = xray(&["report", s(&ev), "--html", s(&file.join("r.html"))]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--html") && stderr(&o).contains("a-file"),
+        "{}",
+        stderr(&o)
+    );
+    let long = dir.path().join(format!("{}.html", "x".repeat(300)));
+    let md = dir.path().join("r.md");
+    let o = xray(&["report", s(&ev), "--html", s(&long), "--markdown", s(&md)]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(md.exists(), "{}", stderr(&o));
+}
+
+#[test]
 fn the_default_reports_folder_is_checked_too() {
     let cwd = tempfile::tempdir().unwrap();
     std::fs::write(cwd.path().join("reports"), b"a file, not a folder").unwrap();

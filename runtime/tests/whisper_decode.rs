@@ -331,6 +331,7 @@ fn new_memory_invalidates_the_cross_cache() {
             kind: FaultKind::Host("stale_cross_cache".into()),
             target: "*".into(),
             step: None,
+            hits: Default::default(),
         }],
     };
     s.install_memory(mem_a.clone(), Some(&plan));
@@ -367,6 +368,7 @@ fn stale_cross_cache_fault_through_run() {
             kind: FaultKind::Host("stale_cross_cache".into()),
             target: "*".into(),
             step: None,
+            hits: Default::default(),
         }],
     };
     let mut rec = Recorder::new();

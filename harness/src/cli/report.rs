@@ -3,8 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
-use xray_harness::evidence::{write_atomic, Evidence};
+use xray_harness::evidence::Evidence;
 use xray_harness::report;
 
 /// Arguments of `xray report`.
@@ -21,23 +20,32 @@ pub struct Args {
     pub markdown: Option<PathBuf>,
 }
 
-/// Renders the evidence. Exit 0 when written (whatever the verdict), 2 on input errors.
+/// Renders the evidence. Exit 0 when written (whatever the verdict), 2 on input errors or when
+/// an output could not be written (each output is still attempted, and the failure named).
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let md_file = a.markdown.as_ref().filter(|p| p.as_os_str() != "-");
+    let mut outputs = super::Outputs::default();
+    if let Some(p) = &a.html {
+        outputs.file("html", p);
+    }
+    if let Some(p) = md_file {
+        outputs.file("markdown", p);
+    }
+    outputs.check()?;
     let e = Evidence::load(&a.evidence)?;
     if let Some(p) = &a.html {
-        write_atomic(p, report::html(&e).as_bytes())
-            .with_context(|| format!("writing HTML report {}", p.display()))?;
-        super::note(&format!("xray: wrote {}", p.display()));
-    }
-    match &a.markdown {
-        Some(p) if p.as_os_str() != "-" => {
-            write_atomic(p, report::markdown(&e).as_bytes())
-                .with_context(|| format!("writing Markdown {}", p.display()))?;
+        if outputs.write_file("html", p, report::html(&e).as_bytes()) {
             super::note(&format!("xray: wrote {}", p.display()));
         }
-        Some(_) => super::say(&report::markdown(&e))?,
-        None if a.html.is_none() => super::say(&report::markdown(&e))?,
-        None => {}
     }
+    if let Some(p) = md_file {
+        if outputs.write_file("markdown", p, report::markdown(&e).as_bytes()) {
+            super::note(&format!("xray: wrote {}", p.display()));
+        }
+    } else if a.markdown.is_some() || a.html.is_none() {
+        // `--markdown -`, or no output named: Markdown on stdout.
+        super::say(&report::markdown(&e))?;
+    }
+    outputs.finish()?;
     Ok(ExitCode::SUCCESS)
 }

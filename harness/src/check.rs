@@ -167,6 +167,14 @@ fn teacher_for(family: &str, reference: &OracleRun, teacher_force: bool) -> Opti
 pub fn check(opts: &CheckOptions, progress: &dyn Fn(&str)) -> anyhow::Result<CheckOutput> {
     progress(&format!("loading runtime model {}", opts.model.display()));
     let model = models::load(&opts.model)?;
+    // Before the expensive runs: a policy rule naming no checkpoint of this contract is refused.
+    opts.policy.check_rules_match(
+        model
+            .contract()
+            .checkpoints
+            .iter()
+            .map(|c| (c.name.as_str(), None)),
+    )?;
     let oracle = Oracle::discover()?;
     progress("running the HF reference (oracle, f32)");
     let req = reference_request(model.as_ref(), opts);

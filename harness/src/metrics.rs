@@ -81,6 +81,10 @@ pub struct Metrics {
     pub beyond_tolerance: u64,
     /// `beyond_tolerance / count` (0 for an empty tensor).
     pub beyond_fraction: f64,
+    /// Largest `|d| / element bound` over finite pairs ([`Tolerance::element_bound`]; an element
+    /// is an outlier when it exceeds 1): how close the closest element comes to the bound.
+    #[serde(default)]
+    pub max_bound_ratio: f64,
     /// Element with the largest finite `|d|` (`None` when there is no finite pair).
     pub worst: Option<WorstElement>,
     /// Non-finite counts.
@@ -182,6 +186,7 @@ struct Acc {
     max_ulp: u64,
     beyond: u64,
     finite: u64,
+    ratio: f64,
 }
 
 /// Sign-aware ULP distance from raw `f32` bits, branch-free in `u32` (vectorizes). Never
@@ -209,6 +214,7 @@ fn chunk_lanes(r: &[f32], x: &[f32], atol: f64, rtol: f64, scale: f64) -> Option
     let mut mx = [0f64; LANES];
     let mut mu = [0u32; LANES];
     let mut bey = [0u32; LANES];
+    let mut rat = [0f64; LANES];
     let rc = r.chunks_exact(LANES);
     let xc = x.chunks_exact(LANES);
     let (rt, xt) = (rc.remainder(), xc.remainder());
@@ -226,7 +232,11 @@ fn chunk_lanes(r: &[f32], x: &[f32], atol: f64, rtol: f64, scale: f64) -> Option
             mx[l] = if ad > mx[l] { ad } else { mx[l] };
             let u = ulp_bits(rl[l].to_bits(), xl[l].to_bits());
             mu[l] = if u > mu[l] { u } else { mu[l] };
-            bey[l] += (ad > atol + rtol * a.abs().max(scale)) as u32;
+            let bound = atol + rtol * a.abs().max(scale);
+            bey[l] += (ad > bound) as u32;
+            // 0 / 0 is NaN and loses the comparison; a zero bound with ad > 0 gives +inf.
+            let q = ad / bound;
+            rat[l] = if q > rat[l] { q } else { rat[l] };
         }
     }
     let mut acc = Acc {
@@ -239,6 +249,7 @@ fn chunk_lanes(r: &[f32], x: &[f32], atol: f64, rtol: f64, scale: f64) -> Option
         max_ulp: mu.iter().copied().max().unwrap_or(0) as u64,
         beyond: bey.iter().map(|&b| b as u64).sum(),
         finite: r.len() as u64,
+        ratio: rat.iter().copied().fold(0.0, f64::max),
     };
     for (&a32, &b32) in rt.iter().zip(xt) {
         let (a, b) = (a32 as f64, b32 as f64);
@@ -252,7 +263,10 @@ fn chunk_lanes(r: &[f32], x: &[f32], atol: f64, rtol: f64, scale: f64) -> Option
         acc.max_ulp = acc
             .max_ulp
             .max(ulp_bits(a32.to_bits(), b32.to_bits()) as u64);
-        acc.beyond += (d.abs() > atol + rtol * a.abs().max(scale)) as u64;
+        let bound = atol + rtol * a.abs().max(scale);
+        acc.beyond += (d.abs() > bound) as u64;
+        let q = d.abs() / bound;
+        acc.ratio = if q > acc.ratio { q } else { acc.ratio };
     }
     // With f64 sums of f32 inputs only a non-finite input can make a sum non-finite.
     (acc.abs.is_finite() && acc.rr.is_finite() && acc.xx.is_finite()).then_some(acc)
@@ -289,6 +303,7 @@ fn merge(t: &mut Acc, c: &Acc) {
     t.max_ulp = t.max_ulp.max(c.max_ulp);
     t.beyond += c.beyond;
     t.finite += c.finite;
+    t.ratio = t.ratio.max(c.ratio);
 }
 
 /// Unravels a C-order flat index.
@@ -459,6 +474,7 @@ pub fn compare_slices(r: &[f32], x: &[f32], shape: &[usize], tol: &Tolerance) ->
         } else {
             0.0
         },
+        max_bound_ratio: t.ratio.min(f64::MAX),
         worst: worst_flat.map(|f| WorstElement {
             index: unravel(f, shape),
             reference: r[f],
@@ -495,7 +511,10 @@ fn chunk_slow(
             acc.rx += a * b;
             acc.max_abs = acc.max_abs.max(d.abs());
             acc.max_ulp = acc.max_ulp.max(ulp_distance(a32, b32));
-            acc.beyond += (d.abs() > atol + rtol * a.abs().max(scale)) as u64;
+            let bound = atol + rtol * a.abs().max(scale);
+            acc.beyond += (d.abs() > bound) as u64;
+            let q = d.abs() / bound;
+            acc.ratio = if q > acc.ratio { q } else { acc.ratio };
             acc.finite += 1;
         } else {
             let same = (a32.is_nan() && b32.is_nan()) || (a32 == b32);

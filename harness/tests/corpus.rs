@@ -97,11 +97,19 @@ fn margins(r: &mut FamilyResult, clip: &str, c: &CheckpointEvidence) {
                 .or_default()
                 .offer(l.kl_max, t.max_kl, at);
         }
-        None => r.worst.entry("outlier fraction").or_default().offer(
-            m.beyond_fraction,
-            Some(t.max_outlier_fraction),
-            at,
-        ),
+        None => {
+            r.worst.entry("outlier fraction").or_default().offer(
+                m.beyond_fraction,
+                Some(t.max_outlier_fraction),
+                at,
+            );
+            // The element closest to its bound (> 1 would be an outlier).
+            r.worst.entry("element |d| / bound").or_default().offer(
+                m.max_bound_ratio,
+                Some(1.0),
+                at,
+            );
+        }
     }
 }
 

@@ -228,7 +228,9 @@ pub fn compare_graph(
         };
         let dtype = meta.as_ref().map_or(Dtype::F32, |m| m.dtype);
         let floor = opts.floors.get(&(node.name.clone(), node.step));
-        let tol = opts.policy.resolve(&node.name, node.step, dtype, floor);
+        let tol = opts
+            .policy
+            .resolve_kind(&node.name, node.step, dtype, floor, node.logits);
         let (obs, metrics, local) = match &pair {
             Pair::Tensors {
                 reference,

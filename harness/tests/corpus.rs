@@ -86,8 +86,13 @@ fn margins(r: &mut FamilyResult, clip: &str, c: &CheckpointEvidence) {
     let Some(m) = &c.metrics else { return };
     let t = &c.tolerance;
     let at = || format!("{clip}: {}@step{}", c.name, c.step);
+    let rel = if m.logits.is_some() {
+        "rel_l2 (logits)"
+    } else {
+        "rel_l2"
+    };
     r.worst
-        .entry("rel_l2")
+        .entry(rel)
         .or_default()
         .offer(m.rel_l2, t.max_rel_l2, at);
     match &m.logits {

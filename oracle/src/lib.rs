@@ -627,13 +627,20 @@ pub struct TorchBench {
 }
 
 impl TorchBench {
-    /// Load HF Whisper from `model_dir` (f32, eager attention, `threads` intra-op threads).
+    /// Load HF Whisper from `model_dir` (f32, eager attention, `threads` intra-op threads), fed
+    /// `audio` as the runtime's reader decodes and converts it.
     pub fn whisper(
         oracle: &Oracle,
         model_dir: &Path,
         audio: &Path,
         threads: usize,
     ) -> Result<TorchBench> {
+        // The same decoded, converted samples the runtime is timed on.
+        let decoded =
+            xray_runtime::audio::load_wav(audio, 16000).map_err(|e| OracleError::Input {
+                message: e.to_string(),
+                traceback: String::new(),
+            })?;
         let handle = oracle.with_python(|py, _m| {
             let bench = py.import("xray_oracle.bench").map_err(|e| py_err(py, e))?;
             let h = bench
@@ -643,6 +650,7 @@ impl TorchBench {
                         model_dir.to_string_lossy().to_string(),
                         audio.to_string_lossy().to_string(),
                         threads,
+                        numpy::PyArray1::from_slice(py, &decoded.samples),
                     ))
                 })
                 .map_err(|e| py_err(py, e))?;

@@ -457,12 +457,19 @@ impl Oracle {
                 Ok(())
             })();
             setup.map_err(|e| py_err(py, e))?;
+            // Located, not imported: torch loads only once the inputs have passed the oracle's
+            // own checks (a bad file or argument is refused in well under a second).
+            let util = py.import("importlib.util").map_err(|e| py_err(py, e))?;
             for (m, pkg) in [
                 ("numpy", "numpy"),
                 ("torch", "torch"),
                 ("transformers", "transformers"),
             ] {
-                if py.import(m).is_err() {
+                let found = util
+                    .call_method1("find_spec", (m,))
+                    .map(|spec| !spec.is_none())
+                    .unwrap_or(false);
+                if !found {
                     return Err(OracleError::Environment {
                         reason: format!(
                             "Python package '{pkg}' is not importable from {}",

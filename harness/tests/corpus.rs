@@ -152,7 +152,8 @@ fn run_model(
             audio: corpus.join(&clip.file),
             ..Default::default()
         };
-        let req = reference_request(model.as_ref(), &opts);
+        let req = reference_request(model.as_ref(), &opts)
+            .unwrap_or_else(|e| panic!("{name} on {}: audio: {e:#}", clip.file));
         let ref_run = oracle
             .run(&req)
             .unwrap_or_else(|e| panic!("{name} on {}: oracle: {e}", clip.file));

@@ -1,6 +1,8 @@
 # X-Ray: two commands do all set-up on a fresh machine.
 #   make demo   - venv + build + fixtures, then `xray check` on real Whisper tiny.en (reports/)
-#   make test   - the same set-up, then every test (cargo + pytest + xray selftest)
+#   make test   - the same set-up, then every test (cargo + pytest + xray selftest), including the
+#                 clean-run corpus on the random-init fixtures
+#   make corpus - the whole clean-run corpus: every (model, clip) pair that fits, with a margin table
 SHELL := /bin/bash
 PY_BASE ?= python3
 VENV := .venv
@@ -12,7 +14,7 @@ CARGO ?= cargo
 XRAY := target/release/xray
 AUDIO ?= fixtures/audio/fox.wav
 
-.PHONY: all venv fixtures build demo test test-rust test-python selftest bench clean
+.PHONY: all venv tools fixtures build demo test test-rust test-python selftest corpus bench clean
 
 all: build
 
@@ -24,7 +26,14 @@ $(VENV)/.stamp: oracle/requirements.txt
 
 venv: $(VENV)/.stamp
 
-fixtures: venv
+# The speech corpus needs espeak-ng and sox (Debian packages); a fresh machine (CI) gets them here.
+APT_GET := $(if $(filter 0,$(shell id -u)),apt-get,sudo apt-get)
+tools:
+	@command -v espeak-ng >/dev/null && command -v sox >/dev/null || { \
+	  echo "installing espeak-ng and sox with apt-get (needed by the speech corpus)"; \
+	  $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq espeak-ng sox; }
+
+fixtures: venv tools
 	$(PY) fixtures/build.py
 
 build:
@@ -49,6 +58,13 @@ selftest: build fixtures
 # feature set), so the self-test runs it as is instead of a second release build of the workspace.
 test: test-rust test-python
 	$(XRAY) selftest
+
+# Every (model, clip) pair of the corpus that fits, tiny.en included; fails on any divergence and
+# writes the margin table to reports/corpus.md.
+corpus: venv fixtures
+	mkdir -p reports
+	XRAY_REQUIRE_FIXTURES=1 XRAY_CORPUS=full XRAY_CORPUS_TABLE=reports/corpus.md \
+	  $(CARGO) test --release -p xray --test corpus -- --nocapture --test-threads 1
 
 bench: build fixtures
 	$(XRAY) bench --model fixtures/whisper-tiny-en --audio $(AUDIO)

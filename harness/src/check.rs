@@ -180,6 +180,14 @@ fn teacher_for(family: &str, reference: &OracleRun, teacher_force: bool) -> Opti
 pub fn check(opts: &CheckOptions, progress: &dyn Fn(&str)) -> anyhow::Result<CheckOutput> {
     progress(&format!("loading runtime model {}", opts.model.display()));
     let model = models::load(&opts.model)?;
+    // Before the expensive runs: a policy rule naming no checkpoint of this contract is refused.
+    opts.policy.check_rules_match(
+        model
+            .contract()
+            .checkpoints
+            .iter()
+            .map(|c| (c.name.as_str(), None)),
+    )?;
     // A fault that would plant nothing is refused before the reference runs.
     opts.faults.validate(model.graph())?;
     // The audio is decoded, validated and converted once, before the oracle starts: a file the

@@ -207,6 +207,13 @@ pub fn compare_graph(
     opts: &CompareOptions,
 ) -> Result<Comparison, Error> {
     let n = graph.len();
+    // A policy rule that matches none of these checkpoints is a typo or another model's rule.
+    opts.policy.check_rules_match(
+        graph
+            .nodes()
+            .iter()
+            .map(|c| (c.name.as_str(), Some(c.step))),
+    )?;
     let mut observed = Vec::with_capacity(n);
     let mut partial: Vec<CheckpointEvidence> = Vec::with_capacity(n);
     let mut errors: Vec<Option<ErrorPoint>> = Vec::with_capacity(n);
@@ -221,7 +228,9 @@ pub fn compare_graph(
         };
         let dtype = meta.as_ref().map_or(Dtype::F32, |m| m.dtype);
         let floor = opts.floors.get(&(node.name.clone(), node.step));
-        let tol = opts.policy.resolve(&node.name, node.step, dtype, floor);
+        let tol = opts
+            .policy
+            .resolve_kind(&node.name, node.step, dtype, floor, node.logits);
         let (obs, metrics, local) = match &pair {
             Pair::Tensors {
                 reference,
@@ -249,6 +258,20 @@ pub fn compare_graph(
                     // A shape disagreement after alignment is a fault of this edge, not a crash.
                     Err(Error::ShapeMismatch { .. } | Error::NotLogits { .. }) => {
                         (Observed::AlignmentFault, None, None)
+                    }
+                    // A non-finite reference is an input error: name the checkpoint and stop.
+                    Err(Error::NonFiniteReference {
+                        count,
+                        index,
+                        value,
+                        ..
+                    }) => {
+                        return Err(Error::NonFiniteReference {
+                            checkpoint: Some(node.id()),
+                            count,
+                            index,
+                            value,
+                        })
                     }
                     Err(e) => return Err(e),
                 }

@@ -17,6 +17,23 @@ pub enum Error {
         /// The offending shape.
         shape: Vec<usize>,
     },
+    /// The reference holds a NaN or Inf: an input error (broken weights or input), never compared.
+    #[error(
+        "reference {}holds {count} non-finite value(s), the first {value} at index {index:?}: a \
+         non-finite reference is an input error (check the model's weights and the audio), not \
+         something to compare against",
+        .checkpoint.as_ref().map(|c| format!("checkpoint {c} ")).unwrap_or_default()
+    )]
+    NonFiniteReference {
+        /// Checkpoint id `name@stepK`, when known.
+        checkpoint: Option<String>,
+        /// Number of non-finite reference elements.
+        count: u64,
+        /// C-order index of the first one.
+        index: Vec<usize>,
+        /// `NaN`, `inf` or `-inf`.
+        value: String,
+    },
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {

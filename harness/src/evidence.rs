@@ -89,6 +89,9 @@ pub struct ToleranceEvidence {
     /// `rel_l2` bound, when set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_rel_l2: Option<f64>,
+    /// Logits KL bound (nats), when set; applies to logits checkpoints only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_kl: Option<f64>,
     /// `default:<dtype>`, `policy:<glob>` or `calibrated:<k>x noise floor`.
     pub source: String,
 }
@@ -100,6 +103,7 @@ impl From<&ResolvedTolerance> for ToleranceEvidence {
             rtol: r.tolerance.rtol,
             max_outlier_fraction: r.tolerance.max_outlier_fraction,
             max_rel_l2: r.tolerance.max_rel_l2,
+            max_kl: r.tolerance.max_kl,
             source: r.source.to_string(),
         }
     }
@@ -113,6 +117,7 @@ impl ToleranceEvidence {
             rtol: self.rtol,
             max_outlier_fraction: self.max_outlier_fraction,
             max_rel_l2: self.max_rel_l2,
+            max_kl: self.max_kl,
         }
     }
 }

@@ -402,6 +402,7 @@ mod tests {
                 rtol: 1e-3,
                 max_outlier_fraction: 0.0,
                 max_rel_l2: None,
+                max_kl: None,
                 source: "default:f32".into(),
             },
             status,

@@ -1110,6 +1110,8 @@ mod tests {
             positions: 1,
             argmax_agreement: if d.is_some() { 0.0 } else { 1.0 },
             first_argmax_disagreement: d,
+            argmax_near_ties: 0,
+            kl_undefined: 0,
             top5_overlap_mean: 1.0,
             top5_overlap_min: 5,
             kl_mean: 0.0,

@@ -6,10 +6,13 @@
 //!
 //! Conventions (also in `docs/tolerances.md`):
 //! - `d = runtime - reference`, evaluated in `f64` (exact for two `f32` values).
-//! - Sums run over the *finite pairs* (both sides finite). Non-finite elements are counted per side
-//!   in [`NonFinite`]; a pair matches when both are NaN or both are the same infinity, otherwise it is
-//!   an outlier. A non-finite runtime value where the reference is finite fails the checkpoint
-//!   whatever the tolerance ([`Metrics::passes`]).
+//! - The reference must be finite: [`compare`] and [`compare_logits`] refuse a reference holding a
+//!   NaN or Inf with [`Error::NonFiniteReference`] (an input error, never a match: NaN against NaN
+//!   proves nothing). A non-finite runtime value where the reference is finite fails the checkpoint
+//!   whatever the tolerance ([`Metrics::passes`]). [`compare_slices`] itself still counts
+//!   non-finite values per side in [`NonFinite`] (sums run over the finite pairs).
+//! - An element is beyond tolerance when `|d| > atol + rtol * max(|ref|, s)` with `s` the
+//!   reference's RMS magnitude ([`magnitude`], [`Tolerance::element_bound`]).
 //! - `rel_l2 = ||d|| / ||ref||`, `nmse = ||d||^2 / ||ref||^2`; when `||ref|| = 0` they are `0` if
 //!   `d = 0` and `f64::MAX` otherwise, so every field is a finite JSON number.
 //! - `cosine = <ref, run> / (||ref|| ||run||)`; `1` when both norms are zero, `0` when one is.
@@ -78,6 +81,10 @@ pub struct Metrics {
     pub beyond_tolerance: u64,
     /// `beyond_tolerance / count` (0 for an empty tensor).
     pub beyond_fraction: f64,
+    /// Largest `|d| / element bound` over finite pairs ([`Tolerance::element_bound`]; an element
+    /// is an outlier when it exceeds 1): how close the closest element comes to the bound.
+    #[serde(default)]
+    pub max_bound_ratio: f64,
     /// Element with the largest finite `|d|` (`None` when there is no finite pair).
     pub worst: Option<WorstElement>,
     /// Non-finite counts.
@@ -88,16 +95,29 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Whether these metrics pass `tol`: no runtime-only non-finite value, the outlier fraction is
-    /// at most `tol.max_outlier_fraction`, `rel_l2` is within `tol.max_rel_l2` when set, and logits
-    /// agree in argmax at every position.
+    /// Whether these metrics pass `tol`: no runtime-only non-finite value, `rel_l2` within
+    /// `tol.max_rel_l2` when set, and
+    /// - ordinary tensors: the outlier fraction at most `tol.max_outlier_fraction`;
+    /// - logits (`self.logits` set): judged as a token distribution instead of element by
+    ///   element: KL defined and within `tol.max_kl` (when set) at every position, and no argmax
+    ///   disagreement beyond a reference near-tie ([`LogitsMetrics::first_argmax_disagreement`]).
     pub fn passes(&self, tol: &Tolerance) -> bool {
-        self.non_finite.runtime_only == 0
-            && self.beyond_fraction <= tol.max_outlier_fraction
-            && tol.max_rel_l2.is_none_or(|m| self.rel_l2 <= m)
-            // Logits whose argmax disagrees would choose another token: a divergence even inside
-            // the element tolerance.
-            && self.logits.as_ref().is_none_or(|l| l.first_argmax_disagreement.is_none())
+        let common = self.non_finite.runtime_only == 0
+            && self.non_finite.reference_nan == 0
+            && self.non_finite.reference_inf == 0
+            && tol.max_rel_l2.is_none_or(|m| self.rel_l2 <= m);
+        common
+            && match &self.logits {
+                // Logits whose argmax disagrees would choose another token: a divergence even
+                // inside the element tolerance. Elementwise outliers do not decide logits: the
+                // distribution does (a logit of a token nobody picks may move by its noise).
+                Some(l) => {
+                    l.first_argmax_disagreement.is_none()
+                        && l.kl_undefined == 0
+                        && tol.max_kl.is_none_or(|k| l.kl_max <= k)
+                }
+                None => self.beyond_fraction <= tol.max_outlier_fraction,
+            }
     }
 }
 
@@ -112,6 +132,10 @@ pub struct LogitsPosition {
     pub top5_overlap: u32,
     /// `KL(softmax(ref) || softmax(run))` in nats; `None` when a row has a non-finite value.
     pub kl: Option<f64>,
+    /// The argmaxes differ but the reference's values at the two indices are within twice their
+    /// element tolerance of each other: a tie below the noise floor, not a disagreement.
+    #[serde(default)]
+    pub near_tie: bool,
 }
 
 /// Aggregated token-level metrics of a `[positions, vocab]` logits tensor.
@@ -119,10 +143,16 @@ pub struct LogitsPosition {
 pub struct LogitsMetrics {
     /// Number of positions.
     pub positions: u64,
-    /// Fraction of positions whose argmax agrees.
+    /// Fraction of positions whose argmax agrees (near-ties count as disagreements here).
     pub argmax_agreement: f64,
-    /// First position whose argmax disagrees.
+    /// First position whose argmax disagrees and is not a reference near-tie.
     pub first_argmax_disagreement: Option<u64>,
+    /// Positions whose argmax differs only within a reference near-tie.
+    #[serde(default)]
+    pub argmax_near_ties: u64,
+    /// Positions whose KL is undefined (a non-finite value in a row).
+    #[serde(default)]
+    pub kl_undefined: u64,
     /// Mean top-5 overlap divided by 5 (1 = identical top-5 sets).
     pub top5_overlap_mean: f64,
     /// Smallest top-5 overlap count over positions.
@@ -156,6 +186,7 @@ struct Acc {
     max_ulp: u64,
     beyond: u64,
     finite: u64,
+    ratio: f64,
 }
 
 /// Sign-aware ULP distance from raw `f32` bits, branch-free in `u32` (vectorizes). Never
@@ -174,7 +205,7 @@ fn ulp_bits(a: u32, b: u32) -> u32 {
 /// non-finite value (the caller then takes the scalar path). The lane structure is explicit, so
 /// the result is bit-identical whatever instruction set the compiler vectorizes it for.
 #[inline(always)]
-fn chunk_lanes(r: &[f32], x: &[f32], atol: f64, rtol: f64) -> Option<Acc> {
+fn chunk_lanes(r: &[f32], x: &[f32], atol: f64, rtol: f64, scale: f64) -> Option<Acc> {
     let mut abs = [0f64; LANES];
     let mut sq = [0f64; LANES];
     let mut rr = [0f64; LANES];
@@ -183,6 +214,7 @@ fn chunk_lanes(r: &[f32], x: &[f32], atol: f64, rtol: f64) -> Option<Acc> {
     let mut mx = [0f64; LANES];
     let mut mu = [0u32; LANES];
     let mut bey = [0u32; LANES];
+    let mut rat = [0f64; LANES];
     let rc = r.chunks_exact(LANES);
     let xc = x.chunks_exact(LANES);
     let (rt, xt) = (rc.remainder(), xc.remainder());
@@ -200,7 +232,11 @@ fn chunk_lanes(r: &[f32], x: &[f32], atol: f64, rtol: f64) -> Option<Acc> {
             mx[l] = if ad > mx[l] { ad } else { mx[l] };
             let u = ulp_bits(rl[l].to_bits(), xl[l].to_bits());
             mu[l] = if u > mu[l] { u } else { mu[l] };
-            bey[l] += (ad > atol + rtol * a.abs()) as u32;
+            let bound = atol + rtol * a.abs().max(scale);
+            bey[l] += (ad > bound) as u32;
+            // 0 / 0 is NaN and loses the comparison; a zero bound with ad > 0 gives +inf.
+            let q = ad / bound;
+            rat[l] = if q > rat[l] { q } else { rat[l] };
         }
     }
     let mut acc = Acc {
@@ -213,6 +249,7 @@ fn chunk_lanes(r: &[f32], x: &[f32], atol: f64, rtol: f64) -> Option<Acc> {
         max_ulp: mu.iter().copied().max().unwrap_or(0) as u64,
         beyond: bey.iter().map(|&b| b as u64).sum(),
         finite: r.len() as u64,
+        ratio: rat.iter().copied().fold(0.0, f64::max),
     };
     for (&a32, &b32) in rt.iter().zip(xt) {
         let (a, b) = (a32 as f64, b32 as f64);
@@ -226,7 +263,10 @@ fn chunk_lanes(r: &[f32], x: &[f32], atol: f64, rtol: f64) -> Option<Acc> {
         acc.max_ulp = acc
             .max_ulp
             .max(ulp_bits(a32.to_bits(), b32.to_bits()) as u64);
-        acc.beyond += (d.abs() > atol + rtol * a.abs()) as u64;
+        let bound = atol + rtol * a.abs().max(scale);
+        acc.beyond += (d.abs() > bound) as u64;
+        let q = d.abs() / bound;
+        acc.ratio = if q > acc.ratio { q } else { acc.ratio };
     }
     // With f64 sums of f32 inputs only a non-finite input can make a sum non-finite.
     (acc.abs.is_finite() && acc.rr.is_finite() && acc.xx.is_finite()).then_some(acc)
@@ -235,20 +275,22 @@ fn chunk_lanes(r: &[f32], x: &[f32], atol: f64, rtol: f64) -> Option<Acc> {
 /// [`chunk_lanes`] compiled for AVX2 (4 f64 lanes per register instead of SSE2's 2).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn chunk_avx2(r: &[f32], x: &[f32], atol: f64, rtol: f64) -> Option<Acc> {
-    chunk_lanes(r, x, atol, rtol)
+fn chunk_avx2(r: &[f32], x: &[f32], atol: f64, rtol: f64, scale: f64) -> Option<Acc> {
+    chunk_lanes(r, x, atol, rtol, scale)
 }
 
+type ChunkFn = fn(&[f32], &[f32], f64, f64, f64) -> Option<Acc>;
+
 /// Chooses the widest available instruction set once per comparison.
-fn chunk_kernel() -> fn(&[f32], &[f32], f64, f64) -> Option<Acc> {
+fn chunk_kernel() -> ChunkFn {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2, the only requirement of `chunk_avx2`.
-            return |r, x, a, t| unsafe { chunk_avx2(r, x, a, t) };
+            return |r, x, a, t, s| unsafe { chunk_avx2(r, x, a, t, s) };
         }
     }
-    |r, x, a, t| chunk_lanes(r, x, a, t)
+    |r, x, a, t, s| chunk_lanes(r, x, a, t, s)
 }
 
 /// Merges chunk sums into the running total.
@@ -261,6 +303,7 @@ fn merge(t: &mut Acc, c: &Acc) {
     t.max_ulp = t.max_ulp.max(c.max_ulp);
     t.beyond += c.beyond;
     t.finite += c.finite;
+    t.ratio = t.ratio.max(c.ratio);
 }
 
 /// Unravels a C-order flat index.
@@ -293,6 +336,7 @@ pub fn compare(
     let r = reference.as_standard_layout();
     let x = runtime.as_standard_layout();
     let shape = reference.shape();
+    check_reference_finite(&r.view())?;
     Ok(match (r.as_slice(), x.as_slice()) {
         (Some(rs), Some(xs)) => compare_slices(rs, xs, shape, tol),
         // Standard layout is contiguous; this copy only guards against a future ndarray change.
@@ -304,12 +348,76 @@ pub fn compare(
     })
 }
 
+/// Refuses a reference holding a NaN or Inf: [`Error::NonFiniteReference`] with the count and
+/// the first (C-order) index. The reference is the oracle's output; a non-finite value there means
+/// broken weights or input, and comparing against it would let NaN match NaN.
+pub fn check_reference_finite(reference: &ArrayViewD<f32>) -> Result<(), Error> {
+    let mut first: Option<(usize, f32)> = None;
+    let mut count = 0u64;
+    for (i, &v) in reference.iter().enumerate() {
+        if !v.is_finite() {
+            count += 1;
+            first.get_or_insert((i, v));
+        }
+    }
+    match first {
+        None => Ok(()),
+        Some((i, v)) => Err(Error::NonFiniteReference {
+            checkpoint: None,
+            count,
+            index: unravel(i, reference.shape()),
+            value: non_finite_name(v).into(),
+        }),
+    }
+}
+
+/// `NaN`, `inf` or `-inf`.
+pub fn non_finite_name(v: f32) -> &'static str {
+    if v.is_nan() {
+        "NaN"
+    } else if v > 0.0 {
+        "inf"
+    } else {
+        "-inf"
+    }
+}
+
+/// RMS magnitude of the finite values of `r` (`0` when there are none): the scale that f32
+/// accumulation noise grows with, used by [`Tolerance::element_bound`].
+pub fn magnitude(r: &[f32]) -> f64 {
+    let mut ss = [0f64; LANES];
+    let mut n = 0u64;
+    let c = r.chunks_exact(LANES);
+    let rest = c.remainder();
+    for l8 in c {
+        for l in 0..LANES {
+            let v = l8[l] as f64;
+            let ok = v.is_finite();
+            ss[l] += if ok { v * v } else { 0.0 };
+            n += ok as u64;
+        }
+    }
+    let mut s: f64 = ss.iter().sum();
+    for &v in rest {
+        if v.is_finite() {
+            s += (v as f64).powi(2);
+            n += 1;
+        }
+    }
+    if n > 0 {
+        (s / n as f64).sqrt()
+    } else {
+        0.0
+    }
+}
+
 /// [`compare`] on contiguous C-order data of the given shape (`r.len() == x.len()` is assumed to be
 /// the product of `shape`; extra elements of the longer slice are ignored).
 pub fn compare_slices(r: &[f32], x: &[f32], shape: &[usize], tol: &Tolerance) -> Metrics {
     let n = r.len().min(x.len());
     let (r, x) = (&r[..n], &x[..n]);
     let (atol, rtol) = (tol.atol, tol.rtol);
+    let scale = magnitude(r);
     let mut t = Acc::default();
     let mut worst_flat: Option<usize> = None;
     let mut nf = NonFinite::default();
@@ -317,9 +425,9 @@ pub fn compare_slices(r: &[f32], x: &[f32], shape: &[usize], tol: &Tolerance) ->
     let chunk_fast = chunk_kernel();
     for (ci, (rc, xc)) in r.chunks(CHUNK).zip(x.chunks(CHUNK)).enumerate() {
         let base = ci * CHUNK;
-        let c = match chunk_fast(rc, xc, atol, rtol) {
+        let c = match chunk_fast(rc, xc, atol, rtol, scale) {
             Some(c) => c,
-            None => chunk_slow(rc, xc, base, atol, rtol, &mut nf, &mut first_bad),
+            None => chunk_slow(rc, xc, base, (atol, rtol, scale), &mut nf, &mut first_bad),
         };
         if c.finite > 0 && (worst_flat.is_none() || c.max_abs > t.max_abs) {
             // Rescan only the chunk that holds the new maximum (first occurrence wins).
@@ -366,6 +474,7 @@ pub fn compare_slices(r: &[f32], x: &[f32], shape: &[usize], tol: &Tolerance) ->
         } else {
             0.0
         },
+        max_bound_ratio: t.ratio.min(f64::MAX),
         worst: worst_flat.map(|f| WorstElement {
             index: unravel(f, shape),
             reference: r[f],
@@ -381,8 +490,7 @@ fn chunk_slow(
     r: &[f32],
     x: &[f32],
     base: usize,
-    atol: f64,
-    rtol: f64,
+    (atol, rtol, scale): (f64, f64, f64),
     nf: &mut NonFinite,
     first_bad: &mut Option<usize>,
 ) -> Acc {
@@ -403,7 +511,10 @@ fn chunk_slow(
             acc.rx += a * b;
             acc.max_abs = acc.max_abs.max(d.abs());
             acc.max_ulp = acc.max_ulp.max(ulp_distance(a32, b32));
-            acc.beyond += (d.abs() > atol + rtol * a.abs()) as u64;
+            let bound = atol + rtol * a.abs().max(scale);
+            acc.beyond += (d.abs() > bound) as u64;
+            let q = d.abs() / bound;
+            acc.ratio = if q > acc.ratio { q } else { acc.ratio };
             acc.finite += 1;
         } else {
             let same = (a32.is_nan() && b32.is_nan()) || (a32 == b32);
@@ -447,10 +558,14 @@ fn log_softmax(row: &[f32]) -> Option<Vec<f64>> {
 }
 
 /// Token-level metrics of `[positions, vocab]` logits: per-position argmax agreement, top-5
-/// overlap and `KL(softmax(ref) || softmax(run))`, aggregated.
+/// overlap and `KL(softmax(ref) || softmax(run))`, aggregated. An argmax disagreement is a
+/// *near-tie* (not counted in `first_argmax_disagreement`) when the reference's values at the two
+/// indices are within `2 * tol.element_bound` of each other: each may legitimately move by its
+/// element bound, so their order is below the noise floor.
 pub fn logits_metrics(
     reference: &ArrayViewD<f32>,
     runtime: &ArrayViewD<f32>,
+    tol: &Tolerance,
 ) -> Result<LogitsMetrics, Error> {
     if reference.shape() != runtime.shape() {
         return Err(Error::ShapeMismatch {
@@ -469,6 +584,7 @@ pub fn logits_metrics(
         .view()
         .into_dimensionality::<Ix2>()
         .map_err(|_| not_logits())?;
+    let scale = magnitude(&reference.iter().copied().collect::<Vec<f32>>());
     let mut per_position = Vec::with_capacity(r2.nrows());
     for (rrow, xrow) in r2.axis_iter(Axis(0)).zip(x2.axis_iter(Axis(0))) {
         let rrow = rrow.to_vec();
@@ -484,11 +600,21 @@ pub fn logits_metrics(
             ),
             _ => None,
         };
+        let (ar, ax) = (
+            tr.first().copied().unwrap_or(0),
+            tx.first().copied().unwrap_or(0),
+        );
+        let near_tie = ar != ax && {
+            let (top, other) = (rrow[ar] as f64, rrow[ax] as f64);
+            // Both values finite and apart by at most the sum of their element bounds.
+            (top - other).abs() <= tol.element_bound(top, scale) + tol.element_bound(other, scale)
+        };
         per_position.push(LogitsPosition {
-            argmax_reference: tr.first().copied().unwrap_or(0),
-            argmax_runtime: tx.first().copied().unwrap_or(0),
+            argmax_reference: ar,
+            argmax_runtime: ax,
             top5_overlap: tr.iter().filter(|i| tx.contains(i)).count() as u32,
             kl,
+            near_tie,
         });
     }
     let n = per_position.len();
@@ -502,8 +628,10 @@ pub fn logits_metrics(
         argmax_agreement: if n > 0 { agree as f64 / n as f64 } else { 1.0 },
         first_argmax_disagreement: per_position
             .iter()
-            .position(|p| p.argmax_reference != p.argmax_runtime)
+            .position(|p| p.argmax_reference != p.argmax_runtime && !p.near_tie)
             .map(|p| p as u64),
+        argmax_near_ties: per_position.iter().filter(|p| p.near_tie).count() as u64,
+        kl_undefined: per_position.iter().filter(|p| p.kl.is_none()).count() as u64,
         top5_overlap_mean: if n > 0 {
             per_position
                 .iter()
@@ -535,7 +663,7 @@ pub fn compare_logits(
     tol: &Tolerance,
 ) -> Result<Metrics, Error> {
     let mut m = compare(reference, runtime, tol)?;
-    m.logits = Some(logits_metrics(reference, runtime)?);
+    m.logits = Some(logits_metrics(reference, runtime, tol)?);
     Ok(m)
 }
 
@@ -629,6 +757,7 @@ mod tests {
             rtol,
             max_outlier_fraction: 0.0,
             max_rel_l2: None,
+            max_kl: None,
         }
     }
 
@@ -677,7 +806,17 @@ mod tests {
     fn runtime_only_non_finite_always_fails() {
         let r = arr(&[2, 3], vec![1.0, 2.0, f32::NAN, 4.0, 5.0, 6.0]);
         let x = arr(&[2, 3], vec![1.0, 2.0, f32::NAN, f32::INFINITY, 5.0, 6.0]);
-        let m = compare(&r.view(), &x.view(), &tol(1e9, 1e9)).unwrap();
+        // `compare` refuses the NaN reference; the slice kernel still counts both sides.
+        assert!(matches!(
+            compare(&r.view(), &x.view(), &tol(1e9, 1e9)),
+            Err(Error::NonFiniteReference { count: 1, .. })
+        ));
+        let m = compare_slices(
+            r.as_slice().unwrap(),
+            x.as_slice().unwrap(),
+            &[2, 3],
+            &tol(1e9, 1e9),
+        );
         assert_eq!(m.non_finite.reference_nan, 1);
         assert_eq!(m.non_finite.runtime_nan, 1);
         assert_eq!(m.non_finite.runtime_inf, 1);
@@ -770,7 +909,7 @@ mod tests {
         assert_eq!(l.per_position[1].argmax_runtime, 1);
         assert!(l.kl_max >= l.kl_mean);
         let bad = arr(&[3], vec![0.0; 3]);
-        assert!(logits_metrics(&bad.view(), &bad.view()).is_err());
+        assert!(logits_metrics(&bad.view(), &bad.view(), &tol(0.0, 0.0)).is_err());
     }
 
     #[test]
@@ -789,8 +928,8 @@ mod tests {
             .enumerate()
             .map(|(i, v)| v + (i as f32).cos() * 1e-3)
             .collect();
-        let portable = chunk_lanes(&r, &x, 1e-4, 1e-3);
-        assert_eq!(chunk_kernel()(&r, &x, 1e-4, 1e-3), portable);
+        let portable = chunk_lanes(&r, &x, 1e-4, 1e-3, 0.5);
+        assert_eq!(chunk_kernel()(&r, &x, 1e-4, 1e-3, 0.5), portable);
         assert!(portable.is_some());
     }
 

@@ -435,6 +435,8 @@ struct Ctx<'a> {
     xx: f64,
     /// `||X - R||^2` (only meaningful when shapes agree).
     orig: f64,
+    /// RMS magnitude of `R` ([`crate::metrics::magnitude`]).
+    scale: f64,
 }
 
 impl Ctx<'_> {
@@ -454,9 +456,9 @@ impl Ctx<'_> {
             0.0
         }
     }
+    /// The metrics' outlier test ([`Tolerance::element_bound`] at the reference's magnitude).
     fn differs(&self, r: f32, x: f32) -> bool {
-        let t = &self.opts.tolerance;
-        (x as f64 - r as f64).abs() > t.atol + t.rtol * (r as f64).abs()
+        (x as f64 - r as f64).abs() > self.opts.tolerance.element_bound(r as f64, self.scale)
     }
 }
 
@@ -885,12 +887,14 @@ pub fn diagnose(r: &ArrayViewD<f32>, x: &ArrayViewD<f32>, opts: &ExplainOptions)
     } else {
         f64::INFINITY
     };
+    let scale = crate::metrics::magnitude(&r.iter().copied().collect::<Vec<f32>>());
     let c = Ctx {
         r: rc,
         x: xc,
         opts,
         xx,
         orig,
+        scale,
     };
     if same && orig == 0.0 {
         return out;

@@ -463,12 +463,19 @@ impl Oracle {
                 Ok(())
             })();
             setup.map_err(|e| py_err(py, e))?;
+            // Located, not imported: torch loads only once the inputs have passed the oracle's
+            // own checks (a bad file or argument is refused in well under a second).
+            let util = py.import("importlib.util").map_err(|e| py_err(py, e))?;
             for (m, pkg) in [
                 ("numpy", "numpy"),
                 ("torch", "torch"),
                 ("transformers", "transformers"),
             ] {
-                if py.import(m).is_err() {
+                let found = util
+                    .call_method1("find_spec", (m,))
+                    .map(|spec| !spec.is_none())
+                    .unwrap_or(false);
+                if !found {
                     return Err(OracleError::Environment {
                         reason: format!(
                             "Python package '{pkg}' is not importable from {}",
@@ -633,13 +640,20 @@ pub struct TorchBench {
 }
 
 impl TorchBench {
-    /// Load HF Whisper from `model_dir` (f32, eager attention, `threads` intra-op threads).
+    /// Load HF Whisper from `model_dir` (f32, eager attention, `threads` intra-op threads), fed
+    /// `audio` as the runtime's reader decodes and converts it.
     pub fn whisper(
         oracle: &Oracle,
         model_dir: &Path,
         audio: &Path,
         threads: usize,
     ) -> Result<TorchBench> {
+        // The same decoded, converted samples the runtime is timed on.
+        let decoded =
+            xray_runtime::audio::load_wav(audio, 16000).map_err(|e| OracleError::Input {
+                message: e.to_string(),
+                traceback: String::new(),
+            })?;
         let handle = oracle.with_python(|py, _m| {
             let bench = py.import("xray_oracle.bench").map_err(|e| py_err(py, e))?;
             let h = bench
@@ -649,6 +663,7 @@ impl TorchBench {
                         model_dir.to_string_lossy().to_string(),
                         audio.to_string_lossy().to_string(),
                         threads,
+                        numpy::PyArray1::from_slice(py, &decoded.samples),
                     ))
                 })
                 .map_err(|e| py_err(py, e))?;

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .audio import read_wav
+from .audio import from_samples, read_wav
 
 
 class WhisperBench:
     """HF Whisper (eager attention, f32) loaded once; features computed once."""
 
-    def __init__(self, model_dir: str, audio_path: str, threads: int):
+    def __init__(self, model_dir: str, audio_path: str, threads: int, samples=None):
         import torch
         import transformers
         from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
@@ -25,7 +25,10 @@ class WhisperBench:
         torch.set_num_threads(int(threads))
         d = Path(model_dir)
         self.fe = WhisperFeatureExtractor.from_pretrained(str(d), local_files_only=True)
-        audio = read_wav(audio_path, max_seconds=self.fe.chunk_length)
+        if samples is not None:  # decoded and converted by the runtime's reader (`xray bench`)
+            audio = from_samples(audio_path, samples, "", max_seconds=self.fe.chunk_length)
+        else:
+            audio = read_wav(audio_path, max_seconds=self.fe.chunk_length)
         self.model = WhisperForConditionalGeneration.from_pretrained(
             str(d), local_files_only=True, use_safetensors=True, dtype=torch.float32, attn_implementation="eager"
         ).eval()

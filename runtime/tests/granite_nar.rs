@@ -206,6 +206,7 @@ fn granite_causal_decoder_is_caught_at_the_first_decoder_layer() {
             kind: FaultKind::Param(ParamFault::Causal(true)),
             target: "dec.layer.*.attn".into(),
             step: None,
+            hits: Default::default(),
         }],
     };
     let (_, bad) = run(&m, &RunOptions::default(), Some(&plan));
@@ -239,6 +240,7 @@ fn granite_removing_the_bypass_is_localised_between_blocks() {
             kind: FaultKind::Param(ParamFault::SkipBranch),
             target: names::BYPASS_OP.into(),
             step: None,
+            hits: Default::default(),
         }],
     };
     let (_, bad) = run(&m, &RunOptions::default(), Some(&plan));
@@ -408,6 +410,7 @@ fn granite_fault_catalogue_entries_surface_at_their_expected_origin() {
                 kind: e.kind(&cfg).expect("fault for the tiny config"),
                 target: e.default_target.into(),
                 step: e.step,
+                hits: Default::default(),
             }],
         };
         if let FaultKind::Param(p) = e.kind(&cfg).expect("fault for the tiny config") {

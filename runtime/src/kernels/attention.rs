@@ -35,6 +35,18 @@ pub struct Attention {
     pub probs: bool,
 }
 
+/// Probability of a masked key after the softmax of `row` (the visible keys): `0`, or NaN when the
+/// row is NaN. torch adds the mask to NaN scores and its softmax of a row holding NaN is NaN
+/// everywhere, masked keys included; a NaN query must not turn into finite probabilities.
+#[inline]
+fn masked_prob(row: &[f32]) -> f32 {
+    if row.first().is_some_and(|p| p.is_nan()) {
+        f32::NAN
+    } else {
+        0.0
+    }
+}
+
 impl Kernel for Attention {
     fn kind(&self) -> &'static str {
         "attention"
@@ -136,7 +148,8 @@ impl Kernel for Attention {
                             for (i, row) in block.chunks_exact_mut(s).enumerate() {
                                 let n = valid(t0 + r0 + i);
                                 simd::softmax_row(&mut row[..n]);
-                                row[n..].fill(0.0);
+                                let masked = masked_prob(&row[..n]);
+                                row[n..].fill(masked);
                             }
                         });
                         if self.probs {
@@ -174,9 +187,10 @@ impl Kernel for Attention {
                             let n = valid(ti);
                             simd::attend_row(&qrow, kh, vh, n, &mut sc, o);
                             if self.probs {
-                                // Keys past `n` keep probability 0 (masked).
+                                // Keys past `n` keep probability 0 (masked), NaN in a NaN row.
                                 let at = (j * t + ti) * s;
                                 ppart[at..at + n].copy_from_slice(&sc[..n]);
+                                ppart[at + n..at + s].fill(masked_prob(&sc[..n]));
                             }
                         }
                     }

@@ -112,10 +112,13 @@ fn max_f32(a: f32, b: f32) -> f32 {
 
 /// Cephes-style single-precision exp (range reduction by ln 2 in two parts, degree-5
 /// polynomial), about 1 ulp. Inputs are clamped to [-87.34, 88]; below about -87.3 the result
-/// flushes to (near) zero.
+/// flushes to (near) zero. NaN stays NaN (as torch's `exp`): the clamps keep a NaN operand, so a
+/// softmax row holding a NaN score is NaN everywhere, never finite probabilities.
 #[inline(always)]
 pub(crate) fn exp_f32(x: f32) -> f32 {
-    let x = max_f32(-87.336_55, if x < 88.0 { x } else { 88.0 });
+    // `x > 88 ? 88 : x` and `-87.34 > x ? -87.34 : x` both keep NaN (a comparison with NaN is
+    // false); NaN then flows through the polynomial.
+    let x = max_f32(-87.336_55, if x > 88.0 { 88.0 } else { x });
     let z = x * std::f32::consts::LOG2_E + 0.5;
     let t = z as i32;
     let fl = t - ((t as f32) > z) as i32;
@@ -357,8 +360,10 @@ mod avx2 {
     #[inline]
     pub unsafe fn exp8(x: __m256) -> __m256 {
         use super::*;
-        // min(x, 88) as `x < 88 ? x : 88`, then max(-87.34, .) as `-87.34 > x ? -87.34 : x`.
-        let x = _mm256_min_ps(x, _mm256_set1_ps(88.0));
+        // min(88, x) as `88 < x ? 88 : x`, then max(-87.34, .) as `-87.34 > x ? -87.34 : x`:
+        // `_mm256_min_ps`/`_mm256_max_ps` return the second operand when either is NaN, so NaN
+        // survives both clamps (and the polynomial), as in [`super::exp_f32`].
+        let x = _mm256_min_ps(_mm256_set1_ps(88.0), x);
         let x = _mm256_max_ps(_mm256_set1_ps(-87.336_55), x);
         let z = _mm256_add_ps(
             _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
@@ -740,6 +745,10 @@ mod tests {
             x += 0.0137;
         }
         assert!(worst < 3e-7, "worst relative error {worst}");
+        assert!(exp_f32(f32::NAN).is_nan(), "exp(NaN) is NaN, as in torch");
+        let mut row = [0.5f32, f32::NAN, -1.0];
+        scalar::softmax(&mut row);
+        assert!(row.iter().all(|v| v.is_nan()), "{row:?}");
     }
 
     #[test]
@@ -900,6 +909,18 @@ mod tests {
             for (o, x) in out.iter().zip(c) {
                 assert_eq!(o.to_bits(), exp_f32(*x).to_bits(), "exp({x})");
             }
+        }
+        // NaN stays NaN in every lane position.
+        for lane in 0..8 {
+            let mut c = [1.0f32; 8];
+            c[lane] = f32::NAN;
+            let mut out = [0f32; 8];
+            // SAFETY: AVX2 checked above.
+            unsafe {
+                use std::arch::x86_64::*;
+                _mm256_storeu_ps(out.as_mut_ptr(), avx2::exp8(_mm256_loadu_ps(c.as_ptr())));
+            }
+            assert!(out[lane].is_nan() && out.iter().filter(|v| v.is_nan()).count() == 1);
         }
     }
 }

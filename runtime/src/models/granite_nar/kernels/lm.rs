@@ -243,6 +243,10 @@ impl Kernel for GqaAttention {
                     });
                     let at = (j * t + ti) * s;
                     probs[at..at + n].copy_from_slice(&sc[..n]);
+                    if sc[0].is_nan() {
+                        // torch: a NaN score row is NaN everywhere, masked keys included.
+                        probs[at + n..at + s].fill(f32::NAN);
+                    }
                 }
             }
             (part, probs)

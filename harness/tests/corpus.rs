@@ -1,0 +1,287 @@
+//! The clean-run corpus (issue 10): the clean runtime against the HF reference over every
+//! (model, clip) pair of `fixtures/build/corpus/` that fits gives zero divergences, and on the
+//! real tiny.en zero token mismatches.
+//!
+//! One process, one oracle: each model is loaded once and the torch reference runs per clip
+//! through [`check_against`] (torch is imported once), so a pair costs a fraction of `xray check`.
+//!
+//! - `cargo test` (and `make test`): the random-init fixtures (whisper-rand-a, whisper-rand-b,
+//!   granite-nar-tiny), every clip that fits.
+//! - `XRAY_CORPUS=full` (`make corpus`): also the real Whisper tiny.en.
+//! - `XRAY_CORPUS_TABLE=FILE`: writes the table (pairs run, worst margin per metric and family).
+//!
+//! The margin of a checkpoint is `metric / tolerance` for each criterion that decides it
+//! (`rel_l2 / max_rel_l2`, outlier fraction / `max_outlier_fraction`, `kl_max / max_kl` on
+//! logits): a pass needs every margin `<= 1`, and the worst margin says how close the clean runtime
+//! comes to a false alarm.
+//!
+//! Without the corpus (no `make fixtures`) the test is skipped, unless `XRAY_REQUIRE_FIXTURES` is
+//! set, as in the other fixture tests.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use xray_harness::check::{check_against, reference_request, CheckOptions};
+use xray_harness::evidence::{CheckpointEvidence, Verdict};
+use xray_oracle::Oracle;
+use xray_runtime::models;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// One clip of `corpus.json`.
+#[derive(Debug, Clone, serde::Deserialize)]
+struct Clip {
+    file: String,
+    seconds: f64,
+    effect: String,
+}
+
+/// Worst margin of one criterion over a family, and where.
+#[derive(Debug, Clone, Default)]
+struct Worst {
+    margin: f64,
+    value: f64,
+    bound: f64,
+    at: String,
+}
+
+impl Worst {
+    fn offer(&mut self, value: f64, bound: Option<f64>, at: impl FnOnce() -> String) {
+        let Some(b) = bound else { return };
+        let margin = if b > 0.0 {
+            value / b
+        } else if value > 0.0 {
+            f64::INFINITY
+        } else {
+            0.0
+        };
+        if margin > self.margin || self.at.is_empty() {
+            *self = Worst {
+                margin,
+                value,
+                bound: b,
+                at: at(),
+            };
+        }
+    }
+}
+
+/// Results of one model over the corpus.
+#[derive(Debug, Default)]
+struct FamilyResult {
+    pairs: usize,
+    skipped: usize,
+    checkpoints: usize,
+    seconds: f64,
+    failures: Vec<String>,
+    token_mismatches: Vec<String>,
+    worst: BTreeMap<&'static str, Worst>,
+}
+
+fn margins(r: &mut FamilyResult, clip: &str, c: &CheckpointEvidence) {
+    let Some(m) = &c.metrics else { return };
+    let t = &c.tolerance;
+    let at = || format!("{clip}: {}@step{}", c.name, c.step);
+    let rel = if m.logits.is_some() {
+        "rel_l2 (logits)"
+    } else {
+        "rel_l2"
+    };
+    r.worst
+        .entry(rel)
+        .or_default()
+        .offer(m.rel_l2, t.max_rel_l2, at);
+    match &m.logits {
+        Some(l) => {
+            r.worst
+                .entry("logits kl_max")
+                .or_default()
+                .offer(l.kl_max, t.max_kl, at);
+        }
+        None => {
+            r.worst.entry("outlier fraction").or_default().offer(
+                m.beyond_fraction,
+                Some(t.max_outlier_fraction),
+                at,
+            );
+            // The element closest to its bound (> 1 would be an outlier).
+            r.worst.entry("element |d| / bound").or_default().offer(
+                m.max_bound_ratio,
+                Some(1.0),
+                at,
+            );
+        }
+    }
+}
+
+/// Longest clip (seconds) a model takes: Whisper's window is `max_source_positions` encoder
+/// positions of two 10 ms mel frames; Granite NAR has no window.
+fn window_seconds(model_dir: &Path) -> f64 {
+    let cfg: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(model_dir.join("config.json")).expect("config.json"),
+    )
+    .expect("config.json parses");
+    match cfg["max_source_positions"].as_u64() {
+        Some(p) => p as f64 * 2.0 * 0.01,
+        None => f64::INFINITY,
+    }
+}
+
+fn run_model(
+    oracle: &Oracle,
+    name: &str,
+    dir: &Path,
+    clips: &[Clip],
+    corpus: &Path,
+) -> FamilyResult {
+    let t0 = Instant::now();
+    let model = models::load(dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()));
+    let window = window_seconds(dir);
+    let mut r = FamilyResult::default();
+    for clip in clips {
+        if clip.seconds > window {
+            r.skipped += 1;
+            continue;
+        }
+        let opts = CheckOptions {
+            model: dir.to_path_buf(),
+            audio: corpus.join(&clip.file),
+            ..Default::default()
+        };
+        let req = reference_request(model.as_ref(), &opts)
+            .unwrap_or_else(|e| panic!("{name} on {}: audio: {e:#}", clip.file));
+        let ref_run = oracle
+            .run(&req)
+            .unwrap_or_else(|e| panic!("{name} on {}: oracle: {e}", clip.file));
+        let out = check_against(model.as_ref(), oracle, &req, &ref_run, &opts, &|_| {})
+            .unwrap_or_else(|e| panic!("{name} on {}: check: {e:#}", clip.file));
+        let ev = &out.evidence;
+        r.pairs += 1;
+        r.checkpoints += ev.checkpoints.len();
+        for c in &ev.checkpoints {
+            margins(&mut r, &clip.file, c);
+            if c.status != xray_harness::localize::Status::Pass {
+                r.failures.push(format!(
+                    "{name} on {} ({}): {}@step{} {:?}",
+                    clip.file, clip.effect, c.name, c.step, c.status
+                ));
+            }
+        }
+        if ev.verdict != Verdict::Pass && ev.checkpoints.iter().all(|c| c.metrics.is_some()) {
+            r.failures.push(format!(
+                "{name} on {}: verdict {:?} (capture neutral {:?})",
+                clip.file, ev.verdict, ev.capture_neutral
+            ));
+        }
+        if let Some(t) = &ev.transcript {
+            if !t.tokens_equal {
+                r.token_mismatches.push(format!(
+                    "{name} on {}: reference {:?} runtime {:?}",
+                    clip.file, t.reference, t.runtime
+                ));
+            }
+        }
+        eprintln!(
+            "corpus: {name} {} ({:.1} s, {}): {:?}",
+            clip.file, clip.seconds, clip.effect, ev.verdict
+        );
+    }
+    r.seconds = t0.elapsed().as_secs_f64();
+    r
+}
+
+fn table(results: &[(String, FamilyResult)]) -> String {
+    let mut s = String::from(
+        "| model | pairs | skipped (too long) | checkpoints | divergent | token mismatches | time |\n|---|---|---|---|---|---|---|\n",
+    );
+    for (name, r) in results {
+        let _ = writeln!(
+            s,
+            "| {name} | {} | {} | {} | {} | {} | {:.0} s |",
+            r.pairs,
+            r.skipped,
+            r.checkpoints,
+            r.failures.len(),
+            r.token_mismatches.len(),
+            r.seconds
+        );
+    }
+    s.push_str("\n| model | criterion | worst margin | value | tolerance | where |\n|---|---|---|---|---|---|\n");
+    for (name, r) in results {
+        for (k, w) in &r.worst {
+            let _ = writeln!(
+                s,
+                "| {name} | {k} | {:.3} | {:.3e} | {:.1e} | {} |",
+                w.margin, w.value, w.bound, w.at
+            );
+        }
+    }
+    s
+}
+
+#[test]
+fn clean_runtime_passes_the_whole_corpus() {
+    let root = root();
+    let corpus = root.join("fixtures/build/corpus");
+    let manifest = corpus.join("corpus.json");
+    if !manifest.is_file() {
+        assert!(
+            std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none(),
+            "{} missing: run `make fixtures`",
+            manifest.display()
+        );
+        eprintln!(
+            "skipped: {} missing (run `make fixtures`)",
+            manifest.display()
+        );
+        return;
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest).expect("corpus.json"))
+            .expect("corpus.json parses");
+    let clips: Vec<Clip> = serde_json::from_value(v["clips"].clone()).expect("clips");
+    assert!(clips.len() >= 30, "{} clips", clips.len());
+    let full = std::env::var("XRAY_CORPUS").is_ok_and(|v| v == "full");
+    let mut models = vec![
+        ("whisper-rand-a", root.join("fixtures/build/whisper-rand-a")),
+        ("whisper-rand-b", root.join("fixtures/build/whisper-rand-b")),
+        (
+            "granite-nar-tiny",
+            root.join("fixtures/build/granite-nar-tiny"),
+        ),
+    ];
+    if full {
+        models.push(("whisper-tiny-en", root.join("fixtures/whisper-tiny-en")));
+    }
+    let oracle = Oracle::discover().expect("oracle environment (make venv)");
+    let mut results = Vec::new();
+    for (name, dir) in models {
+        results.push((
+            name.to_string(),
+            run_model(&oracle, name, &dir, &clips, &corpus),
+        ));
+    }
+    let t = table(&results);
+    eprintln!("{t}");
+    if let Ok(p) = std::env::var("XRAY_CORPUS_TABLE") {
+        let p = root.join(p);
+        std::fs::write(&p, &t).unwrap_or_else(|e| panic!("writing {}: {e}", p.display()));
+        eprintln!("corpus table: {}", p.display());
+    }
+    let failures: Vec<&String> = results.iter().flat_map(|(_, r)| &r.failures).collect();
+    assert!(
+        failures.is_empty(),
+        "divergences on the clean runtime:\n{failures:#?}"
+    );
+    let tiny: Vec<&String> = results
+        .iter()
+        .filter(|(n, _)| n == "whisper-tiny-en")
+        .flat_map(|(_, r)| &r.token_mismatches)
+        .collect();
+    assert!(tiny.is_empty(), "token mismatches on tiny.en:\n{tiny:#?}");
+    assert!(results.iter().all(|(_, r)| r.pairs > 0));
+}

@@ -525,7 +525,6 @@ impl Contract {
     pub fn get(&self, name: &str) -> Option<&CheckpointSpec> {
         self.checkpoints.iter().find(|c| c.name == name)
     }
-
 }
 
 #[cfg(test)]

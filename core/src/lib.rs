@@ -100,7 +100,6 @@ pub fn fmt_shape(s: &[Dim]) -> String {
     format!("[{}]", parts.join(", "))
 }
 
-
 /// Core version string recorded by engines that use only this crate.
 pub fn version() -> String {
     format!("xray-core {}", env!("CARGO_PKG_VERSION"))

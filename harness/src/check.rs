@@ -10,23 +10,24 @@
 //!    tolerances (oracle in f64 as the noise-floor reference).
 //! 6. Compare through the family's contract, localize, explain, write evidence.
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::collections::HashMap;
+use std::path::PathBuf;
 
 use anyhow::{anyhow, Context};
+use xray_core::dump::{Dump, Manifest};
 use xray_oracle::{Oracle, OracleRequest, OracleRun};
-use xray_runtime::audio::{load_wav, Audio};
-use xray_runtime::capture::{Recorder, Substitute};
-use xray_runtime::dump::{Dump, Manifest};
+use xray_runtime::audio::load_wav;
 use xray_runtime::faults::FaultPlan;
-use xray_runtime::models::{self, RunHooks, RunOptions, RunOutput, SpeechModel};
+use xray_runtime::models::{self, RunHooks, RunOptions, SpeechModel};
 use xray_runtime::Tensor;
 
-use crate::compare::CompareOptions;
-use crate::evidence::{Evidence, Run, Transcript};
-use crate::metrics::compare as metrics_compare;
-use crate::pipeline::{compare_dumps, oracle_versions};
-use crate::tolerance::{NoiseFloor, Policy, Tolerance};
+use xray_compare::compare::CompareOptions;
+use xray_compare::evidence::{Evidence, Run, Transcript};
+use xray_compare::metrics::compare as metrics_compare;
+use xray_compare::pipeline::{compare_dumps, oracle_versions};
+use xray_compare::tolerance::{NoiseFloor, Policy, Tolerance};
+
+pub use crate::runs::{runtime_dump, runtime_dump_audio, DumpSubstitute};
 
 /// Options of one check.
 #[derive(Debug, Clone, Default)]
@@ -65,38 +66,11 @@ pub struct CheckOutput {
     pub runtime: Dump,
 }
 
-/// Substitutes reference tensors from a dump (isolated mode).
-pub struct DumpSubstitute<'a>(pub &'a Dump);
-
-impl Substitute for DumpSubstitute<'_> {
-    fn substitute(&self, name: &str, step: usize) -> Option<Tensor> {
-        self.0.get(name, step).cloned()
-    }
-}
-
-fn manifest_for(model: &dyn SpeechModel, producer: &str, weights: &str, audio: &str) -> Manifest {
-    Manifest {
-        schema: xray_runtime::dump::SCHEMA.into(),
-        version: xray_runtime::dump::VERSION,
-        family: model.family().into(),
-        model_id: model.model_dir().display().to_string(),
-        producer: producer.into(),
-        weights_sha256: weights.into(),
-        audio_sha256: audio.into(),
-        tools: BTreeMap::from([("runtime".to_string(), xray_runtime::version())]),
-        tokens: vec![],
-        transcript: String::new(),
-        stats_only: false,
-        checkpoints: vec![],
-        extra: BTreeMap::new(),
-    }
-}
-
 /// The reference run as an in-memory dump.
 pub fn reference_dump(run: &OracleRun, family: &str, model_id: &str) -> Dump {
     let m = Manifest {
-        schema: xray_runtime::dump::SCHEMA.into(),
-        version: xray_runtime::dump::VERSION,
+        schema: xray_core::dump::SCHEMA.into(),
+        version: xray_core::dump::VERSION,
         family: family.into(),
         model_id: model_id.into(),
         producer: "oracle".into(),
@@ -110,48 +84,6 @@ pub fn reference_dump(run: &OracleRun, family: &str, model_id: &str) -> Dump {
         extra: run.extra.clone(),
     };
     Dump::from_captured(m, run.checkpoints.clone())
-}
-
-/// Run the runtime once with a recorder; returns the dump and the run output.
-pub fn runtime_dump(
-    model: &dyn SpeechModel,
-    audio: &Path,
-    opts: &RunOptions,
-    faults: Option<&FaultPlan>,
-    substitute: Option<&dyn Substitute>,
-    only: Option<&[String]>,
-) -> anyhow::Result<(Dump, RunOutput)> {
-    let a = load_wav(audio, 16000)?;
-    runtime_dump_audio(model, &a, opts, faults, substitute, only)
-}
-
-/// [`runtime_dump`] on audio already decoded and converted (the samples the oracle is fed).
-pub fn runtime_dump_audio(
-    model: &dyn SpeechModel,
-    a: &Audio,
-    opts: &RunOptions,
-    faults: Option<&FaultPlan>,
-    substitute: Option<&dyn Substitute>,
-    only: Option<&[String]>,
-) -> anyhow::Result<(Dump, RunOutput)> {
-    let mut rec = match only {
-        Some(g) => Recorder::only(g).map_err(|e| anyhow!("--only: {e}"))?,
-        None => Recorder::new(),
-    };
-    let out = {
-        let mut hooks = RunHooks {
-            observer: Some(&mut rec),
-            substitute,
-            faults,
-        };
-        model.run(a, opts, &mut hooks)?
-    };
-    let mut m = manifest_for(model, "runtime", model.weights().sha256(), &a.sha256);
-    m.tokens = out.tokens.clone();
-    m.transcript = out.transcript.clone();
-    m.extra = out.extra.clone();
-    m.extra.insert("audio".into(), a.conversion.to_json());
-    Ok((Dump::from_captured(m, rec.captured), out))
 }
 
 fn bits_equal(a: &[Tensor], b: &[Tensor]) -> bool {
@@ -359,7 +291,7 @@ pub fn check_against(
                     let m = metrics_compare(
                         &t64.view(),
                         &t32.view(),
-                        &Tolerance::default_for(crate::tolerance::Dtype::F32),
+                        &Tolerance::default_for(xray_compare::tolerance::Dtype::F32),
                     )
                     .with_context(|| format!("calibrating {name}@step{step}"))?;
                     copts

@@ -1,31 +1,12 @@
-//! X-Ray harness library (`xray_harness`): the comparison core behind the `xray` CLI.
-//!
-//! | module | what it does |
-//! |---|---|
-//! | [`metrics`] | one-pass element metrics (max_abs, rel_l2, cosine, ULPs, outliers, non-finite) and logits token metrics |
-//! | [`tolerance`] | per-dtype defaults, JSON policy with glob overrides, calibrated noise-floor mode |
-//! | [`localize`] | checkpoint DAG (from resolved specs or contract templates), origin localization, error profile, token drill-down |
-//! | [`signatures`] | divergence signatures of the origin (permutation, scale, mask, ...) |
-//! | [`compare`] | the pipeline: graph + tensor pairs -> statuses, origin, explanation, profile |
-//! | [`evidence`] | `xray.evidence/v1` serde types, atomic write, checked read |
-//! | [`report`] | self-contained HTML and Markdown renderings |
-//! | [`gate`] | baseline gate and JUnit XML |
-//!
-//! The library works on plain `ndarray::ArrayViewD<f32>` and never links Python.
+//! The `xray` CLI's orchestration library (`xray_harness`): running X-Ray's own runtime into
+//! dumps ([`runs`]) and, with the `oracle` feature (on by default), the in-process check against
+//! the HF reference ([`check`]) and the fault self-test ([`selftest`]). The comparison itself
+//! lives in `xray-compare`, which never links Python.
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "oracle")]
 pub mod check;
-pub mod compare;
-pub mod error;
-pub mod evidence;
-pub mod gate;
-pub mod localize;
-pub mod metrics;
-pub mod pipeline;
-pub mod report;
+pub mod runs;
+#[cfg(feature = "oracle")]
 pub mod selftest;
-pub mod signatures;
-pub mod tolerance;
-
-pub use error::{Error, Result};

@@ -22,10 +22,12 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    #[cfg(feature = "oracle")]
     /// Run the runtime and the HF reference on one input, compare, localize, write evidence.
     Check(cli::check::Args),
     /// Run the runtime and write its dump.
     Run(cli::run::Args),
+    #[cfg(feature = "oracle")]
     /// Run the HF reference and write its dump.
     Oracle(cli::oracle::Args),
     /// Compare two dumps offline (no Python).
@@ -34,8 +36,10 @@ enum Command {
     List(cli::list::Args),
     /// List the deliberate-fault catalogue.
     Faults(cli::faults::Args),
+    #[cfg(feature = "oracle")]
     /// Benchmark the runtime against PyTorch eager, interleaved (ratios side by side).
     Bench(cli::bench::Args),
+    #[cfg(feature = "oracle")]
     /// Plant every catalogue fault on the bundled fixtures and check the reported origins.
     Selftest(cli::selftest::Args),
     /// Render evidence as a self-contained HTML page and/or Markdown.
@@ -44,17 +48,28 @@ enum Command {
     Gate(cli::gate::Args),
     /// Measure the comparison throughput (GB/s per core).
     BenchCompare(cli::bench_compare::Args),
+    #[cfg(feature = "oracle")]
     /// Where the oracle's Python environment and package come from, and their versions.
     Doctor(cli::doctor::Args),
 }
 
 /// `xray --version`: the version and where the oracle environment is (no Python started).
+#[cfg(feature = "oracle")]
 fn long_version() -> String {
     let env = match xray_oracle::Oracle::discover() {
         Ok(o) => o.describe(),
         Err(e) => format!("oracle environment: not found: {e}"),
     };
     format!("{}\n{env}", env!("CARGO_PKG_VERSION"))
+}
+
+/// `xray --version` of a build without the oracle feature.
+#[cfg(not(feature = "oracle"))]
+fn long_version() -> String {
+    format!(
+        "{}\nbuilt without the oracle feature: compare, gate, report, list, faults and run only (no Python)",
+        env!("CARGO_PKG_VERSION")
+    )
 }
 
 fn main() -> ExitCode {
@@ -78,21 +93,30 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
+        #[cfg(feature = "oracle")]
         Command::Check(a) => cli::check::run(a),
         Command::Run(a) => cli::run::run(a),
+        #[cfg(feature = "oracle")]
         Command::Oracle(a) => cli::oracle::run(a),
         Command::Compare(a) => cli::compare::run(a),
         Command::List(a) => cli::list::run(a),
         Command::Faults(a) => cli::faults::run(a),
+        #[cfg(feature = "oracle")]
         Command::Selftest(a) => cli::selftest::run(a),
+        #[cfg(feature = "oracle")]
         Command::Bench(a) => cli::bench::run(a),
         Command::Report(a) => cli::report::run(a),
         Command::Gate(a) => cli::gate::run(a),
         Command::BenchCompare(a) => cli::bench_compare::run(a),
+        #[cfg(feature = "oracle")]
         Command::Doctor(a) => cli::doctor::run(a),
     };
+    #[cfg(feature = "oracle")]
     let verbose = cli.verbose || std::env::var_os("XRAY_TRACEBACK").is_some_and(|v| v != "0");
+    #[cfg(not(feature = "oracle"))]
+    let _ = cli.verbose;
     result.unwrap_or_else(|e| {
+        #[cfg(feature = "oracle")]
         if verbose {
             if let Some(tb) = e
                 .chain()

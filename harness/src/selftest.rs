@@ -10,8 +10,8 @@ use xray_runtime::faults::{catalogue, plant, FaultPlan, Planted};
 use xray_runtime::models;
 
 use crate::check::{check_against, reference_request, CheckOptions};
-use crate::evidence::Verdict;
-use crate::tolerance::Policy;
+use xray_compare::evidence::Verdict;
+use xray_compare::tolerance::Policy;
 
 /// One row of the self-test table.
 #[derive(Debug, Clone, serde::Serialize)]

@@ -16,7 +16,7 @@ fn code(o: &Output) -> i32 {
     o.status.code().unwrap_or(-1)
 }
 
-fn write(dir: &Path, name: &str, e: &xray_harness::evidence::Evidence) -> String {
+fn write(dir: &Path, name: &str, e: &xray_compare::evidence::Evidence) -> String {
     let p = dir.join(name);
     e.save(&p).expect("save");
     p.display().to_string()

@@ -2,7 +2,7 @@
 
 mod common;
 
-use xray_harness::localize::{localize, Observed, Status};
+use xray_compare::localize::{localize, Observed, Status};
 
 #[test]
 fn whisper_contract_expands_into_a_step_major_dag() {

@@ -23,8 +23,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use xray_compare::evidence::{CheckpointEvidence, Verdict};
 use xray_harness::check::{check_against, reference_request, CheckOptions};
-use xray_harness::evidence::{CheckpointEvidence, Verdict};
 use xray_oracle::Oracle;
 use xray_runtime::models;
 
@@ -164,7 +164,7 @@ fn run_model(
         r.checkpoints += ev.checkpoints.len();
         for c in &ev.checkpoints {
             margins(&mut r, &clip.file, c);
-            if c.status != xray_harness::localize::Status::Pass {
+            if c.status != xray_compare::localize::Status::Pass {
                 r.failures.push(format!(
                     "{name} on {} ({}): {}@step{} {:?}",
                     clip.file, clip.effect, c.name, c.step, c.status

@@ -34,11 +34,11 @@ fn passing_whisper_evidence_is_valid() {
     let e = common::whisper_evidence(false);
     assert_eq!(
         e.verdict,
-        xray_harness::evidence::Verdict::Pass,
+        xray_compare::evidence::Verdict::Pass,
         "{:#?}",
         e.checkpoints
             .iter()
-            .filter(|c| c.status != xray_harness::localize::Status::Pass)
+            .filter(|c| c.status != xray_compare::localize::Status::Pass)
             .collect::<Vec<_>>()
     );
     assert_valid(&serde_json::to_value(&e).unwrap());
@@ -48,7 +48,7 @@ fn passing_whisper_evidence_is_valid() {
 fn tiny_evidence_round_trips_and_is_valid() {
     let e = common::tiny_evidence();
     let text = e.to_json().unwrap();
-    let back = xray_harness::evidence::Evidence::from_json(&text, "mem").unwrap();
+    let back = xray_compare::evidence::Evidence::from_json(&text, "mem").unwrap();
     assert_eq!(back, e);
     assert_valid(&serde_json::from_str(&text).unwrap());
 }

@@ -26,7 +26,7 @@ fn gate(new: &str, base: &str, extra: &[&str]) -> (i32, String) {
 #[test]
 fn gate_refuses_another_run() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let save = |name: &str, f: &dyn Fn(&mut xray_harness::evidence::Run)| {
+    let save = |name: &str, f: &dyn Fn(&mut xray_compare::evidence::Run)| {
         let mut e = common::whisper_evidence(false);
         f(&mut e.run);
         let p = dir.path().join(name);

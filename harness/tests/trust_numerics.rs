@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use ndarray::{ArrayD, IxDyn};
-use xray_harness::compare::{compare_graph, CompareOptions, MemorySource};
-use xray_harness::localize::{build_graph, CheckpointSpec, Status, Steps};
-use xray_harness::metrics::{compare, compare_logits};
-use xray_harness::tolerance::{Dtype, Policy, Tolerance};
-use xray_harness::Error;
+use xray_compare::compare::{compare_graph, CompareOptions, MemorySource};
+use xray_compare::localize::{build_graph, CheckpointSpec, Status, Steps};
+use xray_compare::metrics::{compare, compare_logits};
+use xray_compare::tolerance::{Dtype, Policy, Tolerance};
+use xray_compare::Error;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -45,7 +45,7 @@ fn noise(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-fn one_node(name: &str, logits: bool) -> xray_harness::localize::CheckpointGraph {
+fn one_node(name: &str, logits: bool) -> xray_compare::localize::CheckpointGraph {
     let spec = CheckpointSpec {
         name: name.into(),
         producer: format!("op.{name}"),

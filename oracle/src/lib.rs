@@ -261,8 +261,7 @@ fn checkout_of(start: &Path) -> Option<PathBuf> {
     start
         .ancestors()
         .find(|a| {
-            a.join("oracle/xray_oracle/__init__.py").is_file()
-                && a.join("core/contracts").is_dir()
+            a.join("oracle/xray_oracle/__init__.py").is_file() && a.join("core/contracts").is_dir()
         })
         .map(Path::to_path_buf)
 }
@@ -641,19 +640,15 @@ pub struct TorchBench {
 
 impl TorchBench {
     /// Load HF Whisper from `model_dir` (f32, eager attention, `threads` intra-op threads), fed
-    /// `audio` as the runtime's reader decodes and converts it.
+    /// `samples`: `audio` as the runtime's reader decoded and converted it (the same samples the
+    /// runtime is timed on).
     pub fn whisper(
         oracle: &Oracle,
         model_dir: &Path,
         audio: &Path,
+        samples: &[f32],
         threads: usize,
     ) -> Result<TorchBench> {
-        // The same decoded, converted samples the runtime is timed on.
-        let decoded =
-            xray_runtime::audio::load_wav(audio, 16000).map_err(|e| OracleError::Input {
-                message: e.to_string(),
-                traceback: String::new(),
-            })?;
         let handle = oracle.with_python(|py, _m| {
             let bench = py.import("xray_oracle.bench").map_err(|e| py_err(py, e))?;
             let h = bench
@@ -663,7 +658,7 @@ impl TorchBench {
                         model_dir.to_string_lossy().to_string(),
                         audio.to_string_lossy().to_string(),
                         threads,
-                        numpy::PyArray1::from_slice(py, &decoded.samples),
+                        numpy::PyArray1::from_slice(py, samples),
                     ))
                 })
                 .map_err(|e| py_err(py, e))?;

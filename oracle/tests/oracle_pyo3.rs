@@ -3,9 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use xray_oracle::{Oracle, OracleError, OracleRequest};
 use xray_core::contract::{CDim, Contract, Steps};
 use xray_core::dump::Dump;
+use xray_oracle::{Oracle, OracleError, OracleRequest};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")

@@ -10,11 +10,11 @@ use std::fmt;
 
 use serde::Serialize;
 
-use xray_core::capture::{Observer, Substitute};
-use xray_core::contract::Contract;
 use crate::error::{Result, RuntimeError};
 use crate::faults::FaultPlan;
 use crate::weights::Weights;
+use xray_core::capture::{Observer, Substitute};
+use xray_core::contract::Contract;
 
 /// Index of an edge in its graph.
 pub type EdgeId = usize;

@@ -13,10 +13,10 @@ pub mod models;
 pub mod weights;
 
 pub use error::{Result, RuntimeError};
+pub use graph::{Dim, Graph, GraphBuilder, Layout, Tensor};
 /// The capture API, checkpoint contracts and the dump format live in `xray-core` (no Python, no
 /// kernels), shared with the oracle, the comparison library and outside engines.
 pub use xray_core::{capture, contract, dump};
-pub use graph::{Dim, Graph, GraphBuilder, Layout, Tensor};
 
 /// Runtime version string recorded in dumps and evidence.
 pub fn version() -> String {

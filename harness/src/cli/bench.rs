@@ -16,9 +16,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{anyhow, Context};
+use xray_core::capture::Recorder;
 use xray_oracle::{Oracle, TorchBench};
 use xray_runtime::audio::load_wav;
-use xray_runtime::capture::Recorder;
 use xray_runtime::graph::{Feeds, RunCtx};
 use xray_runtime::models::{self, RunHooks, RunOptions};
 
@@ -62,7 +62,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let audio = load_wav(&a.audio, 16000)?;
     let oracle = Oracle::discover()?;
     super::note(&format!("xray bench: loading torch (threads {threads})"));
-    let torch = TorchBench::whisper(&oracle, &a.model, &a.audio, threads)?;
+    let torch = TorchBench::whisper(&oracle, &a.model, &a.audio, &audio.samples, threads)?;
 
     // The runtime's log-mel of this input, then the encoder formula fed with it.
     let mut rec =

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::bail;
-use xray_harness::metrics::bench;
+use xray_compare::metrics::bench;
 
 /// Arguments of `xray bench-compare`.
 #[derive(Debug, clap::Args)]

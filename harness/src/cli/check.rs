@@ -3,10 +3,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use xray_compare::evidence::Verdict;
+use xray_compare::report;
+use xray_compare::tolerance::Policy;
 use xray_harness::check::{check, CheckOptions};
-use xray_harness::evidence::Verdict;
-use xray_harness::report;
-use xray_harness::tolerance::Policy;
 
 /// Arguments of `xray check`.
 #[derive(Debug, clap::Args)]

@@ -6,13 +6,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{anyhow, Context};
-use xray_harness::compare::CompareOptions;
-use xray_harness::evidence::{Run, Transcript, Verdict};
-use xray_harness::pipeline::{compare_dumps, compare_stats_dumps, oracle_versions};
-use xray_harness::report;
-use xray_harness::tolerance::Policy;
-use xray_runtime::contract::Contract;
-use xray_runtime::dump::Dump;
+use xray_compare::compare::CompareOptions;
+use xray_compare::evidence::{Run, Transcript, Verdict};
+use xray_compare::pipeline::{compare_dumps, compare_stats_dumps, oracle_versions};
+use xray_compare::report;
+use xray_compare::tolerance::Policy;
+use xray_core::contract::Contract;
+use xray_core::dump::Dump;
 
 /// Arguments of `xray compare`.
 #[derive(Debug, clap::Args)]

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
-use xray_harness::evidence::{write_atomic, Evidence};
-use xray_harness::gate::{gate, junit_xml, GateOptions};
+use xray_compare::evidence::{write_atomic, Evidence};
+use xray_compare::gate::{gate, junit_xml, GateOptions};
 
 use super::exit_fail;
 

@@ -32,14 +32,19 @@ pub fn note(text: &str) {
     let _ = writeln!(std::io::stderr(), "{text}");
 }
 
+#[cfg(feature = "oracle")]
 pub mod bench;
+#[cfg(feature = "oracle")]
 pub mod check;
 pub mod compare;
+#[cfg(feature = "oracle")]
 pub mod doctor;
 pub mod faults;
 pub mod list;
+#[cfg(feature = "oracle")]
 pub mod oracle;
 pub mod run;
+#[cfg(feature = "oracle")]
 pub mod selftest;
 
 /// A model directory's config.json as JSON.
@@ -56,8 +61,8 @@ pub fn read_config(dir: &std::path::Path) -> anyhow::Result<serde_json::Value> {
 
 /// Names the checkpoints that could not be compared (missing or not aligned), at most 12 of each
 /// kind, or `None` when every checkpoint was compared.
-pub fn not_compared(e: &xray_harness::evidence::Evidence) -> Option<String> {
-    use xray_harness::localize::Status;
+pub fn not_compared(e: &xray_compare::evidence::Evidence) -> Option<String> {
+    use xray_compare::localize::Status;
     let mut parts = Vec::new();
     for (status, label) in [
         (Status::Missing, "missing"),
@@ -86,12 +91,12 @@ pub fn not_compared(e: &xray_harness::evidence::Evidence) -> Option<String> {
 }
 
 /// One-paragraph human summary of an evidence document (stderr).
-pub fn summary(e: &xray_harness::evidence::Evidence) -> String {
+pub fn summary(e: &xray_compare::evidence::Evidence) -> String {
     let n = e.checkpoints.len();
     let pass = e
         .checkpoints
         .iter()
-        .filter(|c| c.status == xray_harness::localize::Status::Pass)
+        .filter(|c| c.status == xray_compare::localize::Status::Pass)
         .count();
     let mut s = format!(
         "xray: verdict {} ({pass}/{n} checkpoints pass",
@@ -174,7 +179,7 @@ impl Outputs {
             writable_ancestor(what, p)?;
         }
         for (what, d, force) in &self.dumps {
-            xray_runtime::dump::check_dump_target(d, *force)
+            xray_core::dump::check_dump_target(d, *force)
                 .map_err(|e| anyhow::anyhow!("--{what}: {e}"))?;
             writable_ancestor(what, d)?;
         }
@@ -189,7 +194,7 @@ impl Outputs {
                 std::fs::create_dir_all(parent)
                     .map_err(|e| anyhow::anyhow!("{}: {e}", parent.display()))?;
             }
-            xray_harness::evidence::write_atomic(path, bytes)?;
+            xray_compare::evidence::write_atomic(path, bytes)?;
             Ok(())
         })();
         match r {
@@ -203,13 +208,13 @@ impl Outputs {
         }
     }
 
-    /// Writes a dump (see [`xray_runtime::dump::DumpWriter::write_to`]); on failure records it
+    /// Writes a dump (see [`xray_core::dump::DumpWriter::write_to`]); on failure records it
     /// like [`Outputs::write_file`].
     pub fn write_dump(
         &mut self,
         what: &str,
         dir: &std::path::Path,
-        w: &xray_runtime::dump::DumpWriter,
+        w: &xray_core::dump::DumpWriter,
         force: bool,
     ) -> bool {
         match w.write_to(dir, force) {
@@ -237,7 +242,7 @@ impl Outputs {
                 .map(|d| d.as_secs())
                 .unwrap_or(0)
         ));
-        if xray_harness::evidence::write_atomic(&fallback, json.as_bytes()).is_ok() {
+        if xray_compare::evidence::write_atomic(&fallback, json.as_bytes()).is_ok() {
             note(&format!(
                 "xray: the evidence was saved to {} instead",
                 fallback.display()
@@ -301,11 +306,11 @@ fn writable_ancestor(what: &str, p: &std::path::Path) -> anyhow::Result<()> {
 /// Checked before anything runs; the error names the pattern and some valid names.
 pub fn check_only(
     patterns: &[String],
-    contract: &xray_runtime::contract::Contract,
+    contract: &xray_core::contract::Contract,
     templates: bool,
 ) -> anyhow::Result<()> {
     let templ: Vec<String> = if templates {
-        serde_json::from_str::<xray_runtime::contract::ContractFile>(&contract.text)
+        serde_json::from_str::<xray_core::contract::ContractFile>(&contract.text)
             .map(|f| f.checkpoints.into_iter().map(|c| c.name).collect())
             .unwrap_or_default()
     } else {

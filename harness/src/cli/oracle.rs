@@ -38,7 +38,7 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let family = xray_runtime::models::detect_family(&a.model)?;
     let config = super::read_config(&a.model)?;
-    let contract = xray_runtime::contract::Contract::for_family(family, &config)?;
+    let contract = xray_core::contract::Contract::for_family(family, &config)?;
     // Checked before the reference runs: the output directory and --only.
     let mut outputs = super::Outputs::default();
     outputs.dump("out", &a.out, a.force).check()?;
@@ -47,7 +47,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     // if the runtime would refuse it); the reference is fed these samples.
     let audio = xray_runtime::audio::load_wav(&a.audio, 16000)?;
     let oracle = Oracle::discover()?;
-    let mut req = OracleRequest::new(family, &a.model, &a.audio, &contract.text).with_samples(&audio.samples, &audio.sha256, audio.conversion.to_json());
+    let mut req = OracleRequest::new(family, &a.model, &a.audio, &contract.text).with_samples(
+        &audio.samples,
+        &audio.sha256,
+        audio.conversion.to_json(),
+    );
     req.dtype = a.dtype.clone();
     req.max_new_tokens = a.max_steps;
     req.only = (!a.only.is_empty()).then(|| a.only.clone());

@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use xray_harness::evidence::Evidence;
-use xray_harness::report;
+use xray_compare::evidence::Evidence;
+use xray_compare::report;
 
 /// Arguments of `xray report`.
 #[derive(Debug, clap::Args)]

@@ -45,7 +45,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if !a.only.is_empty() {
         let family = models::detect_family(&a.model)?;
         let config = super::read_config(&a.model)?;
-        let contract = xray_runtime::contract::Contract::for_family(family, &config)?;
+        let contract = xray_core::contract::Contract::for_family(family, &config)?;
         super::check_only(&a.only, &contract, false)?;
     }
     let model = models::load(&a.model)?;
@@ -58,7 +58,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if a.stats_only {
         // Streamed: each checkpoint is summarized as it is produced and dropped.
         let audio = xray_runtime::audio::load_wav(&a.audio, 16000)?;
-        let mut rec = xray_runtime::capture::StatsRecorder::new(&a.only)
+        let mut rec = xray_core::capture::StatsRecorder::new(&a.only)
             .map_err(|e| anyhow::anyhow!("--only: {e}"))?;
         let out = model.run(
             &audio,
@@ -70,9 +70,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             },
         )?;
         faults.confirm_fired()?;
-        let manifest = xray_runtime::dump::Manifest {
-            schema: xray_runtime::dump::SCHEMA.into(),
-            version: xray_runtime::dump::VERSION,
+        let manifest = xray_core::dump::Manifest {
+            schema: xray_core::dump::SCHEMA.into(),
+            version: xray_core::dump::VERSION,
             family: model.family().into(),
             model_id: a.model.display().to_string(),
             producer: "runtime".into(),
@@ -89,7 +89,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 .into_iter()
                 .collect(),
         };
-        let w = xray_runtime::dump::DumpWriter::new(manifest);
+        let w = xray_core::dump::DumpWriter::new(manifest);
         outputs.write_dump("out", &a.out, &w, a.force);
         outputs.finish()?;
         super::note(&format!(
@@ -101,7 +101,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let only = (!a.only.is_empty()).then_some(a.only.as_slice());
-    let (dump, out) = xray_harness::check::runtime_dump(
+    let (dump, out) = xray_harness::runs::runtime_dump(
         model.as_ref(),
         &a.audio,
         &opts,

@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use xray_compare::tolerance::Policy;
 use xray_harness::selftest::{bundled, selftest, table};
-use xray_harness::tolerance::Policy;
 
 /// Arguments of `xray selftest`.
 #[derive(Debug, clap::Args)]

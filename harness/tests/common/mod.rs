@@ -7,9 +7,9 @@ use std::path::PathBuf;
 
 use ndarray::{ArrayD, IxDyn};
 use serde_json::Value;
-use xray_harness::compare::{compare_graph, CompareOptions, MemorySource};
-use xray_harness::evidence::{Evidence, OracleVersions, Run, Transcript};
-use xray_harness::localize::{
+use xray_compare::compare::{compare_graph, CompareOptions, MemorySource};
+use xray_compare::evidence::{Evidence, OracleVersions, Run, Transcript};
+use xray_compare::localize::{
     build_graph, expand_templates, CheckpointGraph, CheckpointSpec, StepRef, Steps, TemplateSpec,
 };
 
@@ -233,7 +233,7 @@ macro_rules! xray_snapshot {
         });
     }};
     (markdown $name:literal, $ev:expr) => {{
-        let md = xray_harness::report::markdown(&common::redact($ev));
+        let md = xray_compare::report::markdown(&common::redact($ev));
         insta::with_settings!({prepend_module_to_snapshot => false}, {
             insta::assert_snapshot!($name, md);
         });

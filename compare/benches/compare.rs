@@ -1,7 +1,7 @@
 //! Comparison throughput benchmark (`cargo bench -p xray --bench compare`): plain `std::time`,
 //! one thread, prints GB/s for several tensor sizes.
 
-use xray_harness::metrics::bench;
+use xray_compare::metrics::bench;
 
 fn main() {
     for &n in &[1usize << 16, 1 << 20, 1 << 24] {

@@ -6,9 +6,9 @@
 use std::collections::HashMap;
 
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
-use xray_runtime::contract::{Contract, StepRef as CStep, Steps as CSteps};
-use xray_runtime::dump::{content_sha256, Dump, Stats};
-use xray_runtime::Layout;
+use xray_core::contract::{Contract, StepRef as CStep, Steps as CSteps};
+use xray_core::dump::{content_sha256, Dump, Stats};
+use xray_core::Layout;
 
 use crate::compare::{
     compare_graph, layout_axis_names, CompareOptions, Comparison, Pair, PairMeta, PairSource,

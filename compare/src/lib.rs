@@ -1,0 +1,32 @@
+//! X-Ray comparison library (`xray_compare`): metrics, tolerances, localization, signatures,
+//! evidence, reports and the gate, on two dumps. It depends on `xray-core` only: no Python, no
+//! runtime, so a team can compare its own engine's dumps with the reference's anywhere.
+//!
+//! | module | what it does |
+//! |---|---|
+//! | [`metrics`] | one-pass element metrics (max_abs, rel_l2, cosine, ULPs, outliers, non-finite) and logits token metrics |
+//! | [`tolerance`] | per-dtype defaults, JSON policy with glob overrides, calibrated noise-floor mode |
+//! | [`localize`] | checkpoint DAG (from resolved specs or contract templates), origin localization, error profile, token drill-down |
+//! | [`signatures`] | divergence signatures of the origin (permutation, scale, mask, ...) |
+//! | [`compare`] | the pipeline: graph + tensor pairs -> statuses, origin, explanation, profile |
+//! | [`evidence`] | `xray.evidence/v1` serde types, atomic write, checked read |
+//! | [`report`] | self-contained HTML and Markdown renderings |
+//! | [`gate`] | baseline gate and JUnit XML |
+//! | [`pipeline`] | dumps + contract -> tensor pairs (layout transforms the contract declares), stats-only comparison |
+//!
+//! The library works on plain `ndarray::ArrayViewD<f32>` and never links Python.
+
+#![warn(missing_docs)]
+
+pub mod compare;
+pub mod error;
+pub mod evidence;
+pub mod gate;
+pub mod localize;
+pub mod metrics;
+pub mod pipeline;
+pub mod report;
+pub mod signatures;
+pub mod tolerance;
+
+pub use error::{Error, Result};

@@ -14,7 +14,7 @@ CARGO ?= cargo
 XRAY := target/release/xray
 AUDIO ?= fixtures/audio/fox.wav
 
-.PHONY: all venv tools fixtures build demo test test-rust test-python selftest corpus bench clean
+.PHONY: all venv tools fixtures build demo test test-rust test-python test-nopy lint selftest corpus bench clean
 
 all: build
 
@@ -54,9 +54,18 @@ test-python: venv fixtures
 selftest: build fixtures
 	$(XRAY) selftest
 
+# The comparison side without Python: `xray` built with --no-default-features (no oracle, no
+# libpython) runs the runtime, compares with the committed oracle dump, gates (.ci/nopy-check).
+test-nopy: fixtures
+	$(CARGO) build --release --no-default-features -p xray --bin xray --target-dir target/nopy
+	bash .ci/nopy-check target/nopy/release/xray
+
+lint:
+	$(CARGO) fmt --all -- --check
+
 # `cargo test` leaves target/release/xray built from the same sources (with the dev-dependency
 # feature set), so the self-test runs it as is instead of a second release build of the workspace.
-test: test-rust test-python
+test: lint test-rust test-python test-nopy
 	$(XRAY) selftest
 
 # Every (model, clip) pair of the corpus that fits, tiny.en included; fails on any divergence and

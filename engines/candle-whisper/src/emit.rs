@@ -136,9 +136,19 @@ impl Reference {
         &self.dir
     }
 
+    /// The reference log-mel `[mel_bins, mel_frames]`, to feed candle's encoder.
+    pub fn mel(&self, shape: &[usize]) -> Result<Dense, Error> {
+        self.tensor(MEL, Layout::ChannelMajor, shape)
+    }
+
+    /// The reference encoder memory `[enc_tokens, d_model]`, to feed candle's decoder.
+    pub fn memory(&self, shape: &[usize]) -> Result<Dense, Error> {
+        self.tensor(MEMORY, Layout::TokenMajor, shape)
+    }
+
     /// A step-0 tensor in the expected canonical shape (layout as the contract's), or an error
     /// naming the checkpoint.
-    pub fn tensor(&self, name: &str, layout: Layout, shape: &[usize]) -> Result<Dense, Error> {
+    fn tensor(&self, name: &str, layout: Layout, shape: &[usize]) -> Result<Dense, Error> {
         let e = self.dump.entry(name, 0).ok_or_else(|| {
             Error::Input(format!("{}: no {name}@step0 to feed", self.dir.display()))
         })?;

@@ -12,7 +12,6 @@ use xray_candle_whisper::emit::{self, Provenance, Reference};
 use xray_candle_whisper::engine::{self, Feeds};
 use xray_candle_whisper::inputs::{read_wav, ModelDir};
 use xray_candle_whisper::Error;
-use xray_runtime::Layout;
 
 /// candle-transformers' Whisper (CPU, f32) writing an X-Ray dump.
 #[derive(Debug, Parser)]
@@ -77,7 +76,7 @@ fn run(a: &Args) -> Result<(), Error> {
     if let Some(d) = &a.mel_from {
         let r = open(d)?;
         let shape = [p.feature_size, p.frames()];
-        feeds.mel = Some(r.tensor(emit::MEL, Layout::ChannelMajor, &shape)?);
+        feeds.mel = Some(r.mel(&shape)?);
         fed.insert(
             emit::MEL.to_string(),
             json!({"from": d.display().to_string(), "into": "AudioEncoder::forward"}),
@@ -86,7 +85,7 @@ fn run(a: &Args) -> Result<(), Error> {
     if let Some(d) = &a.memory_from {
         let r = open(d)?;
         let shape = [md.config.max_source_positions, md.config.d_model];
-        feeds.memory = Some(r.tensor(emit::MEMORY, Layout::TokenMajor, &shape)?);
+        feeds.memory = Some(r.memory(&shape)?);
         fed.insert(
             emit::MEMORY.to_string(),
             json!({"from": d.display().to_string(), "into": "TextDecoder::forward (cross-attention)"}),

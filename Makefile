@@ -14,7 +14,7 @@ CARGO ?= cargo
 XRAY := target/release/xray
 AUDIO ?= fixtures/audio/fox.wav
 
-.PHONY: all venv tools fixtures build demo test test-rust test-python test-nopy lint selftest corpus bench clean
+.PHONY: all venv tools fixtures build demo test test-rust test-python test-nopy lint selftest corpus bench candle clean
 
 all: build
 
@@ -36,8 +36,10 @@ tools:
 fixtures: venv tools
 	$(PY) fixtures/build.py
 
+# The candle engine (engines/candle-whisper) is left out of the plain build (candle-transformers is a
+# long compile); `make test` builds and tests it, `make candle` builds and runs it.
 build:
-	$(CARGO) build --release --workspace
+	$(CARGO) build --release --workspace --exclude xray-candle-whisper
 
 demo: venv fixtures build
 	mkdir -p reports
@@ -77,6 +79,17 @@ corpus: venv fixtures
 
 bench: build fixtures
 	$(XRAY) bench --model fixtures/whisper-tiny-en --audio $(AUDIO)
+
+# candle-transformers' Whisper under X-Ray: reference dump, candle's dump, offline comparison.
+# `xray compare` exits 1 on a divergence (the finding, reported), 2 on an error (fails the target).
+CANDLE_OUT ?= reports/candle
+candle: build fixtures
+	$(CARGO) build --release -p xray-candle-whisper
+	mkdir -p $(CANDLE_OUT)
+	$(XRAY) oracle --model fixtures/whisper-tiny-en --audio $(AUDIO) --out $(CANDLE_OUT)/ref
+	target/release/xray-candle-whisper --model fixtures/whisper-tiny-en --audio $(AUDIO) --out $(CANDLE_OUT)/candle
+	$(XRAY) compare $(CANDLE_OUT)/ref $(CANDLE_OUT)/candle --evidence $(CANDLE_OUT)/evidence.json \
+	  --report $(CANDLE_OUT)/report.html --markdown $(CANDLE_OUT)/report.md; test $$? -le 1
 
 clean:
 	$(CARGO) clean

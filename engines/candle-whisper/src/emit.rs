@@ -1,0 +1,288 @@
+//! Everything X-Ray-facing, in one module: the checkpoint names of the Whisper contract that
+//! candle's public API reaches, the manifest (producer, tools, hashes exactly as the oracle
+//! computes them), the dump written with X-Ray's `DumpWriter`, and the reference dumps read for
+//! isolation feeds. The only X-Ray types used are the dump format's (`DumpWriter`, `Manifest`,
+//! `Dump`, `Layout`).
+//!
+//! This is the code a runtime team writes to put its engine under X-Ray. The pattern, for any
+//! engine (compiled as a doctest):
+//!
+//! ```
+//! use xray_core::dump::{DumpWriter, Manifest, SCHEMA, VERSION};
+//! use xray_core::Layout;
+//!
+//! let mut w = DumpWriter::new(Manifest {
+//!     schema: SCHEMA.into(),
+//!     version: VERSION,
+//!     family: "whisper".into(),
+//!     model_id: "my-model".into(),
+//!     producer: "my-engine".into(),
+//!     weights_sha256: "<sha256 of model.safetensors>".into(),
+//!     audio_sha256: "<sha256 of the WAV bytes>".into(),
+//!     tools: [("my-engine".to_string(), "1.2.3".to_string())].into(),
+//!     tokens: vec![50257, 50362, 383, 50256],
+//!     transcript: " The".into(),
+//!     stats_only: false,
+//!     checkpoints: vec![],
+//!     extra: Default::default(),
+//! });
+//! // One tensor per (contract checkpoint, step), batch squeezed, in the contract's shape.
+//! let memory = ndarray::ArrayD::<f32>::zeros(ndarray::IxDyn(&[1500, 384]));
+//! w.add("audio.encoder.memory", 0, Layout::TokenMajor, &memory);
+//! let dir = tempfile::tempdir().unwrap();
+//! w.write(&dir.path().join("dump")).unwrap(); // atomic: temp dir + rename
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use ndarray::{ArrayD, IxDyn};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use xray_core::dump::{Dump, DumpWriter, Manifest, SCHEMA, VERSION};
+use xray_core::Layout;
+
+use crate::engine::{Dense, Observations};
+use crate::inputs::ModelDir;
+use crate::Error;
+
+/// Contract name of the log-mel (`[mel_bins, mel_frames]`, channel-major, once).
+pub const MEL: &str = "audio.frontend.mel";
+/// Contract name of the encoder output (`[enc_tokens, d_model]`, token-major, once).
+pub const MEMORY: &str = "audio.encoder.memory";
+/// Contract name of the decoder logits (`[tokens, vocab]`, token-major, every step).
+pub const LOGITS: &str = "audio.decoder.logits";
+/// The producer recorded in the manifest.
+pub const PRODUCER: &str = "candle";
+/// The candle-transformers release this binary was built with (from Cargo.lock).
+pub const CANDLE_VERSION: &str = env!("XRAY_CANDLE_VERSION");
+
+/// Why the other contract checkpoints are unobserved (recorded in the manifest).
+pub const UNOBSERVED: &str = "candle-transformers keeps AudioEncoder's convs and blocks and \
+TextDecoder's blocks private: conv1/conv2 outputs, per-layer outputs, attention probabilities, \
+cross K/V and attention contexts are not reachable through its public API. TextDecoder::forward's \
+output (after the decoder's final LayerNorm) is reachable but has no contract checkpoint.";
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// The weights hash exactly as the oracle computes it: sha256 of the single safetensors file, or
+/// for sharded weights the sha256 of `"{file name}:{file sha256}\n"` over the sorted files.
+pub fn weights_sha256(files: &[(PathBuf, Vec<u8>)]) -> String {
+    match files {
+        [(_, bytes)] => sha256_hex(bytes),
+        _ => {
+            let mut s = String::new();
+            for (p, bytes) in files {
+                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+                s.push_str(&format!("{name}:{}\n", sha256_hex(bytes)));
+            }
+            sha256_hex(s.as_bytes())
+        }
+    }
+}
+
+/// The audio hash: sha256 of the WAV file's bytes.
+pub fn audio_sha256(bytes: &[u8]) -> String {
+    sha256_hex(bytes)
+}
+
+/// A reference dump opened for isolation feeds, checked to be of the same weights and audio.
+#[derive(Debug)]
+pub struct Reference {
+    dump: Dump,
+    dir: PathBuf,
+}
+
+impl Reference {
+    /// Loads and verifies a dump (every hash, shape and dtype) and refuses one made from other
+    /// weights or audio: feeding its tensors would measure nothing.
+    pub fn open(dir: &Path, weights_sha: &str, audio_sha: &str) -> Result<Reference, Error> {
+        let dump = Dump::load(dir).map_err(|e| Error::Input(format!("reference dump: {e}")))?;
+        let m = &dump.manifest;
+        if m.family != "whisper" {
+            return Err(Error::Input(format!(
+                "{}: a {} dump, not whisper",
+                dir.display(),
+                m.family
+            )));
+        }
+        if m.stats_only {
+            return Err(Error::Input(format!(
+                "{}: a stats-only dump holds no tensors to feed",
+                dir.display()
+            )));
+        }
+        for (what, theirs, ours) in [
+            ("weights", &m.weights_sha256, weights_sha),
+            ("audio", &m.audio_sha256, audio_sha),
+        ] {
+            if theirs != ours {
+                return Err(Error::Input(format!(
+                    "{}: made from other {what} (sha256 {theirs}, this run's is {ours})",
+                    dir.display()
+                )));
+            }
+        }
+        Ok(Reference {
+            dump,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// The dump's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The reference log-mel `[mel_bins, mel_frames]`, to feed candle's encoder.
+    pub fn mel(&self, shape: &[usize]) -> Result<Dense, Error> {
+        self.tensor(MEL, Layout::ChannelMajor, shape)
+    }
+
+    /// The reference encoder memory `[enc_tokens, d_model]`, to feed candle's decoder.
+    pub fn memory(&self, shape: &[usize]) -> Result<Dense, Error> {
+        self.tensor(MEMORY, Layout::TokenMajor, shape)
+    }
+
+    /// A step-0 tensor in the expected canonical shape (layout as the contract's), or an error
+    /// naming the checkpoint.
+    fn tensor(&self, name: &str, layout: Layout, shape: &[usize]) -> Result<Dense, Error> {
+        let e = self.dump.entry(name, 0).ok_or_else(|| {
+            Error::Input(format!("{}: no {name}@step0 to feed", self.dir.display()))
+        })?;
+        if e.layout != layout || e.shape != shape {
+            return Err(Error::Input(format!(
+                "{}: {name}@step0 is {:?} {:?}, candle needs {layout:?} {shape:?}",
+                self.dir.display(),
+                e.layout,
+                e.shape
+            )));
+        }
+        let t = self.dump.get(name, 0).ok_or_else(|| {
+            Error::Input(format!(
+                "{}: {name}@step0 has no tensor",
+                self.dir.display()
+            ))
+        })?;
+        Ok(Dense {
+            shape: t.shape().to_vec(),
+            data: t.iter().copied().collect(),
+        })
+    }
+
+    /// The reference's generated tokens after `prefix` (which it must start with).
+    pub fn generated_tokens(&self, prefix: &[u32]) -> Result<Vec<u32>, Error> {
+        let toks = &self.dump.manifest.tokens;
+        let ids: Vec<u32> = toks
+            .iter()
+            .map(|&t| u32::try_from(t))
+            .collect::<Result<_, _>>()
+            .map_err(|_| Error::Input(format!("{}: negative token id", self.dir.display())))?;
+        match ids.strip_prefix(prefix) {
+            Some(rest) if !rest.is_empty() => Ok(rest.to_vec()),
+            _ => Err(Error::Input(format!(
+                "{}: tokens {:?} do not start with this checkpoint's prompt {prefix:?} followed by generated tokens",
+                self.dir.display(),
+                &ids[..ids.len().min(prefix.len() + 1)]
+            ))),
+        }
+    }
+}
+
+/// What went into the dump's provenance.
+#[derive(Debug, Clone)]
+pub struct Provenance {
+    /// Model directory as given.
+    pub model_id: String,
+    /// See [`weights_sha256`].
+    pub weights_sha256: String,
+    /// See [`audio_sha256`].
+    pub audio_sha256: String,
+    /// What was fed from a reference (recorded in `extra.fed`), keyed by checkpoint name
+    /// (`audio.frontend.mel`, `audio.encoder.memory`) or `tokens`.
+    pub fed: BTreeMap<String, Value>,
+}
+
+fn array(d: &Dense) -> Result<ArrayD<f32>, Error> {
+    ArrayD::from_shape_vec(IxDyn(&d.shape), d.data.clone())
+        .map_err(|e| Error::Engine(format!("tensor of shape {:?}: {e}", d.shape)))
+}
+
+/// The dump of one run: the log-mel and the encoder memory at step 0, the logits at every step.
+pub fn dump(
+    md: &ModelDir,
+    prov: &Provenance,
+    obs: &Observations,
+    transcript: &str,
+) -> Result<DumpWriter, Error> {
+    let tools = BTreeMap::from([
+        ("candle".to_string(), CANDLE_VERSION.to_string()),
+        (
+            "xray-candle-whisper".to_string(),
+            env!("CARGO_PKG_VERSION").to_string(),
+        ),
+    ]);
+    let mut extra = BTreeMap::new();
+    extra.insert("config".to_string(), md.config_json.clone());
+    extra.insert("dtype".to_string(), json!("float32"));
+    extra.insert("observed".to_string(), json!([MEL, MEMORY, LOGITS]));
+    extra.insert("unobserved_reason".to_string(), json!(UNOBSERVED));
+    extra.insert("fed".to_string(), json!(prov.fed));
+    extra.insert(
+        "step_argmax".to_string(),
+        json!(obs.steps.iter().map(|s| s.argmax).collect::<Vec<_>>()),
+    );
+    let mut w = DumpWriter::new(Manifest {
+        schema: SCHEMA.into(),
+        version: VERSION,
+        family: "whisper".into(),
+        model_id: prov.model_id.clone(),
+        producer: PRODUCER.into(),
+        weights_sha256: prov.weights_sha256.clone(),
+        audio_sha256: prov.audio_sha256.clone(),
+        tools,
+        tokens: obs.tokens.iter().map(|&t| i64::from(t)).collect(),
+        transcript: transcript.to_string(),
+        stats_only: false,
+        checkpoints: vec![],
+        extra,
+    });
+    w.add(MEL, 0, Layout::ChannelMajor, &array(&obs.mel)?);
+    w.add(MEMORY, 0, Layout::TokenMajor, &array(&obs.memory)?);
+    for (k, s) in obs.steps.iter().enumerate() {
+        w.add(LOGITS, k, Layout::TokenMajor, &array(&s.logits)?);
+    }
+    Ok(w)
+}
+
+/// Writes the dump atomically.
+pub fn write(w: &DumpWriter, out: &Path) -> Result<(), Error> {
+    w.write(out)
+        .map_err(|e| Error::Engine(format!("writing {}: {e}", out.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sharded_weights_hash_like_the_oracle() {
+        let one = vec![(PathBuf::from("model.safetensors"), b"abc".to_vec())];
+        assert_eq!(weights_sha256(&one), sha256_hex(b"abc"));
+        let two = vec![
+            (PathBuf::from("a.safetensors"), b"x".to_vec()),
+            (PathBuf::from("b.safetensors"), b"y".to_vec()),
+        ];
+        let want = sha256_hex(
+            format!(
+                "a.safetensors:{}\nb.safetensors:{}\n",
+                sha256_hex(b"x"),
+                sha256_hex(b"y")
+            )
+            .as_bytes(),
+        );
+        assert_eq!(weights_sha256(&two), want);
+    }
+}

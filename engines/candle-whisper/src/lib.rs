@@ -1,0 +1,37 @@
+//! candle-transformers' Whisper, unpatched, under X-Ray: an engine this project did not write,
+//! instrumented the way a runtime team would instrument theirs (docs/bring-your-own-engine.md).
+//!
+//! - [`inputs`]: the model directory, configs and WAV, validated before any work;
+//! - [`melbank`]: the checkpoint's HF mel filter bank, computed as transformers does;
+//! - [`engine`]: candle's own pipeline (log-mel, encoder, decoder with its cross-attention cache,
+//!   greedy decoding with HF's suppression), with reference tensors fed in for isolation;
+//! - [`emit`]: the only X-Ray-facing code: contract names, manifest, dump.
+
+pub mod emit;
+pub mod engine;
+pub mod inputs;
+pub mod melbank;
+
+/// Everything that can go wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad input (model directory, configs, audio, reference dump, options): exit 2.
+    #[error("{0}")]
+    Input(String),
+    /// candle failed.
+    #[error("candle: {0}")]
+    Candle(#[from] candle_core::Error),
+    /// Anything else in the run (writing the dump, an unexpected tensor).
+    #[error("{0}")]
+    Engine(String),
+}
+
+impl Error {
+    /// Process exit code: 2 for input errors, 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Input(_) => 2,
+            _ => 1,
+        }
+    }
+}

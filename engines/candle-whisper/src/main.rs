@@ -1,0 +1,137 @@
+//! `xray-candle-whisper --model DIR --audio WAV --out DIR [--max-new-tokens N]
+//! [--mel-from REF] [--memory-from REF] [--tokens-from REF]`: run candle-transformers' Whisper on
+//! one WAV and write an X-Ray dump (`xray.dump` v1) for `xray compare`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Parser;
+use serde_json::json;
+use xray_candle_whisper::emit::{self, Provenance, Reference};
+use xray_candle_whisper::engine::{self, Feeds};
+use xray_candle_whisper::inputs::{read_wav, ModelDir};
+use xray_candle_whisper::Error;
+
+/// candle-transformers' Whisper (CPU, f32) writing an X-Ray dump.
+#[derive(Debug, Parser)]
+#[command(name = "xray-candle-whisper", version)]
+struct Args {
+    /// HF Whisper directory (safetensors, config.json, generation_config.json,
+    /// preprocessor_config.json, tokenizer.json).
+    #[arg(long, value_name = "DIR")]
+    model: PathBuf,
+    /// 16 kHz mono 16-bit PCM WAV within the model's window.
+    #[arg(long, value_name = "WAV")]
+    audio: PathBuf,
+    /// Dump directory to write (atomically).
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// Cap on generated tokens (default: the generation config's max_length).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_new_tokens: Option<u64>,
+    /// Feed this reference dump's audio.frontend.mel into candle's encoder (isolates the
+    /// encoder; candle's own log-mel is still recorded).
+    #[arg(long, value_name = "REF_DUMP")]
+    mel_from: Option<PathBuf>,
+    /// Feed this reference dump's audio.encoder.memory into candle's decoder (isolates the
+    /// decoder; candle's own memory is still recorded).
+    #[arg(long, value_name = "REF_DUMP")]
+    memory_from: Option<PathBuf>,
+    /// Teacher forcing: feed this reference dump's tokens to candle's decoder, step by step;
+    /// candle's own argmax per step goes to extra.step_argmax, its free-running tokens to tokens.
+    #[arg(long, value_name = "REF_DUMP")]
+    tokens_from: Option<PathBuf>,
+}
+
+fn note(msg: &str) {
+    eprintln!("xray-candle-whisper: {msg}");
+}
+
+fn run(a: &Args) -> Result<(), Error> {
+    // Everything that can be refused is checked before the weights are read.
+    let md = ModelDir::open(&a.model)?;
+    let p = &md.preprocessor;
+    let audio = read_wav(&a.audio, p.sampling_rate, p.chunk_length)?;
+    if a.out.exists() && !a.out.join("manifest.json").is_file() {
+        return Err(Error::Input(format!(
+            "{} exists and is not a dump directory; refusing to replace it",
+            a.out.display()
+        )));
+    }
+    let mut weights = vec![];
+    for f in &md.weights {
+        let bytes = std::fs::read(f).map_err(|e| Error::Input(format!("{}: {e}", f.display())))?;
+        weights.push((f.clone(), bytes));
+    }
+    let weights_sha = emit::weights_sha256(&weights);
+    let audio_sha = emit::audio_sha256(&audio.bytes);
+    let max_new = a
+        .max_new_tokens
+        .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+
+    let mut feeds = Feeds::default();
+    let mut fed = BTreeMap::new();
+    let open = |d: &Path| Reference::open(d, &weights_sha, &audio_sha);
+    if let Some(d) = &a.mel_from {
+        let r = open(d)?;
+        let shape = [p.feature_size, p.frames()];
+        feeds.mel = Some(r.mel(&shape)?);
+        fed.insert(
+            emit::MEL.to_string(),
+            json!({"from": d.display().to_string(), "into": "AudioEncoder::forward"}),
+        );
+    }
+    if let Some(d) = &a.memory_from {
+        let r = open(d)?;
+        let shape = [md.config.max_source_positions, md.config.d_model];
+        feeds.memory = Some(r.memory(&shape)?);
+        fed.insert(
+            emit::MEMORY.to_string(),
+            json!({"from": d.display().to_string(), "into": "TextDecoder::forward (cross-attention)"}),
+        );
+    }
+    if let Some(d) = &a.tokens_from {
+        let r = open(d)?;
+        let mut t = r.generated_tokens(&md.generation.prefix)?;
+        let limit = engine::length_limit(&md.generation, max_new);
+        t.truncate(limit - md.generation.prefix.len());
+        fed.insert(
+            "tokens".to_string(),
+            json!({"from": d.display().to_string(), "into": "TextDecoder::forward (teacher forcing)",
+                   "tokens": md.generation.prefix.iter().chain(t.iter()).collect::<Vec<_>>()}),
+        );
+        feeds.tokens = Some(t);
+    }
+
+    let bytes: Vec<Vec<u8>> = weights.into_iter().map(|(_, b)| b).collect();
+    let obs = engine::run(&md, &audio.samples, &bytes, &feeds, max_new)?;
+    let text = engine::transcript(&md, &obs.tokens)?;
+    let prov = Provenance {
+        model_id: a.model.display().to_string(),
+        weights_sha256: weights_sha,
+        audio_sha256: audio_sha,
+        fed,
+    };
+    let w = emit::dump(&md, &prov, &obs, &text)?;
+    emit::write(&w, &a.out)?;
+    note(&format!(
+        "{} checkpoints ({} decoder steps) -> {}",
+        w.manifest.checkpoints.len(),
+        obs.steps.len(),
+        a.out.display()
+    ));
+    println!("{text}");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let a = Args::parse();
+    match run(&a) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            note(&format!("error: {e}"));
+            ExitCode::from(e.exit_code())
+        }
+    }
+}

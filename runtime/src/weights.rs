@@ -111,6 +111,21 @@ impl Weights {
         })
     }
 
+    /// How many distinct layers `PREFIX{N}.*` the table holds (e.g. `model.encoder.layers.`):
+    /// checked against the config's layer count before a graph is built from it.
+    pub fn layer_count(&self, prefix: &str) -> usize {
+        self.keys()
+            .filter_map(|k| {
+                k.strip_prefix(prefix)?
+                    .split('.')
+                    .next()?
+                    .parse::<usize>()
+                    .ok()
+            })
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    }
+
     /// All keys.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
         self.tensors.keys().map(|k| k.as_str())

@@ -57,21 +57,32 @@ fn config_not_matching_the_weights_is_refused() {
     edit_json(&t.path().join("config.json"), |c| {
         c["encoder_layers"] = 3.into()
     });
+    // Checked against the file's layers before the graph is built, naming key, file and prefix.
     let msg = load_err(t.path()).to_string();
     assert!(
-        msg.contains("missing weight 'model.encoder.layers.2.")
-            && msg.contains("model.safetensors"),
+        msg.contains("encoder_layers is 3")
+            && msg.contains("model.safetensors holds 2 layers")
+            && msg.contains("model.encoder.layers."),
         "{msg}"
     );
 
-    // One decoder layer fewer: the file's extra keys are unused, which is an error.
+    // One decoder layer fewer than the file holds: refused the same way.
     let t = copy_dir(&src);
     edit_json(&t.path().join("config.json"), |c| {
         c["decoder_layers"] = 1.into()
     });
     let e = load_err(t.path());
-    assert!(matches!(e, RuntimeError::UnusedWeights { .. }), "{e:?}");
-    assert!(e.to_string().contains("model.decoder.layers.1."), "{e}");
+    assert!(matches!(e, RuntimeError::Config { .. }), "{e:?}");
+    assert!(e.to_string().contains("decoder_layers is 1"), "{e}");
+
+    // A config claiming a million layers is refused before a graph of that size is built (the
+    // property test of config.json found this one spinning in the graph builder).
+    let t = copy_dir(&src);
+    edit_json(&t.path().join("config.json"), |c| {
+        c["encoder_layers"] = 1_000_000.into()
+    });
+    let msg = load_err(t.path()).to_string();
+    assert!(msg.contains("encoder_layers is 1000000"), "{msg}");
 }
 
 #[test]

@@ -76,8 +76,33 @@ impl WhisperModel {
         preprocessor.check(&files.preprocessor, &config)?;
         let (generation, _): (GenerationConfig, _) = read_json(&files.generation)?;
         let plan = GenerationPlan::new(&generation, &config, &files.generation)?;
-        let (graph, edges) = wgraph::build(&config, &preprocessor, &files.preprocessor)?;
         let mut weights = Weights::load(&files.weights)?;
+        // The layer counts decide the graph's size: checked against the checkpoint before the
+        // graph is built (a config claiming a million layers is refused, not built).
+        for (key, prefix, n) in [
+            (
+                "encoder_layers",
+                "model.encoder.layers.",
+                config.encoder_layers,
+            ),
+            (
+                "decoder_layers",
+                "model.decoder.layers.",
+                config.decoder_layers,
+            ),
+        ] {
+            let present = weights.layer_count(prefix);
+            if present != n {
+                return Err(RuntimeError::Config {
+                    path: files.config.clone(),
+                    reason: format!(
+                        "{key} is {n} but {} holds {present} layers ({prefix}N.*)",
+                        files.weights.display()
+                    ),
+                });
+            }
+        }
+        let (graph, edges) = wgraph::build(&config, &preprocessor, &files.preprocessor)?;
         graph.check_weights(&weights)?;
         // Exact f16 mirrors for the row-stable (decoder) projections: same bits, half the bytes.
         graph.mirror_f16_weights(&mut weights);

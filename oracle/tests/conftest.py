@@ -16,7 +16,7 @@ RAND_A = REPO / "fixtures" / "build" / "whisper-rand-a"
 RAND_B = REPO / "fixtures" / "build" / "whisper-rand-b"
 AUDIO = REPO / "fixtures" / "audio"
 EDGE_AUDIO = REPO / "fixtures" / "build" / "audio"
-CONTRACT = REPO / "runtime" / "contracts" / "whisper.json"
+CONTRACT = REPO / "core" / "contracts" / "whisper.json"
 
 # What espeak-ng says in each committed clip (fixtures/audio/transcripts.tsv) and the words of it
 # that tiny.en must recognise (espeak's voice is robotic; tiny.en gets most, not all, words right).

@@ -1,4 +1,4 @@
-"""xray_oracle.contract: the same expression rules as runtime/src/contract.rs."""
+"""xray_oracle.contract: the same expression rules as core/src/contract.rs."""
 from __future__ import annotations
 
 import json
@@ -70,7 +70,7 @@ def test_one_resolver_for_granite_nar_extensions():
     """lists, range, inputs_at_first, symbols and reference.kwarg go through the same resolver."""
     from conftest import REPO
 
-    data = load_contract_text(REPO / "runtime" / "contracts" / "granite_nar.json")
+    data = load_contract_text(REPO / "core" / "contracts" / "granite_nar.json")
     cfg = json.loads((REPO / "fixtures" / "build" / "granite-nar-tiny" / "config.json").read_text())
     c = resolve(data, cfg)
     assert c.family == "granite_nar" and c.symbols and c.lists

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "oracle"))
 from xray_oracle import granite_contract as gc  # noqa: E402
 from xray_oracle import granite_nar as gn  # noqa: E402
 
-CONTRACT = ROOT / "runtime" / "contracts" / "granite_nar.json"
+CONTRACT = ROOT / "core" / "contracts" / "granite_nar.json"
 CLIP = ROOT / "fixtures" / "audio" / "fox.wav"
 
 

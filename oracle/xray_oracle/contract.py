@@ -1,7 +1,7 @@
 """Checkpoint contracts (core/contracts/<family>.json, doc: docs/checkpoint-contracts.md) as the
 oracle reads them: dims, repeats and lists resolved against a model config, `{...}` templates
 expanded, and each checkpoint's HF capture recipe (`reference`). One resolver for every family;
-runtime/src/contract.rs resolves the same text on the Rust side.
+core/src/contract.rs resolves the same text on the Rust side.
 
 Expressions: integers and names (dims, repeats, dotted config keys, `layer`, `last:REPEAT`,
 `each:LIST`) combined with `+ - * /`; `*` and `/` bind tighter, evaluated left to right; `/` is
@@ -295,7 +295,7 @@ def resolve(data: dict, config: dict) -> Contract:
 
     # Consecutive templates repeating over the same key (and range) form a group, expanded
     # layer-major (layer 0 of each, then layer 1, ...) so the order follows depth, as in
-    # runtime/src/contract.rs and the harness.
+    # core/src/contract.rs and the harness.
     raws = list(data.get("checkpoints") or [])
     group: list[int] = []
     for ti, raw in enumerate(raws):

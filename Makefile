@@ -58,16 +58,19 @@ selftest: build fixtures
 
 # The comparison side without Python: `xray` built with --no-default-features (no oracle, no
 # libpython) runs the runtime, compares with the committed oracle dump, gates (.ci/nopy-check).
+# Built in the same target directory (only the xray crate differs) and copied aside; test-rust
+# then rebuilds target/release/xray with the oracle, which selftest runs.
 test-nopy: fixtures
-	$(CARGO) build --release --no-default-features -p xray --bin xray --target-dir target/nopy
-	bash .ci/nopy-check target/nopy/release/xray
+	$(CARGO) build --release --no-default-features -p xray --bin xray
+	cp target/release/xray target/release/xray-nopy
+	bash .ci/nopy-check target/release/xray-nopy
 
 lint:
 	$(CARGO) fmt --all -- --check
 
 # `cargo test` leaves target/release/xray built from the same sources (with the dev-dependency
 # feature set), so the self-test runs it as is instead of a second release build of the workspace.
-test: lint test-rust test-python test-nopy
+test: lint test-nopy test-rust test-python
 	$(XRAY) selftest
 
 # Every (model, clip) pair of the corpus that fits, tiny.en included; fails on any divergence and

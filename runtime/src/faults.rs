@@ -458,7 +458,7 @@ impl CatalogueEntry {
 /// A number from config.json by dotted key, or an error naming the key.
 fn num(c: &serde_json::Value, key: &str) -> Result<f64, String> {
     key.split('.')
-        .fold(Some(c), |v, k| v.and_then(|v| v.get(k)))
+        .try_fold(c, |v, k| v.get(k))
         .and_then(|v| v.as_f64())
         .ok_or_else(|| format!("config.json has no number at '{key}'"))
 }

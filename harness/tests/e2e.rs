@@ -2,28 +2,10 @@
 //! process), `xray compare` offline against the committed reference dump (no Python), the
 //! refusal of tampered dumps, `xray list`, and exit codes.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+use common::{code, root, stderr, xray};
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn xray(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_xray"))
-        .current_dir(root())
-        .args(args)
-        .output()
-        .expect("run xray")
-}
-
-fn code(o: &Output) -> i32 {
-    o.status.code().unwrap_or(-1)
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).to_string()
-}
+use std::path::Path;
 
 fn evidence(p: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()

@@ -2,8 +2,8 @@
 //! alarm on clean logits (item 6) while the real faults still fail, and no silently ignored policy
 //! (item 10).
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+use common::{root, stderr, xray};
 
 use ndarray::{ArrayD, IxDyn};
 use xray_compare::compare::{compare_graph, CompareOptions, MemorySource};
@@ -11,22 +11,6 @@ use xray_compare::localize::{build_graph, CheckpointSpec, Status, Steps};
 use xray_compare::metrics::{compare, compare_logits};
 use xray_compare::tolerance::{Dtype, Policy, Tolerance};
 use xray_compare::Error;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn xray(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_xray"))
-        .current_dir(root())
-        .args(args)
-        .output()
-        .expect("run xray")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).to_string()
-}
 
 fn arr(shape: &[usize], v: Vec<f32>) -> ArrayD<f32> {
     ArrayD::from_shape_vec(IxDyn(shape), v).unwrap()

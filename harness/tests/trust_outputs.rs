@@ -3,32 +3,15 @@
 //! comparison sees order and writes the same outputs as the full path, `--only` that matches
 //! nothing is refused, and checkpoints that could not be compared are named.
 
+mod common;
+use common::{code, root, stderr, xray};
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use ndarray::{ArrayD, IxDyn};
 use serde_json::Value;
 use xray_runtime::dump::{Dump, DumpWriter, Stats};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn xray(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_xray"))
-        .current_dir(root())
-        .args(args)
-        .output()
-        .expect("run xray")
-}
-
-fn code(o: &Output) -> i32 {
-    o.status.code().unwrap_or(-1)
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).to_string()
-}
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()

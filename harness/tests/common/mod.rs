@@ -239,3 +239,27 @@ macro_rules! xray_snapshot {
         });
     }};
 }
+
+/// The repository root (harness/..).
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Runs the `xray` binary built for these tests from the repository root.
+pub fn xray(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_xray"))
+        .current_dir(root())
+        .args(args)
+        .output()
+        .expect("run xray")
+}
+
+/// The exit code (-1 when killed by a signal).
+pub fn code(o: &std::process::Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+/// stderr as text.
+pub fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}

@@ -318,6 +318,17 @@ pub fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
     idx
 }
 
+/// Both sides must have the same shape (the pair was aligned before it got here).
+fn same_shape(reference: &ArrayViewD<f32>, runtime: &ArrayViewD<f32>) -> Result<(), Error> {
+    if reference.shape() != runtime.shape() {
+        return Err(Error::ShapeMismatch {
+            reference: reference.shape().to_vec(),
+            runtime: runtime.shape().to_vec(),
+        });
+    }
+    Ok(())
+}
+
 /// Compares two equally shaped tensors under `tol` (only `atol` and `rtol` enter the metrics).
 ///
 /// Non-contiguous views are copied once into standard layout; indices are always C-order logical
@@ -327,12 +338,7 @@ pub fn compare(
     runtime: &ArrayViewD<f32>,
     tol: &Tolerance,
 ) -> Result<Metrics, Error> {
-    if reference.shape() != runtime.shape() {
-        return Err(Error::ShapeMismatch {
-            reference: reference.shape().to_vec(),
-            runtime: runtime.shape().to_vec(),
-        });
-    }
+    same_shape(reference, runtime)?;
     let r = reference.as_standard_layout();
     let x = runtime.as_standard_layout();
     let shape = reference.shape();
@@ -567,12 +573,7 @@ pub fn logits_metrics(
     runtime: &ArrayViewD<f32>,
     tol: &Tolerance,
 ) -> Result<LogitsMetrics, Error> {
-    if reference.shape() != runtime.shape() {
-        return Err(Error::ShapeMismatch {
-            reference: reference.shape().to_vec(),
-            runtime: runtime.shape().to_vec(),
-        });
-    }
+    same_shape(reference, runtime)?;
     let not_logits = || Error::NotLogits {
         shape: reference.shape().to_vec(),
     };

@@ -1,0 +1,950 @@
+//! Checkpoint contracts (`core/contracts/<family>.json`, doc: docs/checkpoint-contracts.md):
+//! the canonical checkpoint names of a family with their symbolic shapes, layouts, producers,
+//! checkpoint-level edges and the HF reference capture recipe. The file is embedded here and its
+//! text is handed to the Python oracle, so both sides read the same facts.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{CoreError, Result};
+use crate::Layout;
+
+mod expr;
+pub use expr::eval_expr;
+
+/// The contract text of a family, embedded at build time.
+pub fn contract_text(family: &str) -> Option<&'static str> {
+    match family {
+        "whisper" => Some(include_str!("../../contracts/whisper.json")),
+        "granite_nar" => Some(include_str!("../../contracts/granite_nar.json")),
+        _ => None,
+    }
+}
+
+/// `schema` of [`Contract::resolved_json`].
+pub const RESOLVED_SCHEMA: &str = "xray.contract.resolved/v1";
+
+/// Families with a contract.
+pub const FAMILIES: &[&str] = &["whisper", "granite_nar"];
+
+/// When a checkpoint exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Steps {
+    /// Once per input, at step 0 (encoder tensors).
+    Once,
+    /// Once per input, at step 0, produced by the decoder prefill (projection caches).
+    Prefill,
+    /// At every decode step.
+    Every,
+}
+
+/// Which step an upstream checkpoint-level edge refers to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepRef {
+    /// The same step as the consumer (or step 0 when the upstream exists once).
+    Same,
+    /// Step 0.
+    Prefill,
+    /// The consumer's step minus one (only for steps >= 1; a recurrence such as a KV cache).
+    Previous,
+}
+
+/// One checkpoint as written in the contract file (templates unexpanded).
+#[derive(Debug, Clone, Deserialize)]
+pub struct RawCheckpoint {
+    /// Name template (`audio.decoder.layer.{layer}.out`).
+    pub name: String,
+    /// Repeat count name (from `repeats`), if templated by `{layer}`.
+    #[serde(default)]
+    pub repeat: Option<String>,
+    /// Restricts the repeat to `[start, end)` (expressions); `inputs_at_first` applies to `start`.
+    #[serde(default)]
+    pub range: Option<[String; 2]>,
+    /// When it exists.
+    pub steps: Steps,
+    /// Optional kind (`logits` adds argmax/top-k/KL metrics).
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// Symbolic shape (dim names from `dims`, run-time symbols, or integers as strings).
+    pub shape: Vec<String>,
+    /// Canonical layout.
+    pub layout: Layout,
+    /// Producing op name template.
+    pub producer: String,
+    /// Upstream checkpoints (`NAME` or `NAME@prefill` / `NAME@previous`).
+    #[serde(default)]
+    pub inputs: Vec<String>,
+    /// Replaces `inputs` for the first repeat (layer 0).
+    #[serde(default)]
+    pub inputs_at_first: Option<Vec<String>>,
+    /// How the HF reference captures it (read by the oracle; `module` may hold templates).
+    pub reference: Reference,
+}
+
+/// Where a forward hook sits on the reference's module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Hook {
+    /// A forward hook: the module's output.
+    Forward,
+    /// A forward pre-hook: the module's input.
+    Pre,
+}
+
+/// A transform the oracle applies to a captured reference tensor, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transform {
+    /// Drop a leading batch axis of 1.
+    SqueezeBatch,
+    /// `[windows, per_window, d]` -> `[windows * per_window, d]`.
+    FlattenWindows,
+    /// `[T, heads * head_dim]` -> `[heads, T, head_dim]` (needs dims `heads` and `head_dim`).
+    SplitHeads,
+}
+
+/// How the HF reference captures a checkpoint: a hook on a module, which element of its output
+/// (or positional input, or keyword input) and the transforms that bring it to the contract's
+/// shape and layout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reference {
+    /// Dotted module path (`model.encoder.layers.3.fc2`).
+    pub module: String,
+    /// Output or input.
+    pub hook: Hook,
+    /// Tuple index into the output / positional inputs; 0 on a bare tensor means the tensor.
+    #[serde(default)]
+    pub index: usize,
+    /// Pre-hook only: capture this keyword argument instead of a positional input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kwarg: Option<String>,
+    /// Applied in order.
+    #[serde(default)]
+    pub transform: Vec<Transform>,
+}
+
+/// A contract file.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContractFile {
+    /// `xray.contract/v1`.
+    pub schema: String,
+    /// Family name.
+    pub family: String,
+    /// The transformers class the oracle loads.
+    #[serde(default)]
+    pub hf_class: Option<String>,
+    /// Named dims: expressions over config keys.
+    #[serde(default)]
+    pub dims: BTreeMap<String, String>,
+    /// Named repeat counts: expressions over config keys.
+    #[serde(default)]
+    pub repeats: BTreeMap<String, String>,
+    /// Integer lists read from the config (`{each:NAME}` in inputs expands once per element).
+    #[serde(default)]
+    pub lists: BTreeMap<String, ListSpec>,
+    /// Data-dependent dims and how they relate (documentation for readers; checked per run).
+    #[serde(default)]
+    pub symbols: BTreeMap<String, String>,
+    /// Checkpoint templates in graph order.
+    pub checkpoints: Vec<RawCheckpoint>,
+}
+
+/// An integer list from the config, wrapped Python-style into `[0, wrap)`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ListSpec {
+    /// Config key of the list.
+    pub config: String,
+    /// Negative elements wrap modulo this expression.
+    #[serde(default)]
+    pub wrap: Option<String>,
+}
+
+/// One dimension of a resolved checkpoint shape: the same [`Dim`] the runtime's graph declares.
+pub use crate::Dim as CDim;
+
+/// A checkpoint with templates expanded against a config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointSpec {
+    /// Canonical name.
+    pub name: String,
+    /// The name template it was expanded from (`audio.decoder.layer.{layer}.out`).
+    pub template: String,
+    /// When it exists.
+    pub steps: Steps,
+    /// `logits` or none.
+    pub kind: Option<String>,
+    /// Shape.
+    pub shape: Vec<CDim>,
+    /// The axes' names as the contract writes the shape (`heads`, `tokens`, `past+tokens`).
+    pub axes: Vec<String>,
+    /// Canonical layout.
+    pub layout: Layout,
+    /// Producing op.
+    pub producer: String,
+    /// Upstream checkpoints.
+    pub inputs: Vec<(String, StepRef)>,
+    /// Repeat index (layer) if templated.
+    pub layer: Option<usize>,
+    /// Repeat group name (`decoder_layers`) if templated.
+    pub repeat: Option<String>,
+    /// Position in the contract's graph order.
+    pub order: usize,
+    /// How the HF reference captures it, templates expanded.
+    pub reference: Reference,
+}
+
+/// A contract resolved against one model config.
+#[derive(Debug, Clone)]
+pub struct Contract {
+    /// Family.
+    pub family: String,
+    /// The transformers class the oracle loads.
+    pub hf_class: Option<String>,
+    /// Resolved dims.
+    pub dims: BTreeMap<String, usize>,
+    /// Resolved repeat counts.
+    pub repeats: BTreeMap<String, usize>,
+    /// Resolved integer lists (wrapped into range).
+    pub lists: BTreeMap<String, Vec<i64>>,
+    /// Checkpoints in graph order.
+    pub checkpoints: Vec<CheckpointSpec>,
+    /// Data-dependent symbols and their relations (from the contract file).
+    pub symbols: BTreeMap<String, String>,
+    /// The raw contract text (handed to the oracle).
+    pub text: String,
+}
+
+fn cerr(family: &str, reason: impl Into<String>) -> CoreError {
+    CoreError::Contract {
+        family: family.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Look up a config key (dotted paths walk nested objects) as an integer.
+fn config_int(config: &serde_json::Value, key: &str) -> Option<i64> {
+    let mut v = config;
+    for part in key.split('.') {
+        v = v.get(part)?;
+    }
+    v.as_i64()
+}
+
+/// The names an expression can use while a contract is resolved.
+struct Scope<'a> {
+    config: &'a serde_json::Value,
+    dims: &'a BTreeMap<String, usize>,
+    repeats: &'a BTreeMap<String, usize>,
+}
+
+impl Scope<'_> {
+    /// Repeats, then dims, then config keys; `last:R` is repeat R's last index.
+    fn lookup(&self, t: &str) -> Option<i64> {
+        if let Some(r) = t.strip_prefix("last:") {
+            return self.repeats.get(r.trim()).map(|&n| n as i64 - 1);
+        }
+        self.repeats
+            .get(t)
+            .or_else(|| self.dims.get(t))
+            .map(|&n| n as i64)
+            .or_else(|| config_int(self.config, t))
+    }
+
+    /// `tpl` with every `{expr}` evaluated (`layer` and `each:LIST` bound as given); `None` when
+    /// one evaluates negative (an input below layer 0).
+    fn expand(
+        &self,
+        fam: &str,
+        tpl: &str,
+        layer: Option<usize>,
+        each: Option<i64>,
+    ) -> Result<Option<String>> {
+        let vars = |t: &str| -> Option<i64> {
+            if t.starts_with("each:") {
+                return each;
+            }
+            if t == "layer" {
+                return layer.map(|l| l as i64);
+            }
+            self.lookup(t)
+        };
+        let mut out = String::new();
+        let mut rest = tpl;
+        while let Some(open) = rest.find('{') {
+            out.push_str(&rest[..open]);
+            let close = rest[open..]
+                .find('}')
+                .ok_or_else(|| cerr(fam, format!("unclosed '{{' in '{tpl}'")))?
+                + open;
+            let v = eval_expr(&rest[open + 1..close], &vars)
+                .map_err(|r| cerr(fam, format!("'{tpl}': {r}")))?;
+            if v < 0 {
+                return Ok(None);
+            }
+            out.push_str(&v.to_string());
+            rest = &rest[close + 1..];
+        }
+        out.push_str(rest);
+        Ok(Some(out))
+    }
+}
+
+/// Evaluate each named expression (dims, repeats); every value must be positive.
+fn resolve_named(
+    fam: &str,
+    what: &str,
+    exprs: &BTreeMap<String, String>,
+    vars: &dyn Fn(&str) -> Option<i64>,
+) -> Result<BTreeMap<String, usize>> {
+    let mut out = BTreeMap::new();
+    for (k, e) in exprs {
+        let v = eval_expr(e, vars).map_err(|r| cerr(fam, format!("{what} '{k}': {r}")))?;
+        if v <= 0 {
+            return Err(cerr(
+                fam,
+                format!("{what} '{k}' = {e} = {v} must be positive"),
+            ));
+        }
+        out.insert(k.clone(), v as usize);
+    }
+    Ok(out)
+}
+
+/// Read each list from the config; negative elements wrap Python-style into `[0, wrap)`.
+fn resolve_lists(
+    fam: &str,
+    lists: &BTreeMap<String, ListSpec>,
+    scope: &Scope,
+) -> Result<BTreeMap<String, Vec<i64>>> {
+    let mut out = BTreeMap::new();
+    for (k, l) in lists {
+        let mut v = scope.config;
+        for part in l.config.split('.') {
+            v = v
+                .get(part)
+                .ok_or_else(|| cerr(fam, format!("list '{k}': config has no '{}'", l.config)))?;
+        }
+        let raw: Vec<i64> = serde_json::from_value(v.clone()).map_err(|_| {
+            cerr(
+                fam,
+                format!(
+                    "list '{k}': config '{}' is not a list of integers",
+                    l.config
+                ),
+            )
+        })?;
+        let wrap = match &l.wrap {
+            Some(w) => Some(
+                eval_expr(w, &|t| scope.lookup(t))
+                    .map_err(|r| cerr(fam, format!("list '{k}' wrap: {r}")))?,
+            ),
+            None => None,
+        };
+        let mut vals = Vec::with_capacity(raw.len());
+        for x in raw {
+            vals.push(match wrap {
+                Some(w) if !(-w..w).contains(&x) => {
+                    return Err(cerr(
+                        fam,
+                        format!("list '{k}': element {x} outside [-{w}, {w})"),
+                    ))
+                }
+                Some(w) => x.rem_euclid(w),
+                None => x,
+            });
+        }
+        out.insert(k.clone(), vals);
+    }
+    Ok(out)
+}
+
+/// The repeat indices a template expands over (`[None]` when it does not repeat).
+fn layers_of(fam: &str, raw: &RawCheckpoint, scope: &Scope) -> Result<Vec<Option<usize>>> {
+    let Some(r) = &raw.repeat else {
+        if raw.range.is_some() {
+            return Err(cerr(
+                fam,
+                format!("'{}' has a range but no repeat", raw.name),
+            ));
+        }
+        return Ok(vec![None]);
+    };
+    let n = *scope
+        .repeats
+        .get(r)
+        .ok_or_else(|| cerr(fam, format!("'{}' repeats over unknown '{r}'", raw.name)))?;
+    let (lo, hi) = match &raw.range {
+        Some([a, b]) => {
+            let ev = |e: &str| {
+                eval_expr(e, &|t| scope.lookup(t))
+                    .map_err(|r| cerr(fam, format!("range of '{}': {r}", raw.name)))
+            };
+            let (lo, hi) = (ev(a)?, ev(b)?);
+            if lo < 0 || hi < lo || hi as usize > n {
+                return Err(cerr(
+                    fam,
+                    format!("range [{lo}, {hi}) of '{}' outside 0..{n}", raw.name),
+                ));
+            }
+            (lo as usize, hi as usize)
+        }
+        None => (0, n),
+    };
+    Ok((lo..hi).map(Some).collect())
+}
+
+/// The resolved inputs of one expansion of `raw` at `layer`.
+fn expand_inputs(
+    fam: &str,
+    raw: &RawCheckpoint,
+    name: &str,
+    layer: Option<usize>,
+    first: Option<usize>,
+    scope: &Scope,
+    lists: &BTreeMap<String, Vec<i64>>,
+) -> Result<Vec<(String, StepRef)>> {
+    let tpls = match (&raw.inputs_at_first, layer) {
+        (Some(f), Some(l)) if Some(l) == first => f,
+        _ => &raw.inputs,
+    };
+    let mut inputs = Vec::new();
+    for i in tpls {
+        let (n, step) = match i.split_once('@') {
+            Some((n, "prefill")) => (n, StepRef::Prefill),
+            Some((n, "previous")) => (n, StepRef::Previous),
+            Some((_, s)) => {
+                return Err(cerr(
+                    fam,
+                    format!("input '{i}' of '{name}': unknown step '@{s}'"),
+                ))
+            }
+            None => (i.as_str(), StepRef::Same),
+        };
+        let elems: Vec<Option<i64>> = match n.find("each:") {
+            Some(at) => {
+                let list: String = n[at + 5..]
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                let l = lists.get(&list).ok_or_else(|| {
+                    cerr(
+                        fam,
+                        format!("input '{i}' of '{name}': unknown list '{list}'"),
+                    )
+                })?;
+                l.iter().map(|&x| Some(x)).collect()
+            }
+            None => vec![None],
+        };
+        for el in elems {
+            let n = scope.expand(fam, n, layer, el)?.ok_or_else(|| {
+                cerr(
+                    fam,
+                    format!(
+                        "input '{i}' of '{name}' expands to a negative layer; declare inputs_at_first"
+                    ),
+                )
+            })?;
+            if !inputs.iter().any(|(x, s)| *x == n && *s == step) {
+                inputs.push((n, step));
+            }
+        }
+    }
+    Ok(inputs)
+}
+
+/// Every template expanded, in graph order: consecutive templates repeating over the same key
+/// (and range) form a group, expanded layer-major (layer 0 of each, then layer 1, ...) so the
+/// order follows depth.
+fn expand_checkpoints(
+    fam: &str,
+    file: &ContractFile,
+    scope: &Scope,
+    lists: &BTreeMap<String, Vec<i64>>,
+) -> Result<Vec<CheckpointSpec>> {
+    let mut group = 0usize;
+    let mut keyed: Vec<((usize, usize, usize), CheckpointSpec)> = Vec::new();
+    for (ti, raw) in file.checkpoints.iter().enumerate() {
+        if ti > 0 {
+            let prev = &file.checkpoints[ti - 1];
+            let same = raw.repeat.is_some() && prev.repeat == raw.repeat && prev.range == raw.range;
+            if !same {
+                group += 1;
+            }
+        }
+        let layers = layers_of(fam, raw, scope)?;
+        let first = layers.first().copied().flatten();
+        for layer in layers {
+            let expand = |what: &str, tpl: &str| -> Result<String> {
+                scope
+                    .expand(fam, tpl, layer, None)?
+                    .ok_or_else(|| cerr(fam, format!("{what} '{tpl}' expands to a negative index")))
+            };
+            let name = expand("name", &raw.name)?;
+            let producer = expand("producer", &raw.producer)?;
+            let module = expand("reference module", &raw.reference.module)?;
+            if raw.reference.kwarg.is_some() && raw.reference.hook != Hook::Pre {
+                return Err(cerr(
+                    fam,
+                    format!("'{name}': reference kwarg needs hook 'pre'"),
+                ));
+            }
+            let inputs = expand_inputs(fam, raw, &name, layer, first, scope, lists)?;
+            let shape = raw
+                .shape
+                .iter()
+                .map(|d| match (d.parse::<usize>(), scope.dims.get(d)) {
+                    (Ok(n), _) | (_, Some(&n)) => CDim::Fixed(n),
+                    _ => CDim::Sym(d.clone()),
+                })
+                .collect();
+            keyed.push((
+                (group, layer.unwrap_or(0), ti),
+                CheckpointSpec {
+                    name,
+                    template: raw.name.clone(),
+                    steps: raw.steps,
+                    kind: raw.kind.clone(),
+                    shape,
+                    axes: raw.shape.clone(),
+                    layout: raw.layout,
+                    producer,
+                    inputs,
+                    layer,
+                    repeat: raw.repeat.clone(),
+                    order: 0,
+                    reference: Reference {
+                        module,
+                        ..raw.reference.clone()
+                    },
+                },
+            ));
+        }
+    }
+    keyed.sort_by_key(|(k, _)| *k);
+    let checkpoints: Vec<CheckpointSpec> = keyed
+        .into_iter()
+        .enumerate()
+        .map(|(i, (_, mut c))| {
+            c.order = i;
+            c
+        })
+        .collect();
+    let mut seen = std::collections::BTreeSet::new();
+    for c in &checkpoints {
+        if !seen.insert(c.name.as_str()) {
+            return Err(cerr(
+                fam,
+                format!("two checkpoints expand to the name '{}'", c.name),
+            ));
+        }
+    }
+    for c in &checkpoints {
+        for (i, _) in &c.inputs {
+            if !seen.contains(i.as_str()) {
+                return Err(cerr(
+                    fam,
+                    format!("'{}' lists unknown input checkpoint '{i}'", c.name),
+                ));
+            }
+        }
+    }
+    Ok(checkpoints)
+}
+
+impl Contract {
+    /// sha256 of the contract text: which contract a comparison was made through (evidence
+    /// records it; `xray gate` refuses evidence made through another contract).
+    pub fn sha256(&self) -> String {
+        use sha2::{Digest, Sha256};
+        hex::encode(Sha256::digest(self.text.as_bytes()))
+    }
+
+    /// Parse a family's embedded contract and resolve it against a model's config.json value.
+    pub fn for_family(family: &str, config: &serde_json::Value) -> Result<Contract> {
+        let text =
+            contract_text(family).ok_or_else(|| cerr(family, "no contract for this family"))?;
+        Contract::parse(text, config)
+    }
+
+    /// Parse a contract text and resolve it against a config. Fails closed on anything unknown:
+    /// a missing config key, an inexact division, a bad step, layout, hook or transform, a
+    /// negative expansion, a duplicate name, an input naming no checkpoint, a symbol relation
+    /// using an unknown name.
+    pub fn parse(text: &str, config: &serde_json::Value) -> Result<Contract> {
+        let file: ContractFile = serde_json::from_str(text)
+            .map_err(|e| cerr("?", format!("contract JSON does not parse: {e}")))?;
+        let fam = file.family.clone();
+        if file.schema != "xray.contract/v1" {
+            return Err(cerr(&fam, format!("unknown schema '{}'", file.schema)));
+        }
+        let dims = resolve_named(&fam, "dim", &file.dims, &|t| config_int(config, t))?;
+        let repeats = resolve_named(&fam, "repeat", &file.repeats, &|t| {
+            config_int(config, t).or_else(|| dims.get(t).map(|&d| d as i64))
+        })?;
+        let scope = Scope {
+            config,
+            dims: &dims,
+            repeats: &repeats,
+        };
+        let lists = resolve_lists(&fam, &file.lists, &scope)?;
+        let checkpoints = expand_checkpoints(&fam, &file, &scope, &lists)?;
+        let contract = Contract {
+            family: fam,
+            hf_class: file.hf_class.clone(),
+            dims,
+            repeats,
+            lists,
+            checkpoints,
+            symbols: file.symbols.clone(),
+            text: text.to_string(),
+        };
+        contract.check_relations_parse()?;
+        Ok(contract)
+    }
+
+    /// The contract resolved against one config, as the JSON the Python oracle reads
+    /// (`xray.contract.resolved/v1`, doc: docs/checkpoint-contracts.md). Python evaluates
+    /// nothing: names, modules, shapes and inputs arrive expanded.
+    pub fn resolved_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "schema": RESOLVED_SCHEMA,
+            "family": self.family,
+            "hf_class": self.hf_class,
+            "contract_sha256": self.sha256(),
+            "dims": self.dims,
+            "repeats": self.repeats,
+            "lists": self.lists,
+            "symbols": self.symbols,
+            "checkpoints": self.checkpoints,
+        })
+    }
+
+    /// Names the symbol relations use must be symbols, dims or repeats (checked once, at parse).
+    fn check_relations_parse(&self) -> Result<()> {
+        for (sym, expr) in &self.symbols {
+            if expr == "free" || expr.is_empty() {
+                continue;
+            }
+            eval_expr(expr, &|t| {
+                if self.symbols.contains_key(t) {
+                    Some(1)
+                } else {
+                    self.dims
+                        .get(t)
+                        .or_else(|| self.repeats.get(t))
+                        .map(|&n| n as i64)
+                }
+            })
+            .map_err(|r| cerr(&self.family, format!("symbol '{sym}': {r}")))?;
+        }
+        Ok(())
+    }
+
+    /// Check captured shapes against the contract: fixed dims equal, each symbol bound to one
+    /// value per step, and the `symbols` relations hold (a relation whose symbols a partial run
+    /// did not bind is skipped). `shapes` yields `(name, step, shape)`; a name the contract
+    /// does not have is an error. Returns the bindings per step.
+    pub fn check_shapes<'a>(
+        &self,
+        shapes: impl IntoIterator<Item = (&'a str, usize, &'a [usize])>,
+    ) -> Result<BTreeMap<usize, BTreeMap<String, i64>>> {
+        let fam = &self.family;
+        let mut bound: BTreeMap<usize, BTreeMap<String, i64>> = BTreeMap::new();
+        for (name, step, shape) in shapes {
+            let spec = self.get(name).ok_or_else(|| {
+                cerr(fam, format!("'{name}' is not a checkpoint of the contract"))
+            })?;
+            if shape.len() != spec.shape.len() {
+                return Err(cerr(
+                    fam,
+                    format!(
+                        "{name}@step{step}: shape {shape:?} has {} axes, the contract {}",
+                        shape.len(),
+                        spec.shape.len()
+                    ),
+                ));
+            }
+            let b = bound.entry(step).or_default();
+            for (axis, (want, &got)) in spec.shape.iter().zip(shape).enumerate() {
+                match want {
+                    CDim::Fixed(n) if *n != got => {
+                        return Err(cerr(
+                            fam,
+                            format!("{name}@step{step}: axis {axis} is {got}, the contract says {n}"),
+                        ))
+                    }
+                    CDim::Fixed(_) => {}
+                    CDim::Sym(sym) => match b.get(sym) {
+                        Some(&v) if v != got as i64 => {
+                            return Err(cerr(
+                                fam,
+                                format!(
+                                    "{name}@step{step}: symbol '{sym}' is {got} here but {v} elsewhere at this step"
+                                ),
+                            ))
+                        }
+                        _ => {
+                            b.insert(sym.clone(), got as i64);
+                        }
+                    },
+                }
+            }
+        }
+        for (step, b) in &bound {
+            for (sym, expr) in &self.symbols {
+                let Some(&have) = b.get(sym) else { continue };
+                if expr == "free" || expr.is_empty() {
+                    continue;
+                }
+                let unbound = std::cell::Cell::new(false);
+                let want = eval_expr(expr, &|t| {
+                    let v = b.get(t).copied().or_else(|| {
+                        self.dims
+                            .get(t)
+                            .or_else(|| self.repeats.get(t))
+                            .map(|&n| n as i64)
+                    });
+                    if v.is_none() {
+                        unbound.set(true);
+                    }
+                    v
+                });
+                match want {
+                    Ok(w) if w != have => {
+                        return Err(cerr(
+                            fam,
+                            format!("step {step}: symbol '{sym}' = {have}, but the contract says {expr} = {w}"),
+                        ))
+                    }
+                    Ok(_) => {}
+                    Err(_) if unbound.get() => {}
+                    Err(r) => return Err(cerr(fam, format!("symbol '{sym}': {r}"))),
+                }
+            }
+        }
+        Ok(bound)
+    }
+
+    /// A checkpoint by canonical name.
+    pub fn get(&self, name: &str) -> Option<&CheckpointSpec> {
+        self.checkpoints.iter().find(|c| c.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whisper_contract_expands() {
+        let cfg = serde_json::json!({
+            "num_mel_bins": 80, "max_source_positions": 1500, "d_model": 384,
+            "decoder_attention_heads": 6, "vocab_size": 51864, "encoder_layers": 4, "decoder_layers": 4
+        });
+        let c = Contract::for_family("whisper", &cfg).unwrap();
+        let x = c
+            .get("audio.decoder.layer.3.cross_attention.output")
+            .unwrap();
+        assert_eq!(
+            x.shape,
+            vec![CDim::Fixed(6), CDim::Sym("tokens".into()), CDim::Fixed(64)]
+        );
+        assert_eq!(x.layout, Layout::HeadMajor);
+        assert!(x.inputs.contains(&(
+            "audio.decoder.layer.3.cross_k".to_string(),
+            StepRef::Prefill
+        )));
+        let l0 = c.get("audio.encoder.layer.0.out").unwrap();
+        assert_eq!(
+            l0.inputs,
+            vec![("audio.encoder.conv2.out".to_string(), StepRef::Same)]
+        );
+        let logits = c.get("audio.decoder.logits").unwrap();
+        assert_eq!(logits.inputs[0].0, "audio.decoder.layer.3.out");
+    }
+
+    #[test]
+    fn granite_contract_expands_ranges_and_lists() {
+        let cfg_text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../fixtures/build/granite-nar-tiny/config.json"
+        ));
+        let Ok(cfg_text) = cfg_text else {
+            eprintln!("skip: granite fixture not built (make fixtures)");
+            return;
+        };
+        let cfg: serde_json::Value = serde_json::from_str(&cfg_text).unwrap();
+        let c = Contract::for_family("granite_nar", &cfg).unwrap();
+        let n = c.repeats["enc_layers"];
+        let sc = c.dims["sc_layer"];
+        let names: Vec<&str> = c.checkpoints.iter().map(|c| c.name.as_str()).collect();
+        let pos = |s: &str| names.iter().position(|n| *n == s).unwrap();
+        // The bypass sits between block sc-1 and block sc, in graph order.
+        assert!(pos(&format!("enc.block.{}.out", sc - 1)) < pos("enc.ctc_logits"));
+        assert!(pos("enc.mid_blank_probs") < pos(&format!("enc.block.{sc}.out")));
+        let after = c.get(&format!("enc.block.{sc}.out")).unwrap();
+        assert!(after.inputs.iter().any(|(i, _)| i == "enc.ctc_logits"));
+        let cat = c.get("enc.cat_out").unwrap();
+        assert!(cat
+            .inputs
+            .iter()
+            .any(|(i, _)| *i == format!("enc.block.{}.out", n - 1)));
+        assert_eq!(
+            names.iter().filter(|x| x.starts_with("enc.block.")).count(),
+            n
+        );
+    }
+
+    #[test]
+    fn bad_geometry_fails_closed() {
+        let cfg = serde_json::json!({
+            "num_mel_bins": 80, "max_source_positions": 1500, "d_model": 384,
+            "decoder_attention_heads": 5, "vocab_size": 51864, "encoder_layers": 4, "decoder_layers": 4
+        });
+        let e = Contract::for_family("whisper", &cfg)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("head_dim") && e.contains("not divisible"), "{e}");
+    }
+
+    fn tiny_cfg() -> serde_json::Value {
+        serde_json::json!({
+            "num_mel_bins": 80, "max_source_positions": 1500, "d_model": 384,
+            "decoder_attention_heads": 6, "vocab_size": 51864, "encoder_layers": 4, "decoder_layers": 4
+        })
+    }
+
+    #[test]
+    fn resolved_json_carries_expanded_references() {
+        let c = Contract::for_family("whisper", &tiny_cfg()).unwrap();
+        let j = c.resolved_json();
+        assert_eq!(j["schema"], RESOLVED_SCHEMA);
+        assert_eq!(j["contract_sha256"], c.sha256());
+        let cks = j["checkpoints"].as_array().unwrap();
+        assert_eq!(cks.len(), c.checkpoints.len());
+        let x = cks
+            .iter()
+            .find(|x| x["name"] == "audio.decoder.layer.2.cross_attention.output")
+            .unwrap();
+        assert_eq!(
+            x["template"],
+            "audio.decoder.layer.{layer}.cross_attention.output"
+        );
+        assert!(!x["reference"]["module"].as_str().unwrap().contains('{'));
+        assert!(x["reference"]["module"].as_str().unwrap().contains(".2."));
+        assert_eq!(x["shape"], serde_json::json!([6, "tokens", 64]));
+        // It reads back into the same specs.
+        let back: Vec<CheckpointSpec> = serde_json::from_value(j["checkpoints"].clone()).unwrap();
+        assert_eq!(back, c.checkpoints);
+    }
+
+    fn edited(f: impl Fn(&mut serde_json::Value)) -> String {
+        let mut v: serde_json::Value =
+            serde_json::from_str(contract_text("whisper").unwrap()).unwrap();
+        f(&mut v);
+        v.to_string()
+    }
+
+    #[test]
+    fn unknown_reference_fields_fail_closed() {
+        for (what, text) in [
+            (
+                "hook",
+                edited(|v| v["checkpoints"][0]["reference"]["hook"] = "backward".into()),
+            ),
+            (
+                "transform",
+                edited(|v| {
+                    v["checkpoints"][0]["reference"]["transform"] = serde_json::json!(["squeeze"])
+                }),
+            ),
+            (
+                "typo",
+                edited(|v| v["checkpoints"][0]["reference"]["modul"] = "x".into()),
+            ),
+            (
+                "missing",
+                edited(|v| {
+                    v["checkpoints"][0]
+                        .as_object_mut()
+                        .unwrap()
+                        .remove("reference");
+                }),
+            ),
+            (
+                "kwarg",
+                edited(|v| v["checkpoints"][1]["reference"]["kwarg"] = "x".into()),
+            ),
+            (
+                "dup",
+                edited(|v| {
+                    let c = v["checkpoints"][0].clone();
+                    v["checkpoints"].as_array_mut().unwrap().push(c);
+                }),
+            ),
+            (
+                "relation",
+                edited(|v| v["symbols"] = serde_json::json!({"tokens": "ceil_div(nope, 2)"})),
+            ),
+        ] {
+            assert!(
+                Contract::parse(&text, &tiny_cfg()).is_err(),
+                "{what} was accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn shapes_bind_symbols_and_check_relations() {
+        let text =
+            edited(|v| v["symbols"] = serde_json::json!({"tokens": "free", "past+tokens": "free"}));
+        let c = Contract::parse(&text, &tiny_cfg()).unwrap();
+        let out = "audio.decoder.layer.0.cross_attention.output";
+        let probs = "audio.decoder.layer.0.self_attention.probs";
+        let b = c
+            .check_shapes([
+                (out, 0, &[6usize, 3, 64][..]),
+                (probs, 0, &[6usize, 3, 3][..]),
+            ])
+            .unwrap();
+        assert_eq!(b[&0]["tokens"], 3);
+        // One symbol, two values at one step.
+        assert!(c
+            .check_shapes([
+                (out, 0, &[6usize, 3, 64][..]),
+                (probs, 0, &[6usize, 4, 4][..])
+            ])
+            .is_err());
+        // A fixed dim off by one.
+        assert!(c.check_shapes([(out, 0, &[6usize, 3, 63][..])]).is_err());
+        // Each step binds its own value.
+        assert!(c
+            .check_shapes([
+                (out, 0, &[6usize, 3, 64][..]),
+                (out, 1, &[6usize, 1, 64][..])
+            ])
+            .is_ok());
+        // A relation between symbols is evaluated here (ceil_div), once both are bound.
+        let text = edited(|v| {
+            v["symbols"] =
+                serde_json::json!({"tokens": "free", "past+tokens": "ceil_div(tokens, 2) + 1"})
+        });
+        let c = Contract::parse(&text, &tiny_cfg()).unwrap();
+        assert!(c.check_shapes([(probs, 0, &[6usize, 3, 3][..])]).is_ok());
+        let e = c
+            .check_shapes([(probs, 0, &[6usize, 4, 4][..])])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("past+tokens") && e.contains("= 3"), "{e}");
+        // Unbound symbols skip the relation (a partial run).
+        assert!(c
+            .check_shapes([("audio.frontend.mel", 0, &[80usize, 3000][..])])
+            .is_ok());
+        assert!(c.check_shapes([("nope", 0, &[1usize][..])]).is_err());
+    }
+}

@@ -423,6 +423,7 @@ impl Comparison {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::localize::tests::spec;
     use crate::localize::{build_graph, CheckpointSpec, Status, StepRef, Steps};
     use ndarray::{ArrayD, IxDyn};
 
@@ -436,14 +437,7 @@ mod tests {
     }
 
     fn specs() -> Vec<CheckpointSpec> {
-        let s = |name: &str, steps, inputs: Vec<(&str, StepRef)>, logits| CheckpointSpec {
-            name: name.into(),
-            producer: format!("op.{name}"),
-            steps,
-            inputs: inputs.into_iter().map(|(n, r)| (n.into(), r)).collect(),
-            layer: None,
-            logits,
-        };
+        let s = |name: &str, steps, inputs, logits| spec(name, steps, inputs, logits, None);
         vec![
             s("mem", Steps::Once, vec![], false),
             s("k", Steps::Prefill, vec![("mem", StepRef::Same)], false),

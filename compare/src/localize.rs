@@ -2,9 +2,8 @@
 //!
 //! The graph ([`CheckpointGraph`]) has one node per `(checkpoint name, step)` and an edge from each
 //! checkpoint to every checkpoint computed from it (the contract's `inputs`). It is built from
-//! resolved specs ([`CheckpointSpec`], [`build_graph`]) or from explicit nodes
-//! ([`CheckpointGraph::from_nodes`]); [`expand_templates`] resolves the contract's template syntax
-//! into specs.
+//! the resolved contract's checkpoints ([`CheckpointSpec`], [`build_graph`]) or from explicit nodes
+//! ([`CheckpointGraph::from_nodes`]).
 //!
 //! [`localize`] walks the nodes in topological order (step-major, then graph order) and classifies
 //! every failing node:
@@ -21,63 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::metrics::LogitsMetrics;
 use crate::Error;
 
-/// Step of an input edge relative to its consumer's step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StepRef {
-    /// The consumer's own step (no suffix).
-    Same,
-    /// Step 0 (`@prefill`).
-    Prefill,
-    /// The consumer's step minus one (`@previous`); no edge at step 0.
-    Previous,
-}
-
-/// Steps at which a checkpoint exists (the contract's `steps`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Steps {
-    /// Once per input, at step 0 (encoder tensors).
-    Once,
-    /// At the decoder prefill only, step 0 (cross-attention K/V cache).
-    Prefill,
-    /// At every step.
-    Every,
-}
-
-impl Steps {
-    /// Whether the checkpoint exists at `step`.
-    pub fn present_at(self, step: u32) -> bool {
-        matches!(self, Steps::Every) || step == 0
-    }
-
-    /// Parses the contract spelling (`once`, `prefill`, `every`).
-    pub fn parse(s: &str) -> Option<Steps> {
-        match s {
-            "once" => Some(Steps::Once),
-            "prefill" => Some(Steps::Prefill),
-            "every" => Some(Steps::Every),
-            _ => None,
-        }
-    }
-}
-
-/// A checkpoint with concrete name and inputs (templates already expanded).
-#[derive(Debug, Clone, PartialEq)]
-pub struct CheckpointSpec {
-    /// Canonical checkpoint name.
-    pub name: String,
-    /// Producing op.
-    pub producer: String,
-    /// Steps where it exists.
-    pub steps: Steps,
-    /// Upstream checkpoints with their step references.
-    pub inputs: Vec<(String, StepRef)>,
-    /// Repeat group and index (`("decoder_layers", 2)`) for the error profile.
-    pub layer: Option<(String, u32)>,
-    /// Whether the checkpoint holds `[positions, vocab]` logits.
-    pub logits: bool,
-}
+pub use xray_core::contract::{CheckpointSpec, StepRef, Steps};
 
 /// A node given explicitly to [`CheckpointGraph::from_nodes`].
 #[derive(Debug, Clone, PartialEq)]
@@ -288,158 +231,12 @@ pub fn build_graph(specs: &[CheckpointSpec], steps: &[u32]) -> Result<Checkpoint
                 step: s,
                 producer: spec.producer.clone(),
                 upstream,
-                layer: spec.layer.clone(),
-                logits: spec.logits,
+                layer: spec.repeat.clone().zip(spec.layer.map(|l| l as u32)),
+                logits: spec.kind.as_deref() == Some("logits"),
             });
         }
     }
     CheckpointGraph::from_nodes(defs)
-}
-
-/// One checkpoint of a contract before template expansion (the fields the graph needs; any
-/// other contract field is ignored when deserializing).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TemplateSpec {
-    /// Name, possibly with `{layer}`.
-    pub name: String,
-    /// Repeat key (`encoder_layers`), if repeated.
-    #[serde(default)]
-    pub repeat: Option<String>,
-    /// `once`, `prefill` or `every`.
-    pub steps: String,
-    /// Producer op, possibly with `{layer}`.
-    pub producer: String,
-    /// Inputs with `{layer}`, `{layer-1}`, `{last:KEY}` and `@prefill` / `@previous`.
-    #[serde(default)]
-    pub inputs: Vec<String>,
-    /// Inputs of repeat index 0, replacing `inputs` there.
-    #[serde(default)]
-    pub inputs_at_first: Option<Vec<String>>,
-    /// `logits` for logits checkpoints.
-    #[serde(default)]
-    pub kind: Option<String>,
-    /// Partial repeat ranges are not supported by this expander (an error if present; the
-    /// runtime's contract parser handles them).
-    #[serde(default)]
-    pub range: Option<serde_json::Value>,
-}
-
-/// Substitutes `{layer}`, `{layer-1}` and `{last:KEY}` in `t`.
-fn substitute(
-    t: &str,
-    layer: Option<u32>,
-    repeats: &HashMap<String, u32>,
-) -> Result<String, Error> {
-    let err = |reason: String| Error::Template {
-        template: t.to_string(),
-        reason,
-    };
-    let mut out = String::with_capacity(t.len());
-    let mut rest = t;
-    while let Some(open) = rest.find('{') {
-        out.push_str(&rest[..open]);
-        let close = rest[open..]
-            .find('}')
-            .ok_or_else(|| err("unclosed '{'".into()))?
-            + open;
-        let key = &rest[open + 1..close];
-        let value = match key {
-            "layer" => layer.ok_or_else(|| err("{layer} outside a repeat".into()))?,
-            "layer-1" => layer
-                .ok_or_else(|| err("{layer-1} outside a repeat".into()))?
-                .checked_sub(1)
-                .ok_or_else(|| err("{layer-1} at layer 0 without inputs_at_first".into()))?,
-            k if k.starts_with("last:") => {
-                let n = repeats
-                    .get(&k[5..])
-                    .copied()
-                    .ok_or_else(|| err(format!("unknown repeat {:?}", &k[5..])))?;
-                n.checked_sub(1)
-                    .ok_or_else(|| err(format!("repeat {:?} is 0", &k[5..])))?
-            }
-            other => return Err(err(format!("unknown placeholder {{{other}}}"))),
-        };
-        out.push_str(&value.to_string());
-        rest = &rest[close + 1..];
-    }
-    out.push_str(rest);
-    Ok(out)
-}
-
-/// Splits `name@prefill` / `name@previous` into name and [`StepRef`].
-fn parse_input(s: &str) -> Result<(&str, StepRef), Error> {
-    match s.split_once('@') {
-        None => Ok((s, StepRef::Same)),
-        Some((n, "prefill")) => Ok((n, StepRef::Prefill)),
-        Some((n, "previous")) => Ok((n, StepRef::Previous)),
-        Some((_, other)) => Err(Error::Template {
-            template: s.to_string(),
-            reason: format!("unknown step reference @{other}"),
-        }),
-    }
-}
-
-/// Expands contract templates into resolved specs, given the repeat counts.
-///
-/// Consecutive templates with the same `repeat` key are expanded layer-major (layer 0 of each,
-/// then layer 1, ...), so declaration order follows depth.
-pub fn expand_templates(
-    templates: &[TemplateSpec],
-    repeats: &HashMap<String, u32>,
-) -> Result<Vec<CheckpointSpec>, Error> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < templates.len() {
-        let key = templates[i].repeat.clone();
-        let mut j = i + 1;
-        while key.is_some() && j < templates.len() && templates[j].repeat == key {
-            j += 1;
-        }
-        let group = &templates[i..j];
-        let layers: Vec<Option<u32>> = match &key {
-            None => vec![None],
-            Some(k) => {
-                let n = repeats.get(k).copied().ok_or_else(|| Error::Template {
-                    template: templates[i].name.clone(),
-                    reason: format!("unknown repeat {k:?}"),
-                })?;
-                (0..n).map(Some).collect()
-            }
-        };
-        if let Some(t) = group.iter().find(|t| t.range.is_some()) {
-            return Err(Error::Template {
-                template: t.name.clone(),
-                reason: "\"range\" is not supported by the harness expander".into(),
-            });
-        }
-        for layer in layers {
-            for t in group {
-                let steps = Steps::parse(&t.steps).ok_or_else(|| Error::Template {
-                    template: t.name.clone(),
-                    reason: format!("unknown steps {:?}", t.steps),
-                })?;
-                let src = match (&t.inputs_at_first, layer) {
-                    (Some(first), Some(0)) => first,
-                    _ => &t.inputs,
-                };
-                let mut inputs = Vec::with_capacity(src.len());
-                for inp in src {
-                    let (n, r) = parse_input(inp)?;
-                    inputs.push((substitute(n, layer, repeats)?, r));
-                }
-                out.push(CheckpointSpec {
-                    name: substitute(&t.name, layer, repeats)?,
-                    producer: substitute(&t.producer, layer, repeats)?,
-                    steps,
-                    inputs,
-                    layer: key.clone().zip(layer),
-                    logits: t.kind.as_deref() == Some("logits"),
-                });
-            }
-        }
-        i = j;
-    }
-    Ok(out)
 }
 
 /// Observed status of one node after comparing its tensors.
@@ -721,8 +518,42 @@ pub fn drill_down(g: &CheckpointGraph, loc: &Localization, token_step: u32) -> D
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A spec with only what the checkpoint graph reads (tests build small synthetic graphs).
+    pub(crate) fn spec(
+        name: &str,
+        steps: Steps,
+        inputs: Vec<(&str, StepRef)>,
+        logits: bool,
+        layer: Option<(&str, u32)>,
+    ) -> CheckpointSpec {
+        CheckpointSpec {
+            name: name.into(),
+            template: name.into(),
+            steps,
+            kind: logits.then(|| "logits".to_string()),
+            shape: vec![],
+            axes: vec![],
+            layout: xray_core::Layout::Plain,
+            producer: format!("op.{name}"),
+            inputs: inputs
+                .into_iter()
+                .map(|(n, r)| (n.to_string(), r))
+                .collect(),
+            layer: layer.map(|(_, l)| l as usize),
+            repeat: layer.map(|(r, _)| r.to_string()),
+            order: 0,
+            reference: xray_core::contract::Reference {
+                module: String::new(),
+                hook: xray_core::contract::Hook::Forward,
+                index: 0,
+                kwarg: None,
+                transform: vec![],
+            },
+        }
+    }
 
     fn def(name: &str, step: u32, up: &[(&str, u32)]) -> NodeDef {
         NodeDef {
@@ -903,17 +734,7 @@ mod tests {
 
     /// A tiny decoder: cache (prefill only), self (every, @previous), out (every).
     fn decoder_specs() -> Vec<CheckpointSpec> {
-        let spec = |name: &str, steps, inputs: Vec<(&str, StepRef)>| CheckpointSpec {
-            name: name.into(),
-            producer: format!("op.{name}"),
-            steps,
-            inputs: inputs
-                .into_iter()
-                .map(|(n, r)| (n.to_string(), r))
-                .collect(),
-            layer: None,
-            logits: false,
-        };
+        let spec = |name: &str, steps, inputs| spec(name, steps, inputs, false, None);
         vec![
             spec("mem", Steps::Once, vec![]),
             spec("cache", Steps::Prefill, vec![("mem", StepRef::Same)]),
@@ -993,87 +814,44 @@ mod tests {
     }
 
     #[test]
-    fn template_expansion() {
-        let t: Vec<TemplateSpec> = serde_json::from_str(
-            r#"[
-            {"name": "enc.{layer}", "repeat": "enc", "steps": "once", "producer": "e{layer}",
-             "inputs": ["enc.{layer-1}"], "inputs_at_first": ["stem"]},
-            {"name": "mem", "steps": "once", "producer": "norm", "inputs": ["enc.{last:enc}"]},
-            {"name": "dec.{layer}.a", "repeat": "dec", "steps": "every", "producer": "a{layer}",
-             "inputs": ["dec.{layer-1}.b", "dec.{layer}.a@previous"],
-             "inputs_at_first": ["dec.{layer}.a@previous"]},
-            {"name": "dec.{layer}.b", "repeat": "dec", "steps": "every", "producer": "b{layer}",
-             "inputs": ["dec.{layer}.a", "mem@prefill"]},
-            {"name": "stem", "steps": "once", "producer": "stem", "reference": {"ignored": true}},
-            {"name": "logits", "steps": "every", "producer": "proj", "kind": "logits",
-             "inputs": ["dec.{last:dec}.b"]}
-        ]"#,
-        )
-        .unwrap();
-        let reps: HashMap<String, u32> = [("enc".to_string(), 2), ("dec".to_string(), 2)].into();
-        let specs = expand_templates(&t, &reps).unwrap();
-        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(
-            names,
-            [
-                "enc.0", "enc.1", "mem", "dec.0.a", "dec.0.b", "dec.1.a", "dec.1.b", "stem",
-                "logits"
-            ]
-        );
-        assert_eq!(specs[0].inputs, vec![("stem".to_string(), StepRef::Same)]);
-        assert_eq!(specs[2].inputs, vec![("enc.1".to_string(), StepRef::Same)]);
-        assert_eq!(
-            specs[3].inputs,
-            vec![("dec.0.a".to_string(), StepRef::Previous)]
-        );
-        assert_eq!(
-            specs[5].inputs,
-            vec![
-                ("dec.0.b".to_string(), StepRef::Same),
-                ("dec.1.a".to_string(), StepRef::Previous)
-            ]
-        );
-        assert_eq!(specs[4].inputs[1], ("mem".to_string(), StepRef::Prefill));
-        assert_eq!(specs[6].layer, Some(("dec".to_string(), 1)));
-        assert!(specs[8].logits);
+    fn late_declared_input_sorts_before_its_consumer() {
+        let specs = vec![
+            spec(
+                "enc.0",
+                Steps::Once,
+                vec![("stem", StepRef::Same)],
+                false,
+                None,
+            ),
+            spec(
+                "mem",
+                Steps::Once,
+                vec![("enc.0", StepRef::Same)],
+                false,
+                None,
+            ),
+            spec("stem", Steps::Once, vec![], false, None),
+            spec(
+                "logits",
+                Steps::Every,
+                vec![("mem", StepRef::Prefill)],
+                true,
+                None,
+            ),
+        ];
         let g = build_graph(&specs, &[0, 1]).unwrap();
-        // "stem" is declared late but sorts before its consumer.
         assert!(g.find("stem", 0).unwrap() < g.find("enc.0", 0).unwrap());
-
-        let bad = |s: &str| {
-            let t: Vec<TemplateSpec> = serde_json::from_str(s).unwrap();
-            expand_templates(&t, &reps).is_err()
-        };
-        assert!(bad(
-            r#"[{"name": "x.{layer}", "steps": "once", "producer": "p"}]"#
-        ));
-        assert!(bad(
-            r#"[{"name": "x", "steps": "sometimes", "producer": "p"}]"#
-        ));
-        assert!(bad(
-            r#"[{"name": "x", "steps": "once", "producer": "p", "inputs": ["y@later"]}]"#
-        ));
-        assert!(bad(
-            r#"[{"name": "x.{layer}", "repeat": "enc", "steps": "once", "producer": "p", "inputs": ["x.{layer-1}"]}]"#
-        ));
-        assert!(bad(
-            r#"[{"name": "x.{last:nope}", "steps": "once", "producer": "p"}]"#
-        ));
-        assert!(bad(
-            r#"[{"name": "x.{layer}", "repeat": "enc", "range": ["1", "2"], "steps": "once", "producer": "p"}]"#
-        ));
+        assert!(g.nodes()[g.find("logits", 1).unwrap()].logits);
+        assert!(
+            build_graph(&specs[..2], &[0]).is_err(),
+            "an input naming no checkpoint"
+        );
     }
 
     #[test]
     fn error_profile_per_layer_and_step() {
-        let spec = |name: &str, layer: u32| CheckpointSpec {
-            name: name.into(),
-            producer: "p".into(),
-            steps: Steps::Every,
-            inputs: vec![],
-            layer: Some(("dec".into(), layer)),
-            logits: false,
-        };
+        let spec =
+            |name: &str, layer: u32| spec(name, Steps::Every, vec![], false, Some(("dec", layer)));
         let g = build_graph(
             &[spec("l0.a", 0), spec("l0.b", 0), spec("l1.a", 1)],
             &[0, 1],

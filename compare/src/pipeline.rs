@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
-use xray_core::contract::{Contract, StepRef as CStep, Steps as CSteps};
+use xray_core::contract::Contract;
 use xray_core::dump::{content_sha256, Dump, Stats};
 use xray_core::Layout;
 
@@ -16,47 +16,10 @@ use crate::compare::{
 use crate::evidence::{
     CheckpointEvidence, FirstDivergence, InputEvidence, OracleVersions, ToleranceEvidence,
 };
-use crate::localize::{
-    build_graph, error_profile, localize, CheckpointGraph, CheckpointSpec, Observed, Status,
-    StepRef, Steps,
-};
+use crate::localize::{build_graph, error_profile, localize, CheckpointGraph, Observed, Status};
 use crate::signatures::Explanation;
 use crate::tolerance::Dtype;
 use crate::Error;
-
-/// The contract's checkpoints as localization specs.
-pub fn specs_from_contract(c: &Contract) -> Vec<CheckpointSpec> {
-    c.checkpoints
-        .iter()
-        .map(|s| CheckpointSpec {
-            name: s.name.clone(),
-            producer: s.producer.clone(),
-            steps: match s.steps {
-                CSteps::Once => Steps::Once,
-                CSteps::Prefill => Steps::Prefill,
-                CSteps::Every => Steps::Every,
-            },
-            inputs: s
-                .inputs
-                .iter()
-                .map(|(n, r)| {
-                    (
-                        n.clone(),
-                        match r {
-                            CStep::Same => StepRef::Same,
-                            CStep::Prefill => StepRef::Prefill,
-                            CStep::Previous => StepRef::Previous,
-                        },
-                    )
-                })
-                .collect(),
-            layer: s
-                .layer
-                .map(|l| (s.repeat.clone().unwrap_or_default(), l as u32)),
-            logits: s.kind.as_deref() == Some("logits"),
-        })
-        .collect()
-}
 
 /// The checkpoint graph of a contract over the steps present in the reference dump.
 pub fn graph_for(c: &Contract, reference: &Dump) -> Result<CheckpointGraph, Error> {
@@ -69,7 +32,7 @@ pub fn graph_for(c: &Contract, reference: &Dump) -> Result<CheckpointGraph, Erro
     steps.push(0);
     steps.sort_unstable();
     steps.dedup();
-    build_graph(&specs_from_contract(c), &steps)
+    build_graph(&c.checkpoints, &steps)
 }
 
 /// Tool versions of an oracle dump's manifest.

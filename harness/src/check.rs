@@ -18,7 +18,7 @@ use xray_core::dump::{Dump, Manifest};
 use xray_oracle::{Oracle, OracleRequest, OracleRun};
 use xray_runtime::audio::load_wav;
 use xray_runtime::faults::FaultPlan;
-use xray_runtime::models::{self, RunHooks, RunOptions, SpeechModel};
+use xray_runtime::models::{self, Alignment, RunHooks, RunOptions, SpeechModel};
 use xray_runtime::Tensor;
 
 use xray_compare::compare::CompareOptions;
@@ -96,15 +96,24 @@ fn bits_equal(a: &[Tensor], b: &[Tensor]) -> bool {
         })
 }
 
-/// Teacher tokens for the runtime from the reference run.
-fn teacher_for(family: &str, reference: &OracleRun, teacher_force: bool) -> Option<Vec<i64>> {
-    match family {
-        "whisper" => Some(reference.tokens.clone()),
-        _ if teacher_force => reference
+/// Teacher tokens for the runtime from the reference run, by the family's alignment policy. A
+/// policy naming reference ids the run does not carry is an error, never a free run.
+fn teacher_for(
+    align: Alignment,
+    reference: &OracleRun,
+    teacher_force: bool,
+) -> anyhow::Result<Option<Vec<i64>>> {
+    match align {
+        Alignment::ReferenceTokens => Ok(Some(reference.tokens.clone())),
+        Alignment::OnRequest { extra_key } if teacher_force => reference
             .extra
-            .get("hypothesis")
-            .and_then(|v| serde_json::from_value::<Vec<i64>>(v.clone()).ok()),
-        _ => None,
+            .get(extra_key)
+            .and_then(|v| serde_json::from_value::<Vec<i64>>(v.clone()).ok())
+            .map(Some)
+            .ok_or_else(|| {
+                anyhow!("teacher forcing needs the reference's '{extra_key}' ids, which its run does not carry")
+            }),
+        Alignment::OnRequest { .. } => Ok(None),
     }
 }
 
@@ -138,13 +147,11 @@ pub fn reference_request(
     opts: &CheckOptions,
 ) -> anyhow::Result<OracleRequest> {
     let audio = load_wav(&opts.audio, 16000)?;
-    let mut req = OracleRequest::new(
-        model.family(),
-        &opts.model,
-        &opts.audio,
-        &model.contract().text,
-    )
-    .with_samples(&audio.samples, &audio.sha256, audio.conversion.to_json());
+    let mut req = OracleRequest::new(&opts.model, &opts.audio, model.contract()).with_samples(
+        &audio.samples,
+        &audio.sha256,
+        audio.conversion.to_json(),
+    );
     req.max_new_tokens = opts.max_steps;
     req.threads = opts.threads;
     Ok(req)
@@ -161,13 +168,17 @@ pub fn check_against(
     progress: &dyn Fn(&str),
 ) -> anyhow::Result<CheckOutput> {
     let family = model.family();
+    let align = models::family(family)
+        .ok_or_else(|| anyhow!("family '{family}' is not registered"))?
+        .alignment();
+    let generative = align == Alignment::ReferenceTokens;
     let contract = model.contract().clone();
     let reference = reference_dump(ref_run, family, &opts.model.display().to_string());
 
-    let teacher_force = opts.teacher_force || (opts.isolate && family != "whisper");
+    let teacher_force = opts.teacher_force || (opts.isolate && !generative);
     let mut run_opts = RunOptions {
         max_new_tokens: opts.max_steps,
-        teacher_tokens: teacher_for(family, ref_run, teacher_force),
+        teacher_tokens: teacher_for(align, ref_run, teacher_force)?,
     };
     if let Some(w) = &opts.warmup_audio {
         // Stale-cache bugs show only when a second input reuses state from the first.
@@ -213,8 +224,8 @@ pub fn check_against(
 
     // The runtime's own transcript: free-running unless its teacher-forced choices already equal
     // the reference's (then the free run is the same computation).
-    let (runtime_tokens, runtime_text) = match family {
-        "whisper" => {
+    let (runtime_tokens, runtime_text) = match align {
+        Alignment::ReferenceTokens => {
             let prefix = ref_run.tokens.len().saturating_sub(out_on.predicted.len());
             if ref_run.tokens.get(prefix..) == Some(&out_on.predicted[..]) {
                 (out_on.predicted.clone(), out_on.transcript.clone())
@@ -236,8 +247,8 @@ pub fn check_against(
         }
         _ => (out_on.predicted.clone(), out_on.transcript.clone()),
     };
-    let ref_generated: Vec<i64> = match family {
-        "whisper" => {
+    let ref_generated: Vec<i64> = match align {
+        Alignment::ReferenceTokens => {
             ref_run.tokens[ref_run.tokens.len().saturating_sub(out_on.predicted.len())..].to_vec()
         }
         _ => ref_run.tokens.clone(),
@@ -248,7 +259,7 @@ pub fn check_against(
         let sub = DumpSubstitute(&reference);
         let ro = RunOptions {
             max_new_tokens: opts.max_steps,
-            teacher_tokens: teacher_for(family, ref_run, true),
+            teacher_tokens: teacher_for(align, ref_run, true)?,
         };
         Some(runtime_dump_audio(model, &a, &ro, Some(&opts.faults), Some(&sub), None)?.0)
     } else {
@@ -260,7 +271,7 @@ pub fn check_against(
         floors: HashMap::new(),
     };
     let mut notes = vec![];
-    if family == "whisper" {
+    if generative {
         notes.push("runtime teacher-forced on the reference token sequence for checkpoint alignment; its own greedy choices give its transcript".into());
     } else if teacher_force {
         notes.push(

@@ -34,6 +34,8 @@ enum Command {
     Compare(cli::compare::Args),
     /// List a model's checkpoints (or its whole graph with --json).
     List(cli::list::Args),
+    /// Print a model's checkpoint contract resolved against its config (what the oracle reads).
+    Contract(cli::contract::Args),
     /// List the deliberate-fault catalogue.
     Faults(cli::faults::Args),
     #[cfg(feature = "oracle")]
@@ -100,6 +102,7 @@ fn main() -> ExitCode {
         Command::Oracle(a) => cli::oracle::run(a),
         Command::Compare(a) => cli::compare::run(a),
         Command::List(a) => cli::list::run(a),
+        Command::Contract(a) => cli::contract::run(a),
         Command::Faults(a) => cli::faults::run(a),
         #[cfg(feature = "oracle")]
         Command::Selftest(a) => cli::selftest::run(a),

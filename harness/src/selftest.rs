@@ -76,10 +76,7 @@ pub fn selftest(
                 continue;
             }
             let (cp, step) = e.expected_origin;
-            let cp = match model.contract().dims.get("sc_layer") {
-                Some(sc) => cp.replace("SC", &sc.to_string()),
-                None => cp.to_string(),
-            };
+            let cp = model.contract().expand_name(cp)?;
             let planted = plant(e.name, family, &config)?;
             cases.push((
                 e.name.to_string(),

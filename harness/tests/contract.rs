@@ -1,4 +1,4 @@
-//! Localization on the real Whisper checkpoint contract (templates expanded by the harness).
+//! Localization on the real Whisper checkpoint contract (resolved by xray-core).
 
 mod common;
 

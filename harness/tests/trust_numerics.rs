@@ -7,7 +7,7 @@ use common::{root, stderr, xray};
 
 use ndarray::{ArrayD, IxDyn};
 use xray_compare::compare::{compare_graph, CompareOptions, MemorySource};
-use xray_compare::localize::{build_graph, CheckpointSpec, Status, Steps};
+use xray_compare::localize::{build_graph, Status, Steps};
 use xray_compare::metrics::{compare, compare_logits};
 use xray_compare::tolerance::{Dtype, Policy, Tolerance};
 use xray_compare::Error;
@@ -30,15 +30,11 @@ fn noise(n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn one_node(name: &str, logits: bool) -> xray_compare::localize::CheckpointGraph {
-    let spec = CheckpointSpec {
-        name: name.into(),
-        producer: format!("op.{name}"),
-        steps: Steps::Every,
-        inputs: vec![],
-        layer: None,
-        logits,
-    };
-    build_graph(&[spec], &[0, 1, 2]).unwrap()
+    build_graph(
+        &[common::spec(name, Steps::Every, vec![], logits)],
+        &[0, 1, 2],
+    )
+    .unwrap()
 }
 
 // ---------------------------------------------------------------------------------------------

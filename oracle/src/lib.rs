@@ -15,6 +15,7 @@ use numpy::PyReadonlyArrayDyn;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use xray_core::capture::Captured;
+use xray_core::contract::Contract;
 use xray_core::dump::{DumpWriter, Manifest};
 use xray_core::Layout;
 
@@ -161,8 +162,10 @@ pub struct OracleRequest {
     pub audio_sha256: Option<String>,
     /// How the file became `samples` (recorded as `extra.audio` in the reference's dump).
     pub audio_conversion: Option<serde_json::Value>,
-    /// The family's contract text (from `xray_core::contract::contract_text`).
-    pub contract: String,
+    /// The family's contract resolved against the model's config: Python receives its
+    /// [`Contract::resolved_json`] and evaluates nothing; the captured shapes are checked
+    /// against it (symbols and their relations) when the run returns.
+    pub contract: Contract,
     /// `float32` (default) or `float64` (calibration).
     pub dtype: String,
     /// Cap on generated tokens.
@@ -191,16 +194,16 @@ impl OracleRequest {
         self
     }
 
-    /// A float32 request with no options.
-    pub fn new(family: &str, model_dir: &Path, audio: &Path, contract: &str) -> Self {
+    /// A float32 request with no options (the family is the contract's).
+    pub fn new(model_dir: &Path, audio: &Path, contract: &Contract) -> Self {
         OracleRequest {
-            family: family.to_string(),
+            family: contract.family.clone(),
             model_dir: model_dir.to_path_buf(),
             audio: audio.to_path_buf(),
             samples: None,
             audio_sha256: None,
             audio_conversion: None,
-            contract: contract.to_string(),
+            contract: contract.clone(),
             dtype: "float32".into(),
             max_new_tokens: None,
             teacher: None,
@@ -523,12 +526,19 @@ impl Oracle {
                         req.family.as_str(),
                         req.model_dir.to_string_lossy().to_string(),
                         req.audio.to_string_lossy().to_string(),
-                        req.contract.as_str(),
+                        req.contract.resolved_json().to_string(),
                     ),
                     Some(&kw),
                 )
                 .map_err(|e| py_err(py, e))?;
             let mut run = extract_run(py, &res)?;
+            req.contract
+                .check_shapes(
+                    run.checkpoints
+                        .iter()
+                        .map(|c| (c.name.as_str(), c.step, c.data.shape())),
+                )
+                .map_err(|e| OracleError::Data(format!("the reference's checkpoints: {e}")))?;
             // What the reference computed on, hashed by Python: it must be what was sent.
             let fed: Option<String> = res
                 .get_item("samples_sha256")

@@ -2,6 +2,7 @@
 fixtures/build.py (idempotent, ~0.2 s when cached) so the tests never see a missing fixture."""
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +17,9 @@ RAND_A = REPO / "fixtures" / "build" / "whisper-rand-a"
 RAND_B = REPO / "fixtures" / "build" / "whisper-rand-b"
 AUDIO = REPO / "fixtures" / "audio"
 EDGE_AUDIO = REPO / "fixtures" / "build" / "audio"
-CONTRACT = REPO / "core" / "contracts" / "whisper.json"
+# The oracle reads contracts resolved by X-Ray's Rust core (`xray contract`); either build of xray
+# (with or without the oracle feature) prints them.
+XRAY_BINS = [REPO / "target" / "release" / "xray", REPO / "target" / "release" / "xray-nopy"]
 
 # What espeak-ng says in each committed clip (fixtures/audio/transcripts.tsv) and the words of it
 # that tiny.en must recognise (espeak's voice is robotic; tiny.en gets most, not all, words right).
@@ -36,6 +39,19 @@ def built_fixtures():
         pytest.exit("fixtures/build.py failed (see its output above); run `make fixtures`", returncode=1)
 
 
-@pytest.fixture(scope="session")
-def contract_text() -> str:
-    return CONTRACT.read_text(encoding="utf-8")
+_resolved: dict[str, str] = {}
+
+
+def resolved_contract(model_dir) -> str:
+    """The model's contract resolved by `xray contract --model DIR` (the newest build of xray)."""
+    key = str(model_dir)
+    if key not in _resolved:
+        built = [p for p in XRAY_BINS if p.is_file()]
+        if not built:
+            pytest.fail("no target/release/xray: the oracle reads contracts resolved by X-Ray's Rust core; run `make build`")
+        exe = max(built, key=lambda p: p.stat().st_mtime)
+        r = subprocess.run([str(exe), "contract", "--model", key], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.fail(f"{exe} contract --model {key}: exit {r.returncode}: {r.stderr.strip()}")
+        _resolved[key] = r.stdout
+    return _resolved[key]

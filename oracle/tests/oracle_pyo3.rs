@@ -62,9 +62,7 @@ fn whisper_random_fixture_matches_contract_and_dump_roundtrips() {
     let oracle = Oracle::discover().expect("venv (make venv)");
     let cfg = config(&dir);
     let c = Contract::for_family("whisper", &cfg).unwrap();
-    let run = oracle
-        .run(&OracleRequest::new("whisper", &dir, &audio, &c.text))
-        .unwrap();
+    let run = oracle.run(&OracleRequest::new(&dir, &audio, &c)).unwrap();
     let steps = run.tokens.len() - 2;
     assert!(steps >= 1);
     check_against_contract(&c, &run, steps);
@@ -90,9 +88,7 @@ fn whisper_tiny_en_transcribes_real_speech() {
     let audio = root().join("fixtures/audio/fox.wav");
     let oracle = Oracle::discover().unwrap();
     let c = Contract::for_family("whisper", &config(&dir)).unwrap();
-    let run = oracle
-        .run(&OracleRequest::new("whisper", &dir, &audio, &c.text))
-        .unwrap();
+    let run = oracle.run(&OracleRequest::new(&dir, &audio, &c)).unwrap();
     let t = run.transcript.to_lowercase();
     assert!(
         t.contains("quick") && t.contains("lazy dog"),
@@ -110,9 +106,7 @@ fn granite_nar_fixture_matches_contract() {
     let audio = root().join("fixtures/audio/fox.wav");
     let oracle = Oracle::discover().unwrap();
     let c = Contract::for_family("granite_nar", &config(&dir)).unwrap();
-    let run = oracle
-        .run(&OracleRequest::new("granite_nar", &dir, &audio, &c.text))
-        .unwrap();
+    let run = oracle.run(&OracleRequest::new(&dir, &audio, &c)).unwrap();
     for spec in &c.checkpoints {
         let got = run
             .checkpoints
@@ -132,14 +126,17 @@ fn granite_nar_fixture_matches_contract() {
 #[test]
 fn input_errors_are_one_line_and_keep_the_traceback() {
     let oracle = Oracle::discover().unwrap();
-    let c = xray_core::contract::contract_text("whisper").unwrap();
+    let cfg = serde_json::json!({
+        "num_mel_bins": 80, "max_source_positions": 1500, "d_model": 384,
+        "decoder_attention_heads": 6, "vocab_size": 51864, "encoder_layers": 4, "decoder_layers": 4
+    });
+    let c = Contract::for_family("whisper", &cfg).unwrap();
     let missing = root().join("fixtures/no-such-model");
     let e = oracle
         .run(&OracleRequest::new(
-            "whisper",
             &missing,
             &root().join("fixtures/audio/fox.wav"),
-            c,
+            &c,
         ))
         .unwrap_err();
     match &e {

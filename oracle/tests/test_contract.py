@@ -1,104 +1,71 @@
-"""xray_oracle.contract: the same expression rules as core/src/contract.rs."""
+"""xray_oracle.contract reads contracts resolved by xray-core (`xray contract`): it evaluates
+nothing and refuses anything that is not a complete resolved contract."""
 from __future__ import annotations
 
 import json
 
 import pytest
-from conftest import CONTRACT, RAND_B, TINY_EN
+from conftest import RAND_B, REPO, TINY_EN, resolved_contract
 
-from xray_oracle.contract import eval_expr, load_contract_text, resolve
+from xray_oracle.contract import load_resolved
 from xray_oracle.errors import ContractError
 
 
-def test_expressions():
-    cfg = {"d_model": 384, "heads": 6, "n": {"layers": 4}}
-    from xray_oracle.contract import _config_int
-
-    v = lambda t: _config_int(cfg, t)  # noqa: E731
-    assert eval_expr("d_model / heads", v) == 64
-    assert eval_expr("2 * d_model", v) == 768
-    assert eval_expr("n.layers / 2 - 1", v) == 1
-    assert eval_expr("1 + 2 * 3 - 4", v) == 3
-    with pytest.raises(ValueError, match="not divisible"):
-        eval_expr("d_model / 5", v)
-    with pytest.raises(ValueError, match="missing_key"):
-        eval_expr("missing_key", v)
-    with pytest.raises(ValueError, match="dangling"):
-        eval_expr("d_model +", v)
-
-
-def test_tiny_en_expansion():
-    c = resolve(load_contract_text(CONTRACT.read_text()), json.loads((TINY_EN / "config.json").read_text()))
+def test_tiny_en_resolved():
+    c = load_resolved(resolved_contract(TINY_EN), "whisper")
     assert c.dims == {"mel_bins": 80, "mel_frames": 3000, "enc_tokens": 1500, "d_model": 384, "heads": 6,
                       "head_dim": 64, "vocab": 51864}
+    assert c.hf_class == "WhisperForConditionalGeneration" and len(c.sha256) == 64
     names = [x.name for x in c.checkpoints]
     assert len(names) == 4 + 4 + 7 * 4 + 1  # once: mel, conv1, conv2, memory; 4 encoder layers; 7 per decoder layer; logits
     # Consecutive templates over the same repeat expand layer-major: layer 0's seven, then layer 1's.
     assert all(".layer.0." in n for n in names[8:15]) and all(".layer.1." in n for n in names[15:22])
     assert names[8] == "audio.decoder.layer.0.self_attention.probs" and names[-1] == "audio.decoder.logits"
-    assert [x.order for x in c.checkpoints] == list(range(len(names)))
     ck = c.by_name()["audio.decoder.layer.3.cross_attention.output"]
     assert ck.shape == [6, "tokens", 64] and ck.layout == "head_major" and ck.steps == "every"
+    assert ck.template == "audio.decoder.layer.{layer}.cross_attention.output" and ck.layer == 3
     assert ck.reference.module == "model.decoder.layers.3.encoder_attn.out_proj" and ck.reference.hook == "pre"
     assert ck.reference.transform == ["squeeze_batch", "split_heads"]
+    assert "audio.decoder.layer.3.cross_k@prefill" in ck.inputs
 
 
 def test_rand_b_uses_decoder_heads():
-    c = resolve(load_contract_text(str(CONTRACT)), json.loads((RAND_B / "config.json").read_text()))
+    c = load_resolved(resolved_contract(RAND_B))
     assert c.dims["heads"] == 3 and c.dims["head_dim"] == 32  # encoder has 6 heads; the contract's are the decoder's
     assert c.repeats == {"encoder_layers": 3, "decoder_layers": 2}
 
 
-def test_bad_geometry_and_bad_contracts_fail_closed():
-    data = load_contract_text(CONTRACT.read_text())
-    cfg = json.loads((TINY_EN / "config.json").read_text())
-    with pytest.raises(ContractError, match=r"dim 'head_dim'.*not divisible"):
-        resolve(data, dict(cfg, decoder_attention_heads=5))
-    with pytest.raises(ContractError, match=r"dim 'mel_bins'.*num_mel_bins"):
-        resolve(data, {k: v for k, v in cfg.items() if k != "num_mel_bins"})
-    bad = json.loads(json.dumps(data))
-    bad["checkpoints"][0]["reference"]["transform"] = ["transpose"]
-    with pytest.raises(ContractError, match="unknown reference transform 'transpose'"):
-        resolve(bad, cfg)
-    with pytest.raises(ContractError, match="schema"):
-        load_contract_text('{"schema": "other"}')
-    with pytest.raises(ContractError, match="does not parse"):
-        load_contract_text("{not json")
-
-
-def test_one_resolver_for_granite_nar_extensions():
-    """lists, range, inputs_at_first, symbols and reference.kwarg go through the same resolver."""
-    from conftest import REPO
-
-    data = load_contract_text(REPO / "core" / "contracts" / "granite_nar.json")
-    cfg = json.loads((REPO / "fixtures" / "build" / "granite-nar-tiny" / "config.json").read_text())
-    c = resolve(data, cfg)
-    assert c.family == "granite_nar" and c.symbols and c.lists
-    names = [x.name for x in c.checkpoints]
-    assert len(names) == len(set(names))
+def test_granite_nar_extensions_arrive_resolved():
+    c = load_resolved(resolved_contract(REPO / "fixtures" / "build" / "granite-nar-tiny"), "granite_nar")
+    assert c.symbols and c.lists["captures"]
     assert c.get("enc.cat_out").inputs[-1] == "enc.ctc_logits"
     assert c.get("dec.flat_embeds").reference.kwarg == "inputs_embeds"
     assert c.get("proj.qformer.out").reference.transform == ["flatten_windows"]
-    bad = json.loads(json.dumps(data))
-    bad["checkpoints"][-1]["inputs"] = ["enc.block.{each:nope}.out"]
-    with pytest.raises(ContractError, match="unknown list 'nope'"):
-        resolve(bad, cfg)
-    bad = json.loads(json.dumps(data))
-    first_repeated = next(x for x in bad["checkpoints"] if "inputs_at_first" in x)
-    del first_repeated["inputs_at_first"]
-    with pytest.raises(ContractError, match="declare inputs_at_first"):
-        resolve(bad, cfg)
-    bad = json.loads(json.dumps(data))
-    bad["checkpoints"][0]["reference"]["kwarg"] = "x"
-    bad["checkpoints"][0]["reference"]["hook"] = "forward"
-    with pytest.raises(ContractError, match="kwarg needs hook 'pre'"):
-        resolve(bad, cfg)
 
 
-def test_expression_superset():
-    v = {"a": 7, "b": 2}.get
-    assert eval_expr("ceil_div(a, b)", v) == 4
-    assert eval_expr("floor_div(a, b) * (b + 1)", v) == 9
-    assert eval_expr("-b + max(a, 3)", v) == 5
-    with pytest.raises(ValueError, match="unexpected end"):
-        eval_expr("(a + b", v)
+def test_anything_but_a_complete_resolved_contract_is_refused(tmp_path):
+    good = json.loads(resolved_contract(TINY_EN))
+
+    def refused(edit, match):
+        data = json.loads(json.dumps(good))
+        edit(data)
+        with pytest.raises(ContractError, match=match):
+            load_resolved(json.dumps(data))
+
+    raw = (REPO / "core" / "contracts" / "whisper.json").read_text()
+    with pytest.raises(ContractError, match=r"not resolved: make it with `xray contract --model DIR`"):
+        load_resolved(raw)
+    with pytest.raises(ContractError, match="not JSON"):
+        load_resolved("{not json")
+    with pytest.raises(ContractError, match="does not exist"):
+        load_resolved(tmp_path / "absent.json")
+    with pytest.raises(ContractError, match="for family 'whisper', not 'granite_nar'"):
+        load_resolved(json.dumps(good), "granite_nar")
+    refused(lambda d: d["checkpoints"][0].pop("reference"), "no 'reference'")
+    refused(lambda d: d["checkpoints"][0]["reference"].update(hook="backward"), "hook 'backward'")
+    refused(lambda d: d["checkpoints"][0]["reference"].update(transform=["transpose"]), "transform 'transpose'")
+    refused(lambda d: d["checkpoints"][0].update(steps="sometimes"), "steps 'sometimes'")
+    refused(lambda d: d["checkpoints"][0].update(shape=["d_model", 1.5]), "not a number or a symbol")
+    refused(lambda d: d["checkpoints"][1].update(inputs=["audio.frontend.mel"]), "not \\[name, step reference\\]")
+    refused(lambda d: d["checkpoints"].append(d["checkpoints"][0]), "duplicate")
+    refused(lambda d: d["dims"].update(heads="6"), "'dims' is not a map of integers")

@@ -23,7 +23,6 @@ sys.path.insert(0, str(ROOT / "oracle"))
 from xray_oracle import granite_contract as gc  # noqa: E402
 from xray_oracle import granite_nar as gn  # noqa: E402
 
-CONTRACT = ROOT / "core" / "contracts" / "granite_nar.json"
 CLIP = ROOT / "fixtures" / "audio" / "fox.wav"
 
 
@@ -53,8 +52,10 @@ def loaded(model_dir):
 
 
 @pytest.fixture(scope="session")
-def contract():
-    return json.loads(CONTRACT.read_text())
+def contract(model_dir):
+    from conftest import resolved_contract
+
+    return resolved_contract(model_dir)
 
 
 def run(model_dir, loaded, contract, **kw):
@@ -100,8 +101,7 @@ def test_fixture_weights_are_f32_and_lm_head_is_tied(model_dir):
 
 
 def test_all_contract_checkpoints_captured_with_contract_shapes(baseline, contract, model_dir):
-    config = json.loads((model_dir / "config.json").read_text())
-    resolved = gc.resolve(contract, config)
+    resolved = gc.load_resolved(contract)
     got = arrays(baseline)
     assert [c["name"] for c in baseline["checkpoints"]] == [c.name for c in resolved.checkpoints]
     for c, ck in zip(baseline["checkpoints"], resolved.checkpoints):
@@ -122,7 +122,7 @@ def test_all_contract_checkpoints_captured_with_contract_shapes(baseline, contra
 
 
 def test_contract_resolution_edges(contract, model_dir):
-    resolved = gc.resolve(contract, json.loads((model_dir / "config.json").read_text()))
+    resolved = gc.load_resolved(contract)
     names = [c.name for c in resolved.checkpoints]
     # Topological order: the self-conditioning tensors sit between blocks 1 and 2 (sc_layer = 2).
     assert names.index("enc.block.1.out") < names.index("enc.ctc_logits") < names.index("enc.block.2.out")

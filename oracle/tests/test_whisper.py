@@ -7,7 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import AUDIO, EDGE_AUDIO, EXPECTED_WORDS, RAND_A, RAND_B, TINY_EN
+from conftest import AUDIO, EDGE_AUDIO, EXPECTED_WORDS, RAND_A, RAND_B, TINY_EN, resolved_contract
 
 from xray_oracle import run_whisper
 from xray_oracle.errors import CaptureError, OracleInputError
@@ -18,10 +18,10 @@ MIN_MARGIN = 0.05  # greedy top-1 minus top-2 logit, every step of every committ
 _cache: dict = {}
 
 
-def run(model, clip, contract_text, **kw):
+def run(model, clip, **kw):
     key = (str(model), str(clip), json.dumps(kw, sort_keys=True))
     if key not in _cache:
-        _cache[key] = run_whisper(str(model), str(clip), contract_text, **kw)
+        _cache[key] = run_whisper(str(model), str(clip), resolved_contract(model), **kw)
     return _cache[key]
 
 
@@ -84,8 +84,8 @@ def check_greedy(res: dict, model_dir, got, steps):
     return min(margins)
 
 
-def test_tiny_en_fox_all_checkpoints(contract_text):
-    res = run(TINY_EN, AUDIO / "fox.wav", contract_text)
+def test_tiny_en_fox_all_checkpoints():
+    res = run(TINY_EN, AUDIO / "fox.wav")
     got, steps = check_complete(res, TINY_EN)
     assert res["tokens"][-1] == EOT
     assert check_greedy(res, TINY_EN, got, steps) > MIN_MARGIN
@@ -108,25 +108,25 @@ def test_tiny_en_fox_all_checkpoints(contract_text):
 
 
 @pytest.mark.parametrize("clip", ["stella.wav", "weather.wav"])
-def test_tiny_en_transcripts(clip, contract_text):
-    res = run(TINY_EN, AUDIO / clip, contract_text, only=[])
+def test_tiny_en_transcripts(clip):
+    res = run(TINY_EN, AUDIO / clip, only=[])
     assert res["checkpoints"] == [] and res["tokens"][:2] == [SOT, NOTS] and res["tokens"][-1] == EOT
     text = res["transcript"].lower()
     missing = [w for w in EXPECTED_WORDS[clip] if w not in text]
     assert not missing, (missing, res["transcript"])
 
 
-def test_tiny_en_silence(contract_text):
-    res = run(TINY_EN, EDGE_AUDIO / "silence-2s.wav", contract_text, only=["audio.decoder.logits"], max_new_tokens=3)
+def test_tiny_en_silence():
+    res = run(TINY_EN, EDGE_AUDIO / "silence-2s.wav", only=["audio.decoder.logits"], max_new_tokens=3)
     assert 3 <= len(res["tokens"]) <= 5
 
 
 @pytest.mark.parametrize("model_dir", [RAND_A, RAND_B], ids=["rand-a", "rand-b"])
-def test_random_fixtures_all_checkpoints(model_dir, contract_text):
+def test_random_fixtures_all_checkpoints(model_dir):
     config = json.loads((model_dir / "config.json").read_text())
     margins = []
     for clip in ("fox.wav", "stella.wav", "weather.wav"):
-        res = run(model_dir, AUDIO / clip, contract_text)
+        res = run(model_dir, AUDIO / clip)
         got, steps = check_complete(res, model_dir)
         assert steps == 12  # generation_config max_length 12 new tokens
         margins.append(check_greedy(res, model_dir, got, steps))
@@ -134,11 +134,11 @@ def test_random_fixtures_all_checkpoints(model_dir, contract_text):
     assert res["dims"]["heads"] == config["decoder_attention_heads"]
 
 
-def test_cross_k_is_k_proj_of_the_encoder_memory(contract_text):
+def test_cross_k_is_k_proj_of_the_encoder_memory():
     """Hook placement and split_heads, recomputed from the weights with numpy."""
     from safetensors.numpy import load_file
 
-    res = run(RAND_B, AUDIO / "fox.wav", contract_text)
+    res = run(RAND_B, AUDIO / "fox.wav")
     got = {(c["name"], c["step"]): c["array"] for c in res["checkpoints"]}
     w = load_file(str(RAND_B / "model.safetensors"))
     mem = got[("audio.encoder.memory", 0)].astype(np.float64)
@@ -154,9 +154,9 @@ def test_cross_k_is_k_proj_of_the_encoder_memory(contract_text):
                                merged @ w[f"{p}.weight"].T + w[f"{p}.bias"], rtol=1e-4, atol=1e-4)
 
 
-def test_float64_run_matches_float32(contract_text):
-    r32 = run(RAND_A, AUDIO / "fox.wav", contract_text)
-    r64 = run(RAND_A, AUDIO / "fox.wav", contract_text, dtype="float64")
+def test_float64_run_matches_float32():
+    r32 = run(RAND_A, AUDIO / "fox.wav")
+    r64 = run(RAND_A, AUDIO / "fox.wav", dtype="float64")
     got64, _ = check_complete(r64, RAND_A, dtype=np.float64)
     assert r64["tokens"] == r32["tokens"]
     for c in r32["checkpoints"]:
@@ -179,66 +179,71 @@ def test_float64_log_mel_port_matches_the_feature_extractor():
     assert np.abs(ours - ref).max() < 1e-4
 
 
-def test_only_and_max_new_tokens(contract_text):
-    res = run(RAND_A, AUDIO / "fox.wav", contract_text, only=["audio.decoder.layer.{layer}.out", "audio.encoder.memory"],
+def test_only_and_max_new_tokens():
+    res = run(RAND_A, AUDIO / "fox.wav", only=["audio.decoder.layer.{layer}.out", "audio.encoder.memory"],
               max_new_tokens=3)
     names = sorted({c["name"] for c in res["checkpoints"]})
     assert names == ["audio.decoder.layer.0.out", "audio.decoder.layer.1.out", "audio.encoder.memory"]
     assert len(res["tokens"]) == 5 and max(c["step"] for c in res["checkpoints"]) == 2
     with pytest.raises(OracleInputError, match=r"unknown checkpoint name\(s\) \['audio.nope'\]"):
-        run_whisper(str(RAND_A), str(AUDIO / "fox.wav"), contract_text, only=["audio.nope"])
+        run_whisper(str(RAND_A), str(AUDIO / "fox.wav"), resolved_contract(RAND_A), only=["audio.nope"])
 
 
-def test_model_dir_refusals(tmp_path, contract_text):
+def test_model_dir_refusals(tmp_path):
     clip = str(AUDIO / "fox.wav")
     with pytest.raises(OracleInputError, match=r"does not exist; run `make fixtures`"):
-        run_whisper(str(tmp_path / "absent"), clip, contract_text)
+        run_whisper(str(tmp_path / "absent"), clip, resolved_contract(RAND_A))
     d = tmp_path / "m"
     shutil.copytree(RAND_A, d)
     (d / "pytorch_model.bin").write_bytes(b"\x80\x04not really a pickle")
     with pytest.raises(OracleInputError, match=r"pickle-format weights \['pytorch_model.bin'\]"):
-        run_whisper(str(d), clip, contract_text)
+        run_whisper(str(d), clip, resolved_contract(d))
     (d / "pytorch_model.bin").unlink()
     (d / "model.safetensors").unlink()
     with pytest.raises(OracleInputError, match=r"has no \.safetensors weights"):
-        run_whisper(str(d), clip, contract_text)
+        run_whisper(str(d), clip, resolved_contract(d))
     with pytest.raises(OracleInputError, match=r"fox-stereo\.wav: 2 channels"):
-        run_whisper(str(RAND_A), str(EDGE_AUDIO / "fox-stereo.wav"), contract_text)
+        run_whisper(str(RAND_A), str(EDGE_AUDIO / "fox-stereo.wav"), resolved_contract(RAND_A))
     with pytest.raises(OracleInputError, match=r"long-35s\.wav: 35\.00 s of audio, longer than the model's 5 s window"):
-        run_whisper(str(RAND_A), str(EDGE_AUDIO / "long-35s.wav"), contract_text)
+        run_whisper(str(RAND_A), str(EDGE_AUDIO / "long-35s.wav"), resolved_contract(RAND_A))
     with pytest.raises(OracleInputError, match=r"44100 Hz"):
-        run_whisper(str(TINY_EN), str(EDGE_AUDIO / "fox-44k.wav"), contract_text)
+        run_whisper(str(TINY_EN), str(EDGE_AUDIO / "fox-44k.wav"), resolved_contract(TINY_EN))
 
 
-def test_contract_disagreements_name_the_checkpoint(contract_text):
-    data = json.loads(contract_text)
+def test_contract_disagreements_name_the_checkpoint():
+    text = resolved_contract(RAND_A)
+    data = json.loads(text)
     mem = next(c for c in data["checkpoints"] if c["name"] == "audio.encoder.memory")
-    mem["shape"] = ["d_model", "enc_tokens"]
+    mem["shape"] = mem["shape"][::-1]
     with pytest.raises(CaptureError, match=r"audio\.encoder\.memory@step0: HF gives shape \[250, 64\], the contract says"):
         run_whisper(str(RAND_A), str(AUDIO / "fox.wav"), json.dumps(data), only=["audio.encoder.memory"], max_new_tokens=1)
-    data = json.loads(contract_text)
-    ck = next(c for c in data["checkpoints"] if c["name"] == "audio.decoder.layer.{layer}.cross_k")
+    data = json.loads(text)
+    ck = next(c for c in data["checkpoints"] if c["name"] == "audio.decoder.layer.0.cross_k")
     ck["steps"] = "every"
     with pytest.raises(CaptureError, match=r"audio\.decoder\.layer\.0\.cross_k .*captured at steps \[0\] of 2; missing \[1\]"):
         run_whisper(str(RAND_A), str(AUDIO / "fox.wav"), json.dumps(data), only=[ck["name"]], max_new_tokens=2)
-    data = json.loads(contract_text)
+    data = json.loads(text)
     lg = next(c for c in data["checkpoints"] if c["name"] == "audio.decoder.logits")
     lg["reference"]["module"] = "lm_head"
     from xray_oracle.errors import ContractError
 
     with pytest.raises(ContractError, match="module 'lm_head' does not exist"):
         run_whisper(str(RAND_A), str(AUDIO / "fox.wav"), json.dumps(data), only=["audio.decoder.logits"], max_new_tokens=1)
+    # A contract as written (not resolved) is refused, with the command that resolves it.
+    raw = (AUDIO.parents[1] / "core" / "contracts" / "whisper.json").read_text()
+    with pytest.raises(ContractError, match=r"xray contract --model DIR"):
+        run_whisper(str(RAND_A), str(AUDIO / "fox.wav"), raw)
 
 
 def test_dump_cli_round_trip(tmp_path):
-    from conftest import CONTRACT
-
     from xray_oracle.__main__ import main
     from xray_oracle.dump import read_dump
 
     out = tmp_path / "dump"
+    contract = tmp_path / "contract.json"
+    contract.write_text(resolved_contract(RAND_B))
     argv = ["dump", "--model", str(RAND_B), "--audio", str(AUDIO / "weather.wav"), "--out", str(out),
-            "--contract", str(CONTRACT), "--max-new-tokens", "2"]
+            "--contract", str(contract), "--max-new-tokens", "2"]
     assert main(argv) == 0
     d = read_dump(out)
     m = d.manifest

@@ -1,11 +1,12 @@
 """`python -m xray_oracle` (run with PYTHONPATH=oracle, or from the oracle/ folder).
 
-    dump    --model DIR --audio WAV --out DIR [--contract FILE] [--max-new-tokens N]
+    dump    --model DIR --audio WAV --contract FILE --out DIR [--max-new-tokens N]
             [--dtype float32|float64] [--only NAME ...] [--stats-only] [--force]
     run     --model DIR --audio WAV [...]      print tokens, transcript and checkpoint shapes
     verify  DIR                                load a dump with every check, print a summary
 
-Exit status: 0 on success, 2 on an oracle error (the message says what to fix), 1 otherwise.
+--contract is the resolved contract: `xray contract --model DIR --out FILE` makes it (Python evaluates
+no contract expressions). Exit status: 0 on success, 2 on an oracle error (the message says what to fix), 1 otherwise.
 """
 from __future__ import annotations
 
@@ -18,11 +19,10 @@ from .errors import OracleError
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
-    from .contract import default_contract_path
-
     p.add_argument("--model", required=True, help="HF Whisper directory (e.g. fixtures/whisper-tiny-en)")
     p.add_argument("--audio", required=True, help="16 kHz mono 16-bit PCM WAV")
-    p.add_argument("--contract", default=str(default_contract_path("whisper")), help="contract JSON file")
+    p.add_argument("--contract", required=True,
+                   help="resolved contract JSON (make it with `xray contract --model DIR --out FILE`)")
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--attn", choices=["eager", "sdpa"], default="eager", help="attention implementation")
@@ -37,11 +37,11 @@ def _run(args) -> dict:
     if not contract.is_file():
         from .errors import OracleInputError
 
-        raise OracleInputError(f"contract file {contract} does not exist")
+        raise OracleInputError(f"contract file {contract} does not exist (make it with `xray contract --model {args.model} --out {contract}`)")
     return run_whisper(
         args.model,
         args.audio,
-        contract.read_text(encoding="utf-8"),
+        contract,
         max_new_tokens=args.max_new_tokens,
         dtype=args.dtype,
         only=args.only,

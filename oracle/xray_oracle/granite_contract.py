@@ -1,6 +1,7 @@
 """Reference capture for the granite_nar oracle: forward hooks / pre-hooks that copy the contract's
-checkpoints out of one forward pass, the reference transforms, and the shape / symbol check after
-the run. The contract itself is resolved by `xray_oracle.contract` (one resolver for every family).
+checkpoints out of one forward pass, the reference transforms, and the shape / symbol binding check
+after the run. The contract arrives resolved (`xray_oracle.contract.load_resolved`); the relations
+between symbols are checked on the Rust side (xray-core's `Contract::check_shapes`).
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .contract import Checkpoint, Contract, ContractError, eval_expr, load_contract_text, resolve
+from .contract import Checkpoint, Contract, ContractError, load_resolved
 
 __all__ = ["Checkpoint", "Contract", "ContractError", "Recorder", "apply_transforms", "check_shapes",
-           "load_contract_text", "resolve"]
+           "load_resolved"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -98,11 +99,9 @@ class Recorder:
 
 
 def check_shapes(resolved: Contract, checkpoints: list[Checkpoint], arrays: dict[str, np.ndarray]) -> dict[str, int]:
-    """Check every captured array against its contract shape; bind and cross-check symbols.
-
-    Returns the symbol bindings. Symbols with an expression in the contract's `symbols` block are
-    checked against that expression once all the symbols it uses are bound.
-    """
+    """Check every captured array against its contract shape and bind the run-time symbols (one
+    value per symbol). Returns the bindings; the relations between symbols (the contract's
+    `symbols` block) are checked by the Rust side when the run returns."""
     bound: dict[str, int] = {}
     for ck in checkpoints:
         if ck.name not in arrays:
@@ -118,21 +117,4 @@ def check_shapes(resolved: Contract, checkpoints: list[Checkpoint], arrays: dict
                 raise ContractError(f"{ck.name}: symbol '{want}' is {got} here but {bound[want]} elsewhere")
             else:
                 bound[want] = got
-
-    def lookup(t: str) -> int | None:
-        if t in bound:
-            return bound[t]
-        if t in resolved.dims:
-            return resolved.dims[t]
-        return resolved.repeats.get(t)
-
-    for sym, expr in resolved.symbols.items():
-        if expr in ("free", "") or sym not in bound:
-            continue
-        try:
-            want = eval_expr(expr, lookup)
-        except ValueError:
-            continue  # uses a symbol no captured checkpoint bound (e.g. a partial `only` run)
-        if want != bound[sym]:
-            raise ContractError(f"symbol '{sym}' = {bound[sym]} but contract says {expr} = {want}")
     return bound

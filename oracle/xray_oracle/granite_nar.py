@@ -684,9 +684,7 @@ def run_granite_nar(
         bad = [t for t in teacher_hypothesis if not 0 <= int(t) < vocab]
         if bad:
             raise GraniteNarInputError(f"teacher_hypothesis: ids {bad} outside [0, {vocab})")
-    resolved = gc.resolve(gc.load_contract_text(contract_json), raw_config)
-    if resolved.family != FAMILY:
-        raise GraniteNarInputError(f"contract family '{resolved.family}' is not '{FAMILY}'")
+    resolved = gc.load_resolved(contract_json, FAMILY)
     checkpoints = _select(resolved.checkpoints, only)
 
     features = frontend(audio).to(next(model.parameters()).dtype)

@@ -21,7 +21,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .audio import from_samples, read_wav, samples_sha256
-from .contract import Checkpoint, Contract, load_contract_text, resolve
+from .contract import Checkpoint, Contract, load_resolved
 from .errors import CaptureError, ContractError, OracleInputError
 from .modeldir import PICKLE_SUFFIXES  # noqa: F401  (re-exported)
 from .modeldir import check_model_dir as _shared_check
@@ -221,7 +221,8 @@ def run_whisper(
 
     - model_dir: a local HF Whisper directory with safetensors weights (no pickles, no hub).
     - audio_path: 16 kHz mono 16-bit PCM WAV no longer than the model's chunk_length.
-    - contract_json: the contract text (or a path to it).
+    - contract_json: the resolved contract (xray-core's `Contract::resolved_json`, or `xray contract`'s
+      output), as JSON text, a path or a dict.
     - max_new_tokens: passed to generate (None: the generation config's max_length).
     - dtype: "float32" (the reference) or "float64" (model.double(), log-mel in f64; calibration).
     - only: restrict capture to these checkpoint names (expanded names or templates).
@@ -249,10 +250,7 @@ def run_whisper(
     if attn_implementation not in ("eager", "sdpa"):
         raise OracleInputError(f"attn_implementation {attn_implementation!r} is not 'eager' or 'sdpa'")
     d, config, weights_sha = check_model_dir(model_dir)
-    data = load_contract_text(contract_json)
-    if data.get("family") != "whisper":
-        raise ContractError(f"run_whisper got the contract of family {data.get('family')!r}")
-    contract = resolve(data, config)
+    contract = load_resolved(contract_json, "whisper")
     selected = _select(contract, only)
     # The audio is checked before torch loads: a bad file costs no model load.
     chunk = _chunk_length(d)

@@ -437,13 +437,15 @@ pub struct CatalogueEntry {
     pub default_target: &'static str,
     /// Only at this step (None: every step).
     pub step: Option<usize>,
-    /// The checkpoint and step where the harness must put the origin for the default target.
+    /// The checkpoint (contract template syntax, expanded with the model's dims: `{sc_layer}`)
+    /// and step where the harness must put the origin for the default target.
     pub expected_origin: (&'static str, usize),
     /// The signature the harness must name for it (empty: any; the self-test checks it).
     pub expected_signature: &'static str,
     /// Needs a previous input through the same model (stale-state bugs).
     pub needs_second_input: bool,
-    build: fn(&serde_json::Value) -> Result<FaultKind, String>,
+    /// The fault for a model config (an error names a config key the config lacks).
+    pub(crate) build: fn(&serde_json::Value) -> Result<FaultKind, String>,
 }
 
 impl CatalogueEntry {
@@ -456,252 +458,19 @@ impl CatalogueEntry {
 }
 
 /// A number from config.json by dotted key, or an error naming the key.
-fn num(c: &serde_json::Value, key: &str) -> Result<f64, String> {
+pub(crate) fn num(c: &serde_json::Value, key: &str) -> Result<f64, String> {
     key.split('.')
         .try_fold(c, |v, k| v.get(k))
         .and_then(|v| v.as_f64())
         .ok_or_else(|| format!("config.json has no number at '{key}'"))
 }
 
-fn granite_head_dim(c: &serde_json::Value) -> Result<f32, String> {
-    Ok((num(c, "text_config.hidden_size")? / num(c, "text_config.num_attention_heads")?) as f32)
-}
-
-/// The fault catalogue.
+/// The fault catalogue: every registered family's entries ([`crate::models::families`]).
 pub fn catalogue() -> Vec<CatalogueEntry> {
-    use FaultKind::*;
-    use OutputFault::*;
-    use ParamFault::*;
-    vec![
-        CatalogueEntry {
-            name: "cross_k_token_major",
-            family: "whisper",
-            description:
-                "cross-attention K cache left token-major where the consumer reads head-major",
-            default_target: "audio.decoder.layer.1.cross_k",
-            step: None,
-            expected_origin: ("audio.decoder.layer.1.cross_k", 0),
-            expected_signature: "permutation",
-            needs_second_input: false,
-            build: |_| Ok(Output(TokenMajorLeak)),
-        },
-        CatalogueEntry {
-            name: "attn_scale_dropped",
-            family: "whisper",
-            description:
-                "cross-attention softmax without the 1/sqrt(head_dim) scale (scores unscaled)",
-            default_target: "decoder.layer.1.cross_attn",
-            step: None,
-            expected_origin: ("audio.decoder.layer.1.cross_attention.output", 0),
-            expected_signature: "",
-            needs_second_input: false,
-            build: |c| {
-                let d = num(c, "d_model")? / num(c, "decoder_attention_heads")?;
-                Ok(Param(AttnScale(d.sqrt() as f32)))
-            },
-        },
-        CatalogueEntry {
-            name: "causal_mask_dropped",
-            family: "whisper",
-            description:
-                "decoder self-attention without its causal mask (prefill sees future tokens)",
-            default_target: "decoder.layer.0.self_attn",
-            step: None,
-            expected_origin: ("audio.decoder.layer.0.self_attention.probs", 0),
-            expected_signature: "mask",
-            needs_second_input: false,
-            build: |_| Ok(Param(Causal(false))),
-        },
-        CatalogueEntry {
-            name: "causal_mask_added",
-            family: "whisper",
-            description: "encoder self-attention with a causal mask it must not have",
-            default_target: "encoder.layer.0.self_attn",
-            step: None,
-            expected_origin: ("audio.encoder.layer.0.out", 0),
-            expected_signature: "",
-            needs_second_input: false,
-            build: |_| Ok(Param(Causal(true))),
-        },
-        CatalogueEntry {
-            name: "stale_cross_cache",
-            family: "whisper",
-            description:
-                "cross-attention K/V cache not invalidated when new encoder memory is installed",
-            default_target: "",
-            step: None,
-            expected_origin: ("audio.decoder.layer.0.cross_attention.output", 1),
-            expected_signature: "",
-            needs_second_input: true,
-            build: |_| Ok(Host("stale_cross_cache".into())),
-        },
-        CatalogueEntry {
-            name: "layernorm_eps",
-            family: "whisper",
-            description: "LayerNorm epsilon 1e-1 instead of 1e-5 (encoder layer 1, MLP norm)",
-            default_target: "encoder.layer.1.mlp_norm",
-            step: None,
-            expected_origin: ("audio.encoder.layer.1.out", 0),
-            expected_signature: "",
-            needs_second_input: false,
-            build: |_| Ok(Param(Eps(1e-1))),
-        },
-        CatalogueEntry {
-            name: "round_f16",
-            family: "whisper",
-            description: "encoder memory rounded to f16 (a half-precision buffer in the bridge)",
-            default_target: "audio.encoder.memory",
-            step: None,
-            expected_origin: ("audio.encoder.memory", 0),
-            expected_signature: "rounding",
-            needs_second_input: false,
-            build: |_| Ok(Output(RoundF16)),
-        },
-        CatalogueEntry {
-            name: "round_bf16",
-            family: "whisper",
-            description: "decoder layer 0 cross-attention context rounded to bf16",
-            default_target: "audio.decoder.layer.0.cross_attention.output",
-            step: None,
-            expected_origin: ("audio.decoder.layer.0.cross_attention.output", 0),
-            expected_signature: "rounding",
-            needs_second_input: false,
-            build: |_| Ok(Output(RoundBf16)),
-        },
-        CatalogueEntry {
-            name: "nan_one",
-            family: "whisper",
-            description: "one NaN written into decoder layer 1's output at decode step 2",
-            default_target: "audio.decoder.layer.1.out",
-            step: Some(2),
-            expected_origin: ("audio.decoder.layer.1.out", 2),
-            expected_signature: "non_finite",
-            needs_second_input: false,
-            build: |_| Ok(Output(Nan(5))),
-        },
-        CatalogueEntry {
-            name: "swap_heads",
-            family: "whisper",
-            description: "heads 0 and 1 swapped in decoder layer 1's cross-attention context",
-            default_target: "audio.decoder.layer.1.cross_attention.output",
-            step: None,
-            expected_origin: ("audio.decoder.layer.1.cross_attention.output", 0),
-            expected_signature: "subset",
-            needs_second_input: false,
-            build: |_| Ok(Output(SwapHeads(0, 1))),
-        },
-        CatalogueEntry {
-            name: "out_proj_sign_flip",
-            family: "whisper",
-            description:
-                "decoder layer 0 cross-attention output projection with the wrong sign convention",
-            default_target: "audio.decoder.layer.0.cross_attention.out_proj",
-            step: None,
-            expected_origin: ("audio.decoder.layer.0.cross_attention.out_proj", 0),
-            expected_signature: "sign_flip",
-            needs_second_input: false,
-            build: |_| Ok(Output(Negate)),
-        },
-        CatalogueEntry {
-            name: "conv_pad_off_by_one",
-            family: "whisper",
-            description: "conv1 output shifted one frame late (padding applied on the wrong side)",
-            default_target: "audio.encoder.conv1.out",
-            step: None,
-            expected_origin: ("audio.encoder.conv1.out", 0),
-            expected_signature: "shift",
-            needs_second_input: false,
-            build: |_| Ok(Output(Shift(1))),
-        },
-        CatalogueEntry {
-            name: "logits_scaling_applied",
-            family: "granite_nar",
-            description:
-                "text logits divided by logits_scaling (the wrapper the NLE reference bypasses)",
-            default_target: "dec.text_logits",
-            step: None,
-            expected_origin: ("dec.text_logits", 0),
-            expected_signature: "scale",
-            needs_second_input: false,
-            build: |c| {
-                Ok(Output(Scale(
-                    1.0 / num(c, "text_config.logits_scaling")? as f32,
-                )))
-            },
-        },
-        CatalogueEntry {
-            name: "bpe_head_sign_flip",
-            family: "granite_nar",
-            description:
-                "BPE-CTC head with the wrong sign: another hypothesis, so every dec.* shape changes",
-            default_target: "enc.ctc_bpe_logits",
-            step: None,
-            expected_origin: ("enc.ctc_bpe_logits", 0),
-            expected_signature: "sign_flip",
-            needs_second_input: false,
-            build: |_| Ok(Output(Negate)),
-        },
-        CatalogueEntry {
-            name: "causal_mask_added",
-            family: "granite_nar",
-            description:
-                "bidirectional LM run with a causal mask (the transformers auto-mask trap)",
-            default_target: "dec.layer.0.attn",
-            step: None,
-            expected_origin: ("dec.layer.0.attn_probs", 0),
-            expected_signature: "mask",
-            needs_second_input: false,
-            build: |_| Ok(Param(Causal(true))),
-        },
-        CatalogueEntry {
-            name: "ctc_bypass_skipped",
-            family: "granite_nar",
-            description:
-                "self-conditioned CTC bypass not added back before the second half of the encoder",
-            default_target: "enc.self_cond.bypass_add",
-            step: None,
-            expected_origin: ("enc.block.SC.out", 0),
-            expected_signature: "",
-            needs_second_input: false,
-            build: |_| Ok(Param(SkipBranch)),
-        },
-        CatalogueEntry {
-            name: "rope_off_by_one",
-            family: "granite_nar",
-            description: "RoPE positions shifted by one in decoder layer 1",
-            default_target: "dec.layer.1.attn",
-            step: None,
-            expected_origin: ("dec.layer.1.attn_probs", 0),
-            expected_signature: "",
-            needs_second_input: false,
-            build: |_| Ok(Param(RopeOffset(1))),
-        },
-        CatalogueEntry {
-            name: "attn_scale_sqrt_d",
-            family: "granite_nar",
-            description: "LM attention scaled by 1/sqrt(head_dim) instead of attention_multiplier",
-            default_target: "dec.layer.0.attn",
-            step: None,
-            expected_origin: ("dec.layer.0.attn_probs", 0),
-            expected_signature: "",
-            needs_second_input: false,
-            build: |c| {
-                let m = num(c, "text_config.attention_multiplier")? as f32;
-                Ok(Param(AttnScale(1.0 / granite_head_dim(c)?.sqrt() / m)))
-            },
-        },
-        CatalogueEntry {
-            name: "round_bf16",
-            family: "granite_nar",
-            description: "projector output rounded to bf16",
-            default_target: "proj.out",
-            step: None,
-            expected_origin: ("proj.out", 0),
-            expected_signature: "rounding",
-            needs_second_input: false,
-            build: |_| Ok(Output(RoundBf16)),
-        },
-    ]
+    crate::models::families()
+        .iter()
+        .flat_map(|f| f.catalogue())
+        .collect()
 }
 
 /// Resolve `NAME` or `NAME@TARGET` for a family into a planted fault.

@@ -13,20 +13,23 @@ use crate::Layout;
 mod expr;
 pub use expr::eval_expr;
 
-/// The contract text of a family, embedded at build time.
+include!(concat!(env!("OUT_DIR"), "/contracts.rs"));
+
+/// The contract text of a family, embedded at build time (every `core/contracts/<family>.json`).
 pub fn contract_text(family: &str) -> Option<&'static str> {
-    match family {
-        "whisper" => Some(include_str!("../../contracts/whisper.json")),
-        "granite_nar" => Some(include_str!("../../contracts/granite_nar.json")),
-        _ => None,
-    }
+    CONTRACTS
+        .iter()
+        .find(|(f, _)| *f == family)
+        .map(|(_, t)| *t)
+}
+
+/// Families with a contract.
+pub fn families() -> impl Iterator<Item = &'static str> {
+    CONTRACTS.iter().map(|(f, _)| *f)
 }
 
 /// `schema` of [`Contract::resolved_json`].
 pub const RESOLVED_SCHEMA: &str = "xray.contract.resolved/v1";
-
-/// Families with a contract.
-pub const FAMILIES: &[&str] = &["whisper", "granite_nar"];
 
 /// When a checkpoint exists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,6 +41,13 @@ pub enum Steps {
     Prefill,
     /// At every decode step.
     Every,
+}
+
+impl Steps {
+    /// Whether a checkpoint with these steps exists at `step`.
+    pub fn present_at(self, step: u32) -> bool {
+        matches!(self, Steps::Every) || step == 0
+    }
 }
 
 /// Which step an upstream checkpoint-level edge refers to.
@@ -54,6 +64,7 @@ pub enum StepRef {
 
 /// One checkpoint as written in the contract file (templates unexpanded).
 #[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawCheckpoint {
     /// Name template (`audio.decoder.layer.{layer}.out`).
     pub name: String,
@@ -129,6 +140,7 @@ pub struct Reference {
 
 /// A contract file.
 #[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ContractFile {
     /// `xray.contract/v1`.
     pub schema: String,
@@ -624,6 +636,29 @@ impl Contract {
         })
     }
 
+    /// A name written in the contract's template syntax (`enc.block.{sc_layer}.out`,
+    /// `dec.layer.{last:text_layers}.out`) expanded with this contract's dims and repeats, as a
+    /// checkpoint of the contract. For names written outside the contract file (a fault
+    /// catalogue's expected origin), so they follow the model's geometry.
+    pub fn expand_name(&self, tpl: &str) -> Result<String> {
+        let config = serde_json::Value::Null;
+        let scope = Scope {
+            config: &config,
+            dims: &self.dims,
+            repeats: &self.repeats,
+        };
+        let name = scope
+            .expand(&self.family, tpl, None, None)?
+            .ok_or_else(|| cerr(&self.family, format!("'{tpl}' expands to a negative index")))?;
+        if self.get(&name).is_none() {
+            return Err(cerr(
+                &self.family,
+                format!("'{tpl}' expands to '{name}', which is not a checkpoint of the contract"),
+            ));
+        }
+        Ok(name)
+    }
+
     /// Names the symbol relations use must be symbols, dims or repeats (checked once, at parse).
     fn check_relations_parse(&self) -> Result<()> {
         for (sym, expr) in &self.symbols {
@@ -739,6 +774,22 @@ impl Contract {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_embedded_contract_names_its_file() {
+        let names: Vec<&str> = families().collect();
+        assert!(
+            names.contains(&"whisper") && names.contains(&"granite_nar"),
+            "{names:?}"
+        );
+        for (f, text) in CONTRACTS {
+            let file: ContractFile = serde_json::from_str(text).unwrap();
+            assert_eq!(
+                file.family, *f,
+                "core/contracts/{f}.json declares another family"
+            );
+        }
+    }
 
     #[test]
     fn whisper_contract_expands() {
@@ -900,6 +951,51 @@ mod tests {
     }
 
     #[test]
+    fn granite_extensions_fail_closed() {
+        let cfg: serde_json::Value = match std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../fixtures/build/granite-nar-tiny/config.json"
+        )) {
+            Ok(t) => serde_json::from_str(&t).unwrap(),
+            Err(_) if std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none() => return,
+            Err(e) => panic!("granite fixture: {e} (run `make fixtures`)"),
+        };
+        let base: serde_json::Value =
+            serde_json::from_str(contract_text("granite_nar").unwrap()).unwrap();
+        let parse = |f: &dyn Fn(&mut serde_json::Value)| {
+            let mut v = base.clone();
+            f(&mut v);
+            Contract::parse(&v.to_string(), &cfg)
+                .map(|_| ())
+                .unwrap_err()
+                .to_string()
+        };
+        let last = base["checkpoints"].as_array().unwrap().len() - 1;
+        let e = parse(&|v| {
+            v["checkpoints"][last]["inputs"] = serde_json::json!(["enc.block.{each:nope}.out"])
+        });
+        assert!(e.contains("unknown list 'nope'"), "{e}");
+        let first = base["checkpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|c| c.get("inputs_at_first").is_some())
+            .unwrap();
+        let e = parse(&|v| {
+            v["checkpoints"][first]
+                .as_object_mut()
+                .unwrap()
+                .remove("inputs_at_first");
+        });
+        assert!(e.contains("declare inputs_at_first"), "{e}");
+        let e = parse(&|v| v["encoder_layer_indices_missing"] = 1.into());
+        assert!(
+            e.contains("unknown field") || e.contains("does not parse"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn shapes_bind_symbols_and_check_relations() {
         let text =
             edited(|v| v["symbols"] = serde_json::json!({"tokens": "free", "past+tokens": "free"}));
@@ -946,5 +1042,19 @@ mod tests {
             .check_shapes([("audio.frontend.mel", 0, &[80usize, 3000][..])])
             .is_ok());
         assert!(c.check_shapes([("nope", 0, &[1usize][..])]).is_err());
+    }
+
+    #[test]
+    fn names_expand_with_the_contracts_geometry() {
+        let c = Contract::for_family("whisper", &tiny_cfg()).unwrap();
+        assert_eq!(
+            c.expand_name("audio.encoder.layer.{last:encoder_layers}.out")
+                .unwrap(),
+            "audio.encoder.layer.3.out"
+        );
+        assert!(c
+            .expand_name("audio.encoder.layer.{encoder_layers}.out")
+            .is_err());
+        assert!(c.expand_name("audio.encoder.layer.{nope}.out").is_err());
     }
 }

@@ -37,6 +37,7 @@ pub mod bench;
 #[cfg(feature = "oracle")]
 pub mod check;
 pub mod compare;
+pub mod contract;
 #[cfg(feature = "oracle")]
 pub mod doctor;
 pub mod faults;
@@ -309,16 +310,12 @@ pub fn check_only(
     contract: &xray_core::contract::Contract,
     templates: bool,
 ) -> anyhow::Result<()> {
-    let templ: Vec<String> = if templates {
-        serde_json::from_str::<xray_core::contract::ContractFile>(&contract.text)
-            .map(|f| f.checkpoints.into_iter().map(|c| c.name).collect())
-            .unwrap_or_default()
-    } else {
-        Vec::new()
-    };
     for pat in patterns {
         let hit = if templates {
-            contract.checkpoints.iter().any(|c| &c.name == pat) || templ.contains(pat)
+            contract
+                .checkpoints
+                .iter()
+                .any(|c| &c.name == pat || &c.template == pat)
         } else {
             let g = globset::Glob::new(pat)
                 .map_err(|e| anyhow::anyhow!("--only '{pat}': {e}"))?

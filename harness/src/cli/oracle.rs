@@ -47,7 +47,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     // if the runtime would refuse it); the reference is fed these samples.
     let audio = xray_runtime::audio::load_wav(&a.audio, 16000)?;
     let oracle = Oracle::discover()?;
-    let mut req = OracleRequest::new(family, &a.model, &a.audio, &contract.text).with_samples(
+    let mut req = OracleRequest::new(&a.model, &a.audio, &contract).with_samples(
         &audio.samples,
         &audio.sha256,
         audio.conversion.to_json(),

@@ -9,33 +9,55 @@ use ndarray::{ArrayD, IxDyn};
 use serde_json::Value;
 use xray_compare::compare::{compare_graph, CompareOptions, MemorySource};
 use xray_compare::evidence::{Evidence, OracleVersions, Run, Transcript};
-use xray_compare::localize::{
-    build_graph, expand_templates, CheckpointGraph, CheckpointSpec, StepRef, Steps, TemplateSpec,
-};
+use xray_compare::localize::{build_graph, CheckpointGraph, CheckpointSpec, StepRef, Steps};
+use xray_core::contract::{Contract, Hook, Reference};
 
-/// The Whisper checkpoint contract shipped by the runtime crate.
-pub fn whisper_contract_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../core/contracts/whisper.json")
+/// The Whisper contract resolved for a tiny.en-like geometry with the given layer counts.
+pub fn whisper_contract(enc: u32, dec: u32) -> Contract {
+    let cfg = serde_json::json!({
+        "num_mel_bins": 80, "max_source_positions": 1500, "d_model": 384,
+        "decoder_attention_heads": 6, "vocab_size": 51864,
+        "encoder_layers": enc, "decoder_layers": dec
+    });
+    Contract::for_family("whisper", &cfg).expect("whisper contract")
 }
 
-/// Templates of the Whisper contract.
-pub fn whisper_templates() -> Vec<TemplateSpec> {
-    let p = whisper_contract_path();
-    let text =
-        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()));
-    let v: Value = serde_json::from_str(&text).expect("contract JSON");
-    serde_json::from_value(v["checkpoints"].clone()).expect("contract checkpoints")
-}
-
-/// Whisper graph with the given layer counts over `steps`.
+/// Whisper graph with the given layer counts over `steps`, from the real contract.
 pub fn whisper_graph(enc: u32, dec: u32, steps: &[u32]) -> CheckpointGraph {
-    let reps: HashMap<String, u32> = [
-        ("encoder_layers".to_string(), enc),
-        ("decoder_layers".to_string(), dec),
-    ]
-    .into();
-    let specs = expand_templates(&whisper_templates(), &reps).expect("expand");
-    build_graph(&specs, steps).expect("graph")
+    build_graph(&whisper_contract(enc, dec).checkpoints, steps).expect("graph")
+}
+
+/// A spec with only what the checkpoint graph reads (for small synthetic graphs).
+pub fn spec(
+    name: &str,
+    steps: Steps,
+    inputs: Vec<(&str, StepRef)>,
+    logits: bool,
+) -> CheckpointSpec {
+    CheckpointSpec {
+        name: name.into(),
+        template: name.into(),
+        steps,
+        kind: logits.then(|| "logits".to_string()),
+        shape: vec![],
+        axes: vec![],
+        layout: xray_core::Layout::Plain,
+        producer: format!("op.{name}"),
+        inputs: inputs
+            .into_iter()
+            .map(|(n, r)| (n.to_string(), r))
+            .collect(),
+        layer: None,
+        repeat: None,
+        order: 0,
+        reference: Reference {
+            module: String::new(),
+            hook: Hook::Forward,
+            index: 0,
+            kwarg: None,
+            transform: vec![],
+        },
+    }
 }
 
 /// Deterministic smooth-ish tensor.
@@ -143,14 +165,7 @@ pub fn whisper_evidence(fault: bool) -> Evidence {
 
 /// Tiny decoder: mem (once) -> k (prefill) -> attn (every, @prefill) -> logits (every).
 pub fn tiny_specs() -> Vec<CheckpointSpec> {
-    let s = |name: &str, steps, inputs: Vec<(&str, StepRef)>, logits| CheckpointSpec {
-        name: name.into(),
-        producer: format!("op.{name}"),
-        steps,
-        inputs: inputs.into_iter().map(|(n, r)| (n.into(), r)).collect(),
-        layer: None,
-        logits,
-    };
+    let s = spec;
     vec![
         s("mem", Steps::Once, vec![], false),
         s("k", Steps::Prefill, vec![("mem", StepRef::Same)], false),

@@ -1,5 +1,8 @@
 //! Model families. Each family lives in its own folder (config + constants in `mod.rs`, graph
-//! builder, frontend) and implements [`SpeechModel`], the only interface the harness uses.
+//! builder, frontend, fault catalogue), registers one [`Family`] in [`families`], and loads into
+//! a [`SpeechModel`], the only interface the harness uses. Adding a family: a folder under
+//! `models/`, a contract `core/contracts/<name>.json` (embedded by core's build script), one
+//! line in [`families`] (and the oracle's Python module for the reference).
 
 pub mod granite_nar;
 pub mod whisper;
@@ -70,8 +73,53 @@ pub trait SpeechModel {
     fn decode_text(&self, ids: &[i64]) -> Result<String>;
 }
 
+/// How a family's runtime run is aligned with the reference's: its teacher-forcing and
+/// transcript policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alignment {
+    /// Autoregressive decoding: the runtime is always teacher-forced on the reference's whole
+    /// token sequence (tokens are feeds), so every step is comparable; its own greedy choices give
+    /// its transcript (a free run when they depart from the reference's).
+    ReferenceTokens,
+    /// The runtime runs free; teacher forcing (asked for, or implied by isolation) feeds it the
+    /// reference run's `extra[extra_key]` ids (Granite NAR: the CTC hypothesis).
+    OnRequest {
+        /// Key of the ids in the reference run's extras.
+        extra_key: &'static str,
+    },
+}
+
+/// A model family: what X-Ray needs to know about it beyond its graph.
+pub trait Family: Sync {
+    /// The family's name (its contract's `family`, dumps' and evidence's `family`).
+    fn name(&self) -> &'static str;
+    /// config.json `model_type` values it loads.
+    fn model_types(&self) -> &'static [&'static str];
+    /// Load a model directory.
+    fn load(&self, dir: &Path) -> Result<Box<dyn SpeechModel>>;
+    /// Its fault catalogue.
+    fn catalogue(&self) -> Vec<crate::faults::CatalogueEntry>;
+    /// Its teacher-forcing and transcript policy.
+    fn alignment(&self) -> Alignment;
+}
+
+/// Every registered family (the one place a family is added).
+pub fn families() -> &'static [&'static dyn Family] {
+    &[&whisper::Whisper, &granite_nar::GraniteNar]
+}
+
+/// A registered family by name.
+pub fn family(name: &str) -> Option<&'static dyn Family> {
+    families().iter().copied().find(|f| f.name() == name)
+}
+
 /// Detect the family of a model directory from its config.json.
 pub fn detect_family(dir: &Path) -> Result<&'static str> {
+    detect(dir).map(|f| f.name())
+}
+
+/// The registered family of a model directory, from its config.json `model_type`.
+pub fn detect(dir: &Path) -> Result<&'static dyn Family> {
     let p = dir.join("config.json");
     let text = std::fs::read_to_string(&p).map_err(|e| RuntimeError::File {
         path: p.clone(),
@@ -83,28 +131,32 @@ pub fn detect_family(dir: &Path) -> Result<&'static str> {
         path: p.clone(),
         reason: e.to_string(),
     })?;
-    match v.get("model_type").and_then(|m| m.as_str()) {
-        Some("whisper") => Ok("whisper"),
-        Some("granite_speech_nar") | Some("nle_nar") | Some("granite_nar") => Ok("granite_nar"),
-        Some(other) => Err(RuntimeError::Config {
-            path: p,
-            reason: format!("model_type '{other}' is not a supported family"),
-        }),
-        None => Err(RuntimeError::Config {
+    let Some(mt) = v.get("model_type").and_then(|m| m.as_str()) else {
+        return Err(RuntimeError::Config {
             path: p,
             reason: "no model_type".into(),
-        }),
-    }
+        });
+    };
+    families()
+        .iter()
+        .copied()
+        .find(|f| f.model_types().contains(&mt))
+        .ok_or_else(|| {
+            let known: Vec<&str> = families()
+                .iter()
+                .flat_map(|f| f.model_types().iter().copied())
+                .collect();
+            RuntimeError::Config {
+                path: p,
+                reason: format!(
+                    "model_type '{mt}' is not a supported family (known: {})",
+                    known.join(", ")
+                ),
+            }
+        })
 }
 
 /// Load any supported model directory.
 pub fn load(dir: &Path) -> Result<Box<dyn SpeechModel>> {
-    match detect_family(dir)? {
-        "whisper" => Ok(Box::new(whisper::WhisperModel::load(dir)?)),
-        "granite_nar" => Ok(Box::new(granite_nar::GraniteNarModel::load(dir)?)),
-        _ => Err(RuntimeError::Config {
-            path: dir.to_path_buf(),
-            reason: "family not built yet".into(),
-        }),
-    }
+    detect(dir)?.load(dir)
 }

@@ -381,7 +381,7 @@ pub fn build(
         )));
     }
     let mut b = B {
-        g: GraphBuilder::new("granite_nar"),
+        g: GraphBuilder::new(super::NAME),
         cfg,
     };
     let t = Dim::sym(SYM_ENC_FRAMES);

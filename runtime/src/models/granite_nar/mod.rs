@@ -21,6 +21,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod faults;
 pub mod frontend;
 pub mod graph;
 pub mod host;
@@ -38,6 +39,32 @@ pub use model::GraniteNarModel;
 
 /// `model_type` values of config.json this family loads.
 pub const MODEL_TYPES: &[&str] = &["granite_speech_nar", "nle_nar", "granite_nar"];
+
+/// The family's name: its contract (`core/contracts/granite_nar.json`), dumps and evidence.
+pub const NAME: &str = "granite_nar";
+
+/// The family's registration ([`crate::models::families`]).
+pub struct GraniteNar;
+
+impl super::Family for GraniteNar {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+    fn model_types(&self) -> &'static [&'static str] {
+        MODEL_TYPES
+    }
+    fn load(&self, dir: &Path) -> Result<Box<dyn super::SpeechModel>> {
+        Ok(Box::new(GraniteNarModel::load(dir)?))
+    }
+    fn catalogue(&self) -> Vec<crate::faults::CatalogueEntry> {
+        faults::catalogue()
+    }
+    fn alignment(&self) -> super::Alignment {
+        super::Alignment::OnRequest {
+            extra_key: "hypothesis",
+        }
+    }
+}
 
 /// LayerNorm epsilon of every encoder LayerNorm (`nn.LayerNorm(hidden_dim)`, torch's default) and
 /// of the conv module's BatchNorm (`nn.BatchNorm1d`, torch's default). Not in config.json.

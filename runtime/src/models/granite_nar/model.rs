@@ -91,7 +91,7 @@ impl GraniteNarModel {
         let (graph, edges) = ggraph::build(&config, &derived, &preprocessor)?;
         let weights = Weights::load(&files.weights)?;
         graph.check_weights(&weights)?;
-        let contract = Contract::for_family("granite_nar", &config_json)?;
+        let contract = Contract::for_family(super::NAME, &config_json)?;
         graph.verify_contract(&contract)?;
         let tokenizer =
             tokenizers::Tokenizer::from_file(&files.tokenizer).map_err(|e| RuntimeError::File {
@@ -225,7 +225,7 @@ impl GraniteNarModel {
 
 impl SpeechModel for GraniteNarModel {
     fn family(&self) -> &'static str {
-        "granite_nar"
+        super::NAME
     }
     fn model_dir(&self) -> &Path {
         &self.dir

@@ -93,7 +93,7 @@ pub fn build(
     pre: &PreprocessorConfig,
     pre_path: &Path,
 ) -> Result<(Graph, WhisperEdges)> {
-    let mut g = GraphBuilder::new("whisper");
+    let mut g = GraphBuilder::new(super::NAME);
     let d = cfg.d_model;
     let n_mels = cfg.num_mel_bins;
     let s = cfg.max_source_positions;

@@ -15,6 +15,7 @@
 //! ```
 
 pub mod decode;
+pub mod faults;
 pub mod frontend;
 pub mod graph;
 pub mod model;
@@ -29,6 +30,30 @@ use crate::error::{Result, RuntimeError};
 pub use decode::DecoderSession;
 pub use frontend::PreprocessorConfig;
 pub use model::WhisperModel;
+
+/// The family's name: its contract (`core/contracts/whisper.json`), dumps and evidence.
+pub const NAME: &str = "whisper";
+
+/// The family's registration ([`crate::models::families`]).
+pub struct Whisper;
+
+impl super::Family for Whisper {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+    fn model_types(&self) -> &'static [&'static str] {
+        &["whisper"]
+    }
+    fn load(&self, dir: &Path) -> Result<Box<dyn super::SpeechModel>> {
+        Ok(Box::new(WhisperModel::load(dir)?))
+    }
+    fn catalogue(&self) -> Vec<crate::faults::CatalogueEntry> {
+        faults::catalogue()
+    }
+    fn alignment(&self) -> super::Alignment {
+        super::Alignment::ReferenceTokens
+    }
+}
 
 /// LayerNorm epsilon of every Whisper LayerNorm (`nn.LayerNorm(d)`, torch's default; not in
 /// config.json).
@@ -181,7 +206,7 @@ impl WhisperConfig {
     /// Fail-closed geometry checks (the ones HF makes and the ones it would only hit later).
     pub fn check(&self, path: &Path) -> Result<()> {
         let e = |r: String| Err(cfg_err(path, r));
-        if self.model_type != "whisper" {
+        if self.model_type != NAME {
             return e(format!(
                 "model_type is '{}', expected 'whisper'",
                 self.model_type

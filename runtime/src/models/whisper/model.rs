@@ -106,7 +106,7 @@ impl WhisperModel {
         graph.check_weights(&weights)?;
         // Exact f16 mirrors for the row-stable (decoder) projections: same bits, half the bytes.
         graph.mirror_f16_weights(&mut weights);
-        let contract = Contract::for_family("whisper", &config_json)?;
+        let contract = Contract::for_family(super::NAME, &config_json)?;
         graph.verify_contract(&contract)?;
         let tokenizer =
             tokenizers::Tokenizer::from_file(&files.tokenizer).map_err(|e| RuntimeError::File {
@@ -491,7 +491,7 @@ fn next(it: &mut std::vec::IntoIter<Tensor>) -> Result<Tensor> {
 
 impl SpeechModel for WhisperModel {
     fn family(&self) -> &'static str {
-        "whisper"
+        super::NAME
     }
     fn model_dir(&self) -> &Path {
         &self.dir

@@ -1,0 +1,31 @@
+//! Embeds every `contracts/<family>.json` (a new family's contract is picked up by adding the
+//! file; no list to edit).
+
+use std::fmt::Write as _;
+
+fn main() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("contracts");
+    println!("cargo:rerun-if-changed={}", dir.display());
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    let mut out = String::from(
+        "/// `(family, contract text)` of every file in core/contracts, by name.\npub const CONTRACTS: &[(&str, &str)] = &[\n",
+    );
+    for p in &files {
+        println!("cargo:rerun-if-changed={}", p.display());
+        let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+        writeln!(
+            out,
+            "    ({stem:?}, include_str!({:?})),",
+            p.display().to_string()
+        )
+        .unwrap();
+    }
+    out.push_str("];\n");
+    let dest = std::path::Path::new(&std::env::var("OUT_DIR").unwrap()).join("contracts.rs");
+    std::fs::write(&dest, out).unwrap_or_else(|e| panic!("{}: {e}", dest.display()));
+}

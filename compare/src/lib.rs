@@ -19,6 +19,7 @@
 #![warn(missing_docs)]
 
 pub mod compare;
+pub mod corpus;
 pub mod error;
 pub mod evidence;
 pub mod gate;

@@ -117,11 +117,14 @@ fn teacher_for(
     }
 }
 
-/// The whole check.
-pub fn check(opts: &CheckOptions, progress: &dyn Fn(&str)) -> anyhow::Result<CheckOutput> {
+/// Loads the runtime model and checks what can be checked before any run: policy rules that
+/// name no checkpoint, faults that would plant nothing.
+fn load_checked(
+    opts: &CheckOptions,
+    progress: &dyn Fn(&str),
+) -> anyhow::Result<Box<dyn SpeechModel>> {
     progress(&format!("loading runtime model {}", opts.model.display()));
     let model = models::load(&opts.model)?;
-    // Before the expensive runs: a policy rule naming no checkpoint of this contract is refused.
     opts.policy.check_rules_match(
         model
             .contract()
@@ -129,8 +132,52 @@ pub fn check(opts: &CheckOptions, progress: &dyn Fn(&str)) -> anyhow::Result<Che
             .iter()
             .map(|c| (c.name.as_str(), None)),
     )?;
-    // A fault that would plant nothing is refused before the reference runs.
     opts.faults.validate(model.graph())?;
+    Ok(model)
+}
+
+/// A corpus in one process: the runtime model is loaded once and the oracle started once (the
+/// reference model is loaded by the first clip's run and reused), then each clip of `clips` is
+/// checked with `opts` (its `audio` replaced) and handed to `each` with its wall time in
+/// seconds. A clip's own failure (a file the runtime refuses, a clip longer than the model's
+/// window) is passed to `each`, not returned; `each` returning an error stops the corpus.
+/// Returns the seconds spent loading before the first clip.
+pub fn check_corpus(
+    opts: &CheckOptions,
+    clips: &[PathBuf],
+    progress: &dyn Fn(&str),
+    each: &mut dyn FnMut(&std::path::Path, anyhow::Result<CheckOutput>, f64) -> anyhow::Result<()>,
+) -> anyhow::Result<f64> {
+    let t0 = std::time::Instant::now();
+    let model = load_checked(opts, progress)?;
+    let oracle = Oracle::discover()?;
+    let load = t0.elapsed().as_secs_f64();
+    for (i, clip) in clips.iter().enumerate() {
+        progress(&format!(
+            "clip {}/{}: {}",
+            i + 1,
+            clips.len(),
+            clip.display()
+        ));
+        let t = std::time::Instant::now();
+        let o = CheckOptions {
+            audio: clip.clone(),
+            ..opts.clone()
+        };
+        let r = reference_request(model.as_ref(), &o).and_then(|req| {
+            let ref_run = oracle.run(&req)?;
+            check_against(model.as_ref(), &oracle, &req, &ref_run, &o, &|_| {})
+        });
+        each(clip, r, t.elapsed().as_secs_f64())?;
+    }
+    Ok(load)
+}
+
+/// The whole check.
+pub fn check(opts: &CheckOptions, progress: &dyn Fn(&str)) -> anyhow::Result<CheckOutput> {
+    // Before the expensive runs: a policy rule naming no checkpoint of this contract is refused,
+    // and a fault that would plant nothing.
+    let model = load_checked(opts, progress)?;
     // The audio is decoded, validated and converted once, before the oracle starts: a file the
     // runtime refuses never costs a reference run, and both engines get these samples.
     let req = reference_request(model.as_ref(), opts)?;

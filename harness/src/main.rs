@@ -48,6 +48,8 @@ enum Command {
     Report(cli::report::Args),
     /// Compare new evidence with a baseline; fail when it got worse.
     Gate(cli::gate::Args),
+    /// Merge corpus evidence directories (shards) into one summary.
+    Summarize(cli::summarize::Args),
     /// Measure the comparison throughput (GB/s per core).
     BenchCompare(cli::bench_compare::Args),
     #[cfg(feature = "oracle")]
@@ -103,6 +105,7 @@ fn main() -> ExitCode {
         Command::Compare(a) => cli::compare::run(a),
         Command::List(a) => cli::list::run(a),
         Command::Contract(a) => cli::contract::run(a),
+        Command::Summarize(a) => cli::summarize::run(a),
         Command::Faults(a) => cli::faults::run(a),
         #[cfg(feature = "oracle")]
         Command::Selftest(a) => cli::selftest::run(a),

@@ -271,31 +271,50 @@ def run_whisper(
         torch.set_num_threads(previous_threads)
 
 
+# Models loaded by `_run`, keyed by what they were loaded from: the directory, the weights'
+# content hash, dtype and attention implementation. A corpus run (`xray check` over many clips,
+# one process) loads the model once; a changed weights file is a new key. Hooks are removed after
+# every run, so a cached model carries no state between runs.
+_loaded: dict[tuple, tuple] = {}
+
+
+def _load(d: Path, weights_sha: str, dtype: str, attn_implementation: str):
+    import torch
+    from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizer
+
+    key = (str(d.resolve()), weights_sha, dtype, attn_implementation)
+    if key not in _loaded:
+        fe = WhisperFeatureExtractor.from_pretrained(str(d), local_files_only=True)
+        tokenizer = WhisperTokenizer.from_pretrained(str(d), local_files_only=True)
+        model = WhisperForConditionalGeneration.from_pretrained(
+            str(d),
+            local_files_only=True,
+            use_safetensors=True,
+            dtype=torch.float32,
+            attn_implementation=attn_implementation,
+        )
+        model.eval()
+        if dtype == "float64":
+            model = model.double()
+        if len(_loaded) >= 2:  # at most two (f32 and f64 of one model)
+            _loaded.pop(next(iter(_loaded)))
+        _loaded[key] = (fe, tokenizer, model)
+    return _loaded[key]
+
+
+
 def _run(d: Path, config: dict, weights_sha: str, contract: Contract, selected: list[Checkpoint], audio,
          max_new_tokens: Optional[int], dtype: str, attn_implementation: str) -> dict:
     import torch
     import transformers
-    from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizer
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     tdtype = torch.float64 if dtype == "float64" else torch.float32
 
-    fe = WhisperFeatureExtractor.from_pretrained(str(d), local_files_only=True)
-
+    fe, tokenizer, model = _load(d, weights_sha, dtype, attn_implementation)
     if fe.sampling_rate != audio.sample_rate:
         raise OracleInputError(f"{d / 'preprocessor_config.json'}: sampling_rate {fe.sampling_rate}, the oracle feeds 16000 Hz")
-    tokenizer = WhisperTokenizer.from_pretrained(str(d), local_files_only=True)
-    model = WhisperForConditionalGeneration.from_pretrained(
-        str(d),
-        local_files_only=True,
-        use_safetensors=True,
-        dtype=torch.float32,
-        attn_implementation=attn_implementation,
-    )
-    model.eval()
-    if dtype == "float64":
-        model = model.double()
     expected_frames = 2 * model.config.max_source_positions
     if fe.nb_max_frames != expected_frames:
         raise OracleInputError(

@@ -3,10 +3,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use xray_compare::corpus;
 use xray_compare::evidence::Verdict;
 use xray_compare::report;
 use xray_compare::tolerance::Policy;
-use xray_harness::check::{check, CheckOptions};
+use xray_harness::check::{check, check_corpus, CheckOptions};
 
 /// Arguments of `xray check`.
 #[derive(Debug, clap::Args)]
@@ -15,8 +16,17 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub model: PathBuf,
     /// WAV file (any common rate, mono or stereo: converted once to 16 kHz mono for both engines).
-    #[arg(long, value_name = "WAV")]
-    pub audio: PathBuf,
+    /// Several files, or a directory of WAVs, run a corpus in one process (needs --evidence-dir).
+    #[arg(long, value_name = "WAV", num_args = 1.., required = true)]
+    pub audio: Vec<PathBuf>,
+    /// Corpus mode: one evidence file per clip here, plus summary.json and summary.md (a new or
+    /// empty directory, or an earlier corpus directory replaced with --force).
+    #[arg(long, value_name = "DIR")]
+    pub evidence_dir: Option<PathBuf>,
+    /// Corpus mode: run only shard K of N (1-based; clips sorted by path, every N-th from the
+    /// K-th), so a CI matrix or a job array splits a corpus; `xray summarize` merges the shards.
+    #[arg(long, value_name = "K/N")]
+    pub shard: Option<String>,
     /// Write the evidence JSON here (default: reports/<model>.<audio>.evidence.json).
     #[arg(long, value_name = "FILE")]
     pub evidence: Option<PathBuf>,
@@ -48,7 +58,7 @@ pub struct Args {
     /// X-Ray dump replaced with --force).
     #[arg(long, value_name = "DIR")]
     pub dumps: Option<PathBuf>,
-    /// Replace existing X-Ray dumps under --dumps.
+    /// Replace existing X-Ray dumps under --dumps, or an earlier corpus under --evidence-dir.
     #[arg(long)]
     pub force: bool,
     /// torch threads for the oracle (default 1: deterministic and immune to oversubscription).
@@ -61,6 +71,14 @@ pub struct Args {
 
 /// Runs the check. Exit 0 pass, 1 divergence, 2 input error.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let corpus = a.audio.len() > 1
+        || a.audio.iter().any(|p| p.is_dir())
+        || a.evidence_dir.is_some()
+        || a.shard.is_some();
+    if corpus {
+        return run_corpus(a);
+    }
+    let audio = a.audio[0].clone();
     let evidence_path = a
         .evidence
         .clone()
@@ -89,7 +107,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let (faults, fault_names) = super::faults::plan(&a.inject, &a.model)?;
     let opts = CheckOptions {
         model: a.model.clone(),
-        audio: a.audio.clone(),
+        audio,
         policy,
         max_steps: a.max_steps,
         isolate: a.isolate,
@@ -151,6 +169,181 @@ fn default_evidence_path(a: &Args) -> PathBuf {
     PathBuf::from("reports").join(format!(
         "{}.{}.evidence.json",
         name(a.model.file_name()),
-        name(a.audio.file_stem())
+        name(a.audio[0].file_stem())
     ))
+}
+
+/// The clips of a corpus: files as given, directories expanded to their `*.wav` files (sorted),
+/// then the shard. Every clip must decode (checked before anything runs) and have a distinct
+/// file stem (it names the clip's evidence file).
+fn corpus_clips(a: &Args) -> anyhow::Result<Vec<PathBuf>> {
+    let mut clips = Vec::new();
+    for p in &a.audio {
+        if p.is_dir() {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(p)
+                .map_err(|e| anyhow::anyhow!("--audio {}: {e}", p.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| {
+                    f.is_file() && f.extension().is_some_and(|x| x.eq_ignore_ascii_case("wav"))
+                })
+                .collect();
+            if found.is_empty() {
+                anyhow::bail!("--audio {}: the directory has no .wav files", p.display());
+            }
+            found.sort();
+            clips.extend(found);
+        } else {
+            clips.push(p.clone());
+        }
+    }
+    if let Some(s) = &a.shard {
+        let (k, n) = corpus::parse_shard(s).map_err(|e| anyhow::anyhow!("--shard: {e}"))?;
+        clips = corpus::shard(&clips, k, n);
+        if clips.is_empty() {
+            anyhow::bail!("--shard {s}: this shard has no clips");
+        }
+    }
+    let mut stems = std::collections::BTreeMap::new();
+    for c in &clips {
+        let stem = clip_stem(c);
+        if let Some(other) = stems.insert(stem.clone(), c.clone()) {
+            anyhow::bail!(
+                "--audio: {} and {} would both write {stem}.evidence.json; rename one",
+                other.display(),
+                c.display()
+            );
+        }
+        xray_runtime::audio::load_wav(c, 16000)?;
+    }
+    Ok(clips)
+}
+
+fn clip_stem(p: &std::path::Path) -> String {
+    p.file_stem()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_default()
+}
+
+/// `--evidence-dir` must be new, empty, or (with --force) an earlier corpus directory (it holds
+/// summary.json): X-Ray never writes into a folder it did not make.
+fn check_corpus_dir(dir: &std::path::Path, force: bool) -> anyhow::Result<()> {
+    if dir.exists() {
+        if !dir.is_dir() {
+            anyhow::bail!(
+                "--evidence-dir {}: exists and is not a directory",
+                dir.display()
+            );
+        }
+        let empty = std::fs::read_dir(dir)
+            .map_err(|e| anyhow::anyhow!("--evidence-dir {}: {e}", dir.display()))?
+            .next()
+            .is_none();
+        if !empty {
+            if !dir.join("summary.json").is_file() {
+                anyhow::bail!(
+                    "--evidence-dir {}: not empty and not an X-Ray corpus directory (no summary.json); give a new or empty directory",
+                    dir.display()
+                );
+            }
+            if !force {
+                anyhow::bail!(
+                    "--evidence-dir {}: holds an earlier corpus run; pass --force to replace it",
+                    dir.display()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Corpus mode: one process, every clip, one evidence file each, summary.json; exit 1 if any
+/// clip diverges, 2 if any could not be checked.
+fn run_corpus(a: Args) -> anyhow::Result<ExitCode> {
+    let Some(dir) = a.evidence_dir.clone() else {
+        anyhow::bail!("several clips (or a directory) need --evidence-dir DIR: one evidence file per clip and summary.json are written there");
+    };
+    for (given, flag) in [
+        (a.evidence.is_some(), "--evidence"),
+        (a.report.is_some(), "--report"),
+        (a.markdown.is_some(), "--markdown"),
+        (a.dumps.is_some(), "--dumps"),
+        (a.json, "--json"),
+    ] {
+        if given {
+            anyhow::bail!("{flag} is for one clip; a corpus writes DIR/<clip>.evidence.json and DIR/summary.json|md");
+        }
+    }
+    check_corpus_dir(&dir, a.force)?;
+    let clips = corpus_clips(&a)?;
+    let mut outputs = super::Outputs::default();
+    outputs.file("evidence-dir", &dir.join("summary.json"));
+    outputs.check()?;
+    let policy = match &a.policy {
+        Some(p) => Policy::load(p)?,
+        None => Policy::default(),
+    };
+    let (faults, fault_names) = super::faults::plan(&a.inject, &a.model)?;
+    let opts = CheckOptions {
+        model: a.model.clone(),
+        audio: PathBuf::new(),
+        policy,
+        max_steps: a.max_steps,
+        isolate: a.isolate,
+        calibrate: a.calibrate,
+        teacher_force: a.teacher_force,
+        faults,
+        fault_names,
+        threads: Some(a.threads.unwrap_or(1)),
+        warmup_audio: None,
+    };
+    let t0 = std::time::Instant::now();
+    let progress =
+        |m: &str| super::note(&format!("xray: {m} [{:.1}s]", t0.elapsed().as_secs_f64()));
+    let mut rows = Vec::new();
+    let load = check_corpus(&opts, &clips, &progress, &mut |clip, r, secs| {
+        let shown = clip.display().to_string();
+        let row = match r {
+            Ok(out) => {
+                let name = format!("{}.evidence.json", clip_stem(clip));
+                outputs.write_evidence(&dir.join(&name), &out.evidence.to_json()?);
+                corpus::ClipSummary::of(&shown, &name, &out.evidence, secs)
+            }
+            Err(e) => corpus::ClipSummary::failed(&shown, &format!("{e:#}"), secs),
+        };
+        super::note(&format!(
+            "xray:   {} {}{}",
+            row.verdict.as_str(),
+            shown,
+            row.origin
+                .as_deref()
+                .or(row.error.as_deref())
+                .map(|o| format!(" ({o})"))
+                .unwrap_or_default()
+        ));
+        rows.push(row);
+        Ok(())
+    })?;
+    let summary = corpus::Summary::new(
+        &a.model.display().to_string(),
+        a.shard.clone(),
+        Some(load),
+        rows,
+    );
+    outputs.write_file(
+        "evidence-dir",
+        &dir.join("summary.md"),
+        summary.markdown().as_bytes(),
+    );
+    outputs.write_file(
+        "evidence-dir",
+        &dir.join("summary.json"),
+        format!("{}\n", serde_json::to_string_pretty(&summary)?).as_bytes(),
+    );
+    super::note(&super::corpus_line(&summary));
+    super::note(&format!(
+        "xray: summary {}",
+        dir.join("summary.json").display()
+    ));
+    outputs.finish()?;
+    Ok(super::corpus_exit(&summary))
 }

@@ -1,4 +1,5 @@
-//! `xray gate --evidence NEW --baseline OLD [--junit FILE] [--factor F]`.
+//! `xray gate --evidence NEW --baseline OLD [--junit FILE] [--factor F]`. NEW and OLD are evidence
+//! files, or both corpus evidence directories (`xray check --evidence-dir`), gated clip by clip.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,15 +43,31 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if !(ok(a.factor) && a.factor >= 1.0 && ok(a.rel_l2_floor) && ok(a.max_abs_floor)) {
         bail!("--factor must be >= 1 and the floors finite and >= 0");
     }
-    let new = Evidence::load(&a.evidence)?;
-    let base = Evidence::load(&a.baseline)?;
     let opts = GateOptions {
         factor: a.factor,
         rel_l2_floor: a.rel_l2_floor,
         max_abs_floor: a.max_abs_floor,
         allow_different_input: a.allow_different_input,
     };
-    let r = gate(&new, &base, &opts).with_context(|| {
+    let r = match (a.evidence.is_dir(), a.baseline.is_dir()) {
+        (true, true) => {
+            let new = super::summarize::load_summary(&a.evidence)?;
+            let base = super::summarize::load_summary(&a.baseline)?;
+            let (nd, bd) = (a.evidence.clone(), a.baseline.clone());
+            xray_compare::corpus::gate_corpus(&new, &base, &opts, &mut |is_new, f| {
+                Evidence::load(&if is_new { &nd } else { &bd }.join(f))
+            })
+        }
+        (false, false) => {
+            let new = Evidence::load(&a.evidence)?;
+            let base = Evidence::load(&a.baseline)?;
+            gate(&new, &base, &opts)
+        }
+        _ => bail!(
+            "--evidence and --baseline must both be evidence files or both corpus directories"
+        ),
+    }
+    .with_context(|| {
         format!(
             "gating {} against {}",
             a.evidence.display(),

@@ -47,6 +47,7 @@ pub mod oracle;
 pub mod run;
 #[cfg(feature = "oracle")]
 pub mod selftest;
+pub mod summarize;
 
 /// A model directory's config.json as JSON.
 pub fn read_config(dir: &std::path::Path) -> anyhow::Result<serde_json::Value> {
@@ -346,5 +347,42 @@ pub fn positive(s: &str) -> Result<usize, String> {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) => Ok(n),
         Err(e) => Err(format!("not a positive integer: {e}")),
+    }
+}
+
+/// `xray: corpus: 33 clips: 33 pass; token mismatches 0; worst margin 0.47 (...)`.
+pub fn corpus_line(s: &xray_compare::corpus::Summary) -> String {
+    let verdicts: Vec<String> = s
+        .counts
+        .verdicts
+        .iter()
+        .map(|(k, v)| format!("{v} {k}"))
+        .collect();
+    let mut line = format!(
+        "xray: corpus: {} clips: {}; token mismatches {}",
+        s.counts.clips,
+        verdicts.join(", "),
+        s.counts.token_mismatches
+    );
+    if let Some(w) = &s.worst {
+        line.push_str(&format!(
+            "; worst margin {:.3} ({} at {} on {})",
+            w.margin.margin, w.margin.criterion, w.margin.checkpoint, w.clip
+        ));
+    }
+    line
+}
+
+/// 0 when every clip passed, 2 when any could not be checked, else 1.
+pub fn corpus_exit(s: &xray_compare::corpus::Summary) -> ExitCode {
+    if s.clips
+        .iter()
+        .any(|c| c.verdict == xray_compare::evidence::Verdict::Error)
+    {
+        exit_usage()
+    } else if s.all_pass() {
+        ExitCode::SUCCESS
+    } else {
+        exit_fail()
     }
 }

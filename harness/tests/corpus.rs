@@ -2,8 +2,9 @@
 //! (model, clip) pair of `fixtures/build/corpus/` that fits gives zero divergences, and on the
 //! real tiny.en zero token mismatches.
 //!
-//! One process, one oracle: each model is loaded once and the torch reference runs per clip
-//! through [`check_against`] (torch is imported once), so a pair costs a fraction of `xray check`.
+//! One process, one oracle: each model is loaded once and every clip runs through
+//! [`check_corpus`] (what `xray check --evidence-dir` runs), so a pair costs a fraction of a
+//! separate `xray check`. Margins are `xray_compare::corpus::margins`, as in summary.json.
 //!
 //! - `cargo test` (and `make test`): the random-init fixtures (whisper-rand-a, whisper-rand-b,
 //!   granite-nar-tiny), every clip that fits.
@@ -23,10 +24,9 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use xray_compare::corpus::{margins, Margin};
 use xray_compare::evidence::{CheckpointEvidence, Verdict};
-use xray_harness::check::{check_against, reference_request, CheckOptions};
-use xray_oracle::Oracle;
-use xray_runtime::models;
+use xray_harness::check::{check_corpus, CheckOptions};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -40,36 +40,6 @@ struct Clip {
     effect: String,
 }
 
-/// Worst margin of one criterion over a family, and where.
-#[derive(Debug, Clone, Default)]
-struct Worst {
-    margin: f64,
-    value: f64,
-    bound: f64,
-    at: String,
-}
-
-impl Worst {
-    fn offer(&mut self, value: f64, bound: Option<f64>, at: impl FnOnce() -> String) {
-        let Some(b) = bound else { return };
-        let margin = if b > 0.0 {
-            value / b
-        } else if value > 0.0 {
-            f64::INFINITY
-        } else {
-            0.0
-        };
-        if margin > self.margin || self.at.is_empty() {
-            *self = Worst {
-                margin,
-                value,
-                bound: b,
-                at: at(),
-            };
-        }
-    }
-}
-
 /// Results of one model over the corpus.
 #[derive(Debug, Default)]
 struct FamilyResult {
@@ -79,41 +49,18 @@ struct FamilyResult {
     seconds: f64,
     failures: Vec<String>,
     token_mismatches: Vec<String>,
-    worst: BTreeMap<&'static str, Worst>,
+    /// Worst margin per criterion (`xray_compare::corpus::margins`), with its clip.
+    worst: BTreeMap<String, (String, Margin)>,
 }
 
-fn margins(r: &mut FamilyResult, clip: &str, c: &CheckpointEvidence) {
-    let Some(m) = &c.metrics else { return };
-    let t = &c.tolerance;
-    let at = || format!("{clip}: {}@step{}", c.name, c.step);
-    let rel = if m.logits.is_some() {
-        "rel_l2 (logits)"
-    } else {
-        "rel_l2"
-    };
-    r.worst
-        .entry(rel)
-        .or_default()
-        .offer(m.rel_l2, t.max_rel_l2, at);
-    match &m.logits {
-        Some(l) => {
-            r.worst
-                .entry("logits kl_max")
-                .or_default()
-                .offer(l.kl_max, t.max_kl, at);
-        }
-        None => {
-            r.worst.entry("outlier fraction").or_default().offer(
-                m.beyond_fraction,
-                Some(t.max_outlier_fraction),
-                at,
-            );
-            // The element closest to its bound (> 1 would be an outlier).
-            r.worst.entry("element |d| / bound").or_default().offer(
-                m.max_bound_ratio,
-                Some(1.0),
-                at,
-            );
+fn offer(r: &mut FamilyResult, clip: &str, c: &CheckpointEvidence) {
+    for m in margins(c) {
+        let w = r
+            .worst
+            .entry(m.criterion.clone())
+            .or_insert_with(|| (clip.to_string(), m.clone()));
+        if m.margin > w.1.margin {
+            *w = (clip.to_string(), m);
         }
     }
 }
@@ -131,39 +78,28 @@ fn window_seconds(model_dir: &Path) -> f64 {
     }
 }
 
-fn run_model(
-    oracle: &Oracle,
-    name: &str,
-    dir: &Path,
-    clips: &[Clip],
-    corpus: &Path,
-) -> FamilyResult {
+fn run_model(name: &str, dir: &Path, clips: &[Clip], corpus: &Path) -> FamilyResult {
     let t0 = Instant::now();
-    let model = models::load(dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()));
     let window = window_seconds(dir);
     let mut r = FamilyResult::default();
-    for clip in clips {
-        if clip.seconds > window {
-            r.skipped += 1;
-            continue;
-        }
-        let opts = CheckOptions {
-            model: dir.to_path_buf(),
-            audio: corpus.join(&clip.file),
-            ..Default::default()
-        };
-        let req = reference_request(model.as_ref(), &opts)
-            .unwrap_or_else(|e| panic!("{name} on {}: audio: {e:#}", clip.file));
-        let ref_run = oracle
-            .run(&req)
-            .unwrap_or_else(|e| panic!("{name} on {}: oracle: {e}", clip.file));
-        let out = check_against(model.as_ref(), oracle, &req, &ref_run, &opts, &|_| {})
-            .unwrap_or_else(|e| panic!("{name} on {}: check: {e:#}", clip.file));
+    let (fit, skip): (Vec<&Clip>, Vec<&Clip>) = clips.iter().partition(|c| c.seconds <= window);
+    r.skipped = skip.len();
+    let paths: Vec<PathBuf> = fit.iter().map(|c| corpus.join(&c.file)).collect();
+    let opts = CheckOptions {
+        model: dir.to_path_buf(),
+        ..Default::default()
+    };
+    check_corpus(&opts, &paths, &|_| {}, &mut |path, out, _| {
+        let clip = fit
+            .iter()
+            .find(|c| corpus.join(&c.file) == path)
+            .expect("a clip of the corpus");
+        let out = out.unwrap_or_else(|e| panic!("{name} on {}: {e:#}", clip.file));
         let ev = &out.evidence;
         r.pairs += 1;
         r.checkpoints += ev.checkpoints.len();
         for c in &ev.checkpoints {
-            margins(&mut r, &clip.file, c);
+            offer(&mut r, &clip.file, c);
             if c.status != xray_compare::localize::Status::Pass {
                 r.failures.push(format!(
                     "{name} on {} ({}): {}@step{} {:?}",
@@ -189,7 +125,9 @@ fn run_model(
             "corpus: {name} {} ({:.1} s, {}): {:?}",
             clip.file, clip.seconds, clip.effect, ev.verdict
         );
-    }
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{name}: {e:#}"));
     r.seconds = t0.elapsed().as_secs_f64();
     r
 }
@@ -212,11 +150,11 @@ fn table(results: &[(String, FamilyResult)]) -> String {
     }
     s.push_str("\n| model | criterion | worst margin | value | tolerance | where |\n|---|---|---|---|---|---|\n");
     for (name, r) in results {
-        for (k, w) in &r.worst {
+        for (k, (clip, w)) in &r.worst {
             let _ = writeln!(
                 s,
-                "| {name} | {k} | {:.3} | {:.3e} | {:.1e} | {} |",
-                w.margin, w.value, w.bound, w.at
+                "| {name} | {k} | {:.3} | {:.3e} | {:.1e} | {clip}: {} |",
+                w.margin, w.value, w.bound, w.checkpoint
             );
         }
     }
@@ -257,13 +195,9 @@ fn clean_runtime_passes_the_whole_corpus() {
     if full {
         models.push(("whisper-tiny-en", root.join("fixtures/whisper-tiny-en")));
     }
-    let oracle = Oracle::discover().expect("oracle environment (make venv)");
     let mut results = Vec::new();
     for (name, dir) in models {
-        results.push((
-            name.to_string(),
-            run_model(&oracle, name, &dir, &clips, &corpus),
-        ));
+        results.push((name.to_string(), run_model(name, &dir, &clips, &corpus)));
     }
     let t = table(&results);
     eprintln!("{t}");

@@ -121,7 +121,8 @@ fn audio_the_runtime_refuses_is_refused_before_the_oracle_runs() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    // A directory is "a directory", not "does not exist".
+    // A directory is "a directory", not "does not exist" (for `check`, a directory of clips is a
+    // corpus, which needs --evidence-dir).
     let d = dir.path().to_str().unwrap();
     for cmd in ["check", "oracle"] {
         let mut args = vec![cmd, "--model", RAND, "--audio", d];
@@ -131,7 +132,12 @@ fn audio_the_runtime_refuses_is_refused_before_the_oracle_runs() {
         }
         let r = xray(&args);
         let last = one_line_error(&r);
-        assert!(last.contains("is a directory"), "{last}");
+        let want = if cmd == "check" {
+            "need --evidence-dir"
+        } else {
+            "is a directory"
+        };
+        assert!(last.contains(want), "{last}");
         assert!(!stderr(&r).contains("HF reference"), "{}", stderr(&r));
     }
     // A huge fmt chunk (wave.py used to raise from deep inside) and a rate nobody converts.

@@ -65,6 +65,8 @@ fn status_colour(s: Status) -> &'static str {
         Status::Propagated => "#ef6c00",
         Status::Missing => "#6d6d6d",
         Status::AlignmentFault => "#6a1b9a",
+        Status::Unobserved => "#b0bec5",
+        Status::NotComparable => "#90a4ae",
     }
 }
 
@@ -84,6 +86,8 @@ fn status_counts(e: &Evidence) -> String {
         Status::Propagated,
         Status::AlignmentFault,
         Status::Missing,
+        Status::Unobserved,
+        Status::NotComparable,
     ];
     let parts: Vec<String> = order
         .iter()

@@ -227,6 +227,9 @@ pub struct Comparison {
     pub localization: Localization,
     /// The origin with its inputs and signature.
     pub first_divergence: Option<FirstDivergence>,
+    /// The independent failures (`fail`: their observed inputs pass or were fed), described
+    /// like the origin: in a run fed the reference's tensor, the fed stage's own divergence.
+    pub independent: Vec<FirstDivergence>,
     /// Error along depth.
     pub error_profile: ErrorProfile,
     /// First step whose logits disagree in argmax.
@@ -563,7 +566,7 @@ pub fn compare_graph(
             .collect();
     }
     let profile = error_profile(graph, &errors, &loc.status)?;
-    let first_divergence = loc.origin.map(|o| {
+    let diverge = |o: usize| {
         let node = &nodes[o];
         let inputs = node
             .upstream
@@ -662,11 +665,14 @@ pub fn compare_graph(
             region,
             suspects,
         }
-    });
+    };
+    let first_divergence = loc.origin.map(diverge);
+    let independent = loc.independent.iter().map(|&o| diverge(o)).collect();
     let token_step = first_divergent_token_step(logits_steps.iter().map(|(s, l)| (*s, l)));
     Ok(Comparison {
         checkpoints: partial,
         first_divergence,
+        independent,
         error_profile: profile,
         first_divergent_token_step: token_step,
         drill_down: token_step.map(|k| drill_down(graph, &loc, k)),
@@ -718,6 +724,7 @@ impl Comparison {
             run,
             checkpoints: self.checkpoints,
             first_divergence: self.first_divergence,
+            independent: self.independent,
             error_profile: self.error_profile,
             drill_down: self.drill_down,
             capture_neutral,

@@ -310,6 +310,10 @@ pub struct Evidence {
     pub checkpoints: Vec<CheckpointEvidence>,
     /// The origin, or `null`.
     pub first_divergence: Option<FirstDivergence>,
+    /// Independent failures after the origin (status `fail`), described like it (region,
+    /// suspects): in a run fed the reference's tensor, the fed stage's own divergence.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub independent: Vec<FirstDivergence>,
     /// Error per layer and step.
     pub error_profile: ErrorProfile,
     /// Drill-down from the first divergent token step.
@@ -405,8 +409,10 @@ impl Evidence {
 /// Coverage of a list of checkpoints ([`Coverage`]).
 pub fn coverage_of(checkpoints: &[CheckpointEvidence]) -> Coverage {
     let count = |s: Status| checkpoints.iter().filter(|c| c.status == s).count();
+    // Steps that are not comparable do not count against "every step" in the names.
     let all: Vec<(&str, u32)> = checkpoints
         .iter()
+        .filter(|c| c.status != Status::NotComparable)
         .map(|c| (c.name.as_str(), c.step))
         .collect();
     let sel: Vec<(&str, u32)> = checkpoints
@@ -589,7 +595,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn tiny() -> Evidence {
@@ -604,6 +610,7 @@ mod tests {
             },
             checkpoints: vec![],
             first_divergence: None,
+            independent: vec![],
             error_profile: ErrorProfile::default(),
             drill_down: None,
             capture_neutral: None,

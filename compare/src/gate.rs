@@ -448,6 +448,7 @@ mod tests {
             },
             checkpoints: cps,
             first_divergence: None,
+            independent: vec![],
             error_profile: ErrorProfile::default(),
             drill_down: None,
             capture_neutral: None,

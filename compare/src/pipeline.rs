@@ -324,7 +324,8 @@ impl PairSource for DumpPairs<'_> {
 }
 
 /// Compare a runtime dump with a reference dump through the contract (one isolated-mode dump at
-/// most; see [`compare_dumps_isolated`]).
+/// most; no token alignment or `extra.fed`: X-Ray's own runtime, teacher-forced by `xray check`;
+/// see [`compare_dumps_isolated`] for other engines).
 pub fn compare_dumps(
     contract: &Contract,
     reference: &Dump,
@@ -332,14 +333,9 @@ pub fn compare_dumps(
     isolated: Option<&Dump>,
     opts: &CompareOptions,
 ) -> Result<Comparison, Error> {
-    Ok(compare_dumps_isolated(
-        contract,
-        reference,
-        runtime,
-        isolated.into_iter().collect(),
-        opts,
-    )?
-    .0)
+    let g = graph_for(contract, reference)?;
+    let pairs = DumpPairs::new(contract, reference, runtime, isolated);
+    compare_graph(&g, &pairs, opts)
 }
 
 /// The checkpoint names a dump's engine was fed with the reference's tensor (`extra.fed` keys,
@@ -824,6 +820,7 @@ pub fn compare_stats_dumps(
     Ok(Comparison {
         checkpoints: partial,
         first_divergence,
+        independent: vec![],
         error_profile: profile,
         first_divergent_token_step: None,
         drill_down: None,

@@ -155,7 +155,7 @@ pub fn partial_lines(e: &Evidence) -> Vec<String> {
                 r.unobserved_count
             ));
         }
-        if !fd.suspects.is_empty() {
+        if fd.region.is_some() {
             out.push(format!("Suspects: {}", fd.suspects.join(", ")));
         }
     }

@@ -251,7 +251,14 @@ fn candle_whisper_under_xray_on_real_tiny_en() {
         ]
         .contains(&name);
         if !observed {
-            assert_eq!(c["status"], "unobserved", "{name}");
+            // Unobserved, or not comparable at the steps after the token streams part.
+            let st = c["status"].as_str().unwrap();
+            let after = c["step"].as_u64().unwrap() > 3;
+            assert!(
+                st == "unobserved" || (after && st == "not_comparable"),
+                "{name}@{}: {st}",
+                c["step"]
+            );
         }
     }
     let names = strings(&cov["unobserved_names"]);

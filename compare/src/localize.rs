@@ -638,11 +638,10 @@ pub fn gap_before(
     let mut stack: Vec<usize> = nodes.get(target).map_or(vec![], |t| t.upstream.clone());
     while let Some(u) = stack.pop() {
         match status.get(u) {
-            Some(s) if !s.is_observed() => {
-                if region.insert(u) {
-                    stack.extend(nodes[u].upstream.iter().copied());
-                }
+            Some(s) if !s.is_observed() && region.insert(u) => {
+                stack.extend(nodes[u].upstream.iter().copied());
             }
+            Some(s) if !s.is_observed() => {}
             Some(_) => {
                 boundary.insert(u);
             }
@@ -1013,8 +1012,8 @@ mod tests {
         .unwrap();
         let with = |fail: &[&str]| {
             let mut o = obs(&g, fail, &[]);
-            for i in 1..4 {
-                o[i] = Observed::Unobserved;
+            for x in &mut o[1..4] {
+                *x = Observed::Unobserved;
             }
             o
         };

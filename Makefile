@@ -83,15 +83,22 @@ corpus: venv fixtures
 bench: build fixtures
 	$(XRAY) bench --model fixtures/whisper-tiny-en --audio $(AUDIO)
 
-# candle-transformers' Whisper under X-Ray: reference dump, candle's dump, offline comparison.
-# `xray compare` exits 1 on a divergence (the finding, reported), 2 on an error (fails the target).
+# candle-transformers' Whisper under X-Ray: reference dump, candle's dump as it is and fed the
+# reference's log-mel (its encoder isolated) and memory + tokens (its decoder isolated), one offline
+# comparison with per-stage local errors. `xray compare` exits 1 on a divergence (the finding,
+# reported), 2 on an error (fails the target).
 CANDLE_OUT ?= reports/candle
+CANDLE = target/release/xray-candle-whisper --model fixtures/whisper-tiny-en --audio $(AUDIO)
 candle: build fixtures
 	$(CARGO) build --release -p xray-candle-whisper
 	mkdir -p $(CANDLE_OUT)
 	$(XRAY) oracle --model fixtures/whisper-tiny-en --audio $(AUDIO) --out $(CANDLE_OUT)/ref
-	target/release/xray-candle-whisper --model fixtures/whisper-tiny-en --audio $(AUDIO) --out $(CANDLE_OUT)/candle
-	$(XRAY) compare $(CANDLE_OUT)/ref $(CANDLE_OUT)/candle --evidence $(CANDLE_OUT)/evidence.json \
+	$(CANDLE) --out $(CANDLE_OUT)/candle
+	$(CANDLE) --out $(CANDLE_OUT)/candle-mel-fed --mel-from $(CANDLE_OUT)/ref
+	$(CANDLE) --out $(CANDLE_OUT)/candle-memory-fed --memory-from $(CANDLE_OUT)/ref --tokens-from $(CANDLE_OUT)/ref
+	$(XRAY) compare $(CANDLE_OUT)/ref $(CANDLE_OUT)/candle \
+	  --isolated $(CANDLE_OUT)/candle-mel-fed --isolated $(CANDLE_OUT)/candle-memory-fed \
+	  --evidence $(CANDLE_OUT)/evidence.json \
 	  --report $(CANDLE_OUT)/report.html --markdown $(CANDLE_OUT)/report.md; test $$? -le 1
 
 clean:

@@ -129,6 +129,33 @@ pub enum Error {
         /// Whether `--allow-different-input` may override it (false for family and contract).
         overridable: bool,
     },
+    /// A checkpoint the dump under test holds is absent from the reference dump: the reference
+    /// must cover what is compared.
+    #[error("{checkpoint}: {note}; the reference must cover what is compared (re-make it with the same steps and checkpoints)")]
+    NotInReference {
+        /// `name@stepK`.
+        checkpoint: String,
+        /// Which dump lacks it.
+        note: String,
+    },
+    /// No checkpoint of the contract was observed in both dumps.
+    #[error(
+        "nothing to compare: none of the contract's checkpoints is in both {reference} and {got}"
+    )]
+    NothingObserved {
+        /// Reference dump directory.
+        reference: String,
+        /// Dump under test.
+        got: String,
+    },
+    /// A dump's manifest is inconsistent with what is compared (e.g. an unknown `extra.fed` key).
+    #[error("{dump}: {reason}")]
+    Manifest {
+        /// Dump directory.
+        dump: String,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 /// Result alias of the harness library.

@@ -174,6 +174,39 @@ pub struct InputEvidence {
     pub status: Status,
 }
 
+/// What kind of divergence the origin is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DivergenceKind {
+    /// The values differ beyond tolerance.
+    #[default]
+    Values,
+    /// The shapes differ (a data-dependent shape divergence, e.g. a cache one position short) or
+    /// the layout cannot be aligned.
+    Shape,
+    /// The checkpoint is absent from a run that declares it (`xray check`, `--require-all`).
+    Missing,
+    /// Every observed checkpoint passes but the token streams part: the origin is the logits of
+    /// the parting step (or the unobserved region before them).
+    Tokens,
+    /// Capture changed the runtime's outputs.
+    Capture,
+}
+
+/// The unobserved stretch of the graph in front of the origin.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Region {
+    /// "between A@0 (pass) and B@0 (fail)": the nearest observed checkpoints and the origin.
+    pub summary: String,
+    /// The nearest observed checkpoints upstream (`pass`, or fed with the reference's tensor).
+    pub after: Vec<InputEvidence>,
+    /// The unobserved checkpoints crossed, compressed (`audio.encoder.layer.0..3.out`, `@1..4`
+    /// for steps; no `@` = at step 0 or at every step they exist).
+    pub unobserved: Vec<String>,
+    /// How many `(checkpoint, step)` pairs `unobserved` stands for.
+    pub unobserved_count: usize,
+}
+
 /// The localized origin.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FirstDivergence {
@@ -187,6 +220,68 @@ pub struct FirstDivergence {
     pub inputs: Vec<InputEvidence>,
     /// Divergence signature.
     pub explanation: Option<Explanation>,
+    /// What diverged: values, shape, presence, tokens or capture.
+    #[serde(default)]
+    pub kind: DivergenceKind,
+    /// The unobserved region before the origin, when its inputs were not all observed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<Region>,
+    /// The ops that may hold the bug, in graph order: the producers of the unobserved checkpoints
+    /// on paths from the nearest passing observed ones to the origin, then the origin's producer
+    /// (from the contract's checkpoint graph; see `docs/evidence-schema.md`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub suspects: Vec<String>,
+}
+
+/// How much of the contract the dump under test observed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Coverage {
+    /// `(checkpoint, step)` pairs compared (any status but `unobserved` / `not_comparable`).
+    pub observed: usize,
+    /// Pairs absent from the dump under test.
+    pub unobserved: usize,
+    /// Pairs after the token streams parted.
+    pub not_comparable: usize,
+    /// The unobserved pairs, compressed to ranges ([`compress_ids`]).
+    pub unobserved_names: Vec<String>,
+}
+
+/// An edge the engine under test was fed with the reference's tensor (its manifest's
+/// `extra.fed`): its consumers saw the reference's value, so their error is local.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FedEdge {
+    /// The checkpoint fed (`tokens` for teacher forcing).
+    pub checkpoint: String,
+    /// The dump the engine recorded it in (the one under test, or an `--isolated` one).
+    pub dump: String,
+    /// Where the fed tensor came from, as the engine recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// Which of the engine's entry points took it, as the engine recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub into: Option<String>,
+}
+
+/// How the two token streams line up.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenAlignment {
+    /// The dump under test was teacher-forced on the reference's tokens (`extra.fed.tokens`):
+    /// every step is comparable; `parted_at_step` then compares its own per-step argmax
+    /// (`extra.step_argmax`) with the reference's tokens.
+    pub teacher_forced: bool,
+    /// Forced prefix length (tokens before step 0's output).
+    pub prefix: usize,
+    /// The first step whose output token differs (`None`: the streams agree).
+    pub parted_at_step: Option<u32>,
+    /// The reference's token at that step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_token: Option<i64>,
+    /// The candidate's token at that step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate_token: Option<i64>,
+    /// Steps after `parted_at_step`: computed from different tokens, `not_comparable`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_comparable_steps: Option<String>,
 }
 
 /// Transcripts of both sides.
@@ -215,6 +310,10 @@ pub struct Evidence {
     pub checkpoints: Vec<CheckpointEvidence>,
     /// The origin, or `null`.
     pub first_divergence: Option<FirstDivergence>,
+    /// Independent failures after the origin (status `fail`), described like it (region,
+    /// suspects): in a run fed the reference's tensor, the fed stage's own divergence.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub independent: Vec<FirstDivergence>,
     /// Error per layer and step.
     pub error_profile: ErrorProfile,
     /// Drill-down from the first divergent token step.
@@ -227,14 +326,31 @@ pub struct Evidence {
     /// Free-form notes (errors, skipped checks).
     #[serde(default)]
     pub notes: Vec<String>,
+    /// Observed / unobserved counts (`null` in evidence written before partial coverage).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coverage: Option<Coverage>,
+    /// Edges fed with the reference's tensor (isolation of an outside engine).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fed: Vec<FedEdge>,
+    /// Where the token streams part and which steps were compared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<TokenAlignment>,
 }
 
 impl Evidence {
-    /// The verdict implied by the content: `diverged` if any checkpoint is not `pass`, capture
-    /// is not neutral, or the token sequences differ; otherwise `pass`. (`error` is set by the
-    /// caller when the run did not complete.)
+    /// The verdict implied by the content: `diverged` if any observed checkpoint is not `pass`
+    /// (`unobserved` and `not_comparable` are neither), capture is not neutral, or the token
+    /// sequences differ; `error` when there are checkpoints and none was observed; otherwise
+    /// `pass`. (`error` is also set by the caller when the run did not complete.)
     pub fn derive_verdict(&self) -> Verdict {
-        let diverged = self.checkpoints.iter().any(|c| c.status != Status::Pass)
+        if !self.checkpoints.is_empty() && !self.checkpoints.iter().any(|c| c.status.is_observed())
+        {
+            return Verdict::Error;
+        }
+        let diverged = self
+            .checkpoints
+            .iter()
+            .any(|c| c.status.is_observed() && c.status != Status::Pass)
             || self.capture_neutral == Some(false)
             || self.transcript.as_ref().is_some_and(|t| !t.tokens_equal);
         if diverged {
@@ -290,6 +406,156 @@ impl Evidence {
     }
 }
 
+/// Coverage of a list of checkpoints ([`Coverage`]).
+pub fn coverage_of(checkpoints: &[CheckpointEvidence]) -> Coverage {
+    let count = |s: Status| checkpoints.iter().filter(|c| c.status == s).count();
+    // Steps that are not comparable do not count against "every step" in the names.
+    let all: Vec<(&str, u32)> = checkpoints
+        .iter()
+        .filter(|c| c.status != Status::NotComparable)
+        .map(|c| (c.name.as_str(), c.step))
+        .collect();
+    let sel: Vec<(&str, u32)> = checkpoints
+        .iter()
+        .filter(|c| c.status == Status::Unobserved)
+        .map(|c| (c.name.as_str(), c.step))
+        .collect();
+    Coverage {
+        observed: checkpoints
+            .iter()
+            .filter(|c| c.status.is_observed())
+            .count(),
+        unobserved: count(Status::Unobserved),
+        not_comparable: count(Status::NotComparable),
+        unobserved_names: compress_ids(&all, &sel),
+    }
+}
+
+/// Integers as inclusive ranges: `[0, 1, 2, 3, 5]` -> `0..3,5`.
+pub fn int_ranges(v: &[u32]) -> String {
+    let mut v = v.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i;
+        while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
+            j += 1;
+        }
+        parts.push(if j > i {
+            format!("{}..{}", v[i], v[j])
+        } else {
+            v[i].to_string()
+        });
+        i = j + 1;
+    }
+    parts.join(",")
+}
+
+/// The first dot-separated numeric component of a name: `(prefix, number, rest)`, e.g.
+/// `audio.encoder.layer.2.out` -> `("audio.encoder.layer.", 2, ".out")`.
+fn split_index(name: &str) -> Option<(&str, u32, &str)> {
+    let mut start = 0;
+    for part in name.split('.') {
+        if let Ok(n) = part.parse::<u32>() {
+            return Some((&name[..start], n, &name[start + part.len()..]));
+        }
+        start += part.len() + 1;
+    }
+    None
+}
+
+/// Compresses `selected` `(name, step)` pairs, a subset of `all`, to short patterns, in order of
+/// first appearance: a name's steps become `@1..4` (left out when the name is selected at every
+/// step it has in `all`); a layer whose every checkpoint is selected becomes `layer.N.*`; names
+/// differing in one layer index become a range (`audio.encoder.layer.0..3.*`).
+pub fn compress_ids(all: &[(&str, u32)], selected: &[(&str, u32)]) -> Vec<String> {
+    use std::collections::{BTreeSet, HashMap};
+    let mut steps_all: HashMap<&str, BTreeSet<u32>> = HashMap::new();
+    for (n, s) in all {
+        steps_all.entry(n).or_default().insert(*s);
+    }
+    let mut order: Vec<&str> = Vec::new();
+    let mut steps_sel: HashMap<&str, BTreeSet<u32>> = HashMap::new();
+    for (n, s) in selected {
+        let e = steps_sel.entry(n).or_default();
+        if e.is_empty() {
+            order.push(n);
+        }
+        e.insert(*s);
+    }
+    let label = |n: &str| -> String {
+        let sel = &steps_sel[n];
+        if steps_all.get(n) == Some(sel) {
+            String::new()
+        } else {
+            format!("@{}", int_ranges(&sel.iter().copied().collect::<Vec<_>>()))
+        }
+    };
+    // Level 1: a layer prefix (`...layer.N.`) whose every name is selected with one label -> `*`.
+    let mut names: Vec<(String, String)> = Vec::new();
+    let mut done: BTreeSet<&str> = BTreeSet::new();
+    for &n in &order {
+        if done.contains(n) {
+            continue;
+        }
+        let lab = label(n);
+        if let Some((pre, idx, rest)) = split_index(n) {
+            if !rest.is_empty() {
+                let layer = format!("{pre}{idx}.");
+                let under: Vec<&str> = steps_all
+                    .keys()
+                    .copied()
+                    .filter(|m| m.starts_with(&layer))
+                    .collect();
+                if under.len() > 1
+                    && under
+                        .iter()
+                        .all(|m| steps_sel.contains_key(m) && label(m) == lab)
+                {
+                    done.extend(under);
+                    names.push((format!("{layer}*"), lab));
+                    continue;
+                }
+            }
+        }
+        done.insert(n);
+        names.push((n.to_string(), lab));
+    }
+    // Level 2: names equal but for one index (and with one label) -> a range.
+    let mut out: Vec<String> = Vec::new();
+    let mut groups: HashMap<(String, String, String), usize> = HashMap::new();
+    let mut members: Vec<(String, String, String, Vec<u32>)> = Vec::new();
+    for (n, lab) in names {
+        match split_index(&n) {
+            Some((pre, idx, rest)) => {
+                let key = (pre.to_string(), rest.to_string(), lab.clone());
+                match groups.get(&key) {
+                    Some(&g) => members[g].3.push(idx),
+                    None => {
+                        groups.insert(key, members.len());
+                        members.push((pre.to_string(), rest.to_string(), lab, vec![idx]));
+                        out.push(String::new());
+                    }
+                }
+            }
+            None => {
+                members.push((n, String::new(), lab, vec![]));
+                out.push(String::new());
+            }
+        }
+    }
+    for (slot, (pre, rest, lab, idx)) in out.iter_mut().zip(members) {
+        *slot = if idx.is_empty() {
+            format!("{pre}{lab}")
+        } else {
+            format!("{pre}{}{rest}{lab}", int_ranges(&idx))
+        };
+    }
+    out
+}
+
 /// Writes `bytes` to `path` so that a reader sees the old file or the new one, never a part:
 /// a temporary file in the same directory, `fsync`, rename over `path`, then `fsync` of the
 /// directory (on Unix).
@@ -329,7 +595,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn tiny() -> Evidence {
@@ -344,12 +610,57 @@ mod tests {
             },
             checkpoints: vec![],
             first_divergence: None,
+            independent: vec![],
             error_profile: ErrorProfile::default(),
             drill_down: None,
             capture_neutral: None,
             transcript: None,
             notes: vec![],
+            coverage: None,
+            fed: vec![],
+            tokens: None,
         }
+    }
+
+    #[test]
+    fn ids_compress_to_layer_and_step_ranges() {
+        let mut all: Vec<(&str, u32)> = vec![("audio.frontend.mel", 0)];
+        let enc = [
+            "audio.encoder.layer.0.out",
+            "audio.encoder.layer.1.out",
+            "audio.encoder.layer.2.out",
+            "audio.encoder.layer.3.out",
+        ];
+        all.extend(enc.iter().map(|n| (*n, 0)));
+        let dec = [
+            "audio.decoder.layer.0.a",
+            "audio.decoder.layer.0.b",
+            "audio.decoder.layer.1.a",
+            "audio.decoder.layer.1.b",
+        ];
+        for s in 0..6 {
+            all.extend(dec.iter().map(|n| (*n, s)));
+        }
+        // Every encoder layer, every decoder checkpoint at every step, one name at steps 1..4.
+        let mut sel: Vec<(&str, u32)> = enc.iter().map(|n| (*n, 0)).collect();
+        for s in 0..6 {
+            sel.extend(dec[..3].iter().map(|n| (*n, s)));
+        }
+        sel.extend((1..5).map(|s| (dec[3], s)));
+        assert_eq!(
+            compress_ids(&all, &sel),
+            [
+                "audio.encoder.layer.0..3.out",
+                "audio.decoder.layer.0.*",
+                "audio.decoder.layer.1.a",
+                "audio.decoder.layer.1.b@1..4"
+            ]
+        );
+        assert_eq!(int_ranges(&[5, 0, 1, 2, 3, 7, 8]), "0..3,5,7..8");
+        assert_eq!(
+            compress_ids(&all, &[("audio.frontend.mel", 0)]),
+            ["audio.frontend.mel"]
+        );
     }
 
     #[test]
@@ -391,6 +702,37 @@ mod tests {
     fn verdict_from_content() {
         let mut e = tiny();
         assert_eq!(e.derive_verdict(), Verdict::Pass);
+        // Unobserved and not-comparable checkpoints neither pass nor fail; none observed is an
+        // error, one observed pass is a pass.
+        let cp = |status: Status| CheckpointEvidence {
+            name: "x".into(),
+            step: 0,
+            producer: "p".into(),
+            consumers: vec![],
+            shape: vec![],
+            dtype: "f32".into(),
+            layout: "plain".into(),
+            metrics: None,
+            local_metrics: None,
+            tolerance: ToleranceEvidence {
+                atol: 0.0,
+                rtol: 0.0,
+                max_outlier_fraction: 0.0,
+                max_rel_l2: None,
+                max_kl: None,
+                source: "default:f32".into(),
+            },
+            status,
+            propagated_from: vec![],
+            note: None,
+        };
+        e.checkpoints = vec![cp(Status::Unobserved), cp(Status::NotComparable)];
+        assert_eq!(e.derive_verdict(), Verdict::Error);
+        e.checkpoints.push(cp(Status::Pass));
+        assert_eq!(e.derive_verdict(), Verdict::Pass);
+        e.checkpoints.push(cp(Status::Missing));
+        assert_eq!(e.derive_verdict(), Verdict::Diverged);
+        e.checkpoints.clear();
         e.capture_neutral = Some(false);
         assert_eq!(e.derive_verdict(), Verdict::Diverged);
         e.capture_neutral = Some(true);

@@ -4,6 +4,8 @@
 //! - the verdict worsens (`pass` -> `diverged`/`error`);
 //! - a checkpoint's status worsens (`pass` -> anything else);
 //! - a checkpoint of the baseline is absent from the new evidence;
+//! - coverage drops: a checkpoint observed in the baseline is `unobserved` or `not_comparable` now
+//!   (whatever its baseline status: a failure must not disappear by not being looked at);
 //! - a checkpoint's `rel_l2` or `max_abs` grows past `factor` times the baseline **and** past the
 //!   metric's absolute floor (so `1e-9 -> 3e-9` does not fail).
 //!
@@ -76,6 +78,13 @@ pub enum FindingKind {
     },
     /// In the baseline, absent from the new evidence.
     Removed,
+    /// Observed in the baseline, unobserved or not comparable now.
+    CoverageDropped {
+        /// Baseline status.
+        from: Status,
+        /// New status (`unobserved` or `not_comparable`).
+        to: Status,
+    },
     /// In the new evidence only (informational).
     Added,
     /// Status improved (informational).
@@ -242,7 +251,21 @@ pub fn gate(new: &Evidence, baseline: &Evidence, opts: &GateOptions) -> Result<G
             });
             continue;
         };
-        if b.status == Status::Pass && c.status != Status::Pass {
+        if b.status.is_observed() && !c.status.is_observed() {
+            findings.push(Finding {
+                checkpoint: Some(id.clone()),
+                kind: FindingKind::CoverageDropped {
+                    from: b.status,
+                    to: c.status,
+                },
+                failing: true,
+                message: format!(
+                    "{id}: coverage dropped: {} in the baseline, {} now",
+                    b.status.as_str(),
+                    c.status.as_str()
+                ),
+            });
+        } else if b.status == Status::Pass && c.status != Status::Pass {
             findings.push(Finding {
                 checkpoint: Some(id.clone()),
                 kind: FindingKind::StatusWorsened {
@@ -351,6 +374,7 @@ pub fn junit_xml(r: &GateReport) -> String {
                         FindingKind::VerdictWorsened { .. } => "verdict",
                         FindingKind::StatusWorsened { .. } => "status",
                         FindingKind::ErrorGrew { .. } => "error_growth",
+                        FindingKind::CoverageDropped { .. } => "coverage",
                         _ => "removed",
                     };
                     let m = xml_escape(&f.message);
@@ -424,12 +448,46 @@ mod tests {
             },
             checkpoints: cps,
             first_divergence: None,
+            independent: vec![],
             error_profile: ErrorProfile::default(),
             drill_down: None,
             capture_neutral: None,
             transcript: None,
             notes: vec![],
+            coverage: None,
+            fed: vec![],
+            tokens: None,
         }
+    }
+
+    /// A checkpoint observed in the baseline and unobserved now fails the gate, whether it passed
+    /// or failed there; one unobserved in both is no finding.
+    #[test]
+    fn coverage_drop_is_a_regression() {
+        let mut unobserved = cp("c", Status::Unobserved, 0.0, 0.0);
+        unobserved.metrics = None;
+        let base = ev(
+            Verdict::Diverged,
+            vec![
+                cp("a", Status::Pass, 1e-6, 1e-5),
+                cp("b", Status::Origin, 1e-1, 1e-1),
+                unobserved.clone(),
+            ],
+        );
+        let mut a = cp("a", Status::Unobserved, 0.0, 0.0);
+        a.metrics = None;
+        let mut b = cp("b", Status::NotComparable, 0.0, 0.0);
+        b.metrics = None;
+        let new = ev(Verdict::Pass, vec![a, b, unobserved]);
+        let r = gate(&new, &base, &GateOptions::default()).unwrap();
+        let dropped: Vec<_> = r
+            .failures()
+            .filter(|f| matches!(f.kind, FindingKind::CoverageDropped { .. }))
+            .map(|f| f.checkpoint.clone().unwrap())
+            .collect();
+        assert_eq!(dropped, ["a@step0", "b@step0"]);
+        assert!(!r.passed());
+        assert!(junit_xml(&r).contains("type=\"coverage\""));
     }
 
     /// Evidence for another clip, other weights, another family or another contract is refused;

@@ -12,6 +12,13 @@
 //!   the origin cannot explain; fix the origin first);
 //! - **propagated**: a failing node with at least one non-passing upstream node (failing, missing or
 //!   alignment fault); `propagated_from` names the root nodes it inherits from.
+//!
+//! A missing node or an alignment fault (a shape divergence) whose upstream nodes all pass is the
+//! origin too when it comes first: the verdict is never `diverged` without a place to start.
+//! Unobserved and not-comparable nodes are transparent: a failing node looks through them to its
+//! nearest observed ancestors (and inherits any root behind them); a substituted (fed) node counts
+//! as passing for its consumers, since they saw the reference's tensor. [`gap_before`] names the
+//! unobserved region in front of a node.
 
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
 
@@ -250,6 +257,12 @@ pub enum Observed {
     Missing,
     /// Shape or layout could not be aligned.
     AlignmentFault,
+    /// Absent from the dump under test (its engine does not expose it): neither a pass nor a
+    /// failure; transparent for localization.
+    Unobserved,
+    /// Not comparable: the two sides computed it from different inputs (after the token streams
+    /// parted); transparent for localization.
+    NotComparable,
 }
 
 /// Final status of a checkpoint in the evidence.
@@ -258,7 +271,8 @@ pub enum Observed {
 pub enum Status {
     /// Within tolerance.
     Pass,
-    /// The first failing node whose upstream nodes all pass.
+    /// The first failing node whose upstream nodes all pass (a first missing or not-aligned node
+    /// is the origin too, but keeps its own status; see [`Localization::origin`]).
     Origin,
     /// Fails downstream of a non-passing node.
     Propagated,
@@ -268,6 +282,11 @@ pub enum Status {
     Missing,
     /// Fails although every upstream node passes, after the origin (independent divergence).
     Fail,
+    /// Absent from the dump under test (partial coverage): neither a pass nor a failure.
+    Unobserved,
+    /// Computed from different inputs on the two sides (a step after the token streams parted):
+    /// not a divergence, not a pass.
+    NotComparable,
 }
 
 impl Status {
@@ -280,7 +299,14 @@ impl Status {
             Status::AlignmentFault => "alignment_fault",
             Status::Missing => "missing",
             Status::Fail => "fail",
+            Status::Unobserved => "unobserved",
+            Status::NotComparable => "not_comparable",
         }
+    }
+
+    /// Whether the node was compared (neither unobserved nor not comparable).
+    pub fn is_observed(self) -> bool {
+        !matches!(self, Status::Unobserved | Status::NotComparable)
     }
 
     /// Whether the node diverged (origin, fail or propagated).
@@ -294,7 +320,8 @@ impl Status {
 pub struct Localization {
     /// Final status per node.
     pub status: Vec<Status>,
-    /// The origin node.
+    /// The origin node: the first failing, missing or not-aligned node whose observed upstream
+    /// nodes all pass (looking through unobserved ones).
     pub origin: Option<usize>,
     /// Failing nodes with all-passing inputs after the origin.
     pub independent: Vec<usize>,
@@ -305,46 +332,82 @@ pub struct Localization {
     pub first_divergent: Option<usize>,
 }
 
-/// Classifies every node (see the module doc).
+/// Classifies every node (see the module doc); no node is substituted.
 pub fn localize(g: &CheckpointGraph, observed: &[Observed]) -> Result<Localization, Error> {
-    if observed.len() != g.len() {
-        return Err(Error::Length {
-            expected: g.len(),
-            found: observed.len(),
-        });
+    localize_fed(g, observed, &vec![false; observed.len()])
+}
+
+/// Classifies every node; `fed[i]` marks a node whose consumers received the reference's tensor
+/// instead of this side's (an isolation feed): it counts as passing for them, whatever its own
+/// status.
+pub fn localize_fed(
+    g: &CheckpointGraph,
+    observed: &[Observed],
+    fed: &[bool],
+) -> Result<Localization, Error> {
+    for len in [observed.len(), fed.len()] {
+        if len != g.len() {
+            return Err(Error::Length {
+                expected: g.len(),
+                found: len,
+            });
+        }
     }
     let n = g.len();
     let mut status = vec![Status::Pass; n];
     let mut from: Vec<Vec<usize>> = vec![Vec::new(); n];
+    // Roots a node hands to its consumers: itself for a root, its inheritance for propagated,
+    // unobserved and not-comparable nodes (transparent), nothing for a pass or a fed node.
+    let mut carry: Vec<Vec<usize>> = vec![Vec::new(); n];
     let mut origin = None;
     let mut independent = Vec::new();
     let mut first_divergent = None;
     for (i, node) in g.nodes().iter().enumerate() {
+        let mut roots = BTreeSet::new();
+        for &u in &node.upstream {
+            if !fed[u] {
+                roots.extend(carry[u].iter().copied());
+            }
+        }
         status[i] = match observed[i] {
             Observed::Pass => Status::Pass,
-            Observed::Missing => Status::Missing,
-            Observed::AlignmentFault => Status::AlignmentFault,
-            Observed::Fail => {
-                let mut roots = BTreeSet::new();
-                for &u in &node.upstream {
-                    match status[u] {
-                        Status::Pass => {}
-                        Status::Propagated => roots.extend(from[u].iter().copied()),
-                        _ => {
-                            roots.insert(u);
-                        }
-                    }
+            Observed::Unobserved | Observed::NotComparable => {
+                carry[i] = roots.into_iter().collect();
+                if observed[i] == Observed::Unobserved {
+                    Status::Unobserved
+                } else {
+                    Status::NotComparable
                 }
+            }
+            Observed::Missing | Observed::AlignmentFault => {
+                let own = if observed[i] == Observed::Missing {
+                    Status::Missing
+                } else {
+                    Status::AlignmentFault
+                };
+                // The origin keeps its own status (`missing`, `alignment_fault`): the kind of
+                // divergence stays visible; `first_divergence` names it.
+                if roots.is_empty() && origin.is_none() {
+                    origin = Some(i);
+                }
+                carry[i] = vec![i];
+                own
+            }
+            Observed::Fail => {
                 first_divergent.get_or_insert(i);
                 if !roots.is_empty() {
                     from[i] = roots.into_iter().collect();
+                    carry[i] = from[i].clone();
                     Status::Propagated
-                } else if origin.is_none() {
-                    origin = Some(i);
-                    Status::Origin
                 } else {
-                    independent.push(i);
-                    Status::Fail
+                    carry[i] = vec![i];
+                    if origin.is_none() {
+                        origin = Some(i);
+                        Status::Origin
+                    } else {
+                        independent.push(i);
+                        Status::Fail
+                    }
                 }
             }
         };
@@ -356,6 +419,33 @@ pub fn localize(g: &CheckpointGraph, observed: &[Observed]) -> Result<Localizati
         propagated_from: from,
         first_divergent,
     })
+}
+
+/// The unobserved region in front of node `target`: walking upstream through unobserved and
+/// not-comparable nodes, the nodes crossed (`region`, ascending) and the observed nodes where the
+/// walk stops (`boundary`, ascending). Both empty when every input of `target` was observed.
+pub fn gap_before(
+    g: &CheckpointGraph,
+    status: &[Status],
+    target: usize,
+) -> (Vec<usize>, Vec<usize>) {
+    let nodes = g.nodes();
+    let mut region = BTreeSet::new();
+    let mut boundary = BTreeSet::new();
+    let mut stack: Vec<usize> = nodes.get(target).map_or(vec![], |t| t.upstream.clone());
+    while let Some(u) = stack.pop() {
+        match status.get(u) {
+            Some(s) if !s.is_observed() && region.insert(u) => {
+                stack.extend(nodes[u].upstream.iter().copied());
+            }
+            Some(s) if !s.is_observed() => {}
+            Some(_) => {
+                boundary.insert(u);
+            }
+            None => {}
+        }
+    }
+    (region.into_iter().collect(), boundary.into_iter().collect())
 }
 
 /// Error of one node for the profile.
@@ -714,8 +804,10 @@ pub(crate) mod tests {
             def("d", 0, &[("a", 0)]),
         ])
         .unwrap();
+        // A missing node whose inputs pass is the origin (keeping its status): never diverged
+        // without a place to start.
         let l = localize(&g, &obs(&g, &["c@step0"], &["b@step0"])).unwrap();
-        assert_eq!(l.origin, None);
+        assert_eq!(origin_id(&g, &l).as_deref(), Some("b@step0"));
         assert_eq!(status_of(&g, &l, "b@step0"), Status::Missing);
         assert_eq!(status_of(&g, &l, "c@step0"), Status::Propagated);
         assert_eq!(
@@ -726,10 +818,55 @@ pub(crate) mod tests {
         o[1] = Observed::AlignmentFault;
         let l = localize(&g, &o).unwrap();
         assert_eq!(status_of(&g, &l, "b@step0"), Status::AlignmentFault);
+        assert_eq!(origin_id(&g, &l).as_deref(), Some("b@step0"));
         assert_eq!(status_of(&g, &l, "c@step0"), Status::Propagated);
-        // A failing node beside the missing one is still an origin.
+        // A failing node beside the missing one, later in order: an independent failure.
         let l = localize(&g, &obs(&g, &["c@step0", "d@step0"], &["b@step0"])).unwrap();
-        assert_eq!(origin_id(&g, &l).as_deref(), Some("d@step0"));
+        assert_eq!(origin_id(&g, &l).as_deref(), Some("b@step0"));
+        assert_eq!(status_of(&g, &l, "d@step0"), Status::Fail);
+        // Behind a failing node, a missing one is not the origin.
+        let l = localize(&g, &obs(&g, &["a@step0"], &["b@step0"])).unwrap();
+        assert_eq!(origin_id(&g, &l).as_deref(), Some("a@step0"));
+    }
+
+    #[test]
+    fn unobserved_nodes_are_transparent_and_fed_nodes_pass_for_consumers() {
+        // mel -> conv -> l0 -> l1 -> mem -> logits; only mel, mem and logits observed.
+        let g = CheckpointGraph::from_nodes(vec![
+            def("mel", 0, &[]),
+            def("conv", 0, &[("mel", 0)]),
+            def("l0", 0, &[("conv", 0)]),
+            def("l1", 0, &[("l0", 0)]),
+            def("mem", 0, &[("l1", 0)]),
+            def("logits", 0, &[("mem", 0)]),
+        ])
+        .unwrap();
+        let with = |fail: &[&str]| {
+            let mut o = obs(&g, fail, &[]);
+            for x in &mut o[1..4] {
+                *x = Observed::Unobserved;
+            }
+            o
+        };
+        // mem fails with mel passing: the origin, the gap before it is conv, l0, l1.
+        let l = localize(&g, &with(&["mem@step0", "logits@step0"])).unwrap();
+        assert_eq!(origin_id(&g, &l).as_deref(), Some("mem@step0"));
+        assert_eq!(status_of(&g, &l, "conv@step0"), Status::Unobserved);
+        assert_eq!(status_of(&g, &l, "logits@step0"), Status::Propagated);
+        assert_eq!(gap_before(&g, &l.status, 4), (vec![1, 2, 3], vec![0]));
+        assert_eq!(gap_before(&g, &l.status, 5), (vec![], vec![4]));
+        // mel fails: mem inherits through the unobserved nodes (propagated, not an origin).
+        let l = localize(&g, &with(&["mel@step0", "mem@step0"])).unwrap();
+        assert_eq!(origin_id(&g, &l).as_deref(), Some("mel@step0"));
+        assert_eq!(status_of(&g, &l, "mem@step0"), Status::Propagated);
+        assert_eq!(l.propagated_from[4], vec![0]);
+        // The reference's mel fed downstream: mem's failure is its own (independent).
+        let mut fed = vec![false; g.len()];
+        fed[0] = true;
+        let l = localize_fed(&g, &with(&["mel@step0", "mem@step0"]), &fed).unwrap();
+        assert_eq!(origin_id(&g, &l).as_deref(), Some("mel@step0"));
+        assert_eq!(status_of(&g, &l, "mem@step0"), Status::Fail);
+        assert!(localize_fed(&g, &with(&[]), &[]).is_err());
     }
 
     /// A tiny decoder: cache (prefill only), self (every, @previous), out (every).

@@ -14,7 +14,8 @@ use crate::compare::{
     compare_graph, layout_axis_names, CompareOptions, Comparison, Pair, PairMeta, PairSource,
 };
 use crate::evidence::{
-    CheckpointEvidence, FirstDivergence, InputEvidence, OracleVersions, ToleranceEvidence,
+    int_ranges, CheckpointEvidence, DivergenceKind, FedEdge, FirstDivergence, InputEvidence,
+    OracleVersions, TokenAlignment, ToleranceEvidence,
 };
 use crate::localize::{build_graph, error_profile, localize, CheckpointGraph, Observed, Status};
 use crate::signatures::Explanation;
@@ -92,14 +93,18 @@ pub fn to_canonical(
     }
 }
 
-/// Tensor pairs from a reference dump and a runtime dump (and optionally an isolated-mode dump),
+/// Tensor pairs from a reference dump and a runtime dump (and optionally isolated dumps: the
+/// runtime's isolated mode, or an outside engine's runs fed with the reference's tensors),
 /// aligned to the contract.
 pub struct DumpPairs<'a> {
     contract: &'a Contract,
     reference: &'a Dump,
     runtime: &'a Dump,
-    isolated: Option<&'a Dump>,
-    converted: HashMap<(String, usize, u8), Result<ArrayD<f32>, String>>,
+    isolated: Vec<&'a Dump>,
+    /// Which isolated dump gives `(name, step)` its local error; absent: the first dump that
+    /// fed nothing (X-Ray's isolated mode substitutes every edge), if any.
+    isolated_for: HashMap<(String, u32), usize>,
+    converted: HashMap<(String, usize, usize), Result<ArrayD<f32>, String>>,
 }
 
 impl<'a> DumpPairs<'a> {
@@ -110,10 +115,22 @@ impl<'a> DumpPairs<'a> {
         runtime: &'a Dump,
         isolated: Option<&'a Dump>,
     ) -> Self {
+        Self::with_isolated(contract, reference, runtime, isolated.into_iter().collect())
+    }
+
+    /// Prepare pairs with several isolated dumps (see [`DumpPairs::choose_isolated`]).
+    pub fn with_isolated(
+        contract: &'a Contract,
+        reference: &'a Dump,
+        runtime: &'a Dump,
+        isolated: Vec<&'a Dump>,
+    ) -> Self {
         let heads = contract.dims.get("heads").copied();
         let mut converted = HashMap::new();
-        for (side, d) in [(0u8, Some(reference)), (1, Some(runtime)), (2, isolated)] {
-            let Some(d) = d else { continue };
+        let sides = [reference, runtime]
+            .into_iter()
+            .chain(isolated.iter().copied());
+        for (side, d) in sides.enumerate() {
             for e in &d.manifest.checkpoints {
                 let Some(spec) = contract.get(&e.name) else {
                     continue;
@@ -134,14 +151,63 @@ impl<'a> DumpPairs<'a> {
             reference,
             runtime,
             isolated,
+            isolated_for: HashMap::new(),
             converted,
         }
+    }
+
+    /// For each node, the isolated dump that measures its local error: among the dumps that fed
+    /// the reference's tensor at some edge upstream of it (`extra.fed`; not at the node itself),
+    /// the one whose fed edge is nearest (latest in graph order); steps the dump's own token
+    /// stream makes incomparable (`comparable_up_to[k]`) are skipped.
+    pub fn choose_isolated(&mut self, g: &CheckpointGraph, comparable_up_to: &[Option<u32>]) {
+        let nodes = g.nodes();
+        let mut best: Vec<Option<(usize, usize)>> = vec![None; nodes.len()];
+        for (k, d) in self.isolated.iter().enumerate() {
+            let fed = fed_names(d);
+            if fed.is_empty() {
+                continue;
+            }
+            let is_fed = |i: usize| fed.iter().any(|f| f == &nodes[i].name);
+            // Latest fed ancestor of every node, in topological order.
+            let mut near: Vec<Option<usize>> = vec![None; nodes.len()];
+            for i in 0..nodes.len() {
+                near[i] = nodes[i]
+                    .upstream
+                    .iter()
+                    .map(|&u| if is_fed(u) { Some(u) } else { near[u] })
+                    .max()
+                    .flatten();
+                let ok = comparable_up_to
+                    .get(k)
+                    .copied()
+                    .flatten()
+                    .is_none_or(|s| nodes[i].step <= s);
+                if let (Some(f), false, true) = (near[i], is_fed(i), ok) {
+                    if best[i].is_none_or(|(bf, _)| f > bf) {
+                        best[i] = Some((f, k));
+                    }
+                }
+            }
+        }
+        self.isolated_for = best
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| b.map(|(_, k)| ((nodes[i].name.clone(), nodes[i].step), k)))
+            .collect();
+    }
+
+    fn isolated_of(&self, name: &str, step: u32) -> Option<usize> {
+        self.isolated_for
+            .get(&(name.to_string(), step))
+            .copied()
+            .or_else(|| self.isolated.iter().position(|d| fed_names(d).is_empty()))
     }
 
     fn side(
         &self,
         d: &'a Dump,
-        side: u8,
+        side: usize,
         name: &str,
         step: usize,
     ) -> Option<Result<ArrayViewD<'_, f32>, String>> {
@@ -172,21 +238,25 @@ impl PairSource for DumpPairs<'_> {
             },
         };
         match (r, x) {
-            (None, None) => Pair::Missing {
+            (None, None) => Pair::Unobserved {
                 meta: None,
                 note: "absent from both dumps".into(),
             },
-            (None, Some(_)) => Pair::Missing {
-                meta: None,
-                note: "absent from the reference dump".into(),
+            (None, Some(_)) => Pair::NotInReference {
+                note: format!(
+                    "in {} but absent from the reference dump {}",
+                    self.runtime.dir.display(),
+                    self.reference.dir.display()
+                ),
             },
-            (Some(Ok(r)), None) => Pair::Missing {
+            (Some(Ok(r)), None) => Pair::Unobserved {
                 meta: Some(meta_of(&r)),
-                note: "absent from the runtime dump".into(),
+                note: "absent from the dump under test".into(),
             },
             (Some(Err(e)), _) | (_, Some(Err(e))) => Pair::AlignmentFault {
                 meta: None,
                 note: e,
+                shapes: None,
             },
             (Some(Ok(r)), Some(Ok(x))) => {
                 if r.shape() != x.shape() {
@@ -197,11 +267,12 @@ impl PairSource for DumpPairs<'_> {
                             x.shape(),
                             r.shape()
                         ),
+                        shapes: Some((r.shape().to_vec(), x.shape().to_vec())),
                     };
                 }
                 let isolated = self
-                    .isolated
-                    .and_then(|d| self.side(d, 2, name, step_u))
+                    .isolated_of(name, step)
+                    .and_then(|k| self.side(self.isolated[k], 2 + k, name, step_u))
                     .and_then(|v| v.ok())
                     .filter(|v| v.shape() == r.shape());
                 Pair::Tensors {
@@ -215,7 +286,9 @@ impl PairSource for DumpPairs<'_> {
     }
 }
 
-/// Compare a runtime dump with a reference dump through the contract.
+/// Compare a runtime dump with a reference dump through the contract (one isolated-mode dump at
+/// most; no token alignment or `extra.fed`: X-Ray's own runtime, teacher-forced by `xray check`;
+/// see [`compare_dumps_isolated`] for other engines).
 pub fn compare_dumps(
     contract: &Contract,
     reference: &Dump,
@@ -226,6 +299,180 @@ pub fn compare_dumps(
     let g = graph_for(contract, reference)?;
     let pairs = DumpPairs::new(contract, reference, runtime, isolated);
     compare_graph(&g, &pairs, opts)
+}
+
+/// The checkpoint names a dump's engine was fed with the reference's tensor (`extra.fed` keys,
+/// `tokens` excluded).
+pub fn fed_names(d: &Dump) -> Vec<String> {
+    d.manifest
+        .extra
+        .get("fed")
+        .and_then(|v| v.as_object())
+        .map(|m| m.keys().filter(|k| *k != "tokens").cloned().collect())
+        .unwrap_or_default()
+}
+
+/// The fed edges a dump records (`extra.fed`), checked: every key must be a checkpoint of the
+/// contract or `tokens`, every value an object.
+pub fn fed_edges(contract: &Contract, d: &Dump) -> Result<Vec<FedEdge>, Error> {
+    let err = |reason: String| Error::Manifest {
+        dump: d.dir.display().to_string(),
+        reason,
+    };
+    let Some(v) = d.manifest.extra.get("fed") else {
+        return Ok(vec![]);
+    };
+    let m = v
+        .as_object()
+        .ok_or_else(|| err("extra.fed is not an object".into()))?;
+    let mut out = Vec::new();
+    for (k, e) in m {
+        if k != "tokens" && contract.get(k).is_none() {
+            return Err(err(format!(
+                "extra.fed names {k:?}, which is neither a checkpoint of the {} contract nor \"tokens\"",
+                d.manifest.family
+            )));
+        }
+        let e = e
+            .as_object()
+            .ok_or_else(|| err(format!("extra.fed.{k} is not an object")))?;
+        let text = |key: &str| e.get(key).and_then(|x| x.as_str()).map(str::to_string);
+        out.push(FedEdge {
+            checkpoint: k.clone(),
+            dump: d.dir.display().to_string(),
+            from: text("from"),
+            into: text("into"),
+        });
+    }
+    Ok(out)
+}
+
+/// How `got`'s token stream lines up with `reference`'s (`None` when the family does not decode
+/// step by step or the reference records no tokens). Step K's output token is
+/// `tokens[prefix + K]`, `prefix = len(reference tokens) - reference steps`. Free-running: the
+/// first differing token's step parts the streams (steps after it ran on other tokens).
+/// Teacher-forced (`extra.fed.tokens`): every step saw the reference's tokens; the engine's own
+/// per-step argmax (`extra.step_argmax`, required) says where its choice parts.
+pub fn token_alignment(
+    contract: &Contract,
+    reference: &Dump,
+    got: &Dump,
+) -> Result<Option<TokenAlignment>, Error> {
+    let stepwise = contract
+        .checkpoints
+        .iter()
+        .any(|c| matches!(c.steps, CSteps::Every));
+    let rt = &reference.manifest.tokens;
+    if !stepwise || rt.is_empty() {
+        return Ok(None);
+    }
+    let steps = reference
+        .manifest
+        .checkpoints
+        .iter()
+        .map(|e| e.step + 1)
+        .max()
+        .unwrap_or(0);
+    let Some(prefix) = rt.len().checked_sub(steps).filter(|p| *p > 0) else {
+        return Err(Error::Manifest {
+            dump: reference.dir.display().to_string(),
+            reason: format!(
+                "{} tokens for {steps} decoder steps: no forced prefix before step 0's output",
+                rt.len()
+            ),
+        });
+    };
+    let teacher_forced = got
+        .manifest
+        .extra
+        .get("fed")
+        .and_then(|f| f.get("tokens"))
+        .is_some();
+    let own: Vec<i64> = if teacher_forced {
+        let v = got.manifest.extra.get("step_argmax").ok_or_else(|| Error::Manifest {
+            dump: got.dir.display().to_string(),
+            reason: "teacher-forced (extra.fed.tokens) but no extra.step_argmax: its own choices are unknown".into(),
+        })?;
+        serde_json::from_value(v.clone()).map_err(|e| Error::Manifest {
+            dump: got.dir.display().to_string(),
+            reason: format!("extra.step_argmax: {e}"),
+        })?
+    } else {
+        got.manifest.tokens.clone()
+    };
+    let (theirs, ours): (&[i64], &[i64]) = if teacher_forced {
+        (&rt[prefix..], &own)
+    } else {
+        (rt, &own)
+    };
+    let part = theirs
+        .iter()
+        .zip(ours)
+        .position(|(a, b)| a != b)
+        .or((theirs.len() != ours.len()).then(|| theirs.len().min(ours.len())));
+    let offset = if teacher_forced { 0 } else { prefix };
+    let parted_at_step = part.map(|p| p.saturating_sub(offset) as u32);
+    let last = steps.saturating_sub(1) as u32;
+    Ok(Some(TokenAlignment {
+        teacher_forced,
+        prefix,
+        parted_at_step,
+        reference_token: part.and_then(|p| theirs.get(p).copied()),
+        candidate_token: part.and_then(|p| ours.get(p).copied()),
+        not_comparable_steps: match parted_at_step {
+            Some(k) if !teacher_forced && k < last => {
+                Some(int_ranges(&((k + 1)..=last).collect::<Vec<_>>()))
+            }
+            _ => None,
+        },
+    }))
+}
+
+/// The last step comparable under an alignment (`None`: every step).
+pub fn comparable_up_to(a: Option<&TokenAlignment>) -> Option<u32> {
+    a.filter(|a| !a.teacher_forced)
+        .and_then(|a| a.parted_at_step)
+}
+
+/// Compare a dump under test with a reference dump through the contract, with any number of
+/// isolated dumps (X-Ray's isolated mode, or an outside engine's runs fed with the reference's
+/// tensors: each checkpoint's local error comes from the run fed nearest upstream of it).
+/// Reads the dump under test's `extra.fed` (its fed checkpoints count as passing for their
+/// consumers) and lines its tokens up with the reference's (steps after the streams part are
+/// `not_comparable`). Returns the comparison, the fed edges of every dump and the alignment.
+/// Zero observed checkpoints is an error naming both dumps.
+pub fn compare_dumps_isolated(
+    contract: &Contract,
+    reference: &Dump,
+    runtime: &Dump,
+    isolated: Vec<&Dump>,
+    opts: &CompareOptions,
+) -> Result<(Comparison, Vec<FedEdge>, Option<TokenAlignment>), Error> {
+    let g = graph_for(contract, reference)?;
+    let mut fed = fed_edges(contract, runtime)?;
+    let alignment = token_alignment(contract, reference, runtime)?;
+    let mut iso_up_to = Vec::new();
+    for d in &isolated {
+        fed.extend(fed_edges(contract, d)?);
+        iso_up_to.push(comparable_up_to(
+            token_alignment(contract, reference, d)?.as_ref(),
+        ));
+    }
+    let mut opts = opts.clone();
+    opts.fed.extend(fed_names(runtime));
+    opts.comparable_up_to_step = opts
+        .comparable_up_to_step
+        .or(comparable_up_to(alignment.as_ref()));
+    let mut pairs = DumpPairs::with_isolated(contract, reference, runtime, isolated);
+    pairs.choose_isolated(&g, &iso_up_to);
+    let c = compare_graph(&g, &pairs, &opts)?;
+    if !c.checkpoints.iter().any(|c| c.status.is_observed()) {
+        return Err(Error::NothingObserved {
+            reference: reference.dir.display().to_string(),
+            got: runtime.dir.display().to_string(),
+        });
+    }
+    Ok((c, fed, alignment))
 }
 
 /// One side of a statistics comparison: the summary of `name@step` in the contract's canonical
@@ -402,19 +649,25 @@ pub fn compare_stats_dumps(
             Dtype::F32,
             opts.floors.get(&(node.name.clone(), node.step)),
         );
+        let unobserved = if opts.require_all {
+            Observed::Missing
+        } else {
+            Observed::Unobserved
+        };
         let (obs, note, meta) = match (r, x) {
-            (None, None) => (
-                Observed::Missing,
-                "absent from both dumps".to_string(),
-                None,
-            ),
-            (None, Some(_)) => (
-                Observed::Missing,
-                "absent from the reference dump".into(),
-                None,
-            ),
+            (None, None) => (unobserved, "absent from both dumps".to_string(), None),
+            (None, Some(_)) => {
+                return Err(Error::NotInReference {
+                    checkpoint: node.id(),
+                    note: format!(
+                        "in {} but absent from the reference dump {}",
+                        got.dir.display(),
+                        reference.dir.display()
+                    ),
+                })
+            }
             (Some(Ok(r)), None) => (
-                Observed::Missing,
+                unobserved,
                 "absent from the dump under test".into(),
                 Some(r),
             ),
@@ -484,10 +737,26 @@ pub fn compare_stats_dumps(
             .map(|&u| nodes[u].id())
             .collect();
     }
+    if !observed
+        .iter()
+        .any(|o| !matches!(o, Observed::Unobserved | Observed::NotComparable))
+    {
+        return Err(Error::NothingObserved {
+            reference: reference.dir.display().to_string(),
+            got: got.dir.display().to_string(),
+        });
+    }
     let profile = error_profile(&g, &vec![None; g.len()], &loc.status)?;
     let first_divergence = loc.origin.map(|o| {
         let node = &nodes[o];
         FirstDivergence {
+            kind: match observed[o] {
+                Observed::AlignmentFault => DivergenceKind::Shape,
+                Observed::Missing => DivergenceKind::Missing,
+                _ => DivergenceKind::Values,
+            },
+            region: None,
+            suspects: vec![node.producer.clone()],
             checkpoint: node.name.clone(),
             step: node.step,
             producer: node.producer.clone(),
@@ -514,9 +783,12 @@ pub fn compare_stats_dumps(
     Ok(Comparison {
         checkpoints: partial,
         first_divergence,
+        independent: vec![],
         error_profile: profile,
         first_divergent_token_step: None,
         drill_down: None,
         localization: loc,
+        fed_nodes: vec![false; g.len()],
+        graph: g,
     })
 }

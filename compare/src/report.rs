@@ -65,6 +65,8 @@ fn status_colour(s: Status) -> &'static str {
         Status::Propagated => "#ef6c00",
         Status::Missing => "#6d6d6d",
         Status::AlignmentFault => "#6a1b9a",
+        Status::Unobserved => "#b0bec5",
+        Status::NotComparable => "#90a4ae",
     }
 }
 
@@ -84,6 +86,8 @@ fn status_counts(e: &Evidence) -> String {
         Status::Propagated,
         Status::AlignmentFault,
         Status::Missing,
+        Status::Unobserved,
+        Status::NotComparable,
     ];
     let parts: Vec<String> = order
         .iter()
@@ -93,6 +97,81 @@ fn status_counts(e: &Evidence) -> String {
         })
         .collect();
     parts.join(", ")
+}
+
+/// Plain-text lines on partial coverage, isolation and token alignment (empty when the evidence
+/// has none of them), shared by both renderings.
+pub fn partial_lines(e: &Evidence) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(c) = &e.coverage {
+        if c.unobserved + c.not_comparable > 0 {
+            out.push(format!(
+                "Coverage: {} observed, {} unobserved, {} not comparable (neither pass nor fail); unobserved: {}",
+                c.observed,
+                c.unobserved,
+                c.not_comparable,
+                if c.unobserved_names.is_empty() {
+                    "none".to_string()
+                } else {
+                    c.unobserved_names.join(", ")
+                }
+            ));
+        }
+    }
+    if let Some(t) = &e.tokens {
+        let forced = if t.teacher_forced {
+            "teacher-forced on the reference's tokens (every step compared)"
+        } else {
+            "free-running"
+        };
+        out.push(match t.parted_at_step {
+            Some(k) => format!(
+                "Tokens ({forced}): part at step {k} (reference {}, candidate {}){}",
+                t.reference_token.map_or("-".into(), |x| x.to_string()),
+                t.candidate_token.map_or("-".into(), |x| x.to_string()),
+                t.not_comparable_steps
+                    .as_ref()
+                    .map_or(String::new(), |r| format!("; steps {r} not comparable"))
+            ),
+            None => format!("Tokens ({forced}): equal"),
+        });
+    }
+    for f in &e.fed {
+        out.push(format!(
+            "Fed with the reference's tensor: {} in {}{}",
+            f.checkpoint,
+            f.dump,
+            f.into
+                .as_ref()
+                .map_or(String::new(), |i| format!(" (into {i})"))
+        ));
+    }
+    if let Some(fd) = &e.first_divergence {
+        if let Some(r) = &fd.region {
+            out.push(format!(
+                "Unobserved region {}: {} ({} checkpoint-steps)",
+                r.summary,
+                r.unobserved.join(", "),
+                r.unobserved_count
+            ));
+        }
+        if fd.region.is_some() {
+            out.push(format!("Suspects: {}", fd.suspects.join(", ")));
+        }
+    }
+    for d in &e.independent {
+        out.push(format!(
+            "Independent divergence at {}@step{}{}; suspects: {}",
+            d.checkpoint,
+            d.step,
+            d.region.as_ref().map_or(String::new(), |r| format!(
+                ", unobserved region {}",
+                r.summary
+            )),
+            d.suspects.join(", ")
+        ));
+    }
+    out
 }
 
 fn oracle_line(e: &Evidence) -> String {
@@ -140,6 +219,13 @@ pub fn markdown(e: &Evidence) -> String {
         );
     }
     s.push('\n');
+    let partial = partial_lines(e);
+    for l in &partial {
+        let _ = writeln!(s, "- {}", esc_md(l));
+    }
+    if !partial.is_empty() {
+        s.push('\n');
+    }
     if let Some(fd) = &e.first_divergence {
         let _ = writeln!(s, "### First divergence\n");
         let _ = writeln!(
@@ -201,7 +287,7 @@ pub fn markdown(e: &Evidence) -> String {
     let bad: Vec<&CheckpointEvidence> = e
         .checkpoints
         .iter()
-        .filter(|c| c.status != Status::Pass)
+        .filter(|c| c.status.is_observed() && c.status != Status::Pass)
         .collect();
     if !bad.is_empty() {
         let _ = writeln!(s, "### Checkpoints not passing\n");
@@ -426,6 +512,14 @@ pub fn html(e: &Evidence) -> String {
         esc_html(&oracle_line(e)),
         esc_html(&format!("{} checkpoints: {}", e.checkpoints.len(), status_counts(e)))
     );
+    let partial = partial_lines(e);
+    if !partial.is_empty() {
+        s.push_str("<section class=\"box\"><h2>Coverage, isolation, tokens</h2><ul>");
+        for l in &partial {
+            let _ = write!(s, "<li>{}</li>", esc_html(l));
+        }
+        s.push_str("</ul></section>");
+    }
     if let Some(fd) = &e.first_divergence {
         let _ = write!(
             s,
@@ -635,5 +729,56 @@ mod tests {
         assert_eq!(num(0.0), "0");
         assert_eq!(num(f64::MAX), "inf");
         assert_eq!(num(1.23456e-5), "1.23e-5");
+    }
+
+    #[test]
+    fn partial_coverage_is_rendered() {
+        use crate::evidence::{Coverage, FirstDivergence, Region, TokenAlignment};
+        let mut e = crate::evidence::tests::tiny();
+        e.verdict = Verdict::Diverged;
+        e.coverage = Some(Coverage {
+            observed: 12,
+            unobserved: 40,
+            not_comparable: 6,
+            unobserved_names: vec!["audio.encoder.layer.0..3.out".into()],
+        });
+        e.tokens = Some(TokenAlignment {
+            teacher_forced: false,
+            prefix: 2,
+            parted_at_step: Some(3),
+            reference_token: Some(7),
+            candidate_token: Some(9),
+            not_comparable_steps: Some("4..9".into()),
+        });
+        e.first_divergence = Some(FirstDivergence {
+            checkpoint: "audio.encoder.memory".into(),
+            step: 0,
+            producer: "encoder.final_norm".into(),
+            inputs: vec![],
+            explanation: None,
+            kind: Default::default(),
+            region: Some(Region {
+                summary: "between audio.frontend.mel@0 (pass) and audio.encoder.memory@0 (fail)"
+                    .into(),
+                after: vec![],
+                unobserved: vec!["audio.encoder.layer.0..3.out".into()],
+                unobserved_count: 6,
+            }),
+            suspects: vec!["encoder.conv1".into(), "encoder.final_norm".into()],
+        });
+        let (md, h) = (markdown(&e), html(&e));
+        for needle in [
+            "12 observed, 40 unobserved, 6 not comparable",
+            "part at step 3",
+            "steps 4..9 not comparable",
+            "between audio.frontend.mel@0 (pass) and audio.encoder.memory@0 (fail)",
+            "Suspects: encoder.conv1, encoder.final",
+        ] {
+            assert!(h.contains(needle), "html lacks {needle}");
+            assert!(
+                md.replace('\\', "").contains(needle),
+                "markdown lacks {needle}"
+            );
+        }
     }
 }

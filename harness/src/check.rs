@@ -316,6 +316,9 @@ pub fn check_against(
     let mut copts = CompareOptions {
         policy: opts.policy.clone(),
         floors: HashMap::new(),
+        // The runtime's graph declares every checkpoint: absence is a failure, not a gap.
+        require_all: true,
+        ..Default::default()
     };
     let mut notes = vec![];
     if generative {

@@ -74,19 +74,18 @@ fn engine(out: &Path, extra: &[&str]) -> Output {
     run(Path::new(env!("CARGO_BIN_EXE_xray-candle-whisper")), &args)
 }
 
-/// `xray compare REF GOT`; returns the evidence.
-fn compare(reference: &Path, got: &Path, dir: &Path, tag: &str) -> Value {
+/// `xray compare REF GOT [ARGS]`; returns the evidence.
+fn compare(reference: &Path, got: &Path, dir: &Path, tag: &str, args: &[&str]) -> Value {
     let ev = dir.join(format!("{tag}.evidence.json"));
-    let o = run(
-        &xray_bin(),
-        &[
-            "compare",
-            reference.to_str().unwrap(),
-            got.to_str().unwrap(),
-            "--evidence",
-            ev.to_str().unwrap(),
-        ],
-    );
+    let mut all = vec![
+        "compare",
+        reference.to_str().unwrap(),
+        got.to_str().unwrap(),
+        "--evidence",
+        ev.to_str().unwrap(),
+    ];
+    all.extend_from_slice(args);
+    let o = run(&xray_bin(), &all);
     // A dump xray could not read would exit 2; a divergence exits 1.
     assert!(
         matches!(o.status.code(), Some(0) | Some(1)),
@@ -111,6 +110,12 @@ fn metric(c: &Value, key: &str) -> f64 {
         .unwrap_or_else(|| panic!("{}: no metric {key}", c["name"]))
 }
 
+fn local(c: &Value, key: &str) -> f64 {
+    c["local_metrics"][key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{}@{}: no local metric {key}", c["name"], c["step"]))
+}
+
 fn logits_steps(e: &Value) -> Vec<&Value> {
     e["checkpoints"]
         .as_array()
@@ -123,6 +128,25 @@ fn logits_steps(e: &Value) -> Vec<&Value> {
 fn argmax_agreement(c: &Value) -> f64 {
     c["metrics"]["logits"]["argmax_agreement"].as_f64().unwrap()
 }
+
+fn strings(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .map(|x| x.as_str().unwrap())
+        .collect()
+}
+
+/// The encoder's ops between the log-mel and the memory, as the contract's graph names them.
+const ENCODER_SUSPECTS: [&str; 7] = [
+    "encoder.conv1",
+    "encoder.conv2",
+    "encoder.layer.0.residual_mlp",
+    "encoder.layer.1.residual_mlp",
+    "encoder.layer.2.residual_mlp",
+    "encoder.layer.3.residual_mlp",
+    "encoder.final_norm",
+];
 
 #[test]
 fn candle_whisper_under_xray_on_real_tiny_en() {
@@ -146,30 +170,50 @@ fn candle_whisper_under_xray_on_real_tiny_en() {
     assert!(o.status.success(), "xray oracle: {}", stderr(&o));
     let ref_dump = Dump::load(&reference).unwrap();
     let ref_tokens = ref_dump.manifest.tokens.clone();
+    let r = reference.to_str().unwrap();
 
-    // 1. candle as it is.
+    // candle as it is, and fed the reference's tensors stage by stage.
     let got = dir.path().join("candle");
     let o = engine(&got, &[]);
     assert!(o.status.success(), "engine: {}", stderr(&o));
+    let iso_enc = dir.path().join("candle-mel-fed");
+    let o = engine(&iso_enc, &["--mel-from", r]);
+    assert!(o.status.success(), "engine --mel-from: {}", stderr(&o));
+    let iso_dec = dir.path().join("candle-memory-fed");
+    let o = engine(&iso_dec, &["--memory-from", r, "--tokens-from", r]);
+    assert!(
+        o.status.success(),
+        "engine --memory-from --tokens-from: {}",
+        stderr(&o)
+    );
     let got_dump = Dump::load(&got).unwrap();
     let m = &got_dump.manifest;
     assert_eq!(m.producer, "candle");
     assert!(m.tools.contains_key("candle"));
     assert_eq!(m.weights_sha256, ref_dump.manifest.weights_sha256);
     assert_eq!(m.audio_sha256, ref_dump.manifest.audio_sha256);
-    let e = compare(&reference, &got, dir.path(), "plain");
+
+    // 1. candle as it is, with the fed runs as its isolation: `make candle`'s comparison.
+    let (mel_fed, mem_fed) = (iso_enc.to_str().unwrap(), iso_dec.to_str().unwrap());
+    let e = compare(
+        &reference,
+        &got,
+        dir.path(),
+        "plain",
+        &["--isolated", mel_fed, "--isolated", mem_fed],
+    );
     assert_eq!(e["verdict"], "diverged");
-    // The origin is candle's log-mel, and every observed checkpoint after it inherits.
-    assert_eq!(e["first_divergence"]["checkpoint"], "audio.frontend.mel");
-    assert_eq!(e["first_divergence"]["step"], 0);
+    // The origin is candle's log-mel (a graph source: no region, its own producer the suspect).
+    let fd = &e["first_divergence"];
+    assert_eq!(fd["checkpoint"], "audio.frontend.mel");
+    assert_eq!(fd["step"], 0);
+    assert_eq!(fd["kind"], "values");
+    assert!(fd.get("region").is_none(), "{fd}");
+    assert_eq!(strings(&fd["suspects"]), ["frontend.log_mel"]);
     let mel = checkpoint(&e, "audio.frontend.mel", 0);
     assert_eq!(mel["status"], "origin");
     let mel_rel = metric(mel, "rel_l2");
     assert!((0.1..0.25).contains(&mel_rel), "mel rel_l2 {mel_rel}");
-    assert_eq!(
-        checkpoint(&e, "audio.encoder.memory", 0)["status"],
-        "propagated"
-    );
     // What the mel difference is: candle's spectrogram (whisper.cpp's) adds each mirrored FFT
     // bin's power (x2 on bins 1..n_fft/2-1), a log10(2)/4 offset after Whisper's scaling; its
     // frames are not centred (the rest of the difference).
@@ -184,24 +228,42 @@ fn candle_whisper_under_xray_on_real_tiny_en() {
         (median - 2f64.log10() / 4.0).abs() < 0.01,
         "median mel difference {median}"
     );
-    // Partial coverage: only mel, memory and logits are observed; nothing else passes or fails
-    // (today's harness calls them `missing`, the partial-coverage change `unobserved`).
+    // The memory inherits the mel's error end to end; fed the reference's log-mel, candle's
+    // encoder alone is far below that but above f32 noise (tanh-approximate GELU, recomputed
+    // sinusoidal positions): the stage's local error, from the mel-fed run.
+    let mem = checkpoint(&e, "audio.encoder.memory", 0);
+    assert_eq!(mem["status"], "propagated");
+    let (mem_rel, mem_local) = (metric(mem, "rel_l2"), local(mem, "rel_l2"));
+    let mem_tol = mem["tolerance"]["max_rel_l2"].as_f64().unwrap();
+    assert!(
+        mem_local < 0.01 && mem_local > mem_tol && mem_local < mem_rel / 5.0,
+        "encoder local rel_l2 {mem_local}, end to end {mem_rel}"
+    );
+    // Partial coverage: only mel, memory and logits are observed; everything else is
+    // unobserved (neither pass nor fail), named compactly in the coverage block.
+    let cov = &e["coverage"];
     for c in e["checkpoints"].as_array().unwrap() {
         let name = c["name"].as_str().unwrap();
-        if ![
+        let observed = [
             "audio.frontend.mel",
             "audio.encoder.memory",
             "audio.decoder.logits",
         ]
-        .contains(&name)
-        {
+        .contains(&name);
+        if !observed {
+            // Unobserved, or not comparable at the steps after the token streams part.
+            let st = c["status"].as_str().unwrap();
+            let after = c["step"].as_u64().unwrap() > 3;
             assert!(
-                c["status"] == "missing" || c["status"] == "unobserved",
-                "{name}: {}",
-                c["status"]
+                st == "unobserved" || (after && st == "not_comparable"),
+                "{name}@{}: {st}",
+                c["step"]
             );
         }
     }
+    let names = strings(&cov["unobserved_names"]);
+    assert!(names.contains(&"audio.encoder.layer.0..3.out"), "{names:?}");
+    assert!(names.contains(&"audio.decoder.layer.0..3.*"), "{names:?}");
     // The tokens part at the fourth generated token (step 3): " roundfire" for " roundf|ark".
     assert_eq!(e["transcript"]["tokens_equal"], false);
     let part = ref_tokens
@@ -210,57 +272,83 @@ fn candle_whisper_under_xray_on_real_tiny_en() {
         .position(|(a, b)| a != b)
         .expect("token streams part");
     assert_eq!(part, 2 + 3, "ref {ref_tokens:?} candle {:?}", m.tokens);
-    // Steps up to the parting step saw the same tokens: argmax agrees before it, not at it.
+    let t = &e["tokens"];
+    assert_eq!(t["teacher_forced"], false);
+    assert_eq!(t["parted_at_step"], 3);
+    assert_eq!(t["reference_token"], ref_tokens[part]);
+    assert_eq!(t["candidate_token"], m.tokens[part]);
+    assert_eq!(e["transcript"]["first_divergent_step"], 3);
+    // Steps up to the parting step saw the same tokens and are compared: argmax agrees before
+    // it, not at it; later steps ran on other tokens and are not comparable.
     let steps = logits_steps(&e);
     for s in &steps[..3] {
         assert_eq!(argmax_agreement(s), 1.0, "step {}", s["step"]);
     }
     assert_eq!(argmax_agreement(steps[3]), 0.0);
-
-    // 2. Encoder isolated: the reference log-mel fed into candle's encoder. Its local error is
-    // far below the end-to-end one but above f32 noise (tanh-approximate GELU, recomputed
-    // sinusoidal positions); the tokens then equal the reference's.
-    let iso_enc = dir.path().join("candle-mel-fed");
-    let o = engine(&iso_enc, &["--mel-from", reference.to_str().unwrap()]);
-    assert!(o.status.success(), "engine --mel-from: {}", stderr(&o));
-    let e2 = compare(&reference, &iso_enc, dir.path(), "mel-fed");
-    let mem = checkpoint(&e2, "audio.encoder.memory", 0);
-    let mem_rel = metric(mem, "rel_l2");
-    let mem_tol = mem["tolerance"]["max_rel_l2"].as_f64().unwrap();
-    assert!(
-        mem_rel < 0.01 && mem_rel > mem_tol,
-        "encoder local rel_l2 {mem_rel}"
+    assert!(steps[4..].iter().all(|s| s["status"] == "not_comparable"));
+    let not_comparable = e["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == "not_comparable")
+        .count();
+    assert!(not_comparable > 0);
+    assert_eq!(cov["not_comparable"].as_u64(), Some(not_comparable as u64));
+    assert_eq!(
+        t["not_comparable_steps"],
+        format!("4..{}", ref_tokens.len() - 3)
     );
-    assert_eq!(e2["transcript"]["tokens_equal"], true);
-    let fed = &Dump::load(&iso_enc).unwrap().manifest.extra["fed"];
-    assert!(fed["audio.frontend.mel"]["from"].is_string(), "{fed}");
-
-    // 3. Decoder isolated: the reference memory fed, teacher-forced on the reference tokens.
-    // Every step is comparable; the decoder's local error keeps every argmax.
-    let iso_dec = dir.path().join("candle-memory-fed");
-    let r = reference.to_str().unwrap();
-    let o = engine(&iso_dec, &["--memory-from", r, "--tokens-from", r]);
-    assert!(
-        o.status.success(),
-        "engine --memory-from --tokens-from: {}",
-        stderr(&o)
-    );
-    let e3 = compare(&reference, &iso_dec, dir.path(), "memory-fed");
-    let steps = logits_steps(&e3);
-    assert_eq!(steps.len(), ref_tokens.len() - 2);
-    for s in &steps {
-        assert_eq!(argmax_agreement(s), 1.0, "step {}", s["step"]);
-        let rel = metric(s, "rel_l2");
+    // The decoder's local error (memory fed, teacher-forced) keeps every compared argmax.
+    for s in &steps[..4] {
+        let rel = local(s, "rel_l2");
         assert!(
             rel < 0.03,
             "decoder local rel_l2 {rel} at step {}",
             s["step"]
         );
+        assert_eq!(
+            s["local_metrics"]["logits"]["argmax_agreement"].as_f64(),
+            Some(1.0),
+            "step {}",
+            s["step"]
+        );
     }
-    assert_eq!(e3["transcript"]["tokens_equal"], true);
+    let fed: Vec<&str> = e["fed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["checkpoint"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        fed,
+        ["audio.frontend.mel", "audio.encoder.memory", "tokens"]
+    );
 
-    // 4. Teacher forcing alone: all reference steps are compared; candle's own choice parts at
-    // step 3, recorded per step, while its free-running tokens stay its own.
+    // 2. The mel-fed run on its own: candle's own log-mel is still recorded (the origin), but
+    // its encoder saw the reference's, so the memory's failure is the encoder's own: an
+    // independent divergence in the unobserved region after the fed log-mel.
+    let e2 = compare(&reference, &iso_enc, dir.path(), "mel-fed", &[]);
+    assert_eq!(e2["first_divergence"]["checkpoint"], "audio.frontend.mel");
+    assert_eq!(checkpoint(&e2, "audio.encoder.memory", 0)["status"], "fail");
+    assert_eq!(e2["transcript"]["tokens_equal"], true);
+    let ind = &e2["independent"][0];
+    assert_eq!(ind["checkpoint"], "audio.encoder.memory");
+    assert_eq!(
+        ind["region"]["summary"],
+        "between audio.frontend.mel@0 (fed) and audio.encoder.memory@0 (fail)"
+    );
+    assert_eq!(strings(&ind["suspects"]), ENCODER_SUSPECTS);
+    assert_eq!(
+        strings(&ind["region"]["unobserved"]),
+        [
+            "audio.encoder.conv1.out",
+            "audio.encoder.conv2.out",
+            "audio.encoder.layer.0..3.out"
+        ]
+    );
+
+    // 3. Teacher forcing alone: every reference step is compared (none not comparable); candle's
+    // own choice parts at step 3, recorded per step, while its free-running tokens stay its own.
     let tf = dir.path().join("candle-teacher");
     let o = engine(&tf, &["--tokens-from", r]);
     assert!(o.status.success(), "engine --tokens-from: {}", stderr(&o));
@@ -271,8 +359,31 @@ fn candle_whisper_under_xray_on_real_tiny_en() {
     assert_eq!(own[..3], ref_tokens[2..5]);
     assert_ne!(own[3], ref_tokens[5]);
     assert_eq!(tf_dump.manifest.tokens, m.tokens);
-    let e4 = compare(&reference, &tf, dir.path(), "teacher");
-    assert_eq!(logits_steps(&e4).len(), ref_tokens.len() - 2);
+    let e4 = compare(&reference, &tf, dir.path(), "teacher", &[]);
+    assert_eq!(e4["tokens"]["teacher_forced"], true);
+    assert_eq!(e4["tokens"]["parted_at_step"], 3);
+    let steps = logits_steps(&e4);
+    assert_eq!(steps.len(), ref_tokens.len() - 2);
+    assert!(steps.iter().all(|s| s["status"] != "not_comparable"));
+    assert!(e4["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|n| n.as_str().unwrap().contains("teacher-forced")));
+
+    // 4. --require-all: absence is a failure again (conv1 is `missing`); the mel stays the origin.
+    let e5 = compare(
+        &reference,
+        &got,
+        dir.path(),
+        "require-all",
+        &["--require-all"],
+    );
+    assert_eq!(
+        checkpoint(&e5, "audio.encoder.conv1.out", 0)["status"],
+        "missing"
+    );
+    assert_eq!(e5["first_divergence"]["checkpoint"], "audio.frontend.mel");
 }
 
 #[test]

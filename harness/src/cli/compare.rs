@@ -1,6 +1,8 @@
-//! `xray compare REF_DIR GOT_DIR`: offline comparison of two dumps; no Python needed. The
-//! checkpoint graph comes from the family's contract, resolved against the model config the
-//! reference dump carries (or `--model DIR`).
+//! `xray compare REF_DIR GOT_DIR [--isolated DIR]...`: offline comparison of two dumps; no Python
+//! needed. The checkpoint graph comes from the family's contract, resolved against the model
+//! config the reference dump carries (or `--model DIR`). A checkpoint the dump under test does not
+//! hold is `unobserved` (a failure with `--require-all`); steps after the token streams part are
+//! `not_comparable`; `extra.fed` edges and `--isolated` runs give each stage its local error.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,7 +10,7 @@ use std::process::ExitCode;
 use anyhow::{anyhow, Context};
 use xray_compare::compare::CompareOptions;
 use xray_compare::evidence::{Run, Transcript, Verdict};
-use xray_compare::pipeline::{compare_dumps, compare_stats_dumps, oracle_versions};
+use xray_compare::pipeline::{compare_dumps_isolated, compare_stats_dumps, oracle_versions};
 use xray_compare::report;
 use xray_compare::tolerance::Policy;
 use xray_core::contract::Contract;
@@ -40,6 +42,15 @@ pub struct Args {
     /// Print the evidence JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// A checkpoint absent from the dump under test fails (`missing`) instead of being
+    /// `unobserved`.
+    #[arg(long)]
+    pub require_all: bool,
+    /// A run of the same engine fed the reference's tensor at some edges (its manifest's
+    /// `extra.fed`); each checkpoint's local error (`local_metrics`) comes from the run fed
+    /// nearest upstream of it. Repeatable.
+    #[arg(long, value_name = "DIR")]
+    pub isolated: Vec<PathBuf>,
 }
 
 /// Compares two dumps (full or stats-only: the same evidence, report and Markdown outputs either
@@ -58,12 +69,32 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     outputs.check()?;
     let reference = Dump::load(&a.reference)?;
     let got = Dump::load(&a.got)?;
-    if reference.manifest.family != got.manifest.family {
-        return Err(anyhow!(
-            "family mismatch: reference is {}, got is {}",
-            reference.manifest.family,
-            got.manifest.family
-        ));
+    let isolated = a
+        .isolated
+        .iter()
+        .map(|d| Dump::load(d))
+        .collect::<Result<Vec<_>, _>>()?;
+    for (what, d) in std::iter::once(("got", &got)).chain(isolated.iter().map(|d| ("isolated", d)))
+    {
+        if reference.manifest.family != d.manifest.family {
+            return Err(anyhow!(
+                "family mismatch: reference is {}, {what} {} is {}",
+                reference.manifest.family,
+                d.dir.display(),
+                d.manifest.family
+            ));
+        }
+        // Local errors measured on other weights or audio would measure nothing.
+        if what == "isolated"
+            && (d.manifest.weights_sha256 != reference.manifest.weights_sha256
+                || d.manifest.audio_sha256 != reference.manifest.audio_sha256)
+        {
+            return Err(anyhow!(
+                "{}: other weights or audio than the reference {}",
+                d.dir.display(),
+                a.reference.display()
+            ));
+        }
     }
     let config = match &a.model {
         Some(m) => super::read_config(m)?,
@@ -86,17 +117,35 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     };
     let opts = CompareOptions {
         policy,
-        floors: Default::default(),
+        require_all: a.require_all,
+        ..Default::default()
     };
     let stats_only = reference.manifest.stats_only || got.manifest.stats_only;
-    let cmp = if stats_only {
+    if stats_only && !isolated.is_empty() {
+        return Err(anyhow!(
+            "--isolated needs full dumps; {} or {} is stats-only",
+            a.reference.display(),
+            a.got.display()
+        ));
+    }
+    let (cmp, fed, tokens) = if stats_only {
         // Stats-only (large-model) dumps: each checkpoint judged from its summaries (order-
         // sensitive sketch, mean, rms, counts), localized along the same graph.
-        compare_stats_dumps(&contract, &reference, &got, &opts)
+        (
+            compare_stats_dumps(&contract, &reference, &got, &opts).context("comparing")?,
+            vec![],
+            None,
+        )
     } else {
-        compare_dumps(&contract, &reference, &got, None, &opts)
-    }
-    .context("comparing")?;
+        compare_dumps_isolated(
+            &contract,
+            &reference,
+            &got,
+            isolated.iter().collect(),
+            &opts,
+        )
+        .context("comparing")?
+    };
     let mut notes = vec![];
     if stats_only {
         notes.push("stats-only comparison: metrics are estimated from each checkpoint's summary (see its note); re-tap with `xray run --only` for full tensors".to_string());
@@ -136,16 +185,24 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             .cloned()
             .unwrap_or_else(|| got.manifest.producer.clone()),
         oracle: Some(oracle_versions(&reference.manifest.tools)),
-        isolated: false,
+        isolated: !isolated.is_empty(),
         contract_sha256: Some(contract.sha256()),
     };
+    if let Some(t) = tokens.as_ref().filter(|t| t.teacher_forced) {
+        notes.push(format!(
+            "the dump under test was teacher-forced on the reference's tokens (extra.fed.tokens): every step is compared{}",
+            t.parted_at_step.map_or(String::new(), |k| format!(
+                "; its own argmax first differs at step {k}"
+            ))
+        ));
+    }
     let transcript = Transcript {
         runtime: got.manifest.transcript.clone(),
         reference: reference.manifest.transcript.clone(),
         tokens_equal: got.manifest.tokens == reference.manifest.tokens,
         first_divergent_step: None,
     };
-    let mut ev = cmp.into_evidence(run, Some(transcript), None, notes);
+    let mut ev = cmp.into_evidence_with(run, Some(transcript), None, notes, fed, tokens);
     if let Some(n) = super::not_compared(&ev) {
         ev.notes.push(n);
     }

@@ -100,14 +100,62 @@ pub fn summary(e: &xray_compare::evidence::Evidence) -> String {
         .iter()
         .filter(|c| c.status == xray_compare::localize::Status::Pass)
         .count();
-    let mut s = format!(
-        "xray: verdict {} ({pass}/{n} checkpoints pass",
-        e.verdict.as_str()
-    );
+    let observed = e
+        .checkpoints
+        .iter()
+        .filter(|c| c.status.is_observed())
+        .count();
+    let mut s = if observed == n {
+        format!(
+            "xray: verdict {} ({pass}/{n} checkpoints pass",
+            e.verdict.as_str()
+        )
+    } else {
+        format!(
+            "xray: verdict {} ({pass}/{observed} observed checkpoints pass, {n} in the contract",
+            e.verdict.as_str()
+        )
+    };
     if let Some(c) = e.capture_neutral {
         s.push_str(&format!(", capture neutral: {c}"));
     }
     s.push(')');
+    if let Some(c) = e
+        .coverage
+        .as_ref()
+        .filter(|c| c.unobserved + c.not_comparable > 0)
+    {
+        s.push_str(&format!(
+            "\nxray: coverage: {} observed, {} unobserved, {} not comparable; unobserved: {}",
+            c.observed,
+            c.unobserved,
+            c.not_comparable,
+            c.unobserved_names.join(", ")
+        ));
+    }
+    for f in &e.fed {
+        s.push_str(&format!(
+            "\nxray: fed with the reference's tensor: {} ({})",
+            f.checkpoint, f.dump
+        ));
+    }
+    if let Some(t) = &e.tokens {
+        if let Some(k) = t.parted_at_step {
+            s.push_str(&format!(
+                "\nxray: tokens part at step {k} (reference {}, {} {}){}",
+                t.reference_token.map_or("-".into(), |x| x.to_string()),
+                if t.teacher_forced {
+                    "own argmax"
+                } else {
+                    "runtime"
+                },
+                t.candidate_token.map_or("-".into(), |x| x.to_string()),
+                t.not_comparable_steps
+                    .as_ref()
+                    .map_or(String::new(), |r| format!("; steps {r} not comparable"))
+            ));
+        }
+    }
     if let Some(t) = &e.transcript {
         s.push_str(&format!(
             "\nxray: reference: {:?}\nxray: runtime:   {:?} (tokens equal: {})",
@@ -124,6 +172,31 @@ pub fn summary(e: &xray_compare::evidence::Evidence) -> String {
         ));
         if let Some(x) = &f.explanation {
             s.push_str(&format!(": {}", x.detail));
+        }
+        if let Some(r) = &f.region {
+            s.push_str(&format!(
+                "\nxray: unobserved region {}: {}",
+                r.summary,
+                r.unobserved.join(", ")
+            ));
+        }
+        if f.suspects.len() > 1 {
+            s.push_str(&format!("\nxray: suspects: {}", f.suspects.join(", ")));
+        }
+    }
+    for f in &e.independent {
+        s.push_str(&format!(
+            "\nxray: independent divergence: {}@step{}",
+            f.checkpoint, f.step
+        ));
+        if let Some(x) = &f.explanation {
+            s.push_str(&format!(": {}", x.detail));
+        }
+        if let Some(r) = &f.region {
+            s.push_str(&format!("\nxray:   unobserved region {}", r.summary));
+        }
+        if f.suspects.len() > 1 {
+            s.push_str(&format!("\nxray:   suspects: {}", f.suspects.join(", ")));
         }
     }
     s

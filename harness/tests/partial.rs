@@ -1,0 +1,229 @@
+//! `xray compare` on dumps that cover part of the contract (an outside engine's): `unobserved`,
+//! coverage, shape divergences as origin, token alignment, fed edges, and the refusals (nothing
+//! observed, a checkpoint the reference lacks, an unknown fed edge). The dumps under test are
+//! made from the committed reference dump (real oracle tensors) with the core crate's writer.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{code, root, stderr, xray};
+use serde_json::{json, Value};
+use xray_core::dump::Dump;
+
+fn reference() -> PathBuf {
+    root().join("fixtures/dumps/whisper-rand-a.fox")
+}
+
+/// Writes a copy of the reference dump, changed by `f`, to `dir/name`.
+fn variant(dir: &Path, name: &str, f: impl FnOnce(&mut Dump)) -> PathBuf {
+    let mut d = Dump::load(&reference()).unwrap();
+    f(&mut d);
+    let keep: Vec<(String, usize)> = d.tensors.keys().cloned().collect();
+    d.manifest
+        .checkpoints
+        .retain(|e| keep.contains(&(e.name.clone(), e.step)));
+    let out = dir.join(name);
+    d.to_writer().write(&out).unwrap();
+    out
+}
+
+fn compare(got: &Path, dir: &Path, extra: &[&str]) -> (i32, Value, String) {
+    let ev = dir.join("e.json");
+    let _ = std::fs::remove_file(&ev);
+    let r = reference();
+    let mut args = vec![
+        "compare",
+        r.to_str().unwrap(),
+        got.to_str().unwrap(),
+        "--evidence",
+        ev.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let o = xray(&args);
+    let e = std::fs::read_to_string(&ev)
+        .map(|t| serde_json::from_str(&t).unwrap())
+        .unwrap_or(Value::Null);
+    (code(&o), e, stderr(&o))
+}
+
+const OBSERVED: [&str; 3] = [
+    "audio.frontend.mel",
+    "audio.encoder.memory",
+    "audio.decoder.logits",
+];
+
+#[test]
+fn partial_dump_passes_over_what_it_observes() {
+    let dir = tempfile::tempdir().unwrap();
+    let got = variant(dir.path(), "candle-like", |d| {
+        d.tensors.retain(|(n, _), _| OBSERVED.contains(&n.as_str()))
+    });
+    let (c, e, err) = compare(&got, dir.path(), &[]);
+    assert_eq!(c, 0, "{err}");
+    assert_eq!(e["verdict"], "pass");
+    let cov = &e["coverage"];
+    assert_eq!(cov["observed"], 5, "mel, memory, logits at 3 steps: {cov}");
+    assert_eq!(cov["unobserved"], 38);
+    assert_eq!(
+        cov["unobserved_names"],
+        json!([
+            "audio.encoder.conv1.out",
+            "audio.encoder.conv2.out",
+            "audio.encoder.layer.0..1.out",
+            "audio.decoder.layer.0..1.*"
+        ])
+    );
+    assert!(err.contains("38 unobserved"), "{err}");
+    // --require-all: the same dump fails, the first absent checkpoint the origin.
+    let (c, e, _) = compare(&got, dir.path(), &["--require-all"]);
+    assert_eq!(c, 1);
+    assert_eq!(
+        e["first_divergence"]["checkpoint"],
+        "audio.encoder.conv1.out"
+    );
+    assert_eq!(e["first_divergence"]["kind"], "missing");
+    // The memory off: the origin, with the encoder region before it and its ops as suspects.
+    let bad = variant(dir.path(), "bad-memory", |d| {
+        d.tensors.retain(|(n, _), _| OBSERVED.contains(&n.as_str()));
+        let m = d
+            .tensors
+            .get_mut(&("audio.encoder.memory".to_string(), 0))
+            .unwrap();
+        m.mapv_inplace(|x| x * 1.5);
+    });
+    let (c, e, err) = compare(&bad, dir.path(), &[]);
+    assert_eq!(c, 1, "{err}");
+    let fd = &e["first_divergence"];
+    assert_eq!(fd["checkpoint"], "audio.encoder.memory");
+    assert_eq!(
+        fd["region"]["summary"],
+        "between audio.frontend.mel@0 (pass) and audio.encoder.memory@0 (fail)"
+    );
+    assert_eq!(
+        fd["suspects"],
+        json!([
+            "encoder.conv1",
+            "encoder.conv2",
+            "encoder.layer.0.residual_mlp",
+            "encoder.layer.1.residual_mlp",
+            "encoder.final_norm"
+        ])
+    );
+    assert!(err.contains("suspects: encoder.conv1"), "{err}");
+}
+
+#[test]
+fn a_cache_one_position_short_is_the_origin_named_in_axes() {
+    let dir = tempfile::tempdir().unwrap();
+    let got = variant(dir.path(), "short-cache", |d| {
+        let k = ("audio.decoder.layer.1.self_attention.probs".to_string(), 2);
+        let t = d.tensors[&k].clone();
+        let n = t.shape()[2];
+        d.tensors.insert(
+            k,
+            t.slice_axis(ndarray::Axis(2), (0..n - 1).into()).to_owned(),
+        );
+    });
+    let (c, e, err) = compare(&got, dir.path(), &[]);
+    assert_eq!(c, 1, "{err}");
+    let fd = &e["first_divergence"];
+    assert_eq!(
+        fd["checkpoint"],
+        "audio.decoder.layer.1.self_attention.probs"
+    );
+    assert_eq!(fd["step"], 2);
+    assert_eq!(fd["kind"], "shape");
+    assert_eq!(fd["explanation"]["signature"], "shape");
+    assert_eq!(
+        fd["explanation"]["detail"],
+        "one key fewer along past+tokens (3 vs 4 in the reference): the cache lost a position"
+    );
+}
+
+#[test]
+fn tokens_part_and_later_steps_are_not_comparable() {
+    let dir = tempfile::tempdir().unwrap();
+    // Another token at step 1 (the fifth of prefix 2 + 3): step 2 ran on other tokens.
+    let got = variant(dir.path(), "other-tokens", |d| {
+        d.manifest.tokens[3] = 220;
+    });
+    let (c, e, err) = compare(&got, dir.path(), &[]);
+    assert_eq!(c, 1, "{err}");
+    assert_eq!(e["tokens"]["parted_at_step"], 1);
+    assert_eq!(e["tokens"]["not_comparable_steps"], "2");
+    assert_eq!(e["transcript"]["first_divergent_step"], 1);
+    let st: Vec<&str> = e["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["step"] == 2)
+        .map(|c| c["status"].as_str().unwrap())
+        .collect();
+    assert!(
+        !st.is_empty() && st.iter().all(|s| *s == "not_comparable"),
+        "{st:?}"
+    );
+    // Every compared tensor is the reference's: the divergence is the tokens, at step 1.
+    assert_eq!(e["first_divergence"]["kind"], "tokens");
+    assert_eq!(e["first_divergence"]["checkpoint"], "audio.decoder.logits");
+    assert_eq!(e["first_divergence"]["step"], 1);
+    // Teacher-forced: every step compared, the engine's own argmax says where it parts.
+    let tf = variant(dir.path(), "teacher", |d| {
+        d.manifest.tokens[3] = 220;
+        d.manifest
+            .extra
+            .insert("fed".into(), json!({"tokens": {"from": "ref"}}));
+        d.manifest
+            .extra
+            .insert("step_argmax".into(), json!([17301, 220, 17301]));
+    });
+    let (_, e, err) = compare(&tf, dir.path(), &[]);
+    assert_eq!(e["tokens"]["teacher_forced"], true, "{err}");
+    assert_eq!(e["tokens"]["parted_at_step"], 1);
+    assert_eq!(e["coverage"]["not_comparable"], 0);
+    assert_eq!(e["fed"][0]["checkpoint"], "tokens");
+}
+
+#[test]
+fn refusals_name_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    // Nothing in common: an error naming both dumps, never a pass.
+    let empty = variant(dir.path(), "empty", |d| d.tensors.clear());
+    let (c, _, err) = compare(&empty, dir.path(), &[]);
+    assert_eq!(c, 2, "{err}");
+    assert!(
+        err.contains("nothing to compare") && err.contains("empty"),
+        "{err}"
+    );
+    // The reference must cover what is compared.
+    let ev = dir.path().join("e.json");
+    let partial_ref = variant(dir.path(), "partial-ref", |d| {
+        d.tensors
+            .remove(&("audio.encoder.conv1.out".to_string(), 0));
+    });
+    let o = xray(&[
+        "compare",
+        partial_ref.to_str().unwrap(),
+        reference().to_str().unwrap(),
+        "--evidence",
+        ev.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("audio.encoder.conv1.out@step0")
+            && stderr(&o).contains("absent from the reference"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!ev.exists(), "no evidence on an error");
+    // A fed edge that is not a checkpoint of the contract.
+    let fed = variant(dir.path(), "bad-fed", |d| {
+        d.manifest
+            .extra
+            .insert("fed".into(), json!({"audio.encoder.mem": {"from": "ref"}}));
+    });
+    let (c, _, err) = compare(&fed, dir.path(), &[]);
+    assert_eq!(c, 2, "{err}");
+    assert!(err.contains("audio.encoder.mem"), "{err}");
+}

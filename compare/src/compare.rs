@@ -916,14 +916,7 @@ mod tests {
 
     /// A chain mel -> conv -> layer -> mem -> logits@0..2 (logits read the previous step too).
     fn chain() -> CheckpointGraph {
-        let s = |name: &str, steps, inputs: Vec<(&str, StepRef)>, logits| CheckpointSpec {
-            name: name.into(),
-            producer: format!("op.{name}"),
-            steps,
-            inputs: inputs.into_iter().map(|(n, r)| (n.into(), r)).collect(),
-            layer: None,
-            logits,
-        };
+        let s = |name: &str, steps, inputs, logits| spec(name, steps, inputs, logits, None);
         build_graph(
             &[
                 s("mel", Steps::Once, vec![], false),

@@ -361,7 +361,7 @@ pub fn token_alignment(
     let stepwise = contract
         .checkpoints
         .iter()
-        .any(|c| matches!(c.steps, CSteps::Every));
+        .any(|c| matches!(c.steps, xray_core::contract::Steps::Every));
     let rt = &reference.manifest.tokens;
     if !stepwise || rt.is_empty() {
         return Ok(None);

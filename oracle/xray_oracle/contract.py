@@ -406,7 +406,7 @@ def resolve(data: dict, config: dict) -> Contract:
                     inputs=inputs,
                 )
             )
-    out = [c for _, c in sorted(zip(keys, out), key=lambda kc: kc[0])]
+    out = [c for _, c in sorted(zip(keys, out, strict=True), key=lambda kc: kc[0])]
     for i, c in enumerate(out):
         c.order = i
     names = [c.name for c in out]

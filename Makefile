@@ -51,7 +51,7 @@ test-rust: venv fixtures
 	XRAY_REQUIRE_FIXTURES=1 $(CARGO) test --release --workspace
 
 test-python: venv fixtures
-	$(PY) -m pytest -q oracle/tests
+	XRAY_REQUIRE_FIXTURES=1 $(PY) -m pytest -q oracle/tests
 
 selftest: build fixtures
 	$(XRAY) selftest
@@ -65,8 +65,14 @@ test-nopy: fixtures
 	cp target/release/xray target/release/xray-nopy
 	bash .ci/nopy-check target/release/xray-nopy
 
-lint:
+# Fails on unformatted Rust, any clippy warning (every target of every member; --release shares the
+# proc-macros and build scripts of the release build) and ruff's findings in oracle/ and fixtures/
+# (ruff.toml; ruff is pinned in oracle/requirements.txt).
+RUFF ?= $(VENV)/bin/ruff
+lint: venv
 	$(CARGO) fmt --all -- --check
+	$(RUFF) check --no-cache oracle fixtures
+	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
 
 # `cargo test` leaves target/release/xray built from the same sources (with the dev-dependency
 # feature set), so the self-test runs it as is instead of a second release build of the workspace.

@@ -17,7 +17,8 @@
 //! either side counts as different: a gate between unrelated runs is refused, never computed.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
+
+use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
 
 use crate::evidence::{CheckpointEvidence, Evidence, Verdict};
 use crate::localize::Status;
@@ -326,73 +327,51 @@ pub fn gate(new: &Evidence, baseline: &Evidence, opts: &GateOptions) -> Result<G
     })
 }
 
-/// Escapes text for XML attributes and content; drops characters XML 1.0 forbids.
-pub fn xml_escape(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => o.push_str("&amp;"),
-            '<' => o.push_str("&lt;"),
-            '>' => o.push_str("&gt;"),
-            '"' => o.push_str("&quot;"),
-            '\'' => o.push_str("&apos;"),
-            '\t' | '\n' | '\r' => o.push(c),
-            c if (c as u32) < 0x20 || c == '\u{FFFE}' || c == '\u{FFFF}' => o.push('\u{FFFD}'),
-            c => o.push(c),
-        }
-    }
-    o
-}
-
-/// JUnit XML: one test case for the verdict and one per checked `checkpoint@step`, with a
-/// `<failure>` per failing finding.
-pub fn junit_xml(r: &GateReport) -> String {
+/// JUnit XML (written by quick-junit, which escapes text and drops what XML 1.0 forbids): one
+/// test case for the verdict and one per checked `checkpoint@step`; a failing one carries one
+/// `<failure>` whose type names the kinds of its failing findings and whose text lists them.
+pub fn junit_xml(r: &GateReport) -> Result<String, quick_junit::SerializeError> {
     let mut by_id: HashMap<Option<&str>, Vec<&Finding>> = HashMap::new();
     for f in r.failures() {
         by_id.entry(f.checkpoint.as_deref()).or_default().push(f);
     }
-    let tests = r.checked.len() + 1;
-    let failures = by_id.values().count();
-    let class = xml_escape(&format!("xray.gate.{}", r.family));
-    let mut s = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-    let _ = writeln!(
-        s,
-        "<testsuites name=\"xray gate\" tests=\"{tests}\" failures=\"{failures}\">\n  <testsuite name=\"{class}\" tests=\"{tests}\" failures=\"{failures}\" errors=\"0\" skipped=\"0\">"
-    );
-    let mut case = |name: &str, fs: Option<&Vec<&Finding>>| {
-        let _ = write!(
-            s,
-            "    <testcase classname=\"{class}\" name=\"{}\"",
-            xml_escape(name)
-        );
-        match fs {
-            None => s.push_str("/>\n"),
+    let class = format!("xray.gate.{}", r.family);
+    let case = |name: &str, fs: Option<&Vec<&Finding>>| {
+        let status = match fs {
+            None => TestCaseStatus::success(),
             Some(fs) => {
-                s.push_str(">\n");
-                for f in fs {
-                    let ty = match f.kind {
+                let mut kinds: Vec<&str> = fs
+                    .iter()
+                    .map(|f| match f.kind {
                         FindingKind::VerdictWorsened { .. } => "verdict",
                         FindingKind::StatusWorsened { .. } => "status",
                         FindingKind::ErrorGrew { .. } => "error_growth",
                         FindingKind::CoverageDropped { .. } => "coverage",
                         _ => "removed",
-                    };
-                    let m = xml_escape(&f.message);
-                    let _ = writeln!(
-                        s,
-                        "      <failure type=\"{ty}\" message=\"{m}\">{m}</failure>"
-                    );
-                }
-                s.push_str("    </testcase>\n");
+                    })
+                    .collect();
+                kinds.sort_unstable();
+                kinds.dedup();
+                let messages: Vec<&str> = fs.iter().map(|f| f.message.as_str()).collect();
+                let mut st = TestCaseStatus::non_success(NonSuccessKind::Failure);
+                st.set_type(kinds.join(","))
+                    .set_message(messages.join("; "))
+                    .set_description(messages.join("\n"));
+                st
             }
-        }
+        };
+        let mut c = TestCase::new(name, status);
+        c.set_classname(class.as_str());
+        c
     };
-    case("verdict", by_id.get(&None));
+    let mut suite = TestSuite::new(class.as_str());
+    suite.add_test_case(case("verdict", by_id.get(&None)));
     for id in &r.checked {
-        case(id, by_id.get(&Some(id.as_str())));
+        suite.add_test_case(case(id, by_id.get(&Some(id.as_str()))));
     }
-    s.push_str("  </testsuite>\n</testsuites>\n");
-    s
+    let mut report = Report::new("xray gate");
+    report.add_test_suite(suite);
+    report.to_string()
 }
 
 #[cfg(test)]
@@ -649,12 +628,36 @@ mod tests {
                 cp("ok", Status::Pass, 0.0, 0.0),
             ],
         );
-        let x = junit_xml(&gate(&n, &b, &GateOptions::default()).expect("same run"));
+        let x =
+            junit_xml(&gate(&n, &b, &GateOptions::default()).expect("same run")).expect("junit");
         assert_eq!(x.matches("<testcase ").count(), 3);
         assert_eq!(x.matches("<failure ").count(), 1);
         assert!(x.contains("name=\"a&lt;&amp;&gt;&quot;&apos;@step0\""));
-        assert!(x.contains("tests=\"3\" failures=\"1\""));
+        assert!(x.contains("tests=\"3\" skipped=\"0\" failures=\"1\""));
         assert!(!x.contains("a<&"));
-        assert_eq!(xml_escape("a\u{1}b"), "a\u{FFFD}b");
+        // What a CI reads back: the same cases, the failure on the checkpoint that worsened.
+        let back = Report::deserialize_from_str(&x).expect("well-formed JUnit");
+        let suite = &back.test_suites[0];
+        assert_eq!((suite.tests, suite.failures), (3, 1));
+        let failed: Vec<&str> = suite
+            .test_cases
+            .iter()
+            .filter(|c| !matches!(c.status, TestCaseStatus::Success { .. }))
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(failed, ["a<&>\"'@step0"]);
+    }
+
+    #[test]
+    fn junit_drops_what_xml_forbids() {
+        let b = ev(Verdict::Pass, vec![cp("a\u{1}b", Status::Pass, 1e-3, 1e-3)]);
+        let n = ev(
+            Verdict::Pass,
+            vec![cp("a\u{1}b", Status::Propagated, 1e-3, 1e-3)],
+        );
+        let x =
+            junit_xml(&gate(&n, &b, &GateOptions::default()).expect("same run")).expect("junit");
+        assert!(!x.contains('\u{1}'));
+        Report::deserialize_from_str(&x).expect("well-formed JUnit");
     }
 }

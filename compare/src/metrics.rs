@@ -282,6 +282,7 @@ fn chunk_avx2(r: &[f32], x: &[f32], atol: f64, rtol: f64, scale: f64) -> Option<
 type ChunkFn = fn(&[f32], &[f32], f64, f64, f64) -> Option<Acc>;
 
 /// Chooses the widest available instruction set once per comparison.
+#[allow(unsafe_code)] // calling the AVX2 build once the CPU is known to support it
 fn chunk_kernel() -> ChunkFn {
     #[cfg(target_arch = "x86_64")]
     {

@@ -7,6 +7,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use ndarray::{ArrayD, IxDyn};
+use ndarray_npy::npy::header::Header;
+use ndarray_npy::{ReadDataError, ReadableElement, WriteNpyExt};
+use py_literal::Value as PyValue;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -202,160 +205,37 @@ fn derr(path: &Path, reason: impl Into<String>) -> CoreError {
     }
 }
 
-/// Encode an f32 tensor as `.npy` v1.0 bytes.
-pub fn npy_bytes(t: &Tensor) -> Vec<u8> {
-    let shape = t.shape();
-    let shape_s = match shape.len() {
-        1 => format!("({},)", shape[0]),
-        _ => format!(
-            "({})",
-            shape
-                .iter()
-                .map(|d| d.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    };
-    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape_s}, }}");
-    let total = 10 + header.len() + 1;
-    let pad = (64 - total % 64) % 64;
-    header.push_str(&" ".repeat(pad));
-    header.push('\n');
-    let mut out = Vec::with_capacity(10 + header.len() + t.len() * 4);
-    out.extend_from_slice(b"\x93NUMPY\x01\x00");
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    let std = t.as_standard_layout();
-    for v in std.iter() {
-        out.extend_from_slice(&v.to_le_bytes());
-    }
-    out
-}
-
-/// A value of a `.npy` header dict (the Python literal subset NumPy writes).
-#[derive(Debug, Clone, PartialEq)]
-enum HeaderValue {
-    Str(String),
-    Bool(bool),
-    Tuple(Vec<usize>),
-}
-
-/// Parses a `.npy` header: a Python dict literal with string keys and string, bool or
-/// integer-tuple values. Keys are matched as whole dict keys, never inside a string.
-fn parse_npy_header(text: &str) -> std::result::Result<BTreeMap<String, HeaderValue>, String> {
-    let b = text.as_bytes();
-    let mut i = 0usize;
-    let ws = |i: &mut usize| {
-        while *i < b.len() && (b[*i] == b' ' || b[*i] == b'\t' || b[*i] == b'\n' || b[*i] == b'\r')
-        {
-            *i += 1;
-        }
-    };
-    let string = |i: &mut usize| -> std::result::Result<String, String> {
-        let q = b[*i];
-        let start = *i + 1;
-        let end = b[start..]
-            .iter()
-            .position(|&c| c == q || c == b'\\')
-            .map(|p| start + p)
-            .ok_or("unterminated string")?;
-        if b[end] == b'\\' {
-            return Err("escape sequences are not supported in header strings".into());
-        }
-        *i = end + 1;
-        Ok(text[start..end].to_string())
-    };
-    ws(&mut i);
-    if b.get(i) != Some(&b'{') {
-        return Err("header is not a dict".into());
-    }
-    i += 1;
-    let mut out = BTreeMap::new();
-    loop {
-        ws(&mut i);
-        match b.get(i) {
-            Some(b'}') => {
-                i += 1;
-                break;
-            }
-            Some(b'\'') | Some(b'"') => {}
-            _ => return Err(format!("expected a quoted key or '}}' at byte {i}")),
-        }
-        let key = string(&mut i)?;
-        ws(&mut i);
-        if b.get(i) != Some(&b':') {
-            return Err(format!("expected ':' after key '{key}'"));
-        }
-        i += 1;
-        ws(&mut i);
-        let value = match b.get(i) {
-            Some(b'\'') | Some(b'"') => HeaderValue::Str(string(&mut i)?),
-            Some(b'T') if text[i..].starts_with("True") => {
-                i += 4;
-                HeaderValue::Bool(true)
-            }
-            Some(b'F') if text[i..].starts_with("False") => {
-                i += 5;
-                HeaderValue::Bool(false)
-            }
-            Some(b'(') => {
-                i += 1;
-                let mut dims = Vec::new();
-                loop {
-                    ws(&mut i);
-                    match b.get(i) {
-                        Some(b')') => {
-                            i += 1;
-                            break;
-                        }
-                        Some(c) if c.is_ascii_digit() => {
-                            let start = i;
-                            while i < b.len() && b[i].is_ascii_digit() {
-                                i += 1;
-                            }
-                            let d = text[start..i].parse::<usize>().map_err(|_| {
-                                format!("shape dimension {} is too large", &text[start..i])
-                            })?;
-                            dims.push(d);
-                            ws(&mut i);
-                            match b.get(i) {
-                                Some(b',') => i += 1,
-                                Some(b')') => {}
-                                _ => return Err("expected ',' or ')' in shape".into()),
-                            }
-                        }
-                        _ => return Err("shape must be a tuple of non-negative integers".into()),
-                    }
-                }
-                HeaderValue::Tuple(dims)
-            }
-            _ => return Err(format!("unsupported value for key '{key}'")),
-        };
-        if out.insert(key.clone(), value).is_some() {
-            return Err(format!("key '{key}' appears twice"));
-        }
-        ws(&mut i);
-        match b.get(i) {
-            Some(b',') => i += 1,
-            Some(b'}') => {}
-            _ => return Err(format!("expected ',' or '}}' after the value of '{key}'")),
-        }
-    }
-    ws(&mut i);
-    if i != b.len() {
-        return Err("trailing bytes after the header dict".into());
-    }
+/// Encode an f32 tensor as `.npy` bytes (C order, little-endian, format 1.0) with ndarray-npy.
+pub fn npy_bytes(t: &Tensor) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(128 + t.len() * 4);
+    t.as_standard_layout()
+        .write_npy(&mut out)
+        .map_err(|e| CoreError::Dump {
+            path: PathBuf::from(format!("<{:?} f32 tensor>", t.shape())),
+            reason: format!("cannot encode as .npy: {e}"),
+        })?;
     Ok(out)
 }
 
-/// Decode `.npy` bytes (v1/v2/v3; `<f4`, `<f8`, `<f2`, `<i8`, `<i4`; C order) into f32. The
-/// header must be a dict with exactly `descr`, `fortran_order` and `shape`; the payload must be
-/// exactly `prod(shape) * itemsize` bytes (checked arithmetic). Nothing is allocated before the
-/// sizes are checked against the bytes given, and every failure names `path`.
+/// The `.npy` element types a dump accepts: header `descr`, manifest dtype name, item size.
+const NPY_DTYPES: [(&str, &str, usize); 5] = [
+    ("<f4", "f32", 4),
+    ("<f8", "f64", 8),
+    ("<f2", "f16", 2),
+    ("<i8", "i64", 8),
+    ("<i4", "i32", 4),
+];
+
+/// Decode `.npy` bytes (v1/v2/v3; `<f4`, `<f8`, `<f2`, `<i8`, `<i4`; C order) into f32. The header
+/// is read by ndarray-npy (a Python literal dict of exactly `descr`, `fortran_order` and `shape`);
+/// the payload must be exactly `prod(shape) * itemsize` bytes (checked arithmetic). Nothing is
+/// allocated before the sizes are checked against the bytes given, and every failure names `path`.
 pub fn parse_npy(path: &Path, bytes: &[u8]) -> Result<(Tensor, String)> {
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
         return Err(derr(path, "not a .npy file (bad magic)"));
     }
+    // The header length is read from the file: bound it by the bytes given before ndarray-npy
+    // allocates a buffer of that size.
     let (hlen, start) = match bytes[6] {
         1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10usize),
         2 | 3 if bytes.len() >= 12 => (
@@ -364,85 +244,68 @@ pub fn parse_npy(path: &Path, bytes: &[u8]) -> Result<(Tensor, String)> {
         ),
         v => return Err(derr(path, format!("unsupported .npy version {v}"))),
     };
-    let header = start
+    let payload_start = start
         .checked_add(hlen)
-        .and_then(|end| bytes.get(start..end))
+        .filter(|&end| end <= bytes.len())
         .ok_or_else(|| derr(path, "truncated .npy header"))?;
-    let header = std::str::from_utf8(header).map_err(|_| derr(path, "non-UTF-8 .npy header"))?;
-    let dict = parse_npy_header(header)
+    let mut reader = &bytes[..payload_start];
+    let header = Header::from_reader(&mut reader)
         .map_err(|e| derr(path, format!(".npy header does not parse: {e}")))?;
-    if dict.len() != 3 {
+    if header.layout.is_fortran() {
         return Err(derr(
             path,
-            format!(
-                ".npy header keys are {:?}, expected exactly descr, fortran_order, shape",
-                dict.keys().collect::<Vec<_>>()
-            ),
+            "fortran_order .npy files are not supported; save C-contiguous",
         ));
     }
-    let descr = match dict.get("descr") {
-        Some(HeaderValue::Str(d)) => d.as_str(),
-        _ => return Err(derr(path, "no string 'descr' in .npy header")),
+    let descr = match &header.type_descriptor {
+        PyValue::String(d) => d.as_str(),
+        other => return Err(derr(path, format!("unsupported dtype {other}"))),
     };
-    match dict.get("fortran_order") {
-        Some(HeaderValue::Bool(false)) => {}
-        Some(HeaderValue::Bool(true)) => {
-            return Err(derr(
-                path,
-                "fortran_order .npy files are not supported; save C-contiguous",
-            ))
-        }
-        _ => return Err(derr(path, "no boolean 'fortran_order' in .npy header")),
-    }
-    let shape = match dict.get("shape") {
-        Some(HeaderValue::Tuple(s)) => s.clone(),
-        _ => return Err(derr(path, "no tuple 'shape' in .npy header")),
-    };
-    let (item, dtype) = match descr {
-        "<f4" => (4usize, "f32"),
-        "<f8" => (8, "f64"),
-        "<f2" => (2, "f16"),
-        "<i8" => (8, "i64"),
-        "<i4" => (4, "i32"),
-        d => return Err(derr(path, format!("unsupported dtype '{d}'"))),
-    };
-    let need = shape
+    let (_, dtype, item) = NPY_DTYPES
+        .iter()
+        .copied()
+        .find(|(d, _, _)| *d == descr)
+        .ok_or_else(|| derr(path, format!("unsupported dtype '{descr}'")))?;
+    let shape = header.shape;
+    let len = shape
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .and_then(|n| n.checked_mul(item))
+        .filter(|n| n.checked_mul(item).is_some())
         .ok_or_else(|| {
             derr(
                 path,
                 format!("shape {shape:?} of {dtype} overflows the address space"),
             )
         })?;
-    let payload = &bytes[start + hlen..];
-    if payload.len() != need {
+    let payload = &bytes[payload_start..];
+    if payload.len() != len * item {
         return Err(derr(
             path,
-            format!("payload is {} bytes, shape {shape:?} of {dtype} needs {need} (truncated or padded file)", payload.len()),
+            format!("payload is {} bytes, shape {shape:?} of {dtype} needs {} (truncated or padded file)", payload.len(), len * item),
         ));
     }
+    let bad = |e: ReadDataError| derr(path, format!(".npy payload does not read: {e}"));
     let vals: Vec<f32> = match dtype {
-        "f32" => payload
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        "f32" => f32::read_to_end_exact_vec(payload, &header.type_descriptor, len).map_err(bad)?,
+        "f64" => f64::read_to_end_exact_vec(payload, &header.type_descriptor, len)
+            .map_err(bad)?
+            .into_iter()
+            .map(|v| v as f32)
             .collect(),
-        "f64" => payload
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
+        "i64" => i64::read_to_end_exact_vec(payload, &header.type_descriptor, len)
+            .map_err(bad)?
+            .into_iter()
+            .map(|v| v as f32)
             .collect(),
-        "f16" => payload
+        "i32" => i32::read_to_end_exact_vec(payload, &header.type_descriptor, len)
+            .map_err(bad)?
+            .into_iter()
+            .map(|v| v as f32)
+            .collect(),
+        // ndarray-npy has no f16 element: the payload length is checked above.
+        _ => payload
             .chunks_exact(2)
             .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        "i64" => payload
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
-            .collect(),
-        _ => payload
-            .chunks_exact(4)
-            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32)
             .collect(),
     };
     let t = ArrayD::from_shape_vec(IxDyn(&shape), vals).map_err(|e| derr(path, e.to_string()))?;
@@ -460,6 +323,8 @@ pub struct DumpWriter {
     /// The manifest being built (entries are appended by [`DumpWriter::add`]).
     pub manifest: Manifest,
     files: Vec<(String, Vec<u8>)>,
+    /// The first checkpoint that could not be encoded: [`DumpWriter::write_to`] refuses to write.
+    failed: Option<(String, String)>,
 }
 
 impl DumpWriter {
@@ -468,10 +333,12 @@ impl DumpWriter {
         DumpWriter {
             manifest,
             files: Vec::new(),
+            failed: None,
         }
     }
 
-    /// Add one checkpoint tensor.
+    /// Add one checkpoint tensor (a tensor that cannot be encoded makes [`DumpWriter::write_to`]
+    /// fail, naming its file).
     pub fn add(&mut self, name: &str, step: usize, layout: Layout, t: &Tensor) {
         let data = t.as_standard_layout();
         let slice = data.as_slice().unwrap_or(&[]);
@@ -489,8 +356,14 @@ impl DumpWriter {
             });
             return;
         }
-        let bytes = npy_bytes(t);
         let file = file_name(name, step);
+        let bytes = match npy_bytes(t) {
+            Ok(b) => b,
+            Err(e) => {
+                self.failed.get_or_insert((file, e.to_string()));
+                return;
+            }
+        };
         self.manifest.checkpoints.push(Entry {
             name: name.to_string(),
             step,
@@ -517,6 +390,9 @@ impl DumpWriter {
     /// after the new dump is complete, removing only the files its manifest lists. Anything else
     /// at `dir` is refused (see [`check_dump_target`]); nothing X-Ray did not write is deleted.
     pub fn write_to(&self, dir: &Path, replace: bool) -> Result<()> {
+        if let Some((file, reason)) = &self.failed {
+            return Err(derr(&dir.join(file), reason.clone()));
+        }
         let target = check_dump_target(dir, replace)?;
         let parent = dir
             .parent()

@@ -11,6 +11,7 @@
 //! `docs/bring-your-own-engine.md`) all depend on this crate; it depends on none of them.
 
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 use std::fmt;
 

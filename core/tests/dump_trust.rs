@@ -102,7 +102,7 @@ fn npy_element_count_overflow_is_an_error_naming_the_file() {
 #[test]
 fn npy_roundtrip_of_the_writer() {
     let t = tensor(&[3, 1, 4]);
-    let (back, dtype) = parse_npy(Path::new("x.npy"), &npy_bytes(&t)).unwrap();
+    let (back, dtype) = parse_npy(Path::new("x.npy"), &npy_bytes(&t).unwrap()).unwrap();
     assert_eq!((back, dtype.as_str()), (t, "f32"));
 }
 

@@ -4,6 +4,7 @@
 //! lives in `xray-compare`, which never links Python.
 
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 #[cfg(feature = "oracle")]
 pub mod check;

@@ -3,6 +3,8 @@
 //!
 //! Exit codes: 0 pass, 1 divergence or gate failure, 2 usage or input error.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};

@@ -122,7 +122,12 @@ fn gate_passes_on_same_evidence_and_fails_on_regression() {
     );
     assert!(out.contains("audio.decoder.layer.1.cross_k@step0: status worsened: pass -> origin"));
     let x = std::fs::read_to_string(&junit).unwrap();
-    assert!(x.contains("<failure type=\"status\""));
+    // One <failure> per failing case; its type lists the kinds of its findings.
+    let status_failure = x.split("<failure ").skip(1).any(|f| {
+        let ty = f.split("type=\"").nth(1).and_then(|t| t.split('"').next());
+        ty.is_some_and(|t| t.split(',').any(|k| k == "status"))
+    });
+    assert!(status_failure, "{x}");
     let o = xray(&[
         "gate",
         "--evidence",

@@ -17,7 +17,7 @@ fn assert_valid(v: &Value) {
     let val = validator();
     let errors: Vec<String> = val
         .iter_errors(v)
-        .map(|e| format!("{} at {}", e, e.instance_path))
+        .map(|e| format!("{} at {}", e, e.instance_path()))
         .collect();
     assert!(errors.is_empty(), "schema errors: {errors:#?}");
 }

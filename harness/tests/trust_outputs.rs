@@ -54,7 +54,7 @@ fn assert_schema_valid(v: &Value) {
     let val = jsonschema::validator_for(&schema).unwrap();
     let errors: Vec<String> = val
         .iter_errors(v)
-        .map(|e| format!("{e} at {}", e.instance_path))
+        .map(|e| format!("{e} at {}", e.instance_path()))
         .collect();
     assert!(errors.is_empty(), "schema errors: {errors:#?}");
 }
@@ -562,7 +562,7 @@ fn rust_and_python_stats_agree_on_the_same_array() {
     v[77] = f32::INFINITY;
     let t = ArrayD::from_shape_vec(IxDyn(&shape), v.clone()).unwrap();
     let f = dir.path().join("a.npy");
-    std::fs::write(&f, xray_runtime::dump::npy_bytes(&t)).unwrap();
+    std::fs::write(&f, xray_runtime::dump::npy_bytes(&t).unwrap()).unwrap();
     let o = Command::new(&py)
         .env("PYTHONPATH", root().join("oracle"))
         .args([

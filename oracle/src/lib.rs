@@ -8,6 +8,8 @@
 //! ndarray before it lets go of the interpreter. A Python exception becomes
 //! [`OracleError::Python`] carrying the formatted traceback.
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -435,7 +437,7 @@ impl Oracle {
         &self,
         f: impl for<'py> FnOnce(Python<'py>, &Bound<'py, PyModule>) -> Result<T>,
     ) -> Result<T> {
-        Python::with_gil(|py| {
+        Python::attach(|py| {
             let setup = (|| -> PyResult<()> {
                 let site = py.import("site")?;
                 site.call_method1(

@@ -2,6 +2,7 @@
 fixtures/build.py (idempotent, ~0.2 s when cached) so the tests never see a missing fixture."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,17 @@ EXPECTED_WORDS = {
     "stella.wav": ["please", "call", "stella", "bring", "these", "things"],
     "weather.wav": ["very", "nice", "walk", "park"],
 }
+
+
+def require_fixture(path: Path) -> Path:
+    """`path` if it exists; else the test is skipped with a notice, or fails when
+    XRAY_REQUIRE_FIXTURES is set (`make test` sets it): a skip must not pass for a result there."""
+    if path.exists():
+        return path
+    why = f"fixture {path} is missing (run `make fixtures`)"
+    if os.environ.get("XRAY_REQUIRE_FIXTURES"):
+        pytest.fail(f"{why} and XRAY_REQUIRE_FIXTURES is set", pytrace=False)
+    pytest.skip(why)
 
 
 @pytest.fixture(scope="session", autouse=True)

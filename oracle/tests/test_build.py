@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import hashlib
 
-import pytest
 from conftest import RAND_A, REPO
 
 import build

@@ -57,7 +57,7 @@ def test_round_trip(tmp_path):
     m = d.manifest
     assert m["schema"] == "xray.dump" and m["version"] == 1 and m["stats_only"] is False
     assert m["tokens"] == [50257, 50362, 13, 50256] and m["transcript"] == " hi"
-    for e, c in zip(_entries(), d.checkpoints):
+    for e, c in zip(_entries(), d.checkpoints, strict=True):
         assert (c.name, c.step, c.layout) == (e["name"], e["step"], e["layout"])
         np.testing.assert_array_equal(c.array, e["array"])
         assert c.array.dtype == e["array"].dtype

@@ -74,3 +74,31 @@ def test_npy_size_cannot_wrap():
     data = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode()
     with pytest.raises(DumpError, match="huge.npy"):
         parse_npy(data, "huge.npy")
+
+
+def test_npy_is_read_by_numpys_format_module():
+    """Headers go through numpy.lib.format (format 2.0 too, as numpy writes it for long headers);
+    what a dump does not allow is still refused, naming the file."""
+    import io
+
+    from numpy.lib import format as npy_format
+
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    buf = io.BytesIO()
+    npy_format.write_array(buf, a, version=(2, 0))
+    np.testing.assert_array_equal(parse_npy(buf.getvalue(), "v2.npy"), a)
+    for bad, msg in [
+        (np.asfortranarray(np.ones((2, 3), np.float32)), "Fortran"),
+        (np.array(["x"], dtype=object), "dtype"),
+        (np.ones(3, np.uint8), "dtype"),
+    ]:
+        buf = io.BytesIO()
+        npy_format.write_array(buf, bad, version=(1, 0), allow_pickle=True)
+        with pytest.raises(DumpError, match=f"bad.npy.*{msg}"):
+            parse_npy(buf.getvalue(), "bad.npy")
+    # A header that is not a literal dict of exactly descr, fortran_order, shape.
+    for header in ["{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': 1}", "__import__('os')"]:
+        header += " " * ((64 - (10 + len(header) + 1) % 64) % 64) + "\n"
+        data = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + b"\0" * 4
+        with pytest.raises(DumpError, match="bad.npy: .npy header does not parse"):
+            parse_npy(data, "bad.npy")

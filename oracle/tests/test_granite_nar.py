@@ -104,7 +104,7 @@ def test_all_contract_checkpoints_captured_with_contract_shapes(baseline, contra
     resolved = gc.load_resolved(contract)
     got = arrays(baseline)
     assert [c["name"] for c in baseline["checkpoints"]] == [c.name for c in resolved.checkpoints]
-    for c, ck in zip(baseline["checkpoints"], resolved.checkpoints):
+    for c, ck in zip(baseline["checkpoints"], resolved.checkpoints, strict=True):
         a = c["array"]
         assert c["step"] == 0 and c["layout"] == ck.layout
         assert a.dtype == np.float32 and a.flags["C_CONTIGUOUS"], c["name"]

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import AUDIO, RAND_A, REPO
+from conftest import AUDIO, RAND_A, REPO, require_fixture
 
 from xray_oracle.audio import from_samples, read_wav
 from xray_oracle.errors import OracleInputError
@@ -42,8 +42,7 @@ print("TORCH_LOADED:", "torch" in sys.modules)
 
 @pytest.mark.parametrize("family, src", [("whisper", RAND_A), ("granite_nar", GRANITE)])
 def test_pickles_and_auto_map_refused_the_same_way_in_both_families(tmp_path, family, src):
-    if not src.is_dir():
-        pytest.skip(f"{src} not built")
+    require_fixture(src)
     d = tmp_path / "m"
     shutil.copytree(src, d)
     (d / "pytorch_model.bin").write_bytes(b"\x80\x04not really a pickle")
@@ -58,8 +57,7 @@ def test_pickles_and_auto_map_refused_the_same_way_in_both_families(tmp_path, fa
 
 
 def test_granite_without_tokenizer_is_a_one_line_input_error(tmp_path):
-    if not GRANITE.is_dir():
-        pytest.skip("granite fixture not built")
+    require_fixture(GRANITE)
     d = tmp_path / "g"
     shutil.copytree(GRANITE, d)
     (d / "tokenizer.json").unlink()

@@ -1,32 +1,30 @@
 """Pure-Python writer and reader of the `xray.dump` version 1 format (docs/dump-format.md).
 
 A dump made here loads in the Rust harness and vice versa, so an engine under bring-up can produce
-one without Rust. The `.npy` files are written byte for byte as `numpy.save` writes them (format
-1.0, header padded to a multiple of 64 bytes) and read with a strict parser of our own; loading
-fails closed, naming the file, on any mismatch with the manifest.
+one without Rust. The `.npy` files are written and their headers read by numpy's own format module
+(`numpy.lib.format`, as `numpy.save` writes them: format 1.0, header padded to a multiple of 64
+bytes); loading fails closed, naming the file, on any mismatch with the manifest.
 """
 from __future__ import annotations
 
-import ast
 import hashlib
+import io
 import json
 import math
 import os
 import shutil
-import struct
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
 import numpy as np
+from numpy.lib import format as npy_format
 
 from .errors import DumpError
 
 SCHEMA = "xray.dump"
 VERSION = 1
-MAGIC = b"\x93NUMPY"
-NPY_ALIGN = 64
 
 # manifest dtype name <-> numpy descr
 DTYPES = {"f32": "<f4", "f64": "<f8", "f16": "<f2", "i64": "<i8", "i32": "<i4"}
@@ -48,54 +46,48 @@ def sha256_bytes(b: bytes) -> str:
 
 
 def npy_bytes(array: np.ndarray) -> bytes:
-    """Serialize an array as NumPy format 1.0, C order, little-endian (what numpy.save writes)."""
+    """Serialize an array as NumPy format 1.0, C order, little-endian, with numpy's own
+    `numpy.lib.format.write_array` (exactly what `numpy.save` writes; never a pickle)."""
     a = np.asarray(array)
     descr = a.dtype.newbyteorder("<").str
     if descr not in DESCR_TO_NAME:
         raise DumpError(f"dtype {a.dtype} cannot be stored in a dump (allowed: {sorted(DESCR_TO_NAME)})")
     a = np.ascontiguousarray(a, dtype=np.dtype(descr))
-    shape = repr(tuple(int(d) for d in a.shape))
-    header = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}"
-    # magic(6) + version(2) + header length(2) + header + padding + '\n' is a multiple of 64
-    pad = NPY_ALIGN - (10 + len(header) + 1) % NPY_ALIGN
-    if pad == NPY_ALIGN:
-        pad = 0
-    header = header + " " * pad + "\n"
-    if len(header) > 0xFFFF:
-        raise DumpError(f"npy header of {len(header)} bytes does not fit format 1.0")
-    return MAGIC + b"\x01\x00" + struct.pack("<H", len(header)) + header.encode("latin1") + a.tobytes(order="C")
+    buf = io.BytesIO()
+    try:
+        npy_format.write_array(buf, a, version=(1, 0), allow_pickle=False)
+    except ValueError as e:  # a header that does not fit format 1.0
+        raise DumpError(f"array of shape {a.shape} cannot be written as .npy 1.0: {e}") from None
+    return buf.getvalue()
 
 
 def parse_npy(data: bytes, where: str) -> np.ndarray:
-    """Strictly parse NumPy format 1.0 bytes; `where` names the file in errors."""
-    if len(data) < 10 or data[:6] != MAGIC:
-        raise DumpError(f"{where}: not a .npy file (bad magic)")
-    major, minor = data[6], data[7]
-    if (major, minor) != (1, 0):
-        raise DumpError(f"{where}: .npy format version {major}.{minor}, only 1.0 is accepted")
-    (hlen,) = struct.unpack("<H", data[8:10])
-    if len(data) < 10 + hlen:
-        raise DumpError(f"{where}: truncated .npy header")
+    """Parse .npy bytes (format 1.0 or 2.0) with numpy's own `numpy.lib.format` header reader
+    (a literal, never a pickle), then check what a dump allows: C order, a dump dtype, and a payload
+    of exactly shape x itemsize bytes. `where` names the file in errors."""
+    fp = io.BytesIO(data)
     try:
-        header = ast.literal_eval(data[10 : 10 + hlen].decode("latin1"))
-    except (ValueError, SyntaxError, UnicodeDecodeError) as e:
+        version = npy_format.read_magic(fp)
+    except ValueError as e:
+        raise DumpError(f"{where}: not a .npy file ({e})") from None
+    try:
+        if version == (1, 0):
+            shape, fortran_order, dt = npy_format.read_array_header_1_0(fp)
+        elif version == (2, 0):
+            shape, fortran_order, dt = npy_format.read_array_header_2_0(fp)
+        else:
+            raise DumpError(f"{where}: .npy format version {version[0]}.{version[1]}, only 1.0 and 2.0 are accepted")
+    except (ValueError, SyntaxError, TypeError, UnicodeDecodeError) as e:
         raise DumpError(f"{where}: .npy header does not parse ({e})") from None
-    if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
-        raise DumpError(f"{where}: .npy header is not {{descr, fortran_order, shape}}: {header!r}")
-    if header["fortran_order"] is not False:
+    if fortran_order:
         raise DumpError(f"{where}: .npy is Fortran-ordered, dumps are C order")
-    descr = header["descr"]
-    if descr not in DESCR_TO_NAME:
-        raise DumpError(f"{where}: .npy dtype {descr!r} is not one of {sorted(DESCR_TO_NAME)}")
-    shape = header["shape"]
-    if not isinstance(shape, tuple) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise DumpError(f"{where}: .npy shape {shape!r} is not a tuple of non-negative integers")
-    dt = np.dtype(descr)
+    if dt.str not in DESCR_TO_NAME:
+        raise DumpError(f"{where}: .npy dtype {dt.str!r} is not one of {sorted(DESCR_TO_NAME)}")
     expected = math.prod(shape) * dt.itemsize  # Python ints: no wrap-around
-    payload = data[10 + hlen :]
+    payload = memoryview(data)[fp.tell() :]
     if len(payload) != expected:
         raise DumpError(
-            f"{where}: payload is {len(payload)} bytes, shape {list(shape)} of {descr} needs exactly {expected}"
+            f"{where}: payload is {len(payload)} bytes, shape {list(shape)} of {dt.str} needs exactly {expected}"
         )
     return np.frombuffer(payload, dtype=dt).reshape(shape)
 

@@ -109,7 +109,7 @@ def check_shapes(resolved: Contract, checkpoints: list[Checkpoint], arrays: dict
         a = arrays[ck.name]
         if a.ndim != len(ck.shape):
             raise ContractError(f"{ck.name}: captured shape {list(a.shape)}, contract {ck.shape}")
-        for axis, (want, got) in enumerate(zip(ck.shape, a.shape)):
+        for axis, (want, got) in enumerate(zip(ck.shape, a.shape, strict=True)):
             if isinstance(want, int):
                 if want != got:
                     raise ContractError(f"{ck.name}: axis {axis} is {got}, contract says {want}")

@@ -1,10 +1,13 @@
 //! Granite Speech NAR against the PyTorch reference (oracle/xray_oracle/granite_nar.py) on the tiny
 //! fixture, without Python: the reference dumps in tests/data/granite_ref/ are made by
 //! tests/data/make_granite_ref.py. Tests skip with a notice when fixtures/build/granite-nar-tiny is
-//! missing (`.venv/bin/python fixtures/make_granite_nar.py` builds it).
+//! missing (`.venv/bin/python fixtures/make_granite_nar.py` builds it), and fail instead when
+//! `XRAY_REQUIRE_FIXTURES` is set (`make test` sets it).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+mod whisper_support;
 
 use xray_runtime::capture::Recorder;
 use xray_runtime::dump::Dump;
@@ -22,16 +25,23 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// The tiny fixture, or `None` (skip with a notice); a missing fixture fails the test when
+/// `XRAY_REQUIRE_FIXTURES` is set (`make test`).
 fn model() -> Option<GraniteNarModel> {
-    let dir = root().join("fixtures/build/granite-nar-tiny");
-    if !dir.join("model.safetensors").is_file() {
-        eprintln!(
-            "skip: {} missing (run .venv/bin/python fixtures/make_granite_nar.py)",
-            dir.display()
-        );
-        return None;
-    }
-    Some(GraniteNarModel::load(&dir).expect("the tiny fixture loads"))
+    let weights = whisper_support::fixture(GRANITE_WEIGHTS)?;
+    let dir = weights.parent()?;
+    Some(GraniteNarModel::load(dir).expect("the tiny fixture loads"))
+}
+
+/// The fixture's weights (`.venv/bin/python fixtures/make_granite_nar.py` builds it).
+const GRANITE_WEIGHTS: &str = "fixtures/build/granite-nar-tiny/model.safetensors";
+
+#[test]
+#[should_panic(expected = "XRAY_REQUIRE_FIXTURES is set")]
+fn a_missing_fixture_fails_when_fixtures_are_required() {
+    let missing = root().join("fixtures/build/no-such-granite/model.safetensors");
+    assert!(whisper_support::fixture_at(missing.clone(), false).is_none());
+    whisper_support::fixture_at(missing, true);
 }
 
 fn reference(name: &str) -> Dump {

@@ -18,6 +18,8 @@ thread_local! {
     static LARGEST: Cell<usize> = const { Cell::new(0) };
 }
 
+#[allow(unsafe_code)] // a counting allocator that forwards to the system one
+                      // SAFETY: every method forwards to `System` with its own arguments; `note` only records sizes.
 unsafe impl GlobalAlloc for Tracking {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         note(l.size());

@@ -7,6 +7,8 @@
 //!   greedy decoding with HF's suppression), with reference tensors fed in for isolation;
 //! - [`emit`]: the only X-Ray-facing code: contract names, manifest, dump.
 
+#![forbid(unsafe_code)]
+
 pub mod emit;
 pub mod engine;
 pub mod inputs;

@@ -2,6 +2,8 @@
 //! [--mel-from REF] [--memory-from REF] [--tokens-from REF]`: run candle-transformers' Whisper on
 //! one WAV and write an X-Ray dump (`xray.dump` v1) for `xray compare`.
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

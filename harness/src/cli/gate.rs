@@ -87,7 +87,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     );
     super::say(&out)?;
     if let Some(p) = &a.junit {
-        write_atomic(p, junit_xml(&r).as_bytes())
+        let xml = junit_xml(&r).with_context(|| format!("writing JUnit XML {}", p.display()))?;
+        write_atomic(p, xml.as_bytes())
             .with_context(|| format!("writing JUnit XML {}", p.display()))?;
     }
     Ok(if r.passed() {

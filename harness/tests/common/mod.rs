@@ -130,7 +130,7 @@ pub fn whisper_source(g: &CheckpointGraph, fault: bool) -> MemorySource {
 pub fn run_info() -> Run {
     Run {
         family: "whisper".into(),
-        model_path: "/tmp/volatile/whisper-tiny-en".into(),
+        model_path: VOLATILE_MODEL_PATH.into(),
         weights_sha256: Some("ab".repeat(32)),
         audio_sha256: Some("cd".repeat(32)),
         runtime_version: "xray-runtime 0.1.0".into(),
@@ -201,19 +201,58 @@ pub fn tiny_evidence() -> Evidence {
     c.into_evidence(run_info(), None, None, vec!["synthetic fixture".into()])
 }
 
-/// Replaces the volatile run fields with placeholders.
-pub fn redact(e: &Evidence) -> Evidence {
-    let mut e = e.clone();
-    e.run.model_path = "[model_path]".into();
-    e.run.weights_sha256 = e.run.weights_sha256.as_ref().map(|_| "[sha256]".into());
-    e.run.audio_sha256 = e.run.audio_sha256.as_ref().map(|_| "[sha256]".into());
-    e.run.runtime_version = "[runtime_version]".into();
-    e.run.oracle = e.run.oracle.as_ref().map(|_| OracleVersions {
-        python: Some("[python]".into()),
-        torch: Some("[torch]".into()),
-        transformers: Some("[transformers]".into()),
-    });
-    e
+/// The model path [`run_info`] records (replaced by `[model_path]` in snapshots).
+pub const VOLATILE_MODEL_PATH: &str = "/tmp/volatile/whisper-tiny-en";
+
+/// insta settings of every snapshot: no module prefix; in JSON snapshots the volatile run fields
+/// are redacted (insta redactions); in text snapshots (Markdown, CLI output) filters replace the
+/// repository root, temporary directories, hashes, versions and timings with placeholders.
+pub fn snapshot_settings() -> insta::Settings {
+    let mut s = insta::Settings::clone_current();
+    s.set_prepend_module_to_snapshot(false);
+    // Evidence JSON: a recorded value becomes a placeholder; an absent one (null) stays null.
+    let keep_null = |placeholder: &'static str| {
+        insta::dynamic_redaction(move |v, _| match v {
+            insta::internals::Content::None | insta::internals::Content::Unit => v,
+            _ => placeholder.into(),
+        })
+    };
+    s.add_redaction(".run.model_path", "[model_path]");
+    s.add_redaction(".run.weights_sha256", keep_null("[sha256]"));
+    s.add_redaction(".run.audio_sha256", keep_null("[sha256]"));
+    s.add_redaction(".run.runtime_version", "[runtime_version]");
+    s.add_redaction(".run.oracle.python", keep_null("[python]"));
+    s.add_redaction(".run.oracle.torch", keep_null("[torch]"));
+    s.add_redaction(".run.oracle.transformers", keep_null("[transformers]"));
+    // Text: paths first (the repository root may itself be under a temporary directory).
+    for r in [root().canonicalize().unwrap_or_else(|_| root()), root()] {
+        s.add_filter(&regex_escape(&r.display().to_string()), "[root]");
+    }
+    s.add_filter(&regex_escape(VOLATILE_MODEL_PATH), "[model_path]");
+    s.add_filter(r"/tmp/\.tmp[0-9A-Za-z_]+", "[tmp]");
+    s.add_filter(r"\b[0-9a-f]{64}\b", "[sha256]");
+    s.add_filter(
+        r"runtime `xray-runtime [^`]+`",
+        "runtime `[runtime_version]`",
+    );
+    s.add_filter(
+        r"oracle python [^,]+, torch [^,]+, transformers \S+",
+        "oracle python [python], torch [torch], transformers [transformers]",
+    );
+    s.add_filter(r"\b\d+(\.\d+)? ?(ms|s)\b", "[time]");
+    s
+}
+
+/// `text` with the regex metacharacters escaped (for a literal filter).
+fn regex_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Rounds every non-integer JSON number to 3 significant digits (as a string), so snapshots hold
@@ -237,19 +276,19 @@ pub fn round_floats(v: Value) -> Value {
 }
 
 /// The one snapshot macro: `xray_snapshot!(evidence "name", &ev)` snapshots the evidence JSON with
-/// volatile fields redacted and floats rounded; `xray_snapshot!(markdown "name", &ev)` the
-/// Markdown of the redacted evidence.
+/// the volatile fields redacted and floats rounded; `xray_snapshot!(markdown "name", &ev)` its
+/// Markdown, filtered (both through [`snapshot_settings`]).
 #[macro_export]
 macro_rules! xray_snapshot {
     (evidence $name:literal, $ev:expr) => {{
-        let v = serde_json::to_value(common::redact($ev)).expect("evidence JSON");
-        insta::with_settings!({prepend_module_to_snapshot => false}, {
+        let v = serde_json::to_value($ev).expect("evidence JSON");
+        common::snapshot_settings().bind(|| {
             insta::assert_json_snapshot!($name, common::round_floats(v));
         });
     }};
     (markdown $name:literal, $ev:expr) => {{
-        let md = xray_compare::report::markdown(&common::redact($ev));
-        insta::with_settings!({prepend_module_to_snapshot => false}, {
+        let md = xray_compare::report::markdown($ev);
+        common::snapshot_settings().bind(|| {
             insta::assert_snapshot!($name, md);
         });
     }};

@@ -170,6 +170,7 @@ pub(crate) fn par_rows(
 /// `C[m, n] = beta * C + A · B` with arbitrary strides (matrixmultiply sgemm). The caller has
 /// checked that every index stays inside the slices; this re-checks the extents and refuses.
 #[allow(clippy::too_many_arguments)]
+#[allow(unsafe_code)] // matrixmultiply::sgemm takes raw pointers; the extents are checked first.
 pub(crate) fn sgemm(
     m: usize,
     k: usize,

@@ -1,6 +1,10 @@
 //! Row primitives with a fixed arithmetic order: the same inputs give the same bits on every code
 //! path (an AVX2 build of each function is selected at run time; it executes the same IEEE
 //! operations in the same order, only wider, and never fuses a multiply-add).
+//!
+//! The AVX2 builds are `unsafe` (target features, raw loads): the one module of the runtime where
+//! unsafe code is allowed, each block with its SAFETY comment.
+#![allow(unsafe_code)]
 
 /// Lanes of the dot-product accumulators (two 8-wide vectors).
 const L: usize = 16;

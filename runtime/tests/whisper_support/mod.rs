@@ -1,4 +1,5 @@
-//! Shared helpers of the whisper_* tests: fixture paths that skip with a notice when missing.
+//! Shared helpers of the whisper_* and granite_nar tests: fixture paths that skip with a notice when
+//! missing, or fail when `XRAY_REQUIRE_FIXTURES` is set.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -12,10 +13,18 @@ pub fn repo() -> PathBuf {
 /// `XRAY_REQUIRE_FIXTURES` set (`make test` sets it) a missing fixture fails the test instead:
 /// a skip must not pass for a result there.
 pub fn fixture(rel: &str) -> Option<PathBuf> {
-    let p = repo().join(rel);
+    fixture_at(
+        repo().join(rel),
+        std::env::var_os("XRAY_REQUIRE_FIXTURES").is_some(),
+    )
+}
+
+/// [`fixture`] with the requirement given: `Some(p)` when `p` exists; else a panic naming it when
+/// `required`, or `None` after a notice.
+pub fn fixture_at(p: PathBuf, required: bool) -> Option<PathBuf> {
     if p.exists() {
         Some(p)
-    } else if std::env::var_os("XRAY_REQUIRE_FIXTURES").is_some() {
+    } else if required {
         panic!(
             "fixture {} is missing and XRAY_REQUIRE_FIXTURES is set (run `make fixtures`)",
             p.display()

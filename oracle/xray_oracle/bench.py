@@ -186,9 +186,15 @@ class WhisperBench:
                 return None
             if self._ct2_memory is None:
                 self._ct2_memory = self.ct2.encode(self._ct2_features, to_cpu=True)
+            # CTranslate2 4.8's Whisper `max_length` does not cap the generated tokens one to one
+            # (measured on tiny.en: max_length 19 with a 2-token prompt gave 9 tokens, 3 gave 1).
+            # The difference method needs one token and the whole transcript: cap 1 exactly,
+            # else let it run to end-of-text (448, the decoder's positions); the counts returned
+            # are what the caller divides by.
+            cap = len(self.prompt) + 1 if n <= 1 else 448
             t0 = time.perf_counter()
             res = self.ct2.generate(self._ct2_memory, [self.prompt], beam_size=1,
-                                    max_length=len(self.prompt) + n, return_scores=False)
+                                    max_length=cap, return_scores=False)
             dt = time.perf_counter() - t0
             return dt, len(res[0].sequences_ids[0])
         import torch

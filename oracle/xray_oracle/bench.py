@@ -201,6 +201,8 @@ class WhisperBench:
         from transformers.modeling_outputs import BaseModelOutput
 
         m = self._model(anchor)
+        # generate refuses a cap past the decoder's positions (a small fixture has 64).
+        n = min(n, int(m.config.max_target_positions) - len(self.prompt))
         with torch.inference_mode():
             if anchor not in self._memory:
                 self._memory[anchor] = m.model.encoder(self.features).last_hidden_state

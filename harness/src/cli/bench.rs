@@ -53,9 +53,13 @@ pub struct Args {
 
 /// Peak resident set size of this process so far (getrusage `ru_maxrss`), in bytes.
 pub fn peak_rss_bytes() -> Option<u64> {
-    // SAFETY: getrusage only writes the struct it is given.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+    // SAFETY: rusage is plain integers (all-zero is a valid value); getrusage only writes the
+    // struct it is given.
+    let (rc, ru) = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        (libc::getrusage(libc::RUSAGE_SELF, &mut ru), ru)
+    };
+    if rc != 0 {
         return None;
     }
     // Linux reports kilobytes.

@@ -86,8 +86,24 @@ corpus: venv fixtures
 	XRAY_REQUIRE_FIXTURES=1 XRAY_CORPUS=full XRAY_CORPUS_TABLE=reports/corpus.md \
 	  $(CARGO) test --release -p xray --test corpus -- --nocapture --test-threads 1
 
-bench: build fixtures
-	$(XRAY) bench --model fixtures/whisper-tiny-en --audio $(AUDIO)
+# `xray bench`: the runtime against torch (SDPA, eager) and CTranslate2 (installed here from
+# oracle/requirements-bench.txt), at 2 and 1 threads on tiny.en; then the cost growth on a
+# whisper-small-geometry fixture (random-init, f16-rounded weights, ~1 GB, built on demand) with
+# `xray check` (it prints its peak RSS; getrusage; the bench JSON has peak_rss_bytes). `check`
+# has no stats-only capture yet (`xray run --stats-only` has).
+BENCH_AUDIO ?= fixtures/audio/stella.wav
+BENCH_OUT ?= reports/bench
+$(VENV)/.bench-stamp: $(VENV)/.stamp oracle/requirements-bench.txt
+	$(PY) -m pip install --quiet -r oracle/requirements-bench.txt
+	touch $@
+bench: build fixtures $(VENV)/.bench-stamp
+	$(PY) fixtures/make_whisper_small.py
+	mkdir -p $(BENCH_OUT)
+	set -o pipefail; $(XRAY) bench --model fixtures/whisper-tiny-en --audio $(BENCH_AUDIO) --threads 2 --json | tee $(BENCH_OUT)/tiny-2t.json
+	set -o pipefail; $(XRAY) bench --model fixtures/whisper-tiny-en --audio $(BENCH_AUDIO) --threads 1 --json | tee $(BENCH_OUT)/tiny-1t.json
+	set -o pipefail; $(XRAY) bench --model fixtures/build/whisper-small-f16 --audio $(BENCH_AUDIO) --threads 2 --reps 3 --json | tee $(BENCH_OUT)/small-2t.json
+	$(XRAY) check --model fixtures/build/whisper-small-f16 --audio $(BENCH_AUDIO) \
+	  --evidence $(BENCH_OUT)/small-check.json; test $$? -le 1
 
 # candle-transformers' Whisper under X-Ray: reference dump, candle's dump as it is and fed the
 # reference's log-mel (its encoder isolated) and memory + tokens (its decoder isolated), one offline

@@ -41,7 +41,7 @@ enum Command {
     /// List the deliberate-fault catalogue.
     Faults(cli::faults::Args),
     #[cfg(feature = "oracle")]
-    /// Benchmark the runtime against PyTorch eager, interleaved (ratios side by side).
+    /// Benchmark the runtime against torch (SDPA and eager) and CTranslate2, interleaved.
     Bench(cli::bench::Args),
     #[cfg(feature = "oracle")]
     /// Plant every catalogue fault on the bundled fixtures and check the reported origins.

@@ -651,7 +651,8 @@ pub struct TorchBench {
 }
 
 impl TorchBench {
-    /// Load HF Whisper from `model_dir` (f32, eager attention, `threads` intra-op threads), fed
+    /// Load HF Whisper from `model_dir` (f32; SDPA and eager attention; CTranslate2 on the same
+    /// weights when installed; `threads` intra-op threads), fed
     /// `samples`: `audio` as the runtime's reader decoded and converted it (the same samples the
     /// runtime is timed on).
     pub fn whisper(
@@ -682,24 +683,39 @@ impl TorchBench {
         })
     }
 
-    /// Seconds for one encoder forward on the 30 s window.
-    pub fn encoder(&self) -> Result<f64> {
+    /// Seconds for one encoder forward on the 30 s window by `anchor` (`sdpa`: transformers'
+    /// default attention, `eager`, or `ct2`: CTranslate2); `None` when the anchor is absent
+    /// ([`TorchBench::info`] says why).
+    pub fn encoder(&self, anchor: &str) -> Result<Option<f64>> {
         self.oracle.with_python(|py, _| {
             self.handle
                 .bind(py)
-                .call_method0("encoder")
+                .call_method1("encoder", (anchor,))
                 .and_then(|r| r.extract())
                 .map_err(|e| py_err(py, e))
         })
     }
 
-    /// Seconds and generated-token count for one greedy generate on precomputed encoder outputs
-    /// (the encoder is not timed), capped at `max_new_tokens`.
-    pub fn decode(&self, max_new_tokens: usize) -> Result<(f64, usize)> {
+    /// Seconds and output-token count for one greedy generate by `anchor` on precomputed encoder
+    /// outputs (the encoder is not timed), capped at `max_new_tokens`; `None` when the anchor is
+    /// absent.
+    pub fn decode(&self, max_new_tokens: usize, anchor: &str) -> Result<Option<(f64, usize)>> {
         self.oracle.with_python(|py, _| {
             self.handle
                 .bind(py)
-                .call_method1("decode", (max_new_tokens,))
+                .call_method1("decode", (max_new_tokens, anchor))
+                .and_then(|r| r.extract())
+                .map_err(|e| py_err(py, e))
+        })
+    }
+
+    /// JSON text: the CPU model, library versions, and why the CTranslate2 anchor is absent
+    /// (`ct2_absent`, null when present).
+    pub fn info(&self) -> Result<String> {
+        self.oracle.with_python(|py, _| {
+            self.handle
+                .bind(py)
+                .call_method0("info")
                 .and_then(|r| r.extract())
                 .map_err(|e| py_err(py, e))
         })

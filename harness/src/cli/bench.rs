@@ -1,12 +1,20 @@
-//! `xray bench --model DIR --audio WAV [--json]`: the runtime against PyTorch eager
-//! (transformers, same weights, f32, same thread count), interleaved repetition by repetition in
-//! one process so both sides see the same machine noise. A benchmark, not a timed test.
+//! `xray bench --model DIR --audio WAV [--threads N] [--json]`: the runtime against the anchors
+//! users pick, all on the same weights, f32, the same thread count and the same log-mel,
+//! interleaved repetition by repetition in one process so every side sees the same machine noise.
+//! A benchmark, not a timed test.
+//!
+//! Anchors: transformers with its default attention (SDPA; the headline `encoder_ratio` and
+//! `decode_step_ratio`), transformers with eager attention (reported), and CTranslate2 (the engine
+//! behind faster-whisper; `encoder_ratio_ct2`, `decode_step_ratio_ct2`) on the CTranslate2 weights
+//! the model directory was converted from. When CTranslate2 or those weights are absent the bench
+//! says why (`ct2_absent`) and reports the rest; its ratios are then null.
 //!
 //! - encoder: one encoder forward on the padded window (runtime: the encoder formula fed with the
-//!   log-mel; torch: `model.model.encoder(input_features)`).
-//! - decode step: `(t(generate N) - t(generate 1)) / (tokens(N) - tokens(1))` on both sides, on
-//!   precomputed encoder output (torch: `generate(encoder_outputs=...)`; runtime: a decoder session
-//!   with the memory installed), so the encoder's noise does not swamp the per-token time.
+//!   log-mel; torch: `model.model.encoder(input_features)`; CTranslate2: `Whisper.encode`).
+//! - decode step: `(t(generate N) - t(generate 1)) / (tokens(N) - tokens(1))` on every side, on
+//!   precomputed encoder output (torch: `generate(encoder_outputs=...)`; CTranslate2: `generate`
+//!   on the encoded features; runtime: a decoder session with the memory installed), so the
+//!   encoder's noise does not swamp the per-token time.
 //! - capture overhead: runtime full run with every checkpoint captured vs capture off, four of
 //!   each per repetition in the order off, on, on, off, off, on, on, off; the median over
 //!   repetitions of `sum(on) / sum(off) - 1` (paired, so drift between repetitions cancels).
@@ -37,6 +45,29 @@ pub struct Args {
     /// Print the ratios as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Threads for every side (runtime kernels, torch intra-op, CTranslate2 intra_threads).
+    /// Default: env `XRAY_THREADS`, else the available cores.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub threads: Option<u32>,
+}
+
+/// Peak resident set size of this process so far, in bytes (`VmHWM` of /proc/self/status, what
+/// getrusage's `ru_maxrss` reports, read without unsafe code); `None` off Linux.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// `a / b` when both exist.
+fn ratio(a: f64, b: Option<f64>) -> Option<f64> {
+    b.map(|b| a / b)
+}
+
+/// Per-token seconds by the (N, 1) difference: `(t(N) - t(1)) / (tokens(N) - tokens(1))`.
+fn per_token(t1: Vec<f64>, tn: Vec<f64>, tok: (usize, usize)) -> f64 {
+    (median(tn) - median(t1)) / (tok.1 as f64 - tok.0 as f64).max(1.0)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -50,6 +81,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Runs the benchmark.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    if let Some(n) = a.threads {
+        xray_runtime::kernels::set_threads(n as usize).map_err(|e| anyhow!("--threads: {e}"))?;
+    }
     let threads = xray_runtime::kernels::threads();
     let model = models::load(&a.model)?;
     if model.family() != "whisper" {
@@ -61,7 +95,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     let audio = load_wav(&a.audio, 16000)?;
     let oracle = Oracle::discover()?;
-    super::note(&format!("xray bench: loading torch (threads {threads})"));
+    super::note(&format!(
+        "xray bench: loading torch and CTranslate2 (threads {threads})"
+    ));
     let torch = TorchBench::whisper(&oracle, &a.model, &a.audio, &audio.samples, threads)?;
 
     // The runtime's log-mel of this input, then the encoder formula fed with it.
@@ -133,39 +169,74 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         )?;
         Ok((t0.elapsed().as_secs_f64(), out.predicted.len()))
     };
-    // Warm-up both sides once.
-    torch.encoder()?;
+    let info: serde_json::Value =
+        serde_json::from_str(&torch.info()?).context("the bench's anchor info is not JSON")?;
+    let ct2_absent = info
+        .get("ct2_absent")
+        .and_then(|v| v.as_str())
+        .map(str::to_string);
+    if let Some(why) = &ct2_absent {
+        super::note(&format!("xray bench: no CTranslate2 anchor: {why}"));
+    }
+    let has_ct2 = ct2_absent.is_none();
+    // Warm-up every side once.
+    for anchor in ["sdpa", "eager", "ct2"] {
+        torch.encoder(anchor)?;
+    }
     rt_encoder()?;
-    let (_, n_full) = torch.decode(400)?;
-    let (mut te, mut re, mut t1, mut r1, mut tn, mut rn, mut con, mut coff) = (
-        vec![],
-        vec![],
-        vec![],
-        vec![],
-        vec![],
-        vec![],
-        vec![],
-        vec![],
-    );
-    let (mut tok_t, mut tok_r) = ((0, 0), (0, 0));
+    let (_, n_full) = torch
+        .decode(400, "sdpa")?
+        .context("the torch anchor returned no decode timing")?;
+    if has_ct2 {
+        torch.decode(n_full, "ct2")?;
+    }
+    let mut enc: [Vec<f64>; 4] = Default::default(); // runtime, sdpa, eager, ct2
+                                                     // (generate 1, generate N) per side: runtime, torch (sdpa), ct2.
+    let mut dec: [(Vec<f64>, Vec<f64>); 3] = Default::default();
+    let mut tok = [(0usize, 0usize); 3];
+    let (mut con, mut coff) = (vec![], vec![]);
     // Per repetition: sum(on) / sum(off) of the same repetition.
     let mut cpair: Vec<f64> = Vec::new();
+    let anchor_decode = |n: usize, anchor: &str| -> anyhow::Result<Option<(f64, usize)>> {
+        torch.decode(n, anchor).map_err(anyhow::Error::from)
+    };
     for rep in 0..a.reps {
         super::note(&format!("xray bench: repetition {}/{}", rep + 1, a.reps));
-        te.push(torch.encoder()?);
-        re.push(rt_encoder()?);
-        let (s, n) = torch.decode(1)?;
-        t1.push(s);
-        tok_t.0 = n;
-        let (s, n) = rt_decode(1)?;
-        r1.push(s);
-        tok_r.0 = n;
-        let (s, n) = torch.decode(n_full)?;
-        tn.push(s);
-        tok_t.1 = n;
-        let (s, n) = rt_decode(n_full)?;
-        rn.push(s);
-        tok_r.1 = n;
+        // Encoders, the runtime between the anchors.
+        if let Some(s) = torch.encoder("sdpa")? {
+            enc[1].push(s);
+        }
+        enc[0].push(rt_encoder()?);
+        if let Some(s) = torch.encoder("ct2")? {
+            enc[3].push(s);
+        }
+        if let Some(s) = torch.encoder("eager")? {
+            enc[2].push(s);
+        }
+        // Decode: generate 1 then generate N on each side.
+        for (side, cap) in [
+            (0, 1),
+            (1, 1),
+            (2, 1),
+            (0, n_full),
+            (1, n_full),
+            (2, n_full),
+        ] {
+            let got = match side {
+                0 => Some(rt_decode(cap)?),
+                1 => anchor_decode(cap, "sdpa")?,
+                _ => anchor_decode(cap, "ct2")?,
+            };
+            if let Some((s, n)) = got {
+                if cap == 1 {
+                    dec[side].0.push(s);
+                    tok[side].0 = n;
+                } else {
+                    dec[side].1.push(s);
+                    tok[side].1 = n;
+                }
+            }
+        }
         // Off, on, on, off (twice): a drift within the repetition weighs on both sides alike.
         let (mut on_rep, mut off_rep) = (0.0, 0.0);
         for capture in [false, true, true, false, false, true, true, false] {
@@ -180,47 +251,78 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         }
         cpair.push(on_rep / off_rep);
     }
-    let (te, re) = (median(te), median(re));
-    // torch's generate output includes the prefix; the runtime counts generated tokens.
-    let dt_t = (median(tn) - median(t1)) / (tok_t.1 as f64 - tok_t.0 as f64).max(1.0);
-    let dt_r = (median(rn) - median(r1)) / (tok_r.1 as f64 - tok_r.0 as f64).max(1.0);
+    let [e_rt, e_sdpa, e_eager, e_ct2] = enc;
+    let med = |v: Vec<f64>| (!v.is_empty()).then(|| median(v));
+    let (e_rt, e_sdpa, e_eager, e_ct2) = (median(e_rt), med(e_sdpa), med(e_eager), med(e_ct2));
+    let [(r1, rn), (t1, tn), (c1, cn)] = dec;
+    let d_rt = per_token(r1, rn, tok[0]);
+    let d_torch = (!t1.is_empty()).then(|| per_token(t1, tn, tok[1]));
+    let d_ct2 = (!c1.is_empty()).then(|| per_token(c1, cn, tok[2]));
     let (con, coff) = (median(con), median(coff));
     // The overhead is the median of the per-repetition ratios: each ratio compares runs made
     // seconds apart, so machine drift between repetitions cancels (the ratio of the two medians
     // is printed alongside).
     let overhead = median(cpair) - 1.0;
     let report = serde_json::json!({
+        "model": a.model.display().to_string(),
         "threads": threads,
+        "cpu_model": info.get("cpu_model"),
         "reps": a.reps,
-        "encoder_seconds": {"runtime": re, "torch": te},
-        "decode_step_seconds": {"runtime": dt_r, "torch": dt_t},
+        "versions": {"torch": info.get("torch"), "transformers": info.get("transformers"),
+                     "ctranslate2": info.get("ctranslate2")},
+        "ct2_absent": ct2_absent,
+        "encoder_seconds": {"runtime": e_rt, "torch": e_sdpa, "torch_eager": e_eager, "ct2": e_ct2},
+        "decode_step_seconds": {"runtime": d_rt, "torch": d_torch, "ct2": d_ct2},
+        "decode_tokens": {"runtime": tok[0], "torch": tok[1], "ct2": tok[2]},
         "full_run_seconds": {"capture_on": con, "capture_off": coff},
-        "encoder_ratio": re / te,
-        "decode_step_ratio": dt_r / dt_t,
+        "encoder_ratio": ratio(e_rt, e_sdpa),
+        "encoder_ratio_eager": ratio(e_rt, e_eager),
+        "encoder_ratio_ct2": ratio(e_rt, e_ct2),
+        "decode_step_ratio": ratio(d_rt, d_torch),
+        "decode_step_ratio_ct2": ratio(d_rt, d_ct2),
         "capture_overhead": overhead,
         "capture_overhead_of_medians": con / coff - 1.0,
-        "targets": {"encoder_ratio": 1.0, "decode_step_ratio": 0.3, "capture_overhead": 0.05},
+        "peak_rss_bytes": peak_rss_bytes(),
+        "targets": {"encoder_ratio": 0.8, "encoder_ratio_ct2": 0.8, "decode_step_ratio": 0.3,
+                    "decode_step_ratio_ct2": 0.5, "capture_overhead": 0.05},
     });
     if a.json {
         super::say(&format!("{}\n", serde_json::to_string_pretty(&report)?))?;
     } else {
-        super::say(&format!(
-            "threads {threads}, {} reps, medians\n\
-             encoder (30 s window)   runtime {:>8.1} ms   torch {:>8.1} ms   ratio {:.3} (target <= 1.0)\n\
-             decode per token        runtime {:>8.2} ms   torch {:>8.2} ms   ratio {:.3} (target <= 0.3)\n\
+        let ms = |v: Option<f64>, p: usize| {
+            v.map_or("   absent".to_string(), |s| format!("{:>9.p$}", s * 1e3))
+        };
+        let r = |v: Option<f64>| v.map_or("  -  ".to_string(), |x| format!("{x:.3}"));
+        let mut text = format!(
+            "threads {threads}, {} reps, medians ({})\n\
+             encoder (30 s window) ms   runtime {:>9.1}   torch {}   torch eager {}   ct2 {}\n\
+             \x20 ratio runtime/torch {} (target <= 0.8), /eager {}, /ct2 {} (target <= 0.8)\n\
+             decode per token ms       runtime {:>9.2}   torch {}   ct2 {}\n\
+             \x20 ratio runtime/torch {} (target <= 0.3), /ct2 {} (target <= 0.5)\n\
              full run capture on/off {:>8.1} ms / {:>8.1} ms        overhead {:+.3} (target <= 0.05; paired per repetition, ratio of medians {:+.3})\n",
             a.reps,
-            re * 1e3,
-            te * 1e3,
-            re / te,
-            dt_r * 1e3,
-            dt_t * 1e3,
-            dt_r / dt_t,
+            info.get("cpu_model").and_then(|v| v.as_str()).unwrap_or("unknown CPU"),
+            e_rt * 1e3,
+            ms(e_sdpa, 1),
+            ms(e_eager, 1),
+            ms(e_ct2, 1),
+            r(ratio(e_rt, e_sdpa)),
+            r(ratio(e_rt, e_eager)),
+            r(ratio(e_rt, e_ct2)),
+            d_rt * 1e3,
+            ms(d_torch, 2),
+            ms(d_ct2, 2),
+            r(ratio(d_rt, d_torch)),
+            r(ratio(d_rt, d_ct2)),
             con * 1e3,
             coff * 1e3,
             overhead,
             con / coff - 1.0
-        ))?;
+        );
+        if let Some(why) = &ct2_absent {
+            text.push_str(&format!("CTranslate2 absent: {why}\n"));
+        }
+        super::say(&text)?;
     }
     Ok(ExitCode::SUCCESS)
 }

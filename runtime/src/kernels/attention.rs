@@ -1,14 +1,13 @@
 //! Scaled dot-product attention over head-major q/k/v, with an optional causal mask that accounts
 //! for cached keys (`past = keys - queries`).
 
-use super::{
-    data, dims, par_ranges, par_rows, rank, same_dim, sgemm, simd, tensor, MatmulStrategy,
-};
+use super::{data, dims, par_ranges, rank, same_dim, sgemm_serial, simd, tensor, MatmulStrategy};
 use crate::faults::ParamFault;
 use crate::graph::{port, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
 
-/// Bytes of one block of score rows in the `gemm` strategy (fits the L2 with the packed operands).
-const GEMM_BLOCK_BYTES: usize = 512 * 1024;
+/// Query rows per task in the `gemm` strategy: a block's score rows (64 x 1500 keys = 384 KB for
+/// Whisper's encoder) stay in L2 with the head's K and V between the two products.
+const GEMM_BLOCK_ROWS: usize = 64;
 
 /// `softmax((q * scale) k^T + mask) v` per head: q `[H, T, D]`, k `[H, S, D]`, v `[H, S, Dv]`
 /// -> context `[H, T, Dv]` (head-major, before merging heads and the output projection).
@@ -119,55 +118,49 @@ impl Kernel for Attention {
         };
         match self.strategy {
             MatmulStrategy::Gemm => {
-                // Blocks of query rows whose score rows stay in L2 between the two products.
-                let bq = (GEMM_BLOCK_BYTES / (4 * s.max(1))).clamp(16, 256) / 16 * 16;
-                let mut scores = vec![0f32; bq.min(t) * s];
-                let mut qh = vec![0f32; t * d];
-                for hi in 0..h {
-                    qh.copy_from_slice(&q[hi * t * d..(hi + 1) * t * d]);
-                    simd::scale(&mut qh, self.scale);
-                    let kh = &k[hi * s * d..(hi + 1) * s * d];
-                    let vh = &v[hi * s * dv..(hi + 1) * s * dv];
-                    let oh = &mut out[hi * t * dv..(hi + 1) * t * dv];
-                    for t0 in (0..t).step_by(bq) {
+                // Tasks of (head, block of query rows), each computed whole on one thread: scores
+                // of the block (a `GEMM_BLOCK_ROWS x keys` slab that stays in L2, never the whole
+                // `T x S` matrix), their softmax, then the block's context. The blocks are fixed
+                // (not tied to the thread count), so the bits never depend on it.
+                let bq = GEMM_BLOCK_ROWS;
+                let nb = t.div_ceil(bq);
+                let scale = self.scale;
+                let probs_on = self.probs;
+                let parts = par_ranges(h * nb, bq * s * (d + dv), |tasks| {
+                    let mut done = Vec::with_capacity(tasks.len());
+                    let mut scores = vec![0f32; bq * s];
+                    let mut qb = vec![0f32; bq * d];
+                    for task in tasks {
+                        let (hi, t0) = (task / nb, (task % nb) * bq);
                         let rows = bq.min(t - t0);
+                        let qs = &mut qb[..rows * d];
+                        qs.copy_from_slice(&q[(hi * t + t0) * d..(hi * t + t0 + rows) * d]);
+                        simd::scale(qs, scale);
+                        let kh = &k[hi * s * d..(hi + 1) * s * d];
+                        let vh = &v[hi * s * dv..(hi + 1) * s * dv];
                         let sc = &mut scores[..rows * s];
-                        sgemm(
-                            rows,
-                            d,
-                            s,
-                            &qh[t0 * d..],
-                            (d, 1),
-                            kh,
-                            (1, d),
-                            0.0,
-                            sc,
-                            (s, 1),
-                        )?;
-                        par_rows(sc, s, 12 * s, |r0, block| {
-                            for (i, row) in block.chunks_exact_mut(s).enumerate() {
-                                let n = valid(t0 + r0 + i);
-                                simd::softmax_row(&mut row[..n]);
-                                let masked = masked_prob(&row[..n]);
-                                row[n..].fill(masked);
-                            }
-                        });
+                        sgemm_serial(rows, d, s, qs, (d, 1), kh, (1, d), 0.0, sc, (s, 1))?;
+                        for (i, row) in sc.chunks_exact_mut(s).enumerate() {
+                            let n = valid(t0 + i);
+                            simd::softmax_row(&mut row[..n]);
+                            let masked = masked_prob(&row[..n]);
+                            row[n..].fill(masked);
+                        }
+                        let mut ob = vec![0f32; rows * dv];
+                        sgemm_serial(rows, s, dv, sc, (s, 1), vh, (dv, 1), 0.0, &mut ob, (dv, 1))?;
+                        let pb = if probs_on { sc.to_vec() } else { Vec::new() };
+                        done.push((hi, t0, ob, pb));
+                    }
+                    Ok::<_, String>(done)
+                });
+                for part in parts {
+                    for (hi, t0, ob, pb) in part? {
+                        let at = (hi * t + t0) * dv;
+                        out[at..at + ob.len()].copy_from_slice(&ob);
                         if self.probs {
                             let at = (hi * t + t0) * s;
-                            probs[at..at + rows * s].copy_from_slice(sc);
+                            probs[at..at + pb.len()].copy_from_slice(&pb);
                         }
-                        sgemm(
-                            rows,
-                            s,
-                            dv,
-                            sc,
-                            (s, 1),
-                            vh,
-                            (dv, 1),
-                            0.0,
-                            &mut oh[t0 * dv..(t0 + rows) * dv],
-                            (dv, 1),
-                        )?;
                     }
                 }
             }

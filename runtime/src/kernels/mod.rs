@@ -1,14 +1,17 @@
 //! f32 kernels, each an implementation of [`crate::graph::Kernel`].
 //!
 //! Two matmul strategies exist and each op says which one it uses ([`MatmulStrategy`]):
-//! `gemm` (matrixmultiply's packed sgemm, fast for many rows: the encoder, conv, the one-off
-//! cross-K/V projection) and `row_stable` (every output element is one fixed-order dot product, so
+//! `gemm` (the `gemm` crate's packed sgemm with its AVX-512 kernels where the CPU has them, fast
+//! for many rows: the encoder, conv, the one-off cross-K/V projection) and `row_stable` (every output element is one fixed-order dot product, so
 //! a row's result does not depend on how many rows are computed with it: the decoder, where the
 //! full-window formula must equal incremental decode bit for bit, and where a decode step is a
 //! GEMV that streams the weights once instead of packing them).
 //!
-//! Threads: [`threads`] (env `XRAY_THREADS`, default: available cores). Work is split into
-//! contiguous ranges of independent outputs, so results never depend on the thread count.
+//! Threads: [`threads`] (env `XRAY_THREADS` or [`set_threads`], default: available cores), one
+//! rayon pool for everything: the kernels' own splits and the gemm crate's (which runs its
+//! parallel loops on the current rayon pool; [`sgemm`] enters this pool first). Work is split into
+//! ranges of independent outputs (the GEMM's k blocking does not depend on the thread count), so
+//! results never depend on the thread count.
 
 pub mod add;
 pub mod attention;
@@ -49,13 +52,12 @@ pub enum MatmulStrategy {
     RowStable,
 }
 
-/// Worker threads for the runtime's kernels: env `XRAY_THREADS` if set to a positive integer,
-/// else the available cores. Read once per process. When `XRAY_THREADS` is set and
-/// `MATMUL_NUM_THREADS` is not, matrixmultiply's sgemm is given the same count (see
-/// [`init_threads`]).
+static THREADS: OnceLock<usize> = OnceLock::new();
+
+/// Worker threads for the runtime's kernels: the count given to [`set_threads`], else env
+/// `XRAY_THREADS` if set to a positive integer, else the available cores. Fixed at the first call.
 pub fn threads() -> usize {
-    static T: OnceLock<usize> = OnceLock::new();
-    *T.get_or_init(|| {
+    *THREADS.get_or_init(|| {
         std::env::var("XRAY_THREADS")
             .ok()
             .and_then(|s| s.trim().parse::<usize>().ok())
@@ -68,20 +70,19 @@ pub fn threads() -> usize {
     })
 }
 
-/// Make matrixmultiply's sgemm use [`threads`] threads. It reads `MATMUL_NUM_THREADS` once, on its
-/// first call, so this must run before any sgemm; model loaders call it. Only sets the variable
-/// when `XRAY_THREADS` is set and `MATMUL_NUM_THREADS` is not (an explicit setting wins).
-pub fn init_threads() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        if std::env::var_os("XRAY_THREADS").is_some()
-            && std::env::var_os("MATMUL_NUM_THREADS").is_none()
-        {
-            // Why set_var: matrixmultiply has no API for its thread count. This runs once, at
-            // model load, before the first sgemm reads the variable.
-            std::env::set_var("MATMUL_NUM_THREADS", threads().to_string());
-        }
-    });
+/// Fix the kernels' thread count (a CLI `--threads`). It must come before the first kernel runs
+/// (the pool is built once); an error when `n` is 0 or a different count is already in use.
+pub fn set_threads(n: usize) -> Result<(), String> {
+    if n == 0 {
+        return Err("the thread count must be at least 1".into());
+    }
+    let got = *THREADS.get_or_init(|| n);
+    if got != n {
+        return Err(format!(
+            "the kernels already run with {got} threads (set before the first run)"
+        ));
+    }
+    Ok(())
 }
 
 /// Below this many multiply-adds an op runs on the calling thread.
@@ -167,11 +168,53 @@ pub(crate) fn par_rows(
     });
 }
 
-/// `C[m, n] = beta * C + A · B` with arbitrary strides (matrixmultiply sgemm). The caller has
-/// checked that every index stays inside the slices; this re-checks the extents and refuses.
+/// Below this many multiply-adds a GEMM runs on one thread.
+const GEMM_PAR_MIN_WORK: usize = 1 << 20;
+
+/// `C[m, n] = beta * C + A · B` with arbitrary strides (the gemm crate's sgemm), split across the
+/// kernels' pool when large. The caller has checked that every index stays inside the slices;
+/// this re-checks the extents and refuses.
 #[allow(clippy::too_many_arguments)]
-#[allow(unsafe_code)] // matrixmultiply::sgemm takes raw pointers; the extents are checked first.
 pub(crate) fn sgemm(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    sa: (usize, usize),
+    b: &[f32],
+    sb: (usize, usize),
+    beta: f32,
+    c: &mut [f32],
+    sc: (usize, usize),
+) -> Result<(), String> {
+    let par = threads() > 1 && m.saturating_mul(k).saturating_mul(n) >= GEMM_PAR_MIN_WORK;
+    if par {
+        in_pool(|| sgemm_with(m, k, n, a, sa, b, sb, beta, c, sc, threads()))
+    } else {
+        sgemm_with(m, k, n, a, sa, b, sb, beta, c, sc, 1)
+    }
+}
+
+/// [`sgemm`] on the calling thread (for callers that split the work themselves).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sgemm_serial(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    sa: (usize, usize),
+    b: &[f32],
+    sb: (usize, usize),
+    beta: f32,
+    c: &mut [f32],
+    sc: (usize, usize),
+) -> Result<(), String> {
+    sgemm_with(m, k, n, a, sa, b, sb, beta, c, sc, 1)
+}
+
+#[allow(clippy::too_many_arguments)]
+#[allow(unsafe_code)] // gemm::gemm takes raw pointers; the extents are checked first.
+fn sgemm_with(
     m: usize,
     k: usize,
     n: usize,
@@ -182,6 +225,7 @@ pub(crate) fn sgemm(
     beta: f32,
     c: &mut [f32],
     (rsc, csc): (usize, usize),
+    nthreads: usize,
 ) -> Result<(), String> {
     if m == 0 || n == 0 {
         return Ok(());
@@ -195,23 +239,46 @@ pub(crate) fn sgemm(
     if last(m, rsc, n, csc) >= c.len() {
         return Err(format!("sgemm output too small for {m}x{n}"));
     }
-    // SAFETY: every element address touched by sgemm is below the extents checked above.
+    if k == 0 {
+        // An empty sum: C = beta * C (the gemm crate is not asked about k = 0).
+        for i in 0..m {
+            for j in 0..n {
+                let v = &mut c[i * rsc + j * csc];
+                *v = if beta == 0.0 { 0.0 } else { beta * *v };
+            }
+        }
+        return Ok(());
+    }
+    let isz = |x: usize| x as isize;
+    let par = if nthreads > 1 {
+        gemm::Parallelism::Rayon(nthreads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: every element address touched is below the extents checked above; the gemm crate
+    // computes dst = alpha * dst + beta * lhs · rhs (dst read only when read_dst), so C's old
+    // value is scaled by the caller's `beta` (`alpha` here) and the product by 1.
     unsafe {
-        matrixmultiply::sgemm(
+        gemm::gemm(
             m,
-            k,
             n,
-            1.0,
-            a.as_ptr(),
-            rsa as isize,
-            csa as isize,
-            b.as_ptr(),
-            rsb as isize,
-            csb as isize,
-            beta,
+            k,
             c.as_mut_ptr(),
-            rsc as isize,
-            csc as isize,
+            isz(csc),
+            isz(rsc),
+            beta != 0.0,
+            a.as_ptr(),
+            isz(csa),
+            isz(rsa),
+            b.as_ptr(),
+            isz(csb),
+            isz(rsb),
+            beta,
+            1.0,
+            false,
+            false,
+            false,
+            par,
         );
     }
     Ok(())

@@ -481,6 +481,196 @@ mod avx2 {
 }
 
 #[cfg(target_arch = "x86_64")]
+mod avx512 {
+    //! AVX-512 versions of the hottest [`super::avx2`] functions: one 16-lane register where the
+    //! AVX2 build holds two 8-lane ones, the same IEEE operations per lane in the same order (no
+    //! fused multiply-add), the same final reduction: the same bits, from half the instructions.
+    #![allow(unsafe_op_in_unsafe_fn)]
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn ld(p: &[f32], i: usize) -> __m512 {
+        debug_assert!(i + 16 <= p.len());
+        _mm512_loadu_ps(p.as_ptr().add(i))
+    }
+
+    /// [`super::scalar::reduce`] of 16 lane accumulators: `(a[i] + a[i+8])`, halves, pairs.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn reduce(a: __m512) -> f32 {
+        let lo = _mm512_castps512_ps256(a);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+        let s8 = _mm256_add_ps(lo, hi);
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+        let t = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)))
+    }
+
+    /// [`super::exp_f32`] on 16 lanes (the operations of `avx2::exp8`).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub unsafe fn exp16(x: __m512) -> __m512 {
+        use super::*;
+        // vminps/vmaxps return the second operand when either is NaN: NaN survives the clamps.
+        let x = _mm512_min_ps(_mm512_set1_ps(88.0), x);
+        let x = _mm512_max_ps(_mm512_set1_ps(-87.336_55), x);
+        let z = _mm512_add_ps(
+            _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+            _mm512_set1_ps(0.5),
+        );
+        let t = _mm512_cvttps_epi32(z);
+        let tf = _mm512_cvtepi32_ps(t);
+        // t - (tf > z)
+        let gt = _mm512_cmp_ps_mask(tf, z, _CMP_GT_OQ);
+        let fl = _mm512_mask_sub_epi32(t, gt, t, _mm512_set1_epi32(1));
+        let n = _mm512_cvtepi32_ps(fl);
+        let r = _mm512_sub_ps(
+            _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(EXP_C1))),
+            _mm512_mul_ps(n, _mm512_set1_ps(EXP_C2)),
+        );
+        let mut p = _mm512_add_ps(
+            _mm512_mul_ps(_mm512_set1_ps(EXP_P0), r),
+            _mm512_set1_ps(EXP_P1),
+        );
+        p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(EXP_P2));
+        p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(EXP_P3));
+        p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(EXP_P4));
+        p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(EXP_P5));
+        let y = _mm512_add_ps(
+            _mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r),
+            _mm512_set1_ps(1.0),
+        );
+        let pow2 = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_add_epi32(fl, _mm512_set1_epi32(127)),
+            23,
+        ));
+        _mm512_mul_ps(y, pow2)
+    }
+
+    /// [`super::scalar::softmax`]. The maximum is taken 16 lanes wide: for a row without NaN the
+    /// maximum does not depend on the order (a row holding NaN is NaN whatever its maximum).
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn softmax(x: &mut [f32]) {
+        let n = x.len();
+        let full = n / 16 * 16;
+        let mut m = f32::NEG_INFINITY;
+        if full > 0 {
+            let mut mv = _mm512_set1_ps(f32::NEG_INFINITY);
+            let mut k = 0;
+            while k < full {
+                mv = _mm512_max_ps(ld(x, k), mv);
+                k += 16;
+            }
+            m = _mm512_reduce_max_ps(mv);
+        }
+        for &v in x[full..].iter() {
+            m = super::max_f32(m, v);
+        }
+        let mv = _mm512_set1_ps(m);
+        let mut acc = _mm512_setzero_ps();
+        let mut k = 0;
+        while k < full {
+            let e = exp16(_mm512_sub_ps(ld(x, k), mv));
+            _mm512_storeu_ps(x.as_mut_ptr().add(k), e);
+            acc = _mm512_add_ps(acc, e);
+            k += 16;
+        }
+        let mut s = reduce(acc);
+        for v in x[full..].iter_mut() {
+            let e = super::exp_f32(*v - m);
+            *v = e;
+            s += e;
+        }
+        let inv = 1.0 / s;
+        let iv = _mm512_set1_ps(inv);
+        let mut i = 0;
+        while i < full {
+            _mm512_storeu_ps(x.as_mut_ptr().add(i), _mm512_mul_ps(ld(x, i), iv));
+            i += 16;
+        }
+        for v in x[full..].iter_mut() {
+            *v *= inv;
+        }
+    }
+
+    /// [`super::scalar::gelu`] (the operations of `avx2::gelu`).
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn gelu(x: &mut [f32]) {
+        use super::*;
+        let n = x.len();
+        let full = n / 16 * 16;
+        let sign = _mm512_castsi512_ps(_mm512_set1_epi32(i32::MIN));
+        let one = _mm512_set1_ps(1.0);
+        let mut i = 0;
+        while i < full {
+            let v = ld(x, i);
+            let u = _mm512_mul_ps(v, _mm512_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
+            let a = _mm512_andnot_ps(sign, u);
+            let t = _mm512_div_ps(
+                one,
+                _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(ERF_P), a), one),
+            );
+            let mut r = _mm512_add_ps(
+                _mm512_mul_ps(_mm512_set1_ps(ERF_A5), t),
+                _mm512_set1_ps(ERF_A4),
+            );
+            r = _mm512_add_ps(_mm512_mul_ps(r, t), _mm512_set1_ps(ERF_A3));
+            r = _mm512_add_ps(_mm512_mul_ps(r, t), _mm512_set1_ps(ERF_A2));
+            r = _mm512_add_ps(_mm512_mul_ps(r, t), _mm512_set1_ps(ERF_A1));
+            let e = exp16(_mm512_xor_ps(sign, _mm512_mul_ps(u, u)));
+            let erf_abs = _mm512_sub_ps(one, _mm512_mul_ps(_mm512_mul_ps(e, t), r));
+            let erf = _mm512_or_ps(_mm512_andnot_ps(sign, erf_abs), _mm512_and_ps(sign, u));
+            let g = _mm512_mul_ps(
+                _mm512_mul_ps(v, _mm512_set1_ps(0.5)),
+                _mm512_add_ps(one, erf),
+            );
+            _mm512_storeu_ps(x.as_mut_ptr().add(i), g);
+            i += 16;
+        }
+        for v in x[full..].iter_mut() {
+            *v = gelu_f32(*v);
+        }
+    }
+
+    /// `avx2::dot4_packed`: four dots of `x` with one packed f16 block of four rows, one 16-lane
+    /// accumulator per row (lane `l` sums `k = 16c + l`, as the AVX2 pair does).
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn dot4_packed(x: &[f32], blk: &[u16], k: usize) -> [f32; 4] {
+        let full = k / 16 * 16;
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let mut c = 0;
+        while c < full {
+            let xv = ld(x, c);
+            let base = blk.as_ptr().add(4 * c);
+            let pf = base.wrapping_add(super::PREFETCH_BYTES / 2) as *const i8;
+            _mm_prefetch(pf, _MM_HINT_T0);
+            _mm_prefetch(pf.wrapping_add(64), _MM_HINT_T0);
+            for (j, a) in acc.iter_mut().enumerate() {
+                let h = _mm256_loadu_si256(base.add(16 * j) as *const __m256i);
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(xv, _mm512_cvtph_ps(h)));
+            }
+            c += 16;
+        }
+        let mut out = [0f32; 4];
+        for (j, o) in out.iter_mut().enumerate() {
+            let mut s = reduce(acc[j]);
+            for i in full..k {
+                s += x[i] * half::f16::from_bits(blk[super::packed_offset(k, j, i)]).to_f32();
+            }
+            *o = s;
+        }
+        out
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx512() -> bool {
+    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F.get_or_init(|| has_avx2() && std::arch::is_x86_feature_detected!("avx512f"))
+}
+
+#[cfg(target_arch = "x86_64")]
 fn has_avx2() -> bool {
     static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *F.get_or_init(|| {
@@ -492,6 +682,24 @@ fn has_avx2() -> bool {
 fn has_f16c() -> bool {
     static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *F.get_or_init(|| has_avx2() && std::arch::is_x86_feature_detected!("f16c"))
+}
+
+/// Dispatch to the AVX-512 build, else the AVX2 build, when the CPU has it (same bits every way).
+macro_rules! dispatch3 {
+    ($avx512:expr, $avx:expr, $scalar:expr) => {{
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: each build runs only when the CPU supports its instruction set.
+        let r = if has_avx512() {
+            unsafe { $avx512 }
+        } else if has_avx2() {
+            unsafe { $avx }
+        } else {
+            $scalar
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let r = $scalar;
+        r
+    }};
 }
 
 /// Dispatch to the AVX2 build when the CPU has it (same bits either way).
@@ -630,6 +838,10 @@ pub(crate) fn gemm_nt_rows_f16(
         |col, r| {
             let xr = &x[r * k..(r + 1) * k];
             #[cfg(target_arch = "x86_64")]
+            if has_avx512() {
+                // SAFETY: runs only when the CPU has AVX-512F (its cvtph covers F16C).
+                return unsafe { avx512::dot4_packed(xr, &w[col * k..(col + 4) * k], k) };
+            }
             if has_f16c() {
                 let blk = &w[col * k..(col + 4) * k];
                 // SAFETY: runs only when the CPU has AVX, AVX2 and F16C.
@@ -696,7 +908,7 @@ pub(crate) fn scale(x: &mut [f32], s: f32) {
 ///
 /// Upstream: pytorch v2.11.0 aten/src/ATen/native/cpu/SoftMaxKernel.cpp `_vec_softmax_lastdim`.
 pub(crate) fn softmax_row(x: &mut [f32]) {
-    dispatch!(avx2::softmax(x), scalar::softmax(x))
+    dispatch3!(avx512::softmax(x), avx2::softmax(x), scalar::softmax(x))
 }
 
 /// One query row of attention over the first `n` keys: `o = sum_j softmax(q . k_j)_j v_j`,
@@ -724,7 +936,7 @@ pub(crate) fn weighted_sum<'a>(o: &mut [f32], p: &[f32], row: impl Fn(usize) -> 
 
 /// Exact-erf GELU in place (HF `"gelu"` = `torch.nn.functional.gelu`, approximate='none').
 pub(crate) fn gelu_inplace(x: &mut [f32]) {
-    dispatch!(avx2::gelu(x), scalar::gelu(x))
+    dispatch3!(avx512::gelu(x), avx2::gelu(x), scalar::gelu(x))
 }
 
 /// Elementwise `a += b`.
@@ -858,6 +1070,56 @@ mod tests {
     /// The AVX2 build must give the scalar definition's bits.
     #[cfg(target_arch = "x86_64")]
     #[test]
+    fn avx512_equals_scalar() {
+        if !has_avx512() {
+            eprintln!("no AVX-512F on this CPU: nothing to compare");
+            return;
+        }
+        for n in [1usize, 7, 16, 33, 64, 100, 1500, 1501] {
+            let a = data(n, n as u32);
+            // SAFETY: AVX-512F checked above.
+            unsafe {
+                let (mut s1, mut s2) = (a.clone(), a.clone());
+                avx512::softmax(&mut s1);
+                scalar::softmax(&mut s2);
+                assert_eq!(s1, s2, "softmax n={n}");
+                // A row holding NaN (anywhere) is NaN everywhere, as the scalar build gives.
+                for at in [0, n / 2, n - 1] {
+                    let (mut s1, mut s2) = (a.clone(), a.clone());
+                    s1[at] = f32::NAN;
+                    s2[at] = f32::NAN;
+                    avx512::softmax(&mut s1);
+                    scalar::softmax(&mut s2);
+                    assert!(s1.iter().all(|v| v.is_nan()), "softmax NaN n={n} at={at}");
+                    assert!(s2.iter().all(|v| v.is_nan()), "scalar NaN n={n} at={at}");
+                }
+                let (mut g1, mut g2) = (a.clone(), a.clone());
+                avx512::gelu(&mut g1);
+                scalar::gelu(&mut g2);
+                assert_eq!(g1, g2, "gelu n={n}");
+            }
+            // dot4_packed against the scalar dot of each widened row.
+            let k = n;
+            let w: Vec<u16> = data(4 * k, 11 + n as u32)
+                .iter()
+                .map(|&v| half::f16::from_f32(v).to_bits())
+                .collect();
+            let packed = pack_f16_rows(&w, 4, k);
+            // SAFETY: AVX-512F checked above.
+            let d = unsafe { avx512::dot4_packed(&a, &packed, k) };
+            for (j, dj) in d.iter().enumerate() {
+                let row = unpack_f16_row(&packed, 4, k, j);
+                assert_eq!(
+                    dj.to_bits(),
+                    scalar::dot(&a, &row).to_bits(),
+                    "dot4_packed n={n} j={j}"
+                );
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
     fn avx2_equals_scalar() {
         if !has_avx2() {
             eprintln!("no AVX2 on this CPU: nothing to compare");
@@ -903,6 +1165,19 @@ mod tests {
         }
         // exp over its whole clamped range.
         let xs: Vec<f32> = (0..20000).map(|i| -100.0 + i as f32 * 0.0097).collect();
+        if has_avx512() {
+            for c in xs.chunks_exact(16) {
+                let mut out = [0f32; 16];
+                // SAFETY: AVX-512F checked above.
+                unsafe {
+                    use std::arch::x86_64::*;
+                    _mm512_storeu_ps(out.as_mut_ptr(), avx512::exp16(_mm512_loadu_ps(c.as_ptr())));
+                }
+                for (o, x) in out.iter().zip(c) {
+                    assert_eq!(o.to_bits(), exp_f32(*x).to_bits(), "exp16({x})");
+                }
+            }
+        }
         for c in xs.chunks_exact(8) {
             let mut out = [0f32; 8];
             // SAFETY: AVX2 checked above.

@@ -82,7 +82,6 @@ impl GraniteNarModel {
     /// checked against the graph (missing, mismatched and unused keys are errors), the checkpoint
     /// contract checked against the graph, tokenizer.json.
     pub fn load(dir: &Path) -> Result<GraniteNarModel> {
-        crate::kernels::init_threads();
         let files = ModelFiles::of(dir)?;
         let (config, config_json): (GraniteNarConfig, _) = read_json(&files.config)?;
         let derived = config.check(&files.config)?;

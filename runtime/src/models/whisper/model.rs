@@ -68,7 +68,6 @@ impl WhisperModel {
     /// built from them, model.safetensors checked against the graph (missing, mismatched and
     /// unused keys are errors), the checkpoint contract checked against the graph, tokenizer.json.
     pub fn load(dir: &Path) -> Result<WhisperModel> {
-        crate::kernels::init_threads();
         let files = ModelFiles::of(dir)?;
         let (config, config_json): (WhisperConfig, _) = read_json(&files.config)?;
         config.check(&files.config)?;

@@ -1,0 +1,85 @@
+//! `xray bench` end to end on the small random-init fixture: every anchor key the issue names is in
+//! the JSON, the thread count given is the one used, and an absent CTranslate2 anchor is reported
+//! with its reason (null ratios), never silently dropped. No timing is asserted (only that the
+//! measurements exist and are positive).
+
+mod common;
+
+use common::{code, root, stderr, xray};
+
+const RAND: &str = "fixtures/build/whisper-rand-a";
+const FOX: &str = "fixtures/audio/fox.wav";
+
+fn ready() -> bool {
+    let ok = root().join(RAND).join("config.json").is_file();
+    if !ok && std::env::var_os("XRAY_REQUIRE_FIXTURES").is_some() {
+        panic!("fixtures missing (run `make fixtures`)");
+    }
+    ok
+}
+
+fn positive(v: &serde_json::Value, key: &str) -> f64 {
+    let x = v
+        .pointer(key)
+        .and_then(|x| x.as_f64())
+        .unwrap_or_else(|| panic!("{key} missing or not a number in {v:#}"));
+    assert!(x.is_finite() && x > 0.0, "{key} = {x}");
+    x
+}
+
+#[test]
+fn bench_json_has_every_anchor_and_says_why_ct2_is_absent() {
+    if !ready() {
+        return;
+    }
+    let o = xray(&[
+        "bench",
+        "--model",
+        RAND,
+        "--audio",
+        FOX,
+        "--reps",
+        "1",
+        "--threads",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("bench JSON");
+    assert_eq!(v["threads"], 1, "{v:#}");
+    assert!(
+        v["cpu_model"].as_str().is_some_and(|s| !s.is_empty()),
+        "{v:#}"
+    );
+    for k in [
+        "/encoder_ratio",
+        "/encoder_ratio_eager",
+        "/decode_step_ratio",
+        "/encoder_seconds/runtime",
+        "/encoder_seconds/torch",
+        "/encoder_seconds/torch_eager",
+        "/decode_step_seconds/runtime",
+        "/decode_step_seconds/torch",
+        "/peak_rss_bytes",
+    ] {
+        positive(&v, k);
+    }
+    assert!(v["capture_overhead"].is_number(), "{v:#}");
+    // rand-a was not converted from CTranslate2 weights: no CT2 model with the same weights.
+    let why = v["ct2_absent"].as_str().unwrap_or_default();
+    assert!(why.contains("CTranslate2"), "{v:#}");
+    for k in ["encoder_ratio_ct2", "decode_step_ratio_ct2"] {
+        assert!(v.get(k).is_some_and(|x| x.is_null()), "{k}: {v:#}");
+    }
+    assert!(
+        stderr(&o).contains("no CTranslate2 anchor"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn bench_refuses_zero_threads() {
+    let o = xray(&["bench", "--model", RAND, "--audio", FOX, "--threads", "0"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+}

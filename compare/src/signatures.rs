@@ -924,10 +924,11 @@ fn scale_and_sign(c: &Ctx) -> Vec<Signature> {
     let sq = resid(alpha);
     let residual = c.rel(sq);
     if sq <= budget && (alpha - 1.0).abs() > (10.0 * residual).max(1e-4) {
+        let n = c.r.shape().last().copied().unwrap_or(0);
         out.push(Signature::Scale {
             factor: alpha,
             residual,
-            hint: scale_hint(alpha),
+            hint: scale_hint(alpha).or_else(|| fits::variance_hint(alpha, n)),
         });
     }
     out

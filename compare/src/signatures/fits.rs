@@ -174,6 +174,28 @@ fn line(x: &[f64], y: &[f64]) -> Option<(f64, f64)> {
     })
 }
 
+/// A slope `a` near `sqrt((n-1)/n)` (or its inverse) for rows of `n`: the variance divided by the
+/// other of `n` and `n - 1`.
+pub(super) fn variance_hint(a: f64, n: usize) -> Option<String> {
+    if n < 2 {
+        return None;
+    }
+    let nf = n as f64;
+    let unbiased = ((nf - 1.0) / nf).sqrt();
+    if (a - unbiased).abs() <= 0.1 * (1.0 - unbiased) {
+        Some(format!(
+            "sqrt((n-1)/n) = {unbiased:.6} for n = {n}: the variance divided by n-1 (unbiased) where the reference divides by n"
+        ))
+    } else if (a - unbiased.recip()).abs() <= 0.1 * (unbiased.recip() - 1.0) {
+        Some(format!(
+            "sqrt(n/(n-1)) = {:.6} for n = {n}: the variance divided by n where the reference divides by n-1",
+            unbiased.recip()
+        ))
+    } else {
+        None
+    }
+}
+
 /// Rows and columns below which the per-row fits are not tested (too few points per parameter).
 const MIN_ROW_LEN: usize = 8;
 const MIN_ROWS_CENTRED: usize = 4;
@@ -226,6 +248,11 @@ pub(super) fn row_affine(c: &Ctx) -> Option<Signature> {
     let mut resid = fit_rows(&beta, &mut ab);
     let mut centred = false;
     if resid > budget && rows >= MIN_ROWS_CENTRED {
+        // Start from the column means: a norm's output averages to its bias over many rows.
+        for (j, bj) in beta.iter_mut().enumerate() {
+            *bj = (0..rows).map(|i| r64[i * n + j]).sum::<f64>() / rows as f64;
+        }
+        resid = fit_rows(&beta, &mut ab);
         for _ in 0..CENTRE_ITERATIONS {
             // β_j minimizes sum_r (x_rj - a_r r_rj - b_r - (1 - a_r) β_j)^2.
             let den: f64 = ab.iter().map(|(a, _)| (1.0 - a).powi(2)).sum();
@@ -241,7 +268,8 @@ pub(super) fn row_affine(c: &Ctx) -> Option<Signature> {
                 *bj = num / den;
             }
             let next = fit_rows(&beta, &mut ab);
-            let done = next <= budget || next >= 0.999 * resid;
+            // Iterate to convergence, not just to the budget: the slopes are the parameter.
+            let done = next <= 1e-6 * budget || next >= 0.999 * resid;
             resid = next;
             if done {
                 break;
@@ -263,17 +291,8 @@ pub(super) fn row_affine(c: &Ctx) -> Option<Signature> {
     let (a_range, b_range) = (range(&a), range(&bs));
     let k = a.len() / 2;
     let a_median = *a.select_nth_unstable_by(k, |p, q| p.total_cmp(q)).1;
-    let nf = n as f64;
-    let unbiased = ((nf - 1.0) / nf).sqrt();
-    let hint = if (a_median - unbiased).abs() <= 0.1 * (1.0 - unbiased) {
-        Some(format!(
-            "a_r ≈ sqrt((n-1)/n) = {unbiased:.6} for n = {n}: the variance divided by n-1 (unbiased) where the reference divides by n"
-        ))
-    } else if (a_median - unbiased.recip()).abs() <= 0.1 * (unbiased.recip() - 1.0) {
-        Some(format!(
-            "a_r ≈ sqrt(n/(n-1)) = {:.6} for n = {n}: the variance divided by n where the reference divides by n-1",
-            unbiased.recip()
-        ))
+    let hint = if let Some(h) = variance_hint(a_median, n) {
+        Some(format!("a_r ≈ {h}"))
     } else if a_range[1] < 1.0 && a_range[1] - a_range[0] > 0.1 * (1.0 - a_median) {
         Some("slopes below one that vary from row to row: a larger epsilon (or variance) in the normalization".into())
     } else {

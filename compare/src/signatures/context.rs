@@ -6,6 +6,9 @@ use crate::localize::CheckpointGraph;
 
 use super::{AxisSegment, OpContext};
 
+/// An upstream node's index and its reference tensor.
+type Upstream<'a> = (usize, ndarray::ArrayViewD<'a, f32>);
+
 /// `enc.block.2.out` -> `enc.block.#.out`: names from one contract template share it.
 fn template(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
@@ -57,7 +60,7 @@ pub fn origin_context<'a>(
             oc.candidates.push((nodes[i].id(), r));
         }
     }
-    let ups: Vec<(usize, ndarray::ArrayViewD<'a, f32>)> = node
+    let ups: Vec<Upstream<'a>> = node
         .upstream
         .iter()
         .filter_map(|&u| reference(u).map(|r| (u, r)))
@@ -80,7 +83,7 @@ pub fn origin_context<'a>(
     };
     // Concatenations: per axis, upstream tensors of one template filling it exactly.
     for a in 0..shape.len() {
-        let mut groups: Vec<(String, Vec<&(usize, ndarray::ArrayViewD<'a, f32>)>)> = Vec::new();
+        let mut groups: Vec<(String, Vec<&Upstream<'a>>)> = Vec::new();
         for u in &ups {
             let fits = u.1.ndim() == shape.len()
                 && (0..shape.len()).all(|b| b == a || u.1.shape()[b] == shape[b]);

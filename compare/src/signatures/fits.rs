@@ -335,6 +335,9 @@ fn roughness(mut pts: Vec<(f64, f64)>) -> Option<f64> {
     Some(rough / spread)
 }
 
+/// Elements the output-only pair search ranks the activation pairs on.
+const PAIR_SAMPLE: usize = 4096;
+
 /// Largest relative roughness for "a smooth function".
 const MAX_ROUGHNESS: f64 = 0.01;
 
@@ -429,22 +432,34 @@ pub(super) fn elementwise(c: &Ctx) -> Option<Signature> {
             .filter(|(a, _)| **a > 0.0)
             .map(|(a, b)| (*a as f64, *b as f64))
             .collect();
+    // Any map R -> X makes the difference a smooth function of R on the positive side: when it
+    // is not, nothing below can hold (and the common noisy case stops here, cheaply).
+    if roughness(pos.iter().map(|(a, b)| (*a, b - a)).collect())? > MAX_ROUGHNESS {
+        return None;
+    }
     let d_pos: f64 = pos.iter().map(|(a, b)| (b - a).powi(2)).sum();
     let x_pos: f64 = pos.iter().map(|(_, b)| b * b).sum();
     let mut best: Option<(f64, Activation, Activation)> = None;
-    if pos.len() >= 16 && d_pos > 0.1 * c.orig {
+    if d_pos > 0.1 * c.orig {
+        // Rank the pairs on an evenly strided sample, then measure the best on every element.
+        let stride = (pos.len() / PAIR_SAMPLE).max(1);
+        let sample: Vec<(f64, f64)> = pos.iter().step_by(stride).copied().collect();
+        let sq = |pts: &[(f64, f64)], inv: &Inverse, g: Activation| -> f64 {
+            pts.iter()
+                .map(|(a, b)| (b - g.apply(inv.at(*a))).powi(2))
+                .sum()
+        };
+        let mut ranked: Option<(f64, Activation, Activation)> = None;
         for f in Activation::ALL {
             let inv = Inverse::new(f);
             for g in others(Some(f)) {
-                let sq: f64 = pos
-                    .iter()
-                    .map(|(a, b)| (b - g.apply(inv.at(*a))).powi(2))
-                    .sum();
-                if best.is_none_or(|(s, _, _)| sq < s) {
-                    best = Some((sq, f, g));
+                let s = sq(&sample, &inv, g);
+                if ranked.is_none_or(|(b, _, _)| s < b) {
+                    ranked = Some((s, f, g));
                 }
             }
         }
+        best = ranked.map(|(_, f, g)| (sq(&pos, &Inverse::new(f), g), f, g));
     }
     let pos_budget = (c.opts.explain_rel.powi(2) * x_pos).min(0.01 * d_pos);
     let rel_pos = |sq: f64| {

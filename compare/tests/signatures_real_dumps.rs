@@ -1,0 +1,142 @@
+//! The new signatures through the whole comparison pipeline on a real reference dump (the
+//! committed HF oracle dump of whisper-rand-a on fox.wav): a runtime dump is the reference with
+//! one realistic bug applied to one tensor, as another engine would write it, and
+//! `compare_dumps` must localize it and name the signature with its parameter.
+
+use std::path::PathBuf;
+
+use ndarray::{ArrayD, Axis};
+use xray_compare::compare::CompareOptions;
+use xray_compare::pipeline::compare_dumps;
+use xray_core::contract::Contract;
+use xray_core::dump::Dump;
+
+fn reference() -> (Dump, Contract) {
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/dumps/whisper-rand-a.fox");
+    let d = Dump::load(&dir).expect("committed reference dump");
+    let config = d
+        .manifest
+        .extra
+        .get("config")
+        .cloned()
+        .expect("the manifest records the model config");
+    let c = Contract::for_family("whisper", &config).expect("whisper contract");
+    (d, c)
+}
+
+/// The runtime dump: the reference with `name@step` replaced by `f(reference tensor)`.
+fn with(d: &Dump, name: &str, step: usize, f: impl Fn(&Dump, &ArrayD<f32>) -> ArrayD<f32>) -> Dump {
+    let mut run = d.clone();
+    let t = d.get(name, step).expect("tensor in the reference dump");
+    let new = f(d, t);
+    run.tensors.insert((name.to_string(), step), new);
+    run
+}
+
+fn origin(
+    reference: &Dump,
+    contract: &Contract,
+    runtime: &Dump,
+) -> (String, u32, String, serde_json::Value, String) {
+    let c = compare_dumps(
+        contract,
+        reference,
+        runtime,
+        None,
+        &CompareOptions::default(),
+    )
+    .expect("comparison");
+    let fd = c.first_divergence.expect("an origin");
+    let ex = fd.explanation.expect("an explanation");
+    (fd.checkpoint, fd.step, ex.signature, ex.evidence, ex.detail)
+}
+
+#[test]
+fn decoder_layer_reading_another_layers_cross_cache_is_wiring() {
+    let (d, c) = reference();
+    let run = with(&d, "audio.decoder.layer.1.cross_k", 0, |d, _| {
+        d.get("audio.decoder.layer.0.cross_k", 0).unwrap().clone()
+    });
+    let (name, step, sig, ev, detail) = origin(&d, &c, &run);
+    assert_eq!((name.as_str(), step), ("audio.decoder.layer.1.cross_k", 0));
+    assert_eq!(sig, "wiring", "{detail}");
+    assert_eq!(ev["source"], "audio.decoder.layer.0.cross_k@step0");
+}
+
+#[test]
+fn log_mel_with_a_higher_floor_is_a_clamp() {
+    let (d, c) = reference();
+    let mel = d.get("audio.frontend.mel", 0).unwrap();
+    let floor = mel.iter().cloned().fold(f32::INFINITY, f32::min);
+    // The runtime floors at max - 7 instead of max - 8 (after (x + 4) / 4: a quarter higher).
+    let run_floor = floor + 0.25;
+    let run = with(&d, "audio.frontend.mel", 0, |_, t| {
+        t.mapv(|v| v.max(run_floor))
+    });
+    let (name, _, sig, ev, detail) = origin(&d, &c, &run);
+    assert_eq!(name, "audio.frontend.mel");
+    assert_eq!(sig, "clamp", "{detail}");
+    assert_eq!(ev["side"], "below");
+    let rr = ev["runtime_range"].as_array().unwrap();
+    assert_eq!(rr[0], rr[1], "{detail}");
+    assert!((rr[0].as_f64().unwrap() - run_floor as f64).abs() < 1e-6);
+    assert!(ev["threshold"].as_f64().unwrap() < run_floor as f64);
+}
+
+#[test]
+fn decode_step_attention_with_scaled_scores_is_a_temperature() {
+    let (d, c) = reference();
+    let k = 1.25f64;
+    let run = with(
+        &d,
+        "audio.decoder.layer.0.self_attention.probs",
+        2,
+        |_, t| {
+            let mut out = t.clone();
+            for mut row in out.lanes_mut(Axis(2)) {
+                let s: Vec<f64> = row
+                    .iter()
+                    .map(|p| {
+                        if *p > 0.0 {
+                            k * (*p as f64).ln()
+                        } else {
+                            f64::NEG_INFINITY
+                        }
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = s.iter().map(|v| (v - m).exp()).sum();
+                for (o, v) in row.iter_mut().zip(&s) {
+                    *o = ((v - m).exp() / z) as f32;
+                }
+            }
+            out
+        },
+    );
+    let (name, step, sig, ev, detail) = origin(&d, &c, &run);
+    assert_eq!(
+        (name.as_str(), step),
+        ("audio.decoder.layer.0.self_attention.probs", 2)
+    );
+    assert_eq!(sig, "temperature", "{detail}");
+    let f = ev["factor"].as_f64().unwrap();
+    assert!((f - k).abs() < 1e-3, "{f}");
+}
+
+#[test]
+fn encoder_final_norm_with_the_unbiased_variance_names_it() {
+    let (d, c) = reference();
+    let mem = d.get("audio.encoder.memory", 0).unwrap();
+    let n = mem.shape()[1] as f32;
+    let a = ((n - 1.0) / n).sqrt();
+    let run = with(&d, "audio.encoder.memory", 0, |_, t| t.mapv(|v| a * v));
+    let (name, _, sig, ev, detail) = origin(&d, &c, &run);
+    assert_eq!(name, "audio.encoder.memory");
+    // The random-init fixture's norm has no bias: one slope for all rows, a scale.
+    assert_eq!(sig, "scale", "{detail}");
+    assert!(
+        ev["hint"].as_str().unwrap().contains("unbiased"),
+        "{detail}"
+    );
+}

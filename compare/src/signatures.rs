@@ -281,6 +281,10 @@ pub enum Signature {
         /// enc.block.2.out`), empty when the caller gave none for this axis.
         #[serde(default)]
         segments: Vec<String>,
+        /// `(i, source)` when differing slice `i` equals slice `i` of another reference tensor
+        /// (`name@stepK`, a wiring candidate): one head or slot read from the wrong tensor.
+        #[serde(default)]
+        sources: Vec<(usize, String)>,
     },
     /// The runtime tensor equals another reference tensor of the same shape.
     Wiring {
@@ -496,6 +500,7 @@ impl Signature {
                 swapped,
                 ranges,
                 segments,
+                sources,
                 ..
             } => {
                 let listed = if segments.is_empty() {
@@ -517,6 +522,13 @@ impl Signature {
                     let pairs: Vec<String> =
                         swapped.iter().map(|(i, j)| format!("X[{i}] = R[{j}]")).collect();
                     s += &format!(" (swapped among themselves: {})", pairs.join(", "));
+                }
+                if !sources.is_empty() {
+                    let from: Vec<String> = sources
+                        .iter()
+                        .map(|(i, n)| format!("X[{i}] = {n}[{i}]"))
+                        .collect();
+                    s += &format!(" (read from another tensor: {})", from.join(", "));
                 }
                 s
             }
@@ -1118,6 +1130,11 @@ fn subset(c: &Ctx) -> Option<Signature> {
             continue;
         }
         let swapped = swaps(c, a, &idx);
+        let sources = if swapped.is_empty() {
+            relations::slice_sources(c, a, &idx)
+        } else {
+            vec![]
+        };
         let ranges = compress_ranges(&idx);
         let segments = relations::name_ranges(&ranges, a, &c.oc.segments);
         best = Some((
@@ -1130,6 +1147,7 @@ fn subset(c: &Ctx) -> Option<Signature> {
                 swapped,
                 ranges,
                 segments,
+                sources,
             },
         ));
     }
@@ -1311,6 +1329,7 @@ pub fn steps_subset(per_step: &[(u32, bool)]) -> Option<Signature> {
         of: per_step.len(),
         swapped: vec![],
         segments: vec![],
+        sources: vec![],
     })
 }
 

@@ -511,7 +511,23 @@ fn wiring_names_the_tensor_read() {
         .assign(&layer0.index_axis(Axis(0), 2));
     let n = names(&layer1, &part, &oc);
     assert!(!n.contains(&"wiring"), "{n:?}");
-    assert_eq!(n.first(), Some(&"subset"));
+    // ... but a subset whose one head was read from layer 0's slab, named.
+    match best(&layer1, &part, &oc) {
+        Signature::Subset {
+            indices, sources, ..
+        } => {
+            assert_eq!(indices, vec![2]);
+            assert_eq!(sources, vec![(2, "dec.layer.0.k@step0".to_string())]);
+        }
+        s => panic!("{s:?}"),
+    }
+    // A head changed to data no candidate holds: a subset with no source.
+    let mut fresh = layer1.clone();
+    fresh.index_axis_mut(Axis(0), 2).mapv_inplace(|v| v + 0.5);
+    match best(&layer1, &fresh, &oc) {
+        Signature::Subset { sources, .. } => assert!(sources.is_empty()),
+        s => panic!("{s:?}"),
+    }
 }
 
 #[test]

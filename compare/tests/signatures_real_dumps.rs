@@ -140,3 +140,25 @@ fn encoder_final_norm_with_the_unbiased_variance_names_it() {
         "{detail}"
     );
 }
+
+#[test]
+fn one_head_read_from_another_layers_cache_is_a_subset_with_its_source() {
+    let (d, c) = reference();
+    let run = with(&d, "audio.decoder.layer.1.cross_v", 0, |d, t| {
+        let mut out = t.clone();
+        let other = d.get("audio.decoder.layer.0.cross_v", 0).unwrap();
+        out.index_axis_mut(Axis(0), 3)
+            .assign(&other.index_axis(Axis(0), 3));
+        out
+    });
+    let (name, _, sig, ev, detail) = origin(&d, &c, &run);
+    assert_eq!(name, "audio.decoder.layer.1.cross_v");
+    assert_eq!(sig, "subset", "{detail}");
+    assert_eq!(ev["indices"], serde_json::json!([3]));
+    assert_eq!(
+        ev["sources"],
+        serde_json::json!([[3, "audio.decoder.layer.0.cross_v@step0"]]),
+        "{detail}"
+    );
+    assert!(detail.contains("heads"), "{detail}");
+}

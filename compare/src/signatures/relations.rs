@@ -116,6 +116,36 @@ pub(super) fn wiring(c: &Ctx) -> Option<Signature> {
     })
 }
 
+/// Differing slices tested against candidates (at most this many).
+const MAX_SOURCE_SLICES: usize = 16;
+
+/// For each differing slice `i` along `axis`, the candidate (same shape) whose slice `i` equals
+/// `X`'s within the residual budget of that slice; empty unless every differing slice has one.
+pub(super) fn slice_sources(c: &Ctx, axis: usize, idx: &[usize]) -> Vec<(usize, String)> {
+    if idx.is_empty() || idx.len() > MAX_SOURCE_SLICES {
+        return vec![];
+    }
+    let mut out = Vec::new();
+    for &i in idx {
+        let xs = c.x.index_axis(ndarray::Axis(axis), i);
+        let xx: f64 = xs.iter().map(|v| (*v as f64).powi(2)).sum();
+        let rs = c.r.index_axis(ndarray::Axis(axis), i);
+        let orig: f64 = super::sumsq(xs.iter().zip(rs.iter()));
+        let budget = (c.opts.explain_rel.powi(2) * xx).min(0.01 * orig);
+        let hit = c.oc.candidates.iter().find(|(_, cand)| {
+            cand.shape() == c.x.shape() && {
+                let cs = cand.index_axis(ndarray::Axis(axis), i);
+                super::sumsq(xs.iter().zip(cs.iter())) <= budget
+            }
+        });
+        match hit {
+            Some((name, _)) => out.push((i, name.clone())),
+            None => return vec![],
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

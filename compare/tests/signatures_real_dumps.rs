@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use ndarray::{ArrayD, Axis};
 use xray_compare::compare::CompareOptions;
 use xray_compare::pipeline::compare_dumps;
+use xray_compare::signatures::{explain_with, ExplainOptions, OpContext};
 use xray_core::contract::Contract;
 use xray_core::dump::Dump;
 
@@ -161,4 +162,75 @@ fn one_head_read_from_another_layers_cache_is_a_subset_with_its_source() {
         "{detail}"
     );
     assert!(detail.contains("heads"), "{detail}");
+}
+
+/// Symmetric per-row int8 rounding.
+fn int8_rows(w: &ndarray::Array2<f32>) -> ndarray::Array2<f32> {
+    let mut q = w.clone();
+    for mut row in q.axis_iter_mut(Axis(0)) {
+        let s = row.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+        row.mapv_inplace(|v| (v / s).round() * s);
+    }
+    q
+}
+
+#[test]
+fn cross_k_projection_with_an_int8_weight_is_grid_quantization() {
+    let (d, c) = reference();
+    let st = std::fs::read(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../fixtures/build/whisper-rand-a/model.safetensors"),
+    )
+    .expect("fixture weights (make fixtures)");
+    let st = safetensors::SafeTensors::deserialize(&st).unwrap();
+    let view = st
+        .tensor("model.decoder.layers.1.encoder_attn.k_proj.weight")
+        .unwrap();
+    let w: Vec<f32> = view
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let (o, i) = (view.shape()[0], view.shape()[1]);
+    let w = ndarray::Array2::from_shape_vec((o, i), w).unwrap();
+    let wq = int8_rows(&w);
+    let mem = d.get("audio.encoder.memory", 0).unwrap().clone();
+    let mem = mem.into_dimensionality::<ndarray::Ix2>().unwrap();
+    let run = with(&d, "audio.decoder.layer.1.cross_k", 0, |_, t| {
+        // The runtime's k_proj with the int8 weight (no bias), split into heads.
+        let y = mem.mapv(|v| v as f64).dot(&wq.mapv(|v| v as f64).t());
+        let (h, tt, hd) = (t.shape()[0], t.shape()[1], t.shape()[2]);
+        let y = y
+            .into_shape_with_order((tt, h, hd))
+            .unwrap()
+            .permuted_axes([1, 0, 2]);
+        y.mapv(|v| v as f32).into_dyn()
+    });
+    // The pipeline localizes it; its input (the encoder memory, a LayerNorm output) has one
+    // linear relation among its features, so the weight cannot be recovered from the dump alone:
+    // nothing is claimed without it.
+    let (name, _, sig, _, detail) = origin(&d, &c, &run);
+    assert_eq!(name, "audio.decoder.layer.1.cross_k");
+    assert_eq!(sig, "none", "{detail}");
+    // With the weight (the caller has the model folder) the op's input and both outputs name the
+    // grid: int8, per output row.
+    let (r, x) = (
+        d.get("audio.decoder.layer.1.cross_k", 0).unwrap(),
+        run.get("audio.decoder.layer.1.cross_k", 0).unwrap(),
+    );
+    let mem_dyn = mem.clone().into_dyn();
+    let oc = OpContext {
+        op_input: Some(mem_dyn.view()),
+        weight: Some(w.view()),
+        ..Default::default()
+    };
+    let e = explain_with(&r.view(), &x.view(), &ExplainOptions::default(), &oc);
+    assert_eq!(e.signature, "grid_quantization", "{}", e.detail);
+    assert_eq!(e.evidence["bits"], 8, "{}", e.detail);
+    assert_eq!(e.evidence["granularity"], "per_row", "{}", e.detail);
+    assert_eq!(e.evidence["weight_recovered"], false);
+    // The same weight with a clean runtime: f32 noise only, no grid.
+    let clean = r.mapv(|v| v * (1.0 + 1e-7));
+    let e = explain_with(&r.view(), &clean.view(), &ExplainOptions::default(), &oc);
+    assert_ne!(e.signature, "grid_quantization");
 }

@@ -32,7 +32,8 @@ fn template(name: &str) -> String {
 /// - `candidates`: every other node's reference tensor of the origin's shape (`name@stepK`), for
 ///   `wiring`;
 /// - `op_input`: the one upstream reference tensor of the origin's shape (an elementwise op's
-///   input), else the one with the origin's leading axes (a linear op's input);
+///   input), else the one with the origin's leading axes, or the `[rows, features]` input of a
+///   head-major `[heads, rows, head_dim]` origin (a linear op's input);
 /// - `segments`: along an axis that is the concatenation of upstream tensors from one template (the
 ///   contract's `{each:...}` inputs), each part named `part i of N: NAME`;
 /// - `logits`: the node's logits flag.
@@ -72,9 +73,12 @@ pub fn origin_context<'a>(
     let rows: Vec<_> = ups
         .iter()
         .filter(|(_, r)| {
-            r.ndim() == shape.len()
+            let same_rows = r.ndim() == shape.len()
                 && r.ndim() >= 2
-                && r.shape()[..r.ndim() - 1] == shape[..shape.len() - 1]
+                && r.shape()[..r.ndim() - 1] == shape[..shape.len() - 1];
+            // A token-major input of a head-major output (a projection split into heads).
+            let head_split = r.ndim() == 2 && shape.len() == 3 && r.shape()[0] == shape[1];
+            same_rows || head_split
         })
         .collect();
     oc.op_input = match (same.as_slice(), rows.as_slice()) {

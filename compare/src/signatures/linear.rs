@@ -8,7 +8,9 @@
 //!   against the residual;
 //! - without it, `W` and `W_q` are recovered by least squares from `(x, R)` and `(x, X)` (with a bias
 //!   column), which needs more rows than input features and a well-conditioned `x`; `W_q` must
-//!   then lie on a grid and `W` must not.
+//!   then lie on a grid and `W` must not. A norm's output is never well-conditioned here (its
+//!   centred features satisfy one linear relation, so `W` is known only up to one direction): the
+//!   projections that read one (Q/K/V, fc1) need the weight.
 //!
 //! At the weight's consumer further downstream (a layer output) the rounding is one diffuse error
 //! among many: it is not claimed there.
@@ -212,18 +214,46 @@ pub fn linear_grid(
     })
 }
 
-/// [`linear_grid`] on the origin when the caller gave the op's input with the output's rows.
+/// [`linear_grid`] on the origin when the caller gave the op's input `[rows, in]`: the output is
+/// read as `[rows, out]` either directly (`[.., out]` with the input's leading elements) or, for a
+/// head-major `[heads, rows, head_dim]` output (a projection split into heads: cross-attention
+/// K/V), as `[rows, heads·head_dim]`.
 pub(super) fn grid_from_context(c: &Ctx) -> Option<Signature> {
     let u = c.oc.op_input.as_ref()?;
     let m = *c.r.shape().last()?;
     let k = *u.shape().last()?;
-    let rows = c.r.len() / m.max(1);
-    if m == 0 || k == 0 || u.len() != rows * k {
+    if m == 0 || k == 0 {
         return None;
     }
     let u = u.as_standard_layout();
-    let x = u.view().into_shape_with_order((rows, k)).ok()?;
-    let yr = c.r.view().into_shape_with_order((rows, m)).ok()?;
-    let yx = c.x.view().into_shape_with_order((rows, m)).ok()?;
-    linear_grid(&x, &yr, &yx, c.oc.weight.as_ref(), c.opts.explain_rel)
+    let rows_in = u.len() / k;
+    let x = u.view().into_shape_with_order((rows_in, k)).ok()?;
+    let as_rows = |t: &ndarray::ArrayD<f32>| -> Option<Array2<f32>> {
+        if t.len() == rows_in * m {
+            return t
+                .view()
+                .into_shape_with_order((rows_in, m))
+                .ok()
+                .map(|v| v.to_owned());
+        }
+        let s = t.shape();
+        if s.len() == 3 && s[1] == rows_in {
+            let p = t.view().permuted_axes(ndarray::IxDyn(&[1, 0, 2]));
+            let p = p.as_standard_layout();
+            return p
+                .view()
+                .into_shape_with_order((rows_in, s[0] * s[2]))
+                .ok()
+                .map(|v| v.to_owned());
+        }
+        None
+    };
+    let (yr, yx) = (as_rows(&c.r)?, as_rows(&c.x)?);
+    linear_grid(
+        &x,
+        &yr.view(),
+        &yx.view(),
+        c.oc.weight.as_ref(),
+        c.opts.explain_rel,
+    )
 }

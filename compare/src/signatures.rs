@@ -13,18 +13,19 @@
 //! | `scale` | `X = αR` for a least-squares `α ≠ 1` |
 //! | `mask` | on the last two axes (`[.., rows, cols]`) the differences sit in the strict upper or lower triangle only, or one side is masked (zero or ≤ -1e4) above the causal diagonal and the other is not |
 //! | `rounding` | `X = round_bf16(R)` or `round_f16(R)`, or `X` is representable in bf16/f16 while `R` is not and the error is format-level, or every relative error is within half an f16/bf16 ULP with most of them at that scale |
-//! | `subset` | only some slices along one axis differ (which ones, as ranges named by the contract's concatenated inputs where it has them; and whether they are swapped among themselves) |
+//! | `subset` | only some slices along one axis differ (which ones, as ranges named by the contract's concatenated inputs where the caller gives them; whether they are swapped among themselves, or read from another reference tensor) |
 //!
-//! With what the caller knows beyond the two tensors ([`OpContext`], used by [`diagnose_with`] /
-//! [`explain_with`]) and in this precedence, between `mask` and `rounding` unless noted:
+//! The signatures for hand-made bugs, in this precedence between `mask` and `rounding` unless
+//! noted; those marked (ctx) need what the caller knows beyond the two tensors ([`OpContext`],
+//! used by [`diagnose_with`] / [`explain_with`]), the others use it when given:
 //!
 //! | signature | holds when |
 //! |---|---|
-//! | `wiring` | `X` equals another reference tensor of the same shape (another layer, step, head or cache slot: a candidate the caller supplies) |
+//! | `wiring` (ctx) | `X` equals another reference tensor of the same shape (another layer, step, head or cache slot: a candidate the caller supplies) |
 //! | `temperature` | probabilities (rows sum to one), or logits after a log-softmax: `log X = a·log R + c_row` with one slope `a ≠ 1` for every row (scores or logits scaled by `a`) |
 //! | `row_affine` | `X = a_r·R + b_r` per row of the last axis, optionally about a per-feature centre `β` (`X - β = a_r (R - β) + b_r`, a LayerNorm's bias): normalization statistics |
 //! | `elementwise` (named) | `X = g(U)` and `R = f(U)` for two known activations `f ≠ g` (erf/tanh/quick GELU, SiLU, ReLU) of the op's input `U`; without `U`, `X = g(f⁻¹(R))` |
-//! | `grid_quantization` | `X - R` of a linear op `y = x·Wᵀ + b` is `x·(W_q - W)ᵀ` for `W_q` on a symmetric uniform grid (per tensor or per row, 2..=8 bits); needs the op's input `x` and either `W` or more rows than input features (then `W` is recovered by least squares) |
+//! | `grid_quantization` (ctx) | `X - R` of a linear op `y = x·Wᵀ + b` is `x·(W_q - W)ᵀ` for `W_q` on a symmetric uniform grid (per tensor or per row, 2..=8 bits); needs the op's input `x` and either `W` or more rows than input features (then `W` is recovered by least squares) |
 //! | `clamp` (after `rounding`) | the differing elements are exactly those whose reference is below (or above) a threshold: a wrong clamp floor or ceiling |
 //! | `elementwise` (unnamed, after `clamp`) | `X - R` is a smooth function of the op's input (or of `R`): the nearest known variant is named |
 //!

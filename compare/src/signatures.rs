@@ -1232,14 +1232,24 @@ pub fn diagnose_with(
     out.extend(shift(&c));
     let global = scale_and_sign(&c);
     // A global scale or sign is also a per-row affine and a smooth function of the value: only
-    // the more specific statement is made.
+    // the more specific statement is made, unless the per-row affine fits ten times better (a
+    // norm's bias `β` makes `X = a·R + (1-a)·β` only approximately a scale).
+    let global_residual = global.first().map(|s| match s {
+        Signature::Scale { residual, .. } | Signature::SignFlip { residual } => *residual,
+        _ => 0.0,
+    });
     let general = global.is_empty();
+    let global_at = out.len();
     out.extend(global);
     out.extend(mask(&c));
     out.extend(relations::wiring(&c));
     out.extend(fits::temperature(&c));
-    if general {
-        out.extend(fits::row_affine(&c));
+    match (global_residual, fits::row_affine(&c)) {
+        (None, affine) => out.extend(affine),
+        (Some(g), Some(affine @ Signature::RowAffine { residual, .. })) if residual < 0.1 * g => {
+            out.insert(global_at, affine)
+        }
+        _ => {}
     }
     let elementwise = fits::elementwise(&c);
     let named = elementwise.as_ref().filter(|s| {

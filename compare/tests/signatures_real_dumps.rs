@@ -234,3 +234,51 @@ fn cross_k_projection_with_an_int8_weight_is_grid_quantization() {
     let e = explain_with(&r.view(), &clean.view(), &ExplainOptions::default(), &oc);
     assert_ne!(e.signature, "grid_quantization");
 }
+
+/// A fixture weight as f32 values.
+fn fixture_f32(key: &str) -> Vec<f32> {
+    let st = std::fs::read(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../fixtures/build/whisper-rand-a/model.safetensors"),
+    )
+    .expect("fixture weights (make fixtures)");
+    let st = safetensors::SafeTensors::deserialize(&st).unwrap();
+    st.tensor(key)
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+#[test]
+fn encoder_final_norm_with_its_bias_and_the_unbiased_variance_is_row_affine() {
+    let (d, c) = reference();
+    // The fixture's final norm has a bias: X - β = a (R - β), a = sqrt((n-1)/n).
+    let beta = fixture_f32("model.encoder.layer_norm.bias");
+    let mem = d.get("audio.encoder.memory", 0).unwrap();
+    let n = mem.shape()[1];
+    assert_eq!(beta.len(), n);
+    let a = ((n as f64 - 1.0) / n as f64).sqrt();
+    let run = with(&d, "audio.encoder.memory", 0, |_, t| {
+        let mut x = t.clone();
+        for mut row in x.axis_iter_mut(Axis(0)) {
+            for (v, b) in row.iter_mut().zip(&beta) {
+                *v = (*b as f64 + a * (*v as f64 - *b as f64)) as f32;
+            }
+        }
+        x
+    });
+    let (name, _, sig, ev, detail) = origin(&d, &c, &run);
+    assert_eq!(name, "audio.encoder.memory");
+    assert_eq!(sig, "row_affine", "{detail}");
+    assert_eq!(ev["centred"], true, "{detail}");
+    assert!(
+        (ev["a_median"].as_f64().unwrap() - a).abs() < 1e-4,
+        "{detail}"
+    );
+    assert!(
+        ev["hint"].as_str().unwrap().contains("unbiased"),
+        "{detail}"
+    );
+}

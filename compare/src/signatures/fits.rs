@@ -245,14 +245,17 @@ pub(super) fn row_affine(c: &Ctx) -> Option<Signature> {
         }
         resid
     };
-    let mut resid = fit_rows(&beta, &mut ab);
-    let mut centred = false;
-    if resid > budget && rows >= MIN_ROWS_CENTRED {
+    let plain = fit_rows(&beta, &mut ab);
+    let (mut resid, mut centred) = (plain, false);
+    // The centred model is tried whenever there are rows enough, and kept when it explains at
+    // least ten times more: a norm's bias makes the plain per-row fit only approximate.
+    if plain > 0.0 && rows >= MIN_ROWS_CENTRED {
+        let plain_ab = ab.clone();
         // Start from the column means: a norm's output averages to its bias over many rows.
         for (j, bj) in beta.iter_mut().enumerate() {
             *bj = (0..rows).map(|i| r64[i * n + j]).sum::<f64>() / rows as f64;
         }
-        resid = fit_rows(&beta, &mut ab);
+        let mut cur = fit_rows(&beta, &mut ab);
         for _ in 0..CENTRE_ITERATIONS {
             // β_j minimizes sum_r (x_rj - a_r r_rj - b_r - (1 - a_r) β_j)^2.
             let den: f64 = ab.iter().map(|(a, _)| (1.0 - a).powi(2)).sum();
@@ -269,13 +272,17 @@ pub(super) fn row_affine(c: &Ctx) -> Option<Signature> {
             }
             let next = fit_rows(&beta, &mut ab);
             // Iterate to convergence, not just to the budget: the slopes are the parameter.
-            let done = next <= 1e-6 * budget || next >= 0.999 * resid;
-            resid = next;
+            let done = next <= 1e-6 * budget || next >= 0.999 * cur;
+            cur = next;
             if done {
                 break;
             }
         }
-        centred = true;
+        if cur < 0.1 * plain {
+            (resid, centred) = (cur, true);
+        } else {
+            ab = plain_ab;
+        }
     }
     if resid > budget {
         return None;

@@ -19,7 +19,7 @@ use crate::localize::{
     CheckpointGraph, DrillDown, ErrorPoint, ErrorProfile, Localization, Observed, Status,
 };
 use crate::metrics::{compare, compare_logits, Metrics};
-use crate::signatures::{explain, steps_subset, ExplainOptions};
+use crate::signatures::{explain_with, origin_context, steps_subset, ExplainOptions};
 use crate::tolerance::{Dtype, NoiseFloor, Policy};
 use crate::Error;
 
@@ -633,7 +633,8 @@ pub fn compare_graph(
                     tolerance: partial[o].tolerance.tolerance(),
                     ..Default::default()
                 };
-                let mut e = explain(&reference, &runtime, &eopts);
+                let oc = origin_context(graph, src, o);
+                let mut e = explain_with(&reference, &runtime, &eopts, &oc);
                 let per_step: Vec<(u32, bool)> = (0..n)
                     .filter(|&i| nodes[i].name == node.name)
                     .map(|i| (nodes[i].step, loc.status[i].is_divergent()))

@@ -13,13 +13,37 @@
 //! | `scale` | `X = αR` for a least-squares `α ≠ 1` |
 //! | `mask` | on the last two axes (`[.., rows, cols]`) the differences sit in the strict upper or lower triangle only, or one side is masked (zero or ≤ -1e4) above the causal diagonal and the other is not |
 //! | `rounding` | `X = round_bf16(R)` or `round_f16(R)`, or `X` is representable in bf16/f16 while `R` is not and the error is format-level, or every relative error is within half an f16/bf16 ULP with most of them at that scale |
-//! | `subset` | only some slices along one axis differ (which ones; and whether they are swapped among themselves) |
+//! | `subset` | only some slices along one axis differ (which ones, as ranges named by the contract's concatenated inputs where the caller gives them; whether they are swapped among themselves, or read from another reference tensor) |
+//!
+//! The signatures for hand-made bugs, in this precedence between `mask` and `rounding` unless
+//! noted; those marked (ctx) need what the caller knows beyond the two tensors ([`OpContext`],
+//! used by [`diagnose_with`] / [`explain_with`]), the others use it when given:
+//!
+//! | signature | holds when |
+//! |---|---|
+//! | `wiring` (ctx) | `X` equals another reference tensor of the same shape (another layer, step, head or cache slot: a candidate the caller supplies) |
+//! | `temperature` | probabilities (rows sum to one), or logits after a log-softmax: `log X = a·log R + c_row` with one slope `a ≠ 1` for every row (scores or logits scaled by `a`) |
+//! | `row_affine` | `X = a_r·R + b_r` per row of the last axis, optionally about a per-feature centre `β` (`X - β = a_r (R - β) + b_r`, a LayerNorm's bias): normalization statistics |
+//! | `elementwise` (named) | `X = g(U)` and `R = f(U)` for two known activations `f ≠ g` (erf/tanh/quick GELU, SiLU, ReLU) of the op's input `U`; without `U`, `X = g(f⁻¹(R))` |
+//! | `grid_quantization` (ctx) | `X - R` of a linear op `y = x·Wᵀ + b` is `x·(W_q - W)ᵀ` for `W_q` on a symmetric uniform grid (per tensor or per row, 2..=8 bits); needs the op's input `x` and either `W` or more rows than input features (then `W` is recovered by least squares) |
+//! | `clamp` (after `rounding`) | the differing elements are exactly those whose reference is below (or above) a threshold: a wrong clamp floor or ceiling |
+//! | `elementwise` (unnamed, after `clamp`) | `X - R` is a smooth function of the op's input (or of `R`): the nearest known variant is named |
 //!
 //! "Equals" means a residual `||X - C(R)|| <= explain_rel * ||X||` (default `1e-3`) and at most a
 //! tenth of the unexplained difference `||X - R||`, so a plain noisy tensor never qualifies.
 
+mod context;
+mod fits;
+mod linear;
+mod relations;
+
+pub use context::origin_context;
+pub use fits::Activation;
+pub use linear::linear_grid;
+pub use relations::{compress_ranges, AxisSegment};
+
 use half::{bf16, f16};
-use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Slice};
+use ndarray::{ArrayD, ArrayView2, ArrayViewD, Axis, IxDyn, Slice};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -45,6 +69,45 @@ impl Default for ExplainOptions {
             explain_rel: 1e-3,
         }
     }
+}
+
+/// What the caller knows about the origin beyond its two tensors: each field is optional, and a
+/// signature that needs a missing one is simply not tested.
+#[derive(Debug, Clone, Default)]
+pub struct OpContext<'a> {
+    /// The producing op's input in the reference (aligned with the output for an elementwise op,
+    /// `[rows, in_features]` for a linear op whose output is `[rows, out_features]`).
+    pub op_input: Option<ArrayViewD<'a, f32>>,
+    /// The reference weight `[out_features, in_features]` of a linear producer, when known.
+    pub weight: Option<ArrayView2<'a, f32>>,
+    /// Other reference tensors, named (`name@stepK`), that the runtime tensor might equal by a
+    /// wiring mistake; only those of the same shape are tested.
+    pub candidates: Vec<(String, ArrayViewD<'a, f32>)>,
+    /// Named index ranges along axes (for example the concatenated inputs of a concat op), used
+    /// to name the slices of a `subset`.
+    pub segments: Vec<AxisSegment>,
+    /// The tensor holds logits (the temperature test then compares log-softmaxes).
+    pub logits: bool,
+}
+
+/// Which side of the threshold the clamp signature's differences sit on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClampSide {
+    /// Differences where the reference is at or below the threshold (a floor).
+    Below,
+    /// Differences where the reference is at or above the threshold (a ceiling).
+    Above,
+}
+
+/// Granularity of a quantization grid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Granularity {
+    /// One step for the whole weight.
+    PerTensor,
+    /// One step per output row (per output channel).
+    PerRow,
 }
 
 /// Triangle of the last two axes, relative to the causal diagonal `col = row + (cols - rows)`.
@@ -212,6 +275,103 @@ pub enum Signature {
         /// `(i, j)` pairs with `X[i] = R[j]` when the differing slices are a permutation of each
         /// other (e.g. two heads swapped); empty otherwise.
         swapped: Vec<(usize, usize)>,
+        /// The indices as inclusive ranges `[first, last]`.
+        #[serde(default)]
+        ranges: Vec<[usize; 2]>,
+        /// Names of the caller's segments the ranges fall in (`64..127 = part 1 of 4:
+        /// enc.block.2.out`), empty when the caller gave none for this axis.
+        #[serde(default)]
+        segments: Vec<String>,
+        /// `(i, source)` when differing slice `i` equals slice `i` of another reference tensor
+        /// (`name@stepK`, a wiring candidate): one head or slot read from the wrong tensor.
+        #[serde(default)]
+        sources: Vec<(usize, String)>,
+    },
+    /// The runtime tensor equals another reference tensor of the same shape.
+    Wiring {
+        /// The reference tensor it equals (`name@stepK`).
+        source: String,
+        /// Relative residual.
+        residual: f64,
+    },
+    /// Log-probabilities linear in the reference's with one slope for every row: the scores or
+    /// logits were scaled by a constant.
+    Temperature {
+        /// Pooled least-squares slope: the factor the scores or logits were multiplied by.
+        factor: f64,
+        /// Smallest and largest per-row slope.
+        row_factors: [f64; 2],
+        /// Rows fitted.
+        rows: u64,
+        /// `probabilities` (rows sum to one) or `logits` (compared after a log-softmax).
+        domain: String,
+        /// Relative residual in the log domain.
+        residual: f64,
+        /// A simple closed form near the factor (`8 = sqrt(64)`), if any.
+        hint: Option<String>,
+    },
+    /// `X = a_r·R + b_r` per row of the last axis, optionally about a per-feature centre.
+    RowAffine {
+        /// Smallest and largest row slope `a_r`.
+        a_range: [f64; 2],
+        /// Smallest and largest row offset `b_r`.
+        b_range: [f64; 2],
+        /// Median row slope.
+        a_median: f64,
+        /// Rows fitted.
+        rows: u64,
+        /// Row length (the normalized axis).
+        row_len: usize,
+        /// Whether a per-feature centre `β` was fitted (`X - β = a_r (R - β) + b_r`: a norm's
+        /// bias, which the statistics do not scale).
+        centred: bool,
+        /// Relative residual.
+        residual: f64,
+        /// A known cause matching the slopes (the unbiased variance: `sqrt((n-1)/n)`), if any.
+        hint: Option<String>,
+    },
+    /// Differences only where the reference is beyond a threshold: a wrong clamp.
+    Clamp {
+        /// Below (a floor) or above (a ceiling).
+        side: ClampSide,
+        /// The differing reference value nearest the matching ones.
+        threshold: f64,
+        /// The matching reference value nearest the differing ones.
+        matching_from: f64,
+        /// Differing elements.
+        differing: u64,
+        /// Elements.
+        of: u64,
+        /// Reference values over the differing elements `[min, max]`.
+        reference_range: [f64; 2],
+        /// Runtime values over the differing elements `[min, max]`.
+        runtime_range: [f64; 2],
+    },
+    /// The difference is a smooth function of the op's input (or of the reference's value).
+    Elementwise {
+        /// The runtime's activation when one known variant fits exactly.
+        runtime: Option<Activation>,
+        /// The reference's activation when identified.
+        reference: Option<Activation>,
+        /// The known runtime variant nearest the data.
+        nearest: Activation,
+        /// Relative residual of the nearest variant.
+        nearest_residual: f64,
+        /// Whether the op's input was available (else the map `R -> X` was fitted).
+        from_input: bool,
+    },
+    /// A linear op's weight rounded to a uniform symmetric grid.
+    GridQuantization {
+        /// Per tensor or per output row.
+        granularity: Granularity,
+        /// Bit width (the grid holds `-(2^(b-1)-1)..=2^(b-1)-1` steps).
+        bits: u32,
+        /// Smallest and largest step.
+        step: [f64; 2],
+        /// Whether the weight was recovered from the reference's input and output (else given).
+        weight_recovered: bool,
+        /// Relative residual of the quantized prediction.
+        residual: f64,
     },
 }
 
@@ -227,6 +387,12 @@ impl Signature {
             Signature::Mask { .. } => "mask",
             Signature::Rounding { .. } => "rounding",
             Signature::Subset { .. } => "subset",
+            Signature::Wiring { .. } => "wiring",
+            Signature::Temperature { .. } => "temperature",
+            Signature::RowAffine { .. } => "row_affine",
+            Signature::Clamp { .. } => "clamp",
+            Signature::Elementwise { .. } => "elementwise",
+            Signature::GridQuantization { .. } => "grid_quantization",
         }
     }
 
@@ -333,10 +499,24 @@ impl Signature {
                 indices,
                 of,
                 swapped,
+                ranges,
+                segments,
+                sources,
                 ..
             } => {
+                let listed = if segments.is_empty() {
+                    let own;
+                    relations::ranges_text(if ranges.is_empty() {
+                        own = compress_ranges(indices);
+                        &own
+                    } else {
+                        ranges
+                    })
+                } else {
+                    segments.join(", ")
+                };
                 let mut s = format!(
-                    "only {} of {of} slices along {axis_name} differ: {indices:?}; the rest match",
+                    "only {} of {of} slices along {axis_name} differ: {listed}; the rest match",
                     indices.len()
                 );
                 if !swapped.is_empty() {
@@ -344,7 +524,127 @@ impl Signature {
                         swapped.iter().map(|(i, j)| format!("X[{i}] = R[{j}]")).collect();
                     s += &format!(" (swapped among themselves: {})", pairs.join(", "));
                 }
+                if !sources.is_empty() {
+                    let from: Vec<String> = sources
+                        .iter()
+                        .map(|(i, n)| format!("X[{i}] = {n}[{i}]"))
+                        .collect();
+                    s += &format!(" (read from another tensor: {})", from.join(", "));
+                }
                 s
+            }
+            Signature::Wiring { source, residual } => format!(
+                "runtime equals the reference's {source} ({}): the op read or wrote the wrong tensor (another layer, step, head or cache slot)",
+                resid_text(*residual)
+            ),
+            Signature::Temperature {
+                factor,
+                row_factors,
+                rows,
+                domain,
+                residual,
+                hint,
+            } => {
+                let h = hint.as_ref().map(|h| format!(" ≈ {h}")).unwrap_or_default();
+                format!(
+                    "log-{} linear in the reference's row by row with one slope {factor:.6}{h} over {rows} rows (per row {:.6}..{:.6}, {}): scores or logits scaled by {factor:.4} (a temperature)",
+                    if domain == "logits" { "softmax of the logits" } else { "probabilities" },
+                    row_factors[0],
+                    row_factors[1],
+                    resid_text(*residual)
+                )
+            }
+            Signature::RowAffine {
+                a_range,
+                b_range,
+                a_median,
+                rows,
+                row_len,
+                centred,
+                residual,
+                hint,
+            } => {
+                let c = if *centred { " - β (per-feature centre)" } else { "" };
+                let h = hint.as_ref().map(|h| format!("; {h}")).unwrap_or_default();
+                format!(
+                    "per-row affine over {rows} rows of {row_len}: X{c} = a_r·(R{c}) + b_r with a_r in {:.6}..{:.6} (median {a_median:.6}), b_r in {:.3e}..{:.3e} ({}): normalization statistics{h}",
+                    a_range[0], a_range[1], b_range[0], b_range[1], resid_text(*residual)
+                )
+            }
+            Signature::Clamp {
+                side,
+                threshold,
+                matching_from,
+                differing,
+                of,
+                reference_range,
+                runtime_range,
+            } => {
+                let (cmp, word) = match side {
+                    ClampSide::Below => ("<=", "floor"),
+                    ClampSide::Above => (">=", "ceiling"),
+                };
+                let held = |r: &[f64; 2], who: &str| {
+                    if r[0] == r[1] {
+                        format!("the {who} is constant {:.6} there", r[0])
+                    } else {
+                        format!("the {who} spans {:.6}..{:.6}", r[0], r[1])
+                    }
+                };
+                format!(
+                    "{differing} of {of} elements differ, exactly those whose reference is {cmp} {threshold:.6} (the next reference value {matching_from:.6} matches); {}, {}: a wrong clamp {word}",
+                    held(reference_range, "reference"),
+                    held(runtime_range, "runtime")
+                )
+            }
+            Signature::Elementwise {
+                runtime,
+                reference,
+                nearest,
+                nearest_residual,
+                from_input,
+            } => {
+                let of = if *from_input {
+                    "the op's input"
+                } else {
+                    "the reference value"
+                };
+                let r = reference
+                    .map(|f| format!(" where the reference computes {}", f.name()))
+                    .unwrap_or_default();
+                match runtime {
+                    Some(g) => format!(
+                        "elementwise function of {of}: the runtime computes {}{r} ({})",
+                        g.name(),
+                        resid_text(*nearest_residual)
+                    ),
+                    None => format!(
+                        "the difference is a smooth function of {of}{r}; nearest known runtime variant {} (residual {nearest_residual:.1e})",
+                        nearest.name()
+                    ),
+                }
+            }
+            Signature::GridQuantization {
+                granularity,
+                bits,
+                step,
+                weight_recovered,
+                residual,
+            } => {
+                let g = match granularity {
+                    Granularity::PerTensor => "per tensor",
+                    Granularity::PerRow => "per output row",
+                };
+                let st = if step[0] == step[1] {
+                    format!("{:.3e}", step[0])
+                } else {
+                    format!("{:.3e}..{:.3e}", step[0], step[1])
+                };
+                format!(
+                    "the op's weight is rounded to a symmetric {bits}-bit grid {g} (step {st}); weight {}; {}",
+                    if *weight_recovered { "recovered from the reference's input and output" } else { "given" },
+                    resid_text(*residual)
+                )
             }
         }
     }
@@ -427,10 +727,12 @@ fn permutations(n: usize) -> Vec<Vec<usize>> {
 }
 
 /// Context shared by the candidate tests.
-struct Ctx<'a> {
+struct Ctx<'a, 'b> {
     r: ArrayD<f32>,
     x: ArrayD<f32>,
     opts: &'a ExplainOptions,
+    /// What the caller knows beyond the two tensors.
+    oc: &'a OpContext<'b>,
     /// `||X||^2`.
     xx: f64,
     /// `||X - R||^2` (only meaningful when shapes agree).
@@ -439,7 +741,7 @@ struct Ctx<'a> {
     scale: f64,
 }
 
-impl Ctx<'_> {
+impl Ctx<'_, '_> {
     /// Largest accepted squared residual for a candidate.
     fn budget(&self, same_shape: bool) -> f64 {
         let b = self.opts.explain_rel.powi(2) * self.xx;
@@ -635,10 +937,11 @@ fn scale_and_sign(c: &Ctx) -> Vec<Signature> {
     let sq = resid(alpha);
     let residual = c.rel(sq);
     if sq <= budget && (alpha - 1.0).abs() > (10.0 * residual).max(1e-4) {
+        let n = c.r.shape().last().copied().unwrap_or(0);
         out.push(Signature::Scale {
             factor: alpha,
             residual,
-            hint: scale_hint(alpha),
+            hint: scale_hint(alpha).or_else(|| fits::variance_hint(alpha, n)),
         });
     }
     out
@@ -828,6 +1131,13 @@ fn subset(c: &Ctx) -> Option<Signature> {
             continue;
         }
         let swapped = swaps(c, a, &idx);
+        let sources = if swapped.is_empty() {
+            relations::slice_sources(c, a, &idx)
+        } else {
+            vec![]
+        };
+        let ranges = compress_ranges(&idx);
+        let segments = relations::name_ranges(&ranges, a, &c.oc.segments);
         best = Some((
             frac,
             Signature::Subset {
@@ -836,6 +1146,9 @@ fn subset(c: &Ctx) -> Option<Signature> {
                 indices: idx,
                 of: n,
                 swapped,
+                ranges,
+                segments,
+                sources,
             },
         ));
     }
@@ -868,8 +1181,20 @@ fn swaps(c: &Ctx, a: usize, idx: &[usize]) -> Vec<(usize, usize)> {
 
 /// Every signature that holds for reference `r` and runtime `x`, most specific first (empty when
 /// none does). `x` may have another shape with the same element count; then only `permutation`
-/// is tested.
+/// is tested. The signatures that need more than the two tensors are not tested; see
+/// [`diagnose_with`].
 pub fn diagnose(r: &ArrayViewD<f32>, x: &ArrayViewD<f32>, opts: &ExplainOptions) -> Vec<Signature> {
+    diagnose_with(r, x, opts, &OpContext::default())
+}
+
+/// [`diagnose`] with what the caller knows about the op ([`OpContext`]): the op's input, its
+/// weight, candidate tensors for `wiring`, named segments, whether the tensor holds logits.
+pub fn diagnose_with(
+    r: &ArrayViewD<f32>,
+    x: &ArrayViewD<f32>,
+    opts: &ExplainOptions,
+    oc: &OpContext<'_>,
+) -> Vec<Signature> {
     let mut out = Vec::new();
     if r.len() != x.len() || r.is_empty() {
         return out;
@@ -892,6 +1217,7 @@ pub fn diagnose(r: &ArrayViewD<f32>, x: &ArrayViewD<f32>, opts: &ExplainOptions)
         r: rc,
         x: xc,
         opts,
+        oc,
         xx,
         orig,
         scale,
@@ -904,16 +1230,61 @@ pub fn diagnose(r: &ArrayViewD<f32>, x: &ArrayViewD<f32>, opts: &ExplainOptions)
         return out;
     }
     out.extend(shift(&c));
-    out.extend(scale_and_sign(&c));
+    let global = scale_and_sign(&c);
+    // A global scale or sign is also a per-row affine and a smooth function of the value: only
+    // the more specific statement is made, unless the per-row affine fits ten times better (a
+    // norm's bias `β` makes `X = a·R + (1-a)·β` only approximately a scale).
+    let global_residual = global.first().map(|s| match s {
+        Signature::Scale { residual, .. } | Signature::SignFlip { residual } => *residual,
+        _ => 0.0,
+    });
+    let general = global.is_empty();
+    let global_at = out.len();
+    out.extend(global);
     out.extend(mask(&c));
+    out.extend(relations::wiring(&c));
+    out.extend(fits::temperature(&c));
+    match (global_residual, fits::row_affine(&c)) {
+        (None, affine) => out.extend(affine),
+        (Some(g), Some(affine @ Signature::RowAffine { residual, .. })) if residual < 0.1 * g => {
+            out.insert(global_at, affine)
+        }
+        _ => {}
+    }
+    let elementwise = fits::elementwise(&c);
+    let named = elementwise.as_ref().filter(|s| {
+        matches!(
+            s,
+            Signature::Elementwise {
+                runtime: Some(_),
+                ..
+            }
+        )
+    });
+    out.extend(named.cloned());
+    out.extend(linear::grid_from_context(&c));
     out.extend(rounding(&c));
+    out.extend(fits::clamp(&c));
+    if named.is_none() && general {
+        out.extend(elementwise);
+    }
     out.extend(subset(&c));
     out
 }
 
 /// The best signature as an [`Explanation`] (`none` with summary statistics when nothing holds).
 pub fn explain(r: &ArrayViewD<f32>, x: &ArrayViewD<f32>, opts: &ExplainOptions) -> Explanation {
-    let found = diagnose(r, x, opts);
+    explain_with(r, x, opts, &OpContext::default())
+}
+
+/// [`explain`] with what the caller knows about the op ([`OpContext`]).
+pub fn explain_with(
+    r: &ArrayViewD<f32>,
+    x: &ArrayViewD<f32>,
+    opts: &ExplainOptions,
+    oc: &OpContext<'_>,
+) -> Explanation {
+    let found = diagnose_with(r, x, opts, oc);
     match found.first() {
         Some(best) => {
             let mut evidence = serde_json::to_value(best).unwrap_or(Value::Null);
@@ -964,9 +1335,12 @@ pub fn steps_subset(per_step: &[(u32, bool)]) -> Option<Signature> {
     (!bad.is_empty() && 2 * bad.len() <= per_step.len()).then(|| Signature::Subset {
         axis: None,
         axis_name: "step".into(),
+        ranges: compress_ranges(&bad),
         indices: bad,
         of: per_step.len(),
         swapped: vec![],
+        segments: vec![],
+        sources: vec![],
     })
 }
 
@@ -1274,7 +1648,19 @@ mod tests {
     #[test]
     fn steps_subset_reports_failing_steps() {
         let s = steps_subset(&[(0, false), (1, true), (2, false), (3, false)]).unwrap();
-        assert!(s.detail(&[]).contains("[1]"));
+        assert!(s.detail(&[]).contains("differ: 1;"), "{}", s.detail(&[]));
+        // Consecutive failing steps read as one range.
+        let s = steps_subset(&[
+            (0, false),
+            (1, true),
+            (2, true),
+            (3, true),
+            (4, false),
+            (5, false),
+            (6, false),
+        ])
+        .unwrap();
+        assert!(s.detail(&[]).contains("differ: 1..3;"), "{}", s.detail(&[]));
         assert!(steps_subset(&[(0, true), (1, false)]).is_some());
         assert!(steps_subset(&[(0, true), (1, true), (2, true)]).is_none());
         assert!(steps_subset(&[(0, false)]).is_none());

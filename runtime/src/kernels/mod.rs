@@ -10,11 +10,13 @@
 //! Threads: [`threads`] (env `XRAY_THREADS`, default: available cores). Work is split into
 //! contiguous ranges of independent outputs, so results never depend on the thread count.
 
+pub mod activation;
 pub mod add;
 pub mod attention;
 pub mod conv1d;
 pub mod embedding;
 pub mod gelu;
+pub mod gqa;
 pub mod kv_append;
 pub mod layer_norm;
 pub mod layout;

@@ -3,7 +3,7 @@
 //! refusal of tampered dumps, `xray list`, and exit codes.
 
 mod common;
-use common::{code, root, stderr, xray};
+use common::{check, code, root, stderr, xray};
 
 use std::path::Path;
 
@@ -14,21 +14,14 @@ fn evidence(p: &Path) -> serde_json::Value {
 #[test]
 fn check_passes_on_real_tiny_en_with_equal_tokens() {
     let dir = tempfile::tempdir().unwrap();
-    let ev = dir.path().join("e.json");
     let html = dir.path().join("r.html");
-    let o = xray(&[
-        "check",
-        "--model",
+    let report = ["--report", html.to_str().unwrap()];
+    let (o, e) = check(
         "fixtures/whisper-tiny-en",
-        "--audio",
         "fixtures/audio/fox.wav",
-        "--evidence",
-        ev.to_str().unwrap(),
-        "--report",
-        html.to_str().unwrap(),
-    ]);
+        &report,
+    );
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let e = evidence(&ev);
     assert_eq!(e["verdict"], "pass");
     assert_eq!(e["capture_neutral"], true);
     assert_eq!(e["transcript"]["tokens_equal"], true);
@@ -43,22 +36,17 @@ fn check_passes_on_real_tiny_en_with_equal_tokens() {
 
 #[test]
 fn planted_fault_is_localized_with_isolation() {
-    let dir = tempfile::tempdir().unwrap();
-    let ev = dir.path().join("e.json");
-    let o = xray(&[
-        "check",
-        "--model",
-        "fixtures/build/whisper-rand-b",
-        "--audio",
-        "fixtures/audio/stella.wav",
+    let fault = [
         "--inject",
         "layernorm_eps@encoder.layer.2.mlp_norm",
         "--isolate",
-        "--evidence",
-        ev.to_str().unwrap(),
-    ]);
+    ];
+    let (o, e) = check(
+        "fixtures/build/whisper-rand-b",
+        "fixtures/audio/stella.wav",
+        &fault,
+    );
     assert_eq!(code(&o), 1, "{}", stderr(&o));
-    let e = evidence(&ev);
     assert_eq!(e["verdict"], "diverged");
     assert_eq!(
         e["first_divergence"]["checkpoint"],
@@ -289,22 +277,13 @@ fn stats_only_dumps_bisect_without_tensors() {
 
 #[test]
 fn calibrated_mode_gates_at_the_reference_noise_floor() {
-    let dir = tempfile::tempdir().unwrap();
-    let ev = dir.path().join("e.json");
-    let o = xray(&[
-        "check",
-        "--model",
+    let calibrate = ["--max-steps", "3", "--calibrate"];
+    let (o, e) = check(
         "fixtures/build/whisper-rand-a",
-        "--audio",
         "fixtures/audio/fox.wav",
-        "--max-steps",
-        "3",
-        "--calibrate",
-        "--evidence",
-        ev.to_str().unwrap(),
-    ]);
+        &calibrate,
+    );
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let e = evidence(&ev);
     for c in e["checkpoints"].as_array().unwrap() {
         assert_eq!(
             c["tolerance"]["source"], "calibrated:10x noise floor",

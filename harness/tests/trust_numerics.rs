@@ -3,7 +3,7 @@
 //! (item 10).
 
 mod common;
-use common::{root, stderr, xray};
+use common::{check, root, stderr, xray};
 
 use ndarray::{ArrayD, IxDyn};
 use xray_compare::compare::{compare_graph, CompareOptions, MemorySource};
@@ -296,20 +296,12 @@ fn stella_on_whisper_rand_a_is_not_a_false_alarm() {
         );
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let ev = dir.path().join("e.json");
-    let o = xray(&[
-        "check",
-        "--model",
+    let (o, e) = check(
         "fixtures/build/whisper-rand-a",
-        "--audio",
         "fixtures/audio/stella.wav",
-        "--evidence",
-        ev.to_str().unwrap(),
-    ]);
+        &[],
+    );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let e: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&ev).unwrap()).unwrap();
     assert_eq!(e["verdict"], "pass");
     let logits: Vec<&serde_json::Value> = e["checkpoints"]
         .as_array()

@@ -11,7 +11,7 @@ use xray_runtime::capture::Recorder;
 use xray_runtime::faults::{FaultKind, FaultPlan, Planted};
 use xray_runtime::graph::{RunCtx, Tensor};
 use xray_runtime::models::whisper::WhisperModel;
-use xray_runtime::models::{RunHooks, RunOptions, SpeechModel};
+use xray_runtime::models::{RunHooks, RunOptions, RunOutput, SpeechModel};
 use xray_runtime::RuntimeError;
 
 fn model(rel: &str) -> Option<WhisperModel> {
@@ -28,25 +28,31 @@ fn bits(t: &Tensor) -> Vec<u32> {
     t.iter().map(|v| v.to_bits()).collect()
 }
 
+/// A run with default options and no hooks.
+fn run(m: &WhisperModel, a: &Audio) -> RunOutput {
+    m.run(a, &RunOptions::default(), &mut RunHooks::default())
+        .expect("run")
+}
+
+/// A run with default options, every checkpoint recorded, and `faults` planted if any.
+fn run_recorded(m: &WhisperModel, a: &Audio, faults: Option<&FaultPlan>) -> (RunOutput, Recorder) {
+    let mut rec = Recorder::new();
+    let hooks = &mut RunHooks {
+        observer: Some(&mut rec),
+        faults,
+        ..Default::default()
+    };
+    let out = m.run(a, &RunOptions::default(), hooks).expect("run");
+    (out, rec)
+}
+
 #[test]
 fn capture_is_neutral() {
     let (Some(m), Some(a)) = (model("fixtures/build/whisper-rand-a"), clip("fox.wav")) else {
         return;
     };
-    let off = m
-        .run(&a, &RunOptions::default(), &mut RunHooks::default())
-        .unwrap();
-    let mut rec = Recorder::new();
-    let on = m
-        .run(
-            &a,
-            &RunOptions::default(),
-            &mut RunHooks {
-                observer: Some(&mut rec),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    let off = run(&m, &a);
+    let (on, rec) = run_recorded(&m, &a, None);
     assert_eq!(off.tokens, on.tokens);
     assert_eq!(off.outputs.len(), on.outputs.len());
     for (x, y) in off.outputs.iter().zip(&on.outputs) {
@@ -99,9 +105,7 @@ fn full_window_equals_incremental(rel: &str, wav: &str) {
     let (Some(m), Some(a)) = (model(rel), clip(wav)) else {
         return;
     };
-    let out = m
-        .run(&a, &RunOptions::default(), &mut RunHooks::default())
-        .unwrap();
+    let out = run(&m, &a);
     assert!(
         out.outputs.len() >= 3,
         "need a few decode steps, got {}",
@@ -156,9 +160,7 @@ fn full_window_equals_incremental_tiny_en() {
 
 /// Logits of every step and the tokens of a greedy run.
 fn run_bits(m: &WhisperModel, a: &Audio) -> (Vec<i64>, Vec<Vec<u32>>) {
-    let out = m
-        .run(a, &RunOptions::default(), &mut RunHooks::default())
-        .unwrap();
+    let out = run(m, a);
     (out.tokens, out.outputs.iter().map(bits).collect())
 }
 
@@ -227,9 +229,7 @@ fn teacher_forcing_feeds_the_teacher_and_predicts_its_own() {
     let (Some(m), Some(a)) = (model("fixtures/build/whisper-rand-a"), clip("weather.wav")) else {
         return;
     };
-    let free = m
-        .run(&a, &RunOptions::default(), &mut RunHooks::default())
-        .unwrap();
+    let free = run(&m, &a);
     let prefix = m.plan().prefix.len();
     assert_eq!(&free.predicted[..], &free.tokens[prefix..]);
     // Forcing the free-running sequence reproduces it bit for bit.
@@ -356,12 +356,8 @@ fn stale_cross_cache_fault_through_run() {
     ) else {
         return;
     };
-    let clean_b = m
-        .run(&b, &RunOptions::default(), &mut RunHooks::default())
-        .unwrap();
-    let _ = m
-        .run(&a, &RunOptions::default(), &mut RunHooks::default())
-        .unwrap();
+    let clean_b = run(&m, &b);
+    let _ = run(&m, &a);
     let plan = FaultPlan {
         planted: vec![Planted {
             name: "stale_cross_cache".into(),
@@ -371,29 +367,8 @@ fn stale_cross_cache_fault_through_run() {
             hits: Default::default(),
         }],
     };
-    let mut rec = Recorder::new();
-    let stale_b = m
-        .run(
-            &b,
-            &RunOptions::default(),
-            &mut RunHooks {
-                observer: Some(&mut rec),
-                faults: Some(&plan),
-                ..Default::default()
-            },
-        )
-        .unwrap();
-    let mut rec_clean = Recorder::new();
-    let _ = m
-        .run(
-            &b,
-            &RunOptions::default(),
-            &mut RunHooks {
-                observer: Some(&mut rec_clean),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    let (stale_b, rec) = run_recorded(&m, &b, Some(&plan));
+    let (_, rec_clean) = run_recorded(&m, &b, None);
     let get = |r: &Recorder, name: &str, step: usize| {
         r.captured
             .iter()
@@ -425,9 +400,7 @@ fn stale_cross_cache_fault_through_run() {
         )
     );
     // Without the flag the next run is clean again.
-    let again_b = m
-        .run(&b, &RunOptions::default(), &mut RunHooks::default())
-        .unwrap();
+    let again_b = run(&m, &b);
     assert_eq!(again_b.tokens, clean_b.tokens);
     for (x, y) in again_b.outputs.iter().zip(&clean_b.outputs) {
         assert_eq!(bits(x), bits(y));

@@ -313,6 +313,23 @@ pub fn code(o: &std::process::Output) -> i32 {
     o.status.code().unwrap_or(-1)
 }
 
+/// `xray check --model MODEL --audio AUDIO EXTRA.. --evidence <temp>/e.json`: the process
+/// output and the evidence it wrote (`Null` when it wrote none).
+pub fn check(model: &str, audio: &str, extra: &[&str]) -> (std::process::Output, Value) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ev = dir.path().join("e.json");
+    let ev_arg = ev.to_str().expect("utf-8 temp path");
+    let mut args = vec!["check", "--model", model, "--audio", audio];
+    args.extend_from_slice(extra);
+    args.extend(["--evidence", ev_arg]);
+    let o = xray(&args);
+    let e = match std::fs::read_to_string(&ev) {
+        Ok(text) => serde_json::from_str(&text).expect("evidence is JSON"),
+        Err(_) => Value::Null,
+    };
+    (o, e)
+}
+
 /// stderr as text.
 pub fn stderr(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).to_string()

@@ -1,7 +1,7 @@
-//! Exact-erf GELU, elementwise, any layout.
+//! Exact-erf GELU, elementwise, any layout (an [`Elementwise`] op).
 
+use super::activation::Elementwise;
 use super::{simd, PAR_MIN_WORK};
-use crate::graph::{port_any, Kernel, KernelCtx, Port, Shape, Tensor};
 
 /// `torch.nn.functional.gelu(x)` (approximate='none'), HF activation `"gelu"`.
 ///
@@ -10,27 +10,9 @@ use crate::graph::{port_any, Kernel, KernelCtx, Port, Shape, Tensor};
 #[derive(Debug, Clone, Default)]
 pub struct Gelu;
 
-impl Kernel for Gelu {
-    fn kind(&self) -> &'static str {
-        "gelu"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port_any("x")]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port_any("y")]
-    }
-    fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
-        Ok(vec![inputs[0].clone()])
-    }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
-        let mut y = inputs[0].as_standard_layout().into_owned();
-        let s = y.as_slice_mut().ok_or("gelu output not contiguous")?;
+impl Elementwise for Gelu {
+    const KIND: &'static str = "gelu";
+    fn apply(&self, s: &mut [f32]) {
         // Elementwise: any split gives the same bits.
         let chunk = 1 << 14;
         if s.len() >= PAR_MIN_WORK / 8 {
@@ -40,6 +22,5 @@ impl Kernel for Gelu {
         } else {
             simd::gelu_inplace(s);
         }
-        Ok(vec![y])
     }
 }

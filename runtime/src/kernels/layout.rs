@@ -157,3 +157,9 @@ impl Kernel for MergeHeads {
         Ok(vec![tensor(&[t, f], y)?])
     }
 }
+
+/// A token-major `[rows, features]` shape: its row dim and its fixed feature count.
+pub(crate) fn token_rows(s: &Shape, what: &str) -> Result<(Dim, usize), String> {
+    rank(s, 2, what)?;
+    Ok((s[0].clone(), fixed(&s[1], &format!("{what} features"))?))
+}

@@ -13,11 +13,13 @@
 //! ranges of independent outputs (the GEMM's k blocking does not depend on the thread count), so
 //! results never depend on the thread count.
 
+pub mod activation;
 pub mod add;
 pub mod attention;
 pub mod conv1d;
 pub mod embedding;
 pub mod gelu;
+pub mod gqa;
 pub mod kv_append;
 pub mod layer_norm;
 pub mod layout;

@@ -4,6 +4,7 @@
 //! `models/`, a contract `core/contracts/<name>.json` (embedded by core's build script), one
 //! line in [`families`] (and the oracle's Python module for the reference).
 
+pub mod common;
 pub mod granite_nar;
 pub mod whisper;
 

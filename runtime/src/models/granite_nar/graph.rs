@@ -17,15 +17,21 @@
 use super::frontend::{PreprocessorConfig, StackFrames};
 use super::kernels::{
     AddWindowPositions, AudioPrefix, BatchNorm, ChannelSlice, Column, ConcatChannels, ConcatRows,
-    DepthwiseConv, Glu, GqaAttention, Identity, Pointwise, PosteriorPool, QueryInit, RmsNorm,
-    Scale, ShawBlockAttention, Silu, Softmax, SwiGlu, TailRows, WindowCrossAttention, WindowPad,
-    MAX_CONCAT, SYM_BPE_FRAMES, SYM_ENC_FRAMES, SYM_MEL_FRAMES, SYM_N_AUDIO, SYM_N_TEXT,
-    SYM_N_TOTAL, SYM_PROJ_ROWS, SYM_PROJ_TOKENS,
+    DepthwiseConv, Glu, Identity, Pointwise, PosteriorPool, QueryInit, ShawBlockAttention,
+    TailRows, WindowCrossAttention, WindowPad, MAX_CONCAT, SYM_BPE_FRAMES, SYM_ENC_FRAMES,
+    SYM_MEL_FRAMES, SYM_N_AUDIO, SYM_N_TEXT, SYM_N_TOTAL, SYM_PROJ_ROWS, SYM_PROJ_TOKENS,
 };
 use super::{Derived, GraniteNarConfig, ENCODER_NORM_EPS};
 use crate::error::{Result, RuntimeError};
 use crate::graph::{Dim, EdgeId, Graph, GraphBuilder, Kernel, Layout, Out};
-use crate::kernels::{Embedding, Gelu, LayerNorm, Linear, MatmulStrategy, MergeHeads, SplitHeads};
+use crate::kernels::activation::Softmax;
+use crate::kernels::activation::{Scale, Silu, SwiGlu};
+use crate::kernels::gqa::GqaAttention;
+use crate::kernels::layer_norm::RmsNorm;
+use crate::kernels::{Embedding, Gelu, Linear, MatmulStrategy};
+use crate::models::common::{
+    add, layer_norm, linear, merge_heads, named, op, split_heads, unary, Dense, Vb,
+};
 use crate::shape;
 
 /// Names of the feeds and formula boundaries of the Granite NAR graph.
@@ -65,21 +71,14 @@ pub struct GraniteEdges {
     pub text_logits: EdgeId,
 }
 
-/// The builder with its config facts and the per-op helpers.
+/// The builder with its config facts and the per-module helpers.
 struct B<'a> {
     g: GraphBuilder,
     cfg: &'a GraniteNarConfig,
 }
 
-fn named(name: &str, shape: crate::graph::Shape, layout: Layout) -> Out {
-    Out {
-        name: Some(name.to_string()),
-        shape,
-        layout,
-    }
-}
-
 impl B<'_> {
+    /// One token-major op `[rows, cols]`.
     fn op(
         &mut self,
         name: &str,
@@ -89,79 +88,54 @@ impl B<'_> {
         rows: &Dim,
         cols: usize,
     ) -> Result<EdgeId> {
-        let ws: Vec<(&str, Vec<usize>)> = ws.iter().map(|(k, s)| (k.as_str(), s.clone())).collect();
-        self.g.op1(
-            name,
-            Box::new(k),
-            ins,
-            &ws,
-            vec![rows.clone(), cols.into()],
-            Layout::TokenMajor,
-        )
+        op(&mut self.g, name, k, ins, ws, rows, cols)
     }
 
-    /// `nn.Linear(n_in, n_out, bias)` under HF key `key`.
-    #[allow(clippy::too_many_arguments)]
+    /// `nn.Linear(n_in, n_out, bias)` under `vb` (GEMM).
     fn linear(
         &mut self,
         name: &str,
+        vb: &Vb,
         x: EdgeId,
-        key: &str,
-        n_in: usize,
-        n_out: usize,
-        bias: bool,
+        (n_in, n_out, bias): (usize, usize, bool),
         rows: &Dim,
     ) -> Result<EdgeId> {
-        let mut w = vec![(format!("{key}.weight"), vec![n_out, n_in])];
-        if bias {
-            w.push((format!("{key}.bias"), vec![n_out]));
-        }
-        self.op(
+        linear(
+            &mut self.g,
             name,
-            Linear::new(bias, MatmulStrategy::Gemm),
-            &[x],
-            &w,
+            vb,
+            x,
+            Dense::gemm(n_in, n_out, bias),
             rows,
-            n_out,
         )
     }
 
-    /// `nn.LayerNorm(d, eps)` under HF key `key`.
+    /// `nn.LayerNorm(d, eps)` under `vb`.
     fn layer_norm(
         &mut self,
         name: &str,
+        vb: &Vb,
         x: EdgeId,
-        key: &str,
-        d: usize,
-        eps: f32,
+        (d, eps): (usize, f32),
         rows: &Dim,
     ) -> Result<EdgeId> {
-        let w = [
-            (format!("{key}.weight"), vec![d]),
-            (format!("{key}.bias"), vec![d]),
-        ];
-        self.op(name, LayerNorm::new(eps), &[x], &w, rows, d)
+        layer_norm(&mut self.g, name, vb, x, d, eps, rows)
     }
 
-    fn rms_norm(
-        &mut self,
-        name: &str,
-        x: EdgeId,
-        key: &str,
-        d: usize,
-        rows: &Dim,
-    ) -> Result<EdgeId> {
+    /// `GraniteRMSNorm(d, rms_norm_eps)` under `vb`.
+    fn rms_norm(&mut self, name: &str, vb: &Vb, x: EdgeId, d: usize, rows: &Dim) -> Result<EdgeId> {
         let eps = self.cfg.text_config.rms_norm_eps as f32;
         self.op(
             name,
             RmsNorm { eps },
             &[x],
-            &[(format!("{key}.weight"), vec![d])],
+            &[(vb.key("weight"), vec![d])],
             rows,
             d,
         )
     }
 
+    /// Residual `a + scale * b`.
     fn add(
         &mut self,
         name: &str,
@@ -171,94 +145,39 @@ impl B<'_> {
         rows: &Dim,
         d: usize,
     ) -> Result<EdgeId> {
-        self.op(
-            name,
-            crate::kernels::add::Add::scaled(scale),
-            &[a, b],
-            &[],
-            rows,
-            d,
-        )
+        add(&mut self.g, name, (a, b), scale, rows, d)
     }
 
     /// Conformer feed-forward `down(silu(up(LN(x))))` and the macaron half-step residual.
     ///
     /// Upstream: transformers v5.24.0 modeling_granite_speech.py `GraniteSpeechConformerFeedForward`.
-    fn conformer_ff(&mut self, p: &str, k: &str, h: EdgeId) -> Result<EdgeId> {
+    fn conformer_ff(&mut self, p: &str, vb: &Vb, h: EdgeId) -> Result<EdgeId> {
         let enc = &self.cfg.encoder_config;
         let (d, inner) = (enc.hidden_dim, enc.hidden_dim * enc.feedforward_mult);
         let t = Dim::sym(SYM_ENC_FRAMES);
-        let x = self.layer_norm(
-            &format!("{p}.pre_norm"),
-            h,
-            &format!("{k}.pre_norm"),
-            d,
-            ENCODER_NORM_EPS,
-            &t,
-        )?;
+        let ln = (d, ENCODER_NORM_EPS);
+        let x = self.layer_norm(&format!("{p}.pre_norm"), &vb.pp("pre_norm"), h, ln, &t)?;
         let x = self.linear(
             &format!("{p}.up_proj"),
+            &vb.pp("up_proj"),
             x,
-            &format!("{k}.up_proj"),
-            d,
-            inner,
-            true,
+            (d, inner, true),
             &t,
         )?;
         let x = self.op(&format!("{p}.silu"), Silu, &[x], &[], &t, inner)?;
-        let x = self.linear(
-            &format!("{p}.down_proj"),
-            x,
-            &format!("{k}.down_proj"),
-            inner,
-            d,
-            true,
-            &t,
-        )?;
+        let down = (inner, d, true);
+        let x = self.linear(&format!("{p}.down_proj"), &vb.pp("down_proj"), x, down, &t)?;
         self.add(&format!("{p}.residual"), h, x, 0.5, &t, d)
     }
 
-    /// One Conformer block: FF1 (half step) -> block-local Shaw attention -> conv module -> FF2
-    /// (half step) -> post LayerNorm.
+    /// Conformer block-local Shaw attention and its residual.
     ///
-    /// Upstream: transformers v5.24.0 modeling_granite_speech.py `GraniteSpeechConformerBlock.forward`,
-    /// `GraniteSpeechConformerAttention.forward`, `GraniteSpeechConformerConvModule.forward`.
-    fn conformer_block(&mut self, l: usize, h: EdgeId) -> Result<EdgeId> {
-        let enc = self.cfg.encoder_config.clone();
+    /// Upstream: transformers v5.24.0 modeling_granite_speech.py `GraniteSpeechConformerAttention.forward`.
+    fn conformer_attention(&mut self, p: &str, vb: &Vb, h: EdgeId) -> Result<EdgeId> {
+        let enc = &self.cfg.encoder_config;
         let d = enc.hidden_dim;
         let inner = enc.num_heads * enc.dim_head;
-        let conv_inner = d * enc.conv_expansion_factor;
         let t = Dim::sym(SYM_ENC_FRAMES);
-        let (p, k) = (format!("enc.block.{l}"), format!("encoder.layers.{l}"));
-        let h = self.conformer_ff(&format!("{p}.ff1"), &format!("{k}.ff1"), h)?;
-
-        // Attention.
-        let x = self.layer_norm(
-            &format!("{p}.attn.pre_norm"),
-            h,
-            &format!("{k}.attn.pre_norm"),
-            d,
-            ENCODER_NORM_EPS,
-            &t,
-        )?;
-        let q = self.linear(
-            &format!("{p}.attn.to_q"),
-            x,
-            &format!("{k}.attn.to_q"),
-            d,
-            inner,
-            false,
-            &t,
-        )?;
-        let kv = self.linear(
-            &format!("{p}.attn.to_kv"),
-            x,
-            &format!("{k}.attn.to_kv"),
-            d,
-            2 * inner,
-            false,
-            &t,
-        )?;
         let shaw = ShawBlockAttention {
             heads: enc.num_heads,
             dim_head: enc.dim_head,
@@ -268,100 +187,330 @@ impl B<'_> {
             causal: false,
         };
         let rel = [(
-            format!("{k}.attn.rel_pos_emb.weight"),
+            vb.pp("rel_pos_emb").key("weight"),
             vec![2 * enc.max_pos_emb + 1, enc.dim_head],
         )];
-        let a = self.op(&format!("{p}.attn.shaw"), shaw, &[q, kv], &rel, &t, inner)?;
+        let ln = (d, ENCODER_NORM_EPS);
+        let x = self.layer_norm(&format!("{p}.pre_norm"), &vb.pp("pre_norm"), h, ln, &t)?;
+        let q = self.linear(
+            &format!("{p}.to_q"),
+            &vb.pp("to_q"),
+            x,
+            (d, inner, false),
+            &t,
+        )?;
+        let kv_dims = (d, 2 * inner, false);
+        let kv = self.linear(&format!("{p}.to_kv"), &vb.pp("to_kv"), x, kv_dims, &t)?;
+        let a = self.op(&format!("{p}.shaw"), shaw, &[q, kv], &rel, &t, inner)?;
         let a = self.linear(
-            &format!("{p}.attn.to_out"),
+            &format!("{p}.to_out"),
+            &vb.pp("to_out"),
             a,
-            &format!("{k}.attn.to_out"),
-            inner,
-            d,
-            true,
+            (inner, d, true),
             &t,
         )?;
-        let h = self.add(&format!("{p}.attn.residual"), h, a, 1.0, &t, d)?;
+        self.add(&format!("{p}.residual"), h, a, 1.0, &t, d)
+    }
 
-        // Conv module.
+    /// Conformer conv module `down(silu(bn(depthwise(glu(up(LN(x)))))))` and its residual.
+    ///
+    /// Upstream: transformers v5.24.0 modeling_granite_speech.py `GraniteSpeechConformerConvModule.forward`.
+    fn conformer_conv(&mut self, p: &str, vb: &Vb, h: EdgeId) -> Result<EdgeId> {
+        let enc = &self.cfg.encoder_config;
+        let d = enc.hidden_dim;
+        let conv_inner = d * enc.conv_expansion_factor;
+        let kernel = enc.conv_kernel_size;
+        let t = Dim::sym(SYM_ENC_FRAMES);
         let x = self.layer_norm(
-            &format!("{p}.conv.norm"),
+            &format!("{p}.norm"),
+            &vb.pp("norm"),
             h,
-            &format!("{k}.conv.norm"),
-            d,
-            ENCODER_NORM_EPS,
+            (d, ENCODER_NORM_EPS),
             &t,
         )?;
-        let up = [
-            (
-                format!("{k}.conv.up_conv.weight"),
-                vec![2 * conv_inner, d, 1],
-            ),
-            (format!("{k}.conv.up_conv.bias"), vec![2 * conv_inner]),
-        ];
+        let pointwise = |vb: Vb, c_out: usize, c_in: usize| {
+            [
+                (vb.key("weight"), vec![c_out, c_in, 1]),
+                (vb.key("bias"), vec![c_out]),
+            ]
+        };
+        let up = pointwise(vb.pp("up_conv"), 2 * conv_inner, d);
         let x = self.op(
-            &format!("{p}.conv.up_conv"),
+            &format!("{p}.up_conv"),
             Pointwise { bias: true },
             &[x],
             &up,
             &t,
             2 * conv_inner,
         )?;
-        let x = self.op(&format!("{p}.conv.glu"), Glu, &[x], &[], &t, conv_inner)?;
+        let x = self.op(&format!("{p}.glu"), Glu, &[x], &[], &t, conv_inner)?;
         let dw = [(
-            format!("{k}.conv.depth_conv.conv.weight"),
-            vec![conv_inner, 1, enc.conv_kernel_size],
+            vb.pp("depth_conv").pp("conv").key("weight"),
+            vec![conv_inner, 1, kernel],
         )];
         let x = self.op(
-            &format!("{p}.conv.depth_conv"),
-            DepthwiseConv {
-                kernel: enc.conv_kernel_size,
-            },
+            &format!("{p}.depth_conv"),
+            DepthwiseConv { kernel },
             &[x],
             &dw,
             &t,
             conv_inner,
         )?;
+        let bn_vb = vb.pp("batch_norm");
         let bn: Vec<(String, Vec<usize>)> = ["weight", "bias", "running_mean", "running_var"]
             .iter()
-            .map(|r| (format!("{k}.conv.batch_norm.{r}"), vec![conv_inner]))
+            .map(|r| (bn_vb.key(r), vec![conv_inner]))
             .collect();
+        let batch_norm = BatchNorm {
+            eps: ENCODER_NORM_EPS,
+        };
         let x = self.op(
-            &format!("{p}.conv.batch_norm"),
-            BatchNorm {
-                eps: ENCODER_NORM_EPS,
-            },
+            &format!("{p}.batch_norm"),
+            batch_norm,
             &[x],
             &bn,
             &t,
             conv_inner,
         )?;
-        let x = self.op(&format!("{p}.conv.silu"), Silu, &[x], &[], &t, conv_inner)?;
-        let down = [
-            (format!("{k}.conv.down_conv.weight"), vec![d, conv_inner, 1]),
-            (format!("{k}.conv.down_conv.bias"), vec![d]),
-        ];
+        let x = self.op(&format!("{p}.silu"), Silu, &[x], &[], &t, conv_inner)?;
+        let down = pointwise(vb.pp("down_conv"), d, conv_inner);
         let x = self.op(
-            &format!("{p}.conv.down_conv"),
+            &format!("{p}.down_conv"),
             Pointwise { bias: true },
             &[x],
             &down,
             &t,
             d,
         )?;
-        let h = self.add(&format!("{p}.conv.residual"), h, x, 1.0, &t, d)?;
+        self.add(&format!("{p}.residual"), h, x, 1.0, &t, d)
+    }
 
-        let h = self.conformer_ff(&format!("{p}.ff2"), &format!("{k}.ff2"), h)?;
-        let out = self.layer_norm(
-            &format!("{p}.post_norm"),
-            h,
-            &format!("{k}.post_norm"),
-            d,
-            ENCODER_NORM_EPS,
-            &t,
-        )?;
+    /// One Conformer block: FF1 (half step) -> block-local Shaw attention -> conv module -> FF2
+    /// (half step) -> post LayerNorm.
+    ///
+    /// Upstream: transformers v5.24.0 modeling_granite_speech.py `GraniteSpeechConformerBlock.forward`.
+    fn conformer_block(&mut self, l: usize, h: EdgeId) -> Result<EdgeId> {
+        let d = self.cfg.encoder_config.hidden_dim;
+        let t = Dim::sym(SYM_ENC_FRAMES);
+        let p = format!("enc.block.{l}");
+        let vb = Vb::root("encoder.layers").pp(l);
+        let h = self.conformer_ff(&format!("{p}.ff1"), &vb.pp("ff1"), h)?;
+        let h = self.conformer_attention(&format!("{p}.attn"), &vb.pp("attn"), h)?;
+        let h = self.conformer_conv(&format!("{p}.conv"), &vb.pp("conv"), h)?;
+        let h = self.conformer_ff(&format!("{p}.ff2"), &vb.pp("ff2"), h)?;
+        let ln = (d, ENCODER_NORM_EPS);
+        let out = self.layer_norm(&format!("{p}.post_norm"), &vb.pp("post_norm"), h, ln, &t)?;
         self.g.checkpoint(out, &format!("enc.block.{l}.out"))?;
         Ok(out)
+    }
+
+    /// One Q-Former layer over the windowed keys/values `kv`: pre-LN cross-attention, pre-LN MLP.
+    ///
+    /// Upstream: oracle granite_nar.py `GraniteNarQFormerLayer.forward`,
+    /// `GraniteNarCrossAttention.forward`.
+    fn qformer_layer(
+        &mut self,
+        l: usize,
+        q: EdgeId,
+        kv: EdgeId,
+        n_query: usize,
+        mlp: usize,
+    ) -> Result<EdgeId> {
+        let prj = &self.cfg.projector_config;
+        let (hp, heads, block) = (prj.hidden_size, prj.num_heads, prj.block_size);
+        let (ab, mb) = (prj.attn_bias, prj.mlp_bias);
+        let ln = (hp, prj.layernorm_eps as f32);
+        let rows = Dim::sym(SYM_PROJ_ROWS);
+        let toks = Dim::sym(SYM_PROJ_TOKENS);
+        let p = format!("proj.qformer.layer.{l}");
+        let vb = Vb::root("projector.qformer.layers").pp(l);
+        let ca = vb.pp("cross_attention");
+        let x = self.layer_norm(&format!("{p}.attn_norm"), &vb.pp("attn_norm"), q, ln, &toks)?;
+        let qq = self.linear(
+            &format!("{p}.q_proj"),
+            &ca.pp("q_proj"),
+            x,
+            (hp, hp, ab),
+            &toks,
+        )?;
+        let kk = self.linear(
+            &format!("{p}.k_proj"),
+            &ca.pp("k_proj"),
+            kv,
+            (hp, hp, ab),
+            &rows,
+        )?;
+        let vv = self.linear(
+            &format!("{p}.v_proj"),
+            &ca.pp("v_proj"),
+            kv,
+            (hp, hp, ab),
+            &rows,
+        )?;
+        let att = WindowCrossAttention {
+            heads,
+            n_query,
+            block,
+            scale: ((hp / heads) as f32).powf(-0.5),
+        };
+        let a = self.op(
+            &format!("{p}.cross_attn"),
+            att,
+            &[qq, kk, vv],
+            &[],
+            &toks,
+            hp,
+        )?;
+        let a = self.linear(
+            &format!("{p}.o_proj"),
+            &ca.pp("o_proj"),
+            a,
+            (hp, hp, ab),
+            &toks,
+        )?;
+        let q = self.add(&format!("{p}.residual_attn"), q, a, 1.0, &toks, hp)?;
+        let x = self.layer_norm(&format!("{p}.mlp_norm"), &vb.pp("mlp_norm"), q, ln, &toks)?;
+        let m = vb.pp("mlp");
+        let x = self.linear(&format!("{p}.fc1"), &m.pp("fc1"), x, (hp, mlp, mb), &toks)?;
+        let x = self.op(&format!("{p}.silu"), Silu, &[x], &[], &toks, mlp)?;
+        let x = self.linear(&format!("{p}.fc2"), &m.pp("fc2"), x, (mlp, hp, mb), &toks)?;
+        self.add(&format!("{p}.residual_mlp"), q, x, 1.0, &toks, hp)
+    }
+
+    /// One bidirectional Granite LM layer: RMSNorm -> GQA self-attention with RoPE -> scaled
+    /// residual; RMSNorm -> SwiGLU MLP -> scaled residual.
+    ///
+    /// Upstream: transformers v5.24.0 modeling_granite.py `GraniteDecoderLayer.forward`,
+    /// `GraniteAttention.forward`, `GraniteMLP.forward`.
+    fn lm_layer(&mut self, l: usize, h: EdgeId, der: &Derived) -> Result<EdgeId> {
+        let txt = &self.cfg.text_config;
+        let dm = txt.hidden_size;
+        let (hq, hk, hd) = (txt.num_attention_heads, der.kv_heads, der.head_dim);
+        let rm = txt.residual_multiplier as f32;
+        let (ab, mb, inter) = (txt.attention_bias, txt.mlp_bias, txt.intermediate_size);
+        let att = GqaAttention {
+            scale: txt.attention_multiplier as f32,
+            causal: false,
+            rope_theta: der.rope_theta as f32,
+            query_pos_offset: 0,
+        };
+        let n_total = Dim::sym(SYM_N_TOTAL);
+        let p = format!("dec.layer.{l}");
+        let vb = Vb::root("language_model.model.layers").pp(l);
+        let sa = vb.pp("self_attn");
+        let x = self.rms_norm(
+            &format!("{p}.input_layernorm"),
+            &vb.pp("input_layernorm"),
+            h,
+            dm,
+            &n_total,
+        )?;
+        let qx = self.linear(
+            &format!("{p}.q_proj"),
+            &sa.pp("q_proj"),
+            x,
+            (dm, hq * hd, ab),
+            &n_total,
+        )?;
+        let kx = self.linear(
+            &format!("{p}.k_proj"),
+            &sa.pp("k_proj"),
+            x,
+            (dm, hk * hd, ab),
+            &n_total,
+        )?;
+        let vx = self.linear(
+            &format!("{p}.v_proj"),
+            &sa.pp("v_proj"),
+            x,
+            (dm, hk * hd, ab),
+            &n_total,
+        )?;
+        let mut hm = Vec::with_capacity(3);
+        for (nm, e, nh) in [("q", qx, hq), ("k", kx, hk), ("v", vx, hk)] {
+            hm.push(split_heads(
+                &mut self.g,
+                &format!("{p}.{nm}_heads"),
+                e,
+                nh,
+                &n_total,
+                hd,
+            )?);
+        }
+        let att_out = self.g.op(
+            &names::dec_attention(l),
+            Box::new(att),
+            &hm,
+            &[],
+            vec![
+                Out::new(
+                    vec![hq.into(), n_total.clone(), hd.into()],
+                    Layout::HeadMajor,
+                ),
+                Out::new(
+                    vec![hq.into(), n_total.clone(), n_total.clone()],
+                    Layout::HeadMajor,
+                ),
+            ],
+        )?;
+        self.g
+            .checkpoint(att_out[1], &format!("dec.layer.{l}.attn_probs"))?;
+        let a = merge_heads(
+            &mut self.g,
+            &format!("{p}.merge_heads"),
+            att_out[0],
+            &n_total,
+            hq * hd,
+        )?;
+        let a = self.linear(
+            &format!("{p}.o_proj"),
+            &sa.pp("o_proj"),
+            a,
+            (hq * hd, dm, ab),
+            &n_total,
+        )?;
+        let h = self.add(&format!("{p}.residual_attn"), h, a, rm, &n_total, dm)?;
+        let post = vb.pp("post_attention_layernorm");
+        let x = self.rms_norm(
+            &format!("{p}.post_attention_layernorm"),
+            &post,
+            h,
+            dm,
+            &n_total,
+        )?;
+        let m = vb.pp("mlp");
+        let gt = self.linear(
+            &format!("{p}.gate_proj"),
+            &m.pp("gate_proj"),
+            x,
+            (dm, inter, mb),
+            &n_total,
+        )?;
+        let up = self.linear(
+            &format!("{p}.up_proj"),
+            &m.pp("up_proj"),
+            x,
+            (dm, inter, mb),
+            &n_total,
+        )?;
+        let x = self.op(
+            &format!("{p}.swiglu"),
+            SwiGlu,
+            &[gt, up],
+            &[],
+            &n_total,
+            inter,
+        )?;
+        let x = self.linear(
+            &format!("{p}.down_proj"),
+            &m.pp("down_proj"),
+            x,
+            (inter, dm, mb),
+            &n_total,
+        )?;
+        let h = self.add(&format!("{p}.residual_mlp"), h, x, rm, &n_total, dm)?;
+        self.g.checkpoint(h, &format!("dec.layer.{l}.out"))?;
+        Ok(h)
     }
 }
 
@@ -390,12 +539,13 @@ pub fn build(
 
     // ---- Frontend.
     let pcm = b.g.feed(names::PCM, shape!["samples"], Layout::Plain)?;
+    let mel_rows = Dim::sym(SYM_MEL_FRAMES);
     let mel = b.op(
         "frontend.log_mel",
         pre.log_mel()?,
         &[pcm],
         &[],
-        &Dim::sym(SYM_MEL_FRAMES),
+        &mel_rows,
         n_mels,
     )?;
     let mel_in = b.op(
@@ -409,13 +559,13 @@ pub fn build(
     b.g.checkpoint(mel_in, "enc.mel_in")?;
 
     // ---- Encoder. Upstream: oracle granite_nar.py `GraniteNarEncoder.forward`.
+    let ev = Vb::root("encoder");
+    let input = (enc.input_dim, d, true);
     let mut h = b.linear(
         "enc.input_linear",
+        &ev.pp("input_linear"),
         mel_in,
-        "encoder.input_linear",
-        enc.input_dim,
-        d,
-        true,
+        input,
         &t,
     )?;
     b.g.checkpoint(h, "enc.input_linear.out")?;
@@ -426,15 +576,8 @@ pub fn build(
     for l in 0..enc.num_layers {
         h = b.conformer_block(l, h)?;
         if l + 1 == der.sc_layer {
-            let logits = b.linear(
-                "enc.self_cond.ctc_out",
-                h,
-                "encoder.out",
-                d,
-                enc.output_dim,
-                true,
-                &t,
-            )?;
+            let ctc = (d, enc.output_dim, true);
+            let logits = b.linear("enc.self_cond.ctc_out", &ev.pp("out"), h, ctc, &t)?;
             b.g.checkpoint(logits, "enc.ctc_logits")?;
             let probs = b.op(
                 "enc.self_cond.softmax",
@@ -444,23 +587,22 @@ pub fn build(
                 &t,
                 enc.output_dim,
             )?;
-            let bp = b.g.op1(
+            let bp = unary(
+                &mut b.g,
                 "enc.self_cond.blank_prob",
-                Box::new(Column { index: 0 }),
-                &[probs],
-                &[],
+                Column { index: 0 },
+                probs,
                 vec![t.clone()],
                 Layout::Plain,
             )?;
             b.g.checkpoint(bp, "enc.mid_blank_probs")?;
             blank = Some(bp);
+            let mid_dims = (enc.output_dim, d, true);
             let mid = b.linear(
                 "enc.self_cond.out_mid",
+                &ev.pp("out_mid"),
                 probs,
-                "encoder.out_mid",
-                enc.output_dim,
-                d,
-                true,
+                mid_dims,
                 &t,
             )?;
             h = b.add(names::BYPASS_OP, h, mid, 1.0, &t, d)?;
@@ -488,30 +630,19 @@ pub fn build(
     )?[0];
     b.g.checkpoint(cat_out, "enc.cat_out")?;
     let bpe_rows = Dim::sym(SYM_BPE_FRAMES);
-    let pooled = b.op(
-        "enc.bpe_ctc.pool",
-        PosteriorPool {
-            window: enc.bpe_pooling_window,
-        },
-        &[h, blank],
-        &[],
-        &bpe_rows,
-        d,
-    )?;
-    let bw = [
-        (
-            "encoder.out_bpe.weight".to_string(),
-            vec![der.bpe_output_dim, d],
-        ),
-        ("encoder.out_bpe.bias".to_string(), vec![der.bpe_output_dim]),
-    ];
+    let pool = PosteriorPool {
+        window: enc.bpe_pooling_window,
+    };
+    let pooled = b.op("enc.bpe_ctc.pool", pool, &[h, blank], &[], &bpe_rows, d)?;
+    let bpe = ev.pp("out_bpe");
     let bpe_logits = b.g.op(
         "enc.bpe_ctc.out",
         Box::new(Linear::new(true, MatmulStrategy::Gemm)),
         &[pooled],
-        &bw.iter()
-            .map(|(k, s)| (k.as_str(), s.clone()))
-            .collect::<Vec<_>>(),
+        &[
+            (&bpe.key("weight"), vec![der.bpe_output_dim, d]),
+            (&bpe.key("bias"), vec![der.bpe_output_dim]),
+        ],
         vec![named(
             names::BPE_LOGITS,
             vec![bpe_rows, der.bpe_output_dim.into()],
@@ -520,195 +651,61 @@ pub fn build(
     )?[0];
     b.g.checkpoint(bpe_logits, "enc.ctc_bpe_logits")?;
 
-    // ---- Projector. Upstream: oracle granite_nar.py `GraniteNarProjector.forward`,
-    // `GraniteNarQFormerLayer.forward`, `GraniteNarCrossAttention.forward`.
-    let eps = prj.layernorm_eps as f32;
+    // ---- Projector. Upstream: oracle granite_nar.py `GraniteNarProjector.forward`.
+    let pv = Vb::root("projector");
+    let ln = (prj.encoder_dim, prj.layernorm_eps as f32);
     let hp = prj.hidden_size;
     let e = prj.encoder_dim;
     let mut slices = Vec::with_capacity(caps.len());
     for j in 0..caps.len() {
-        let s = b.op(
-            &format!("proj.slice.{j}"),
-            ChannelSlice {
-                start: j * e,
-                len: e,
-            },
-            &[cat_out],
-            &[],
-            &t,
-            e,
-        )?;
-        slices.push(b.layer_norm(
-            &format!("proj.layer_norm.{j}"),
-            s,
-            &format!("projector.layer_norms.{j}"),
-            e,
-            eps,
-            &t,
-        )?);
+        let slice = ChannelSlice {
+            start: j * e,
+            len: e,
+        };
+        let s = b.op(&format!("proj.slice.{j}"), slice, &[cat_out], &[], &t, e)?;
+        let norm = pv.pp("layer_norms").pp(j);
+        slices.push(b.layer_norm(&format!("proj.layer_norm.{j}"), &norm, s, ln, &t)?);
     }
-    let x = b.op(
-        "proj.norm_concat",
-        ConcatChannels { n: slices.len() },
-        &slices,
-        &[],
-        &t,
-        cat_dim,
-    )?;
-    let x = b.linear(
-        "proj.layer_projector",
-        x,
-        "projector.layer_projector",
-        cat_dim,
-        hp,
-        true,
-        &t,
-    )?;
+    let concat = ConcatChannels { n: slices.len() };
+    let x = b.op("proj.norm_concat", concat, &slices, &[], &t, cat_dim)?;
+    let lp = pv.pp("layer_projector");
+    let x = b.linear("proj.layer_projector", &lp, x, (cat_dim, hp, true), &t)?;
     let x = b.op("proj.gelu", Gelu, &[x], &[], &t, hp)?;
     let rows = Dim::sym(SYM_PROJ_ROWS);
     let toks = Dim::sym(SYM_PROJ_TOKENS);
-    let win = b.op(
-        "proj.window_pad",
-        WindowPad {
-            block: prj.block_size,
-        },
-        &[x],
-        &[],
-        &rows,
-        hp,
-    )?;
+    let pad = WindowPad {
+        block: prj.block_size,
+    };
+    let win = b.op("proj.window_pad", pad, &[x], &[], &rows, hp)?;
+    let wpos = [(pv.key("window_positions"), vec![1, prj.block_size, hp])];
     let kv = b.op(
         "proj.kv_positions",
         AddWindowPositions,
         &[win],
-        &[(
-            "projector.window_positions".into(),
-            vec![1, prj.block_size, hp],
-        )],
+        &wpos,
         &rows,
         hp,
     )?;
-    let mut q = b.op(
-        "proj.query_init",
-        QueryInit {
-            downsample: prj.downsample_rate,
-        },
-        &[win],
-        &[("projector.query".into(), vec![1, der.n_query, hp])],
-        &toks,
-        hp,
-    )?;
-    let heads = prj.num_heads;
+    let init = QueryInit {
+        downsample: prj.downsample_rate,
+    };
+    let query = [(pv.key("query"), vec![1, der.n_query, hp])];
+    let mut q = b.op("proj.query_init", init, &[win], &query, &toks, hp)?;
     for l in 0..prj.num_layers {
-        let (p, k) = (
-            format!("proj.qformer.layer.{l}"),
-            format!("projector.qformer.layers.{l}"),
-        );
-        let x = b.layer_norm(
-            &format!("{p}.attn_norm"),
-            q,
-            &format!("{k}.attn_norm"),
-            hp,
-            eps,
-            &toks,
-        )?;
-        let qq = b.linear(
-            &format!("{p}.q_proj"),
-            x,
-            &format!("{k}.cross_attention.q_proj"),
-            hp,
-            hp,
-            prj.attn_bias,
-            &toks,
-        )?;
-        let kk = b.linear(
-            &format!("{p}.k_proj"),
-            kv,
-            &format!("{k}.cross_attention.k_proj"),
-            hp,
-            hp,
-            prj.attn_bias,
-            &rows,
-        )?;
-        let vv = b.linear(
-            &format!("{p}.v_proj"),
-            kv,
-            &format!("{k}.cross_attention.v_proj"),
-            hp,
-            hp,
-            prj.attn_bias,
-            &rows,
-        )?;
-        let att = WindowCrossAttention {
-            heads,
-            n_query: der.n_query,
-            block: prj.block_size,
-            scale: ((hp / heads) as f32).powf(-0.5),
-        };
-        let a = b.op(
-            &format!("{p}.cross_attn"),
-            att,
-            &[qq, kk, vv],
-            &[],
-            &toks,
-            hp,
-        )?;
-        let a = b.linear(
-            &format!("{p}.o_proj"),
-            a,
-            &format!("{k}.cross_attention.o_proj"),
-            hp,
-            hp,
-            prj.attn_bias,
-            &toks,
-        )?;
-        q = b.add(&format!("{p}.residual_attn"), q, a, 1.0, &toks, hp)?;
-        let x = b.layer_norm(
-            &format!("{p}.mlp_norm"),
-            q,
-            &format!("{k}.mlp_norm"),
-            hp,
-            eps,
-            &toks,
-        )?;
-        let x = b.linear(
-            &format!("{p}.fc1"),
-            x,
-            &format!("{k}.mlp.fc1"),
-            hp,
-            der.proj_mlp,
-            prj.mlp_bias,
-            &toks,
-        )?;
-        let x = b.op(&format!("{p}.silu"), Silu, &[x], &[], &toks, der.proj_mlp)?;
-        let x = b.linear(
-            &format!("{p}.fc2"),
-            x,
-            &format!("{k}.mlp.fc2"),
-            der.proj_mlp,
-            hp,
-            prj.mlp_bias,
-            &toks,
-        )?;
-        q = b.add(&format!("{p}.residual_mlp"), q, x, 1.0, &toks, hp)?;
+        q = b.qformer_layer(l, q, kv, der.n_query, der.proj_mlp)?;
     }
     // The reference captures `projector.qformer`'s output; this identity marks the stack's end.
     let qf = b.op("proj.qformer", Identity, &[q], &[], &toks, hp)?;
     b.g.checkpoint(qf, "proj.qformer.out")?;
-    let x = b.layer_norm("proj.out_norm", qf, "projector.out_norm", hp, eps, &toks)?;
-    let proj_out = b.linear(
-        "proj.out_linear",
-        x,
-        "projector.out_linear",
-        hp,
-        prj.llm_dim,
-        true,
-        &toks,
-    )?;
+    let out_ln = (hp, prj.layernorm_eps as f32);
+    let x = b.layer_norm("proj.out_norm", &pv.pp("out_norm"), qf, out_ln, &toks)?;
+    let out_dims = (hp, prj.llm_dim, true);
+    let proj_out = b.linear("proj.out_linear", &pv.pp("out_linear"), x, out_dims, &toks)?;
     b.g.checkpoint(proj_out, "proj.out")?;
 
     // ---- Decoder: bidirectional Granite LM. Upstream: oracle granite_nar.py `decode_text`;
-    // transformers v5.24.0 modeling_granite.py `GraniteModel.forward`, `GraniteDecoderLayer.forward`.
+    // transformers v5.24.0 modeling_granite.py `GraniteModel.forward`.
+    let lm = Vb::root("language_model.model");
     let dm = txt.hidden_size;
     let n_text = Dim::sym(SYM_N_TEXT);
     let n_total = Dim::sym(SYM_N_TOTAL);
@@ -717,26 +714,22 @@ pub fn build(
     let divisor = cfg
         .scale_projected_embeddings
         .then_some(txt.embedding_multiplier as f32);
+    let prefix = AudioPrefix {
+        downsample: prj.downsample_rate,
+        divisor,
+    };
+    let n_audio = Dim::sym(SYM_N_AUDIO);
     let audio = b.op(
         "dec.audio_prefix",
-        AudioPrefix {
-            downsample: prj.downsample_rate,
-            divisor,
-        },
+        prefix,
         &[proj_out, cat_out],
         &[],
-        &Dim::sym(SYM_N_AUDIO),
+        &n_audio,
         dm,
     )?;
-    let embed_key = "language_model.model.embed_tokens.weight".to_string();
-    let text = b.op(
-        "dec.embed_tokens",
-        Embedding,
-        &[ids],
-        &[(embed_key.clone(), vec![txt.vocab_size, dm])],
-        &n_text,
-        dm,
-    )?;
+    let embed_key = lm.pp("embed_tokens").key("weight");
+    let embed = [(embed_key.clone(), vec![txt.vocab_size, dm])];
+    let text = b.op("dec.embed_tokens", Embedding, &[ids], &embed, &n_text, dm)?;
     let flat = b.op(
         "dec.flat_concat",
         ConcatRows,
@@ -746,158 +739,14 @@ pub fn build(
         dm,
     )?;
     b.g.checkpoint(flat, "dec.flat_embeds")?;
-    let mut h = b.op(
-        "dec.embed_scale",
-        Scale {
-            factor: txt.embedding_multiplier as f32,
-        },
-        &[flat],
-        &[],
-        &n_total,
-        dm,
-    )?;
-    let (hq, hk, hd) = (txt.num_attention_heads, der.kv_heads, der.head_dim);
-    let rm = txt.residual_multiplier as f32;
+    let scale = Scale {
+        factor: txt.embedding_multiplier as f32,
+    };
+    let mut h = b.op("dec.embed_scale", scale, &[flat], &[], &n_total, dm)?;
     for l in 0..txt.num_hidden_layers {
-        let (p, k) = (
-            format!("dec.layer.{l}"),
-            format!("language_model.model.layers.{l}"),
-        );
-        let x = b.rms_norm(
-            &format!("{p}.input_layernorm"),
-            h,
-            &format!("{k}.input_layernorm"),
-            dm,
-            &n_total,
-        )?;
-        let ab = txt.attention_bias;
-        let qx = b.linear(
-            &format!("{p}.q_proj"),
-            x,
-            &format!("{k}.self_attn.q_proj"),
-            dm,
-            hq * hd,
-            ab,
-            &n_total,
-        )?;
-        let kx = b.linear(
-            &format!("{p}.k_proj"),
-            x,
-            &format!("{k}.self_attn.k_proj"),
-            dm,
-            hk * hd,
-            ab,
-            &n_total,
-        )?;
-        let vx = b.linear(
-            &format!("{p}.v_proj"),
-            x,
-            &format!("{k}.self_attn.v_proj"),
-            dm,
-            hk * hd,
-            ab,
-            &n_total,
-        )?;
-        let mut hm = Vec::with_capacity(3);
-        for (nm, e, nh) in [("q", qx, hq), ("k", kx, hk), ("v", vx, hk)] {
-            hm.push(b.g.op1(
-                &format!("{p}.{nm}_heads"),
-                Box::new(SplitHeads { heads: nh }),
-                &[e],
-                &[],
-                vec![nh.into(), n_total.clone(), hd.into()],
-                Layout::HeadMajor,
-            )?);
-        }
-        let att = GqaAttention {
-            scale: txt.attention_multiplier as f32,
-            causal: false,
-            rope_theta: der.rope_theta as f32,
-            query_pos_offset: 0,
-        };
-        let att_out = b.g.op(
-            &names::dec_attention(l),
-            Box::new(att),
-            &[hm[0], hm[1], hm[2]],
-            &[],
-            vec![
-                Out::new(
-                    vec![hq.into(), n_total.clone(), hd.into()],
-                    Layout::HeadMajor,
-                ),
-                Out::new(
-                    vec![hq.into(), n_total.clone(), n_total.clone()],
-                    Layout::HeadMajor,
-                ),
-            ],
-        )?;
-        b.g.checkpoint(att_out[1], &format!("dec.layer.{l}.attn_probs"))?;
-        let a = att_out[0];
-        let a = b.op(
-            &format!("{p}.merge_heads"),
-            MergeHeads,
-            &[a],
-            &[],
-            &n_total,
-            hq * hd,
-        )?;
-        let a = b.linear(
-            &format!("{p}.o_proj"),
-            a,
-            &format!("{k}.self_attn.o_proj"),
-            hq * hd,
-            dm,
-            ab,
-            &n_total,
-        )?;
-        h = b.add(&format!("{p}.residual_attn"), h, a, rm, &n_total, dm)?;
-        let x = b.rms_norm(
-            &format!("{p}.post_attention_layernorm"),
-            h,
-            &format!("{k}.post_attention_layernorm"),
-            dm,
-            &n_total,
-        )?;
-        let (mb, inter) = (txt.mlp_bias, txt.intermediate_size);
-        let gt = b.linear(
-            &format!("{p}.gate_proj"),
-            x,
-            &format!("{k}.mlp.gate_proj"),
-            dm,
-            inter,
-            mb,
-            &n_total,
-        )?;
-        let up = b.linear(
-            &format!("{p}.up_proj"),
-            x,
-            &format!("{k}.mlp.up_proj"),
-            dm,
-            inter,
-            mb,
-            &n_total,
-        )?;
-        let x = b.op(
-            &format!("{p}.swiglu"),
-            SwiGlu,
-            &[gt, up],
-            &[],
-            &n_total,
-            inter,
-        )?;
-        let x = b.linear(
-            &format!("{p}.down_proj"),
-            x,
-            &format!("{k}.mlp.down_proj"),
-            inter,
-            dm,
-            mb,
-            &n_total,
-        )?;
-        h = b.add(&format!("{p}.residual_mlp"), h, x, rm, &n_total, dm)?;
-        b.g.checkpoint(h, &format!("dec.layer.{l}.out"))?;
+        h = b.lm_layer(l, h, der)?;
     }
-    let x = b.rms_norm("dec.norm", h, "language_model.model.norm", dm, &n_total)?;
+    let x = b.rms_norm("dec.norm", &lm.pp("norm"), h, dm, &n_total)?;
     let x = b.op("dec.text_rows", TailRows, &[x, ids], &[], &n_text, dm)?;
     // Tied lm_head: the embedding table, no bias, no `/ logits_scaling` (the NAR model calls
     // `lm_head` directly).
@@ -922,9 +771,8 @@ pub fn build(
     // counters are training state.
     g.allow_unused("language_model.lm_head.weight");
     for l in 0..enc.num_layers {
-        g.allow_unused(&format!(
-            "encoder.layers.{l}.conv.batch_norm.num_batches_tracked"
-        ));
+        let bn = Vb::root("encoder.layers").pp(l).pp("conv").pp("batch_norm");
+        g.allow_unused(&bn.key("num_batches_tracked"));
     }
     let graph = g.build()?;
     let edges = GraniteEdges {

@@ -10,10 +10,13 @@ use std::path::Path;
 
 use super::{PreprocessorConfig, WhisperConfig, LAYER_NORM_EPS};
 use crate::error::Result;
-use crate::graph::{EdgeId, Graph, GraphBuilder, Layout};
+use crate::graph::{Dim, EdgeId, Graph, GraphBuilder, Layout, Out};
 use crate::kernels::{
-    Add, AddTable, Attention, ChannelToToken, Conv1d, Embedding, Gelu, KvAppend, LayerNorm, Linear,
-    MatmulStrategy, MergeHeads, SplitHeads,
+    AddTable, Attention, ChannelToToken, Conv1d, Embedding, Gelu, KvAppend, LayerNorm, Linear,
+    MatmulStrategy, SplitHeads,
+};
+use crate::models::common::{
+    add, conv1d, layer_norm, linear, merge_heads, named, op, split_heads, unary, Dense, Vb,
 };
 use crate::shape;
 
@@ -78,12 +81,322 @@ pub struct WhisperEdges {
     pub cross: Vec<[EdgeId; 2]>,
 }
 
-fn out(name: &str, shape: crate::graph::Shape, layout: Layout) -> crate::graph::Out {
-    crate::graph::Out {
-        name: Some(name.to_string()),
-        shape,
-        layout,
+/// One attention stack's geometry: model width, heads, MLP width, matmul strategy and rows.
+struct Geo {
+    d: usize,
+    heads: usize,
+    head_dim: usize,
+    ffn: usize,
+    strategy: MatmulStrategy,
+    rows: Dim,
+}
+
+impl Geo {
+    /// A `d -> d` projection (q/k/v/out) with this stack's strategy.
+    fn proj(&self, bias: bool) -> Dense {
+        Dense::gemm(self.d, self.d, bias).with(self.strategy)
     }
+}
+
+/// `nn.LayerNorm(d, 1e-5)` under `vb`.
+fn ln(g: &mut GraphBuilder, name: &str, vb: &Vb, x: EdgeId, geo: &Geo) -> Result<EdgeId> {
+    layer_norm(g, name, vb, x, geo.d, LAYER_NORM_EPS, &geo.rows)
+}
+
+/// `WhisperAttention`'s q/k/v projections (k without bias) under `vb`, each split to head-major.
+/// Op names: `{p}.{side}q_proj` .. and `{p}.{side}q_to_head_major` ..
+fn qkv_heads(
+    g: &mut GraphBuilder,
+    p: &str,
+    side: &str,
+    vb: &Vb,
+    x: EdgeId,
+    geo: &Geo,
+) -> Result<Vec<EdgeId>> {
+    let mut proj = Vec::with_capacity(3);
+    for (n, bias) in [("q", true), ("k", false), ("v", true)] {
+        let name = format!("{p}.{side}{n}_proj");
+        proj.push(linear(
+            g,
+            &name,
+            &vb.pp(format!("{n}_proj")),
+            x,
+            geo.proj(bias),
+            &geo.rows,
+        )?);
+    }
+    let mut heads = Vec::with_capacity(3);
+    for (n, e) in ["q", "k", "v"].into_iter().zip(proj) {
+        let name = format!("{p}.{side}{n}_to_head_major");
+        heads.push(split_heads(
+            g,
+            &name,
+            e,
+            geo.heads,
+            &geo.rows,
+            geo.head_dim,
+        )?);
+    }
+    Ok(heads)
+}
+
+/// `WhisperAttention`'s head merge and `out_proj` under `vb`.
+fn attn_out(
+    g: &mut GraphBuilder,
+    p: &str,
+    side: &str,
+    vb: &Vb,
+    att: EdgeId,
+    geo: &Geo,
+) -> Result<EdgeId> {
+    let merged = merge_heads(g, &format!("{p}.{side}merge_heads"), att, &geo.rows, geo.d)?;
+    let name = format!("{p}.{side}out_proj");
+    linear(
+        g,
+        &name,
+        &vb.pp("out_proj"),
+        merged,
+        geo.proj(true),
+        &geo.rows,
+    )
+}
+
+/// The MLP half of a Whisper layer: `h + fc2(gelu(fc1(final_layer_norm(h))))`, layer path `vb`.
+fn mlp(g: &mut GraphBuilder, p: &str, vb: &Vb, h: EdgeId, geo: &Geo) -> Result<EdgeId> {
+    let (d, ffn, rows) = (geo.d, geo.ffn, &geo.rows);
+    let x = ln(
+        g,
+        &format!("{p}.mlp_norm"),
+        &vb.pp("final_layer_norm"),
+        h,
+        geo,
+    )?;
+    let fc1 = Dense::gemm(d, ffn, true).with(geo.strategy);
+    let f1 = linear(g, &format!("{p}.fc1"), &vb.pp("fc1"), x, fc1, rows)?;
+    let shape = vec![rows.clone(), ffn.into()];
+    let ge = unary(g, &format!("{p}.gelu"), Gelu, f1, shape, Layout::TokenMajor)?;
+    let fc2 = Dense::gemm(ffn, d, true).with(geo.strategy);
+    let f2 = linear(g, &format!("{p}.fc2"), &vb.pp("fc2"), ge, fc2, rows)?;
+    add(g, &format!("{p}.residual_mlp"), (h, f2), 1.0, rows, d)
+}
+
+/// `WhisperEncoderLayer` `i` (pre-LN, bidirectional self-attention, GEMM).
+fn encoder_layer(g: &mut GraphBuilder, i: usize, h: EdgeId, geo: &Geo) -> Result<EdgeId> {
+    let p = format!("encoder.layer.{i}");
+    let vb = Vb::root("model.encoder.layers").pp(i);
+    let sa = vb.pp("self_attn");
+    let x = ln(
+        g,
+        &format!("{p}.self_attn_norm"),
+        &vb.pp("self_attn_layer_norm"),
+        h,
+        geo,
+    )?;
+    let heads = qkv_heads(g, &p, "", &sa, x, geo)?;
+    let attention = Attention {
+        scale: (geo.head_dim as f32).powf(-0.5),
+        causal: false,
+        strategy: geo.strategy,
+        probs: false,
+    };
+    let shape = vec![geo.heads.into(), geo.rows.clone(), geo.head_dim.into()];
+    let att = g.op1(
+        &format!("{p}.self_attn"),
+        Box::new(attention),
+        &heads,
+        &[],
+        shape,
+        Layout::HeadMajor,
+    )?;
+    let o = attn_out(g, &p, "", &sa, att, geo)?;
+    let r = add(
+        g,
+        &format!("{p}.residual_attn"),
+        (h, o),
+        1.0,
+        &geo.rows,
+        geo.d,
+    )?;
+    let h = mlp(g, &p, &vb, r, geo)?;
+    g.checkpoint(h, &format!("audio.encoder.layer.{i}.out"))?;
+    Ok(h)
+}
+
+/// The edges one decoder layer adds to the graph's interface.
+struct DecoderLayerEdges {
+    out: EdgeId,
+    self_cache: [EdgeId; 4],
+    cross: [EdgeId; 2],
+}
+
+/// `WhisperDecoderLayer` `i`: causal self-attention over the cache feed, cross-attention over the
+/// encoder memory (its K/V projected into the head-major cross cache), MLP.
+fn decoder_layer(
+    g: &mut GraphBuilder,
+    i: usize,
+    h: EdgeId,
+    memory: EdgeId,
+    enc_tokens: usize,
+    geo: &Geo,
+) -> Result<DecoderLayerEdges> {
+    let p = format!("decoder.layer.{i}");
+    let vb = Vb::root("model.decoder.layers").pp(i);
+    let (dh, dhd, d) = (geo.heads, geo.head_dim, geo.d);
+    let scale = (dhd as f32).powf(-0.5);
+    // Self-attention with the cache as feed in / output out.
+    let kp = g.feed(
+        &names::self_k_past(i),
+        shape![dh, "past", dhd],
+        Layout::HeadMajor,
+    )?;
+    let vp = g.feed(
+        &names::self_v_past(i),
+        shape![dh, "past", dhd],
+        Layout::HeadMajor,
+    )?;
+    let sa = vb.pp("self_attn");
+    let x = ln(
+        g,
+        &format!("{p}.self_attn_norm"),
+        &vb.pp("self_attn_layer_norm"),
+        h,
+        geo,
+    )?;
+    let hm = qkv_heads(g, &p, "self_", &sa, x, geo)?;
+    let mut cache = Vec::with_capacity(2);
+    for (n, past, new, out_name) in [
+        ("k", kp, hm[1], names::self_k(i)),
+        ("v", vp, hm[2], names::self_v(i)),
+    ] {
+        let shape = shape![dh, "past+tokens", dhd];
+        cache.push(
+            g.op(
+                &format!("{p}.self_{n}_append"),
+                Box::new(KvAppend),
+                &[past, new],
+                &[],
+                vec![named(&out_name, shape, Layout::HeadMajor)],
+            )?[0],
+        );
+    }
+    let (k_all, v_all) = (cache[0], cache[1]);
+    g.output(k_all);
+    g.output(v_all);
+    let sa_out = g.op(
+        &format!("{p}.self_attn"),
+        Box::new(Attention {
+            scale,
+            causal: true,
+            strategy: geo.strategy,
+            probs: true,
+        }),
+        &[hm[0], k_all, v_all],
+        &[],
+        vec![
+            Out::new(shape![dh, "tokens", dhd], Layout::HeadMajor),
+            Out::new(shape![dh, "tokens", "past+tokens"], Layout::HeadMajor),
+        ],
+    )?;
+    g.checkpoint(sa_out[1], &format!("audio.{p}.self_attention.probs"))?;
+    let so = attn_out(g, &p, "self_", &sa, sa_out[0], geo)?;
+    g.checkpoint(so, &format!("audio.{p}.self_attention.output"))?;
+    let r1 = add(g, &format!("{p}.residual_self"), (h, so), 1.0, &geo.rows, d)?;
+
+    // Cross-attention: q from the decoder stream; K/V projected from the encoder memory into
+    // the head-major projection cache (produced at prefill, fed at decode steps).
+    let ca_vb = vb.pp("encoder_attn");
+    let x = ln(
+        g,
+        &format!("{p}.cross_attn_norm"),
+        &vb.pp("encoder_attn_layer_norm"),
+        r1,
+        geo,
+    )?;
+    let cq = linear(
+        g,
+        &format!("{p}.cross_q_proj"),
+        &ca_vb.pp("q_proj"),
+        x,
+        geo.proj(true),
+        &geo.rows,
+    )?;
+    let cqh = split_heads(
+        g,
+        &format!("{p}.cross_q_to_head_major"),
+        cq,
+        dh,
+        &geo.rows,
+        dhd,
+    )?;
+    let enc_rows = Dim::from(enc_tokens);
+    let mut kv = Vec::with_capacity(2);
+    for (n, bias) in [("k", false), ("v", true)] {
+        let name = format!("{p}.cross_{n}_proj");
+        kv.push(linear(
+            g,
+            &name,
+            &ca_vb.pp(format!("{n}_proj")),
+            memory,
+            Dense::gemm(d, d, bias),
+            &enc_rows,
+        )?);
+    }
+    let mut cross = Vec::with_capacity(2);
+    for (n, e, out_name) in [
+        ("k", kv[0], names::cross_k(i)),
+        ("v", kv[1], names::cross_v(i)),
+    ] {
+        cross.push(
+            g.op(
+                &format!("{p}.cross_{n}_to_head_major"),
+                Box::new(SplitHeads { heads: dh }),
+                &[e],
+                &[],
+                vec![named(
+                    &out_name,
+                    shape![dh, enc_tokens, dhd],
+                    Layout::HeadMajor,
+                )],
+            )?[0],
+        );
+    }
+    let (ckh, cvh) = (cross[0], cross[1]);
+    g.checkpoint(ckh, &format!("audio.{p}.cross_k"))?;
+    g.checkpoint(cvh, &format!("audio.{p}.cross_v"))?;
+    g.output(ckh);
+    g.output(cvh);
+    let ca = g.op1(
+        &format!("{p}.cross_attn"),
+        Box::new(Attention {
+            scale,
+            causal: false,
+            strategy: geo.strategy,
+            probs: false,
+        }),
+        &[cqh, ckh, cvh],
+        &[],
+        shape![dh, "tokens", dhd],
+        Layout::HeadMajor,
+    )?;
+    g.checkpoint(ca, &format!("audio.{p}.cross_attention.output"))?;
+    let co = attn_out(g, &p, "cross_", &ca_vb, ca, geo)?;
+    g.checkpoint(co, &format!("audio.{p}.cross_attention.out_proj"))?;
+    let r2 = add(
+        g,
+        &format!("{p}.residual_cross"),
+        (r1, co),
+        1.0,
+        &geo.rows,
+        d,
+    )?;
+
+    let out = mlp(g, &p, &vb, r2, geo)?;
+    g.checkpoint(out, &format!("audio.{p}.out"))?;
+    Ok(DecoderLayerEdges {
+        out,
+        self_cache: [kp, vp, k_all, v_all],
+        cross: [ckh, cvh],
+    })
 }
 
 /// Build the graph. `weights_file` is only used for the graph's family label; weights are bound
@@ -99,51 +412,6 @@ pub fn build(
     let s = cfg.max_source_positions;
     let frames = 2 * s;
     let vocab = cfg.vocab_size;
-    let gemm = MatmulStrategy::Gemm;
-    let stable = MatmulStrategy::RowStable;
-    let ln = |g: &mut GraphBuilder,
-              name: &str,
-              x: EdgeId,
-              key: &str,
-              rows: crate::graph::Dim|
-     -> Result<EdgeId> {
-        g.op1(
-            name,
-            Box::new(LayerNorm::new(LAYER_NORM_EPS)),
-            &[x],
-            &[
-                (&format!("{key}.weight"), vec![d]),
-                (&format!("{key}.bias"), vec![d]),
-            ],
-            vec![rows, d.into()],
-            Layout::TokenMajor,
-        )
-    };
-    #[allow(clippy::too_many_arguments)]
-    let linear = |g: &mut GraphBuilder,
-                  name: &str,
-                  x: EdgeId,
-                  key: &str,
-                  n_in: usize,
-                  n_out: usize,
-                  bias: bool,
-                  strat: MatmulStrategy,
-                  rows: crate::graph::Dim|
-     -> Result<EdgeId> {
-        let mut w = vec![(format!("{key}.weight"), vec![n_out, n_in])];
-        if bias {
-            w.push((format!("{key}.bias"), vec![n_out]));
-        }
-        let w: Vec<(&str, Vec<usize>)> = w.iter().map(|(k, s)| (k.as_str(), s.clone())).collect();
-        g.op1(
-            name,
-            Box::new(Linear::new(bias, strat)),
-            &[x],
-            &w,
-            vec![rows, n_out.into()],
-            Layout::TokenMajor,
-        )
-    };
 
     // ---- Frontend: pcm -> log-mel (transformers WhisperFeatureExtractor).
     let pcm = g.feed(names::PCM, shape!["samples"], Layout::Plain)?;
@@ -152,7 +420,7 @@ pub fn build(
         Box::new(pre.log_mel(pre_path)?),
         &[pcm],
         &[],
-        vec![out(
+        vec![named(
             names::MEL,
             shape![n_mels, frames],
             Layout::ChannelMajor,
@@ -161,591 +429,146 @@ pub fn build(
     g.checkpoint(mel, "audio.frontend.mel")?;
 
     // ---- Encoder stem. Upstream: WhisperEncoder.forward.
-    let conv1 = g.op1(
+    let enc = Vb::root("model.encoder");
+    let conv = |stride| Conv1d {
+        kernel: 3,
+        stride,
+        padding: 1,
+    };
+    let cm = Layout::ChannelMajor;
+    let conv1 = conv1d(
+        &mut g,
         "encoder.conv1",
-        Box::new(Conv1d {
-            kernel: 3,
-            stride: 1,
-            padding: 1,
-        }),
-        &[mel],
-        &[
-            ("model.encoder.conv1.weight", vec![d, n_mels, 3]),
-            ("model.encoder.conv1.bias", vec![d]),
-        ],
-        shape![d, frames],
-        Layout::ChannelMajor,
+        &enc.pp("conv1"),
+        mel,
+        conv(1),
+        (n_mels, d),
+        frames.into(),
     )?;
     g.checkpoint(conv1, "audio.encoder.conv1.out")?;
-    let a1 = g.op1(
+    let a1 = unary(
+        &mut g,
         "encoder.conv1_gelu",
-        Box::new(Gelu),
-        &[conv1],
-        &[],
+        Gelu,
+        conv1,
         shape![d, frames],
-        Layout::ChannelMajor,
+        cm,
     )?;
-    let conv2 = g.op1(
+    let conv2 = conv1d(
+        &mut g,
         "encoder.conv2",
-        Box::new(Conv1d {
-            kernel: 3,
-            stride: 2,
-            padding: 1,
-        }),
-        &[a1],
-        &[
-            ("model.encoder.conv2.weight", vec![d, d, 3]),
-            ("model.encoder.conv2.bias", vec![d]),
-        ],
-        shape![d, s],
-        Layout::ChannelMajor,
+        &enc.pp("conv2"),
+        a1,
+        conv(2),
+        (d, d),
+        s.into(),
     )?;
     g.checkpoint(conv2, "audio.encoder.conv2.out")?;
-    let a2 = g.op1(
-        "encoder.conv2_gelu",
-        Box::new(Gelu),
-        &[conv2],
-        &[],
-        shape![d, s],
-        Layout::ChannelMajor,
-    )?;
-    let tm = g.op1(
+    let a2 = unary(&mut g, "encoder.conv2_gelu", Gelu, conv2, shape![d, s], cm)?;
+    let tm = unary(
+        &mut g,
         "encoder.to_token_major",
-        Box::new(ChannelToToken),
-        &[a2],
-        &[],
+        ChannelToToken,
+        a2,
         shape![s, d],
         Layout::TokenMajor,
     )?;
-    let mut h = g.op1(
+    let pos = [(enc.pp("embed_positions").key("weight"), vec![s, d])];
+    let mut h = op(
+        &mut g,
         "encoder.embed_positions",
-        Box::new(AddTable),
+        AddTable,
         &[tm],
-        &[("model.encoder.embed_positions.weight", vec![s, d])],
-        shape![s, d],
-        Layout::TokenMajor,
+        &pos,
+        &s.into(),
+        d,
     )?;
 
     // ---- Encoder layers (pre-LN). Upstream: WhisperEncoderLayer.forward.
-    let eh = cfg.encoder_attention_heads;
-    let ehd = cfg.encoder_head_dim();
-    let escale = (ehd as f32).powf(-0.5);
+    let geo = Geo {
+        d,
+        heads: cfg.encoder_attention_heads,
+        head_dim: cfg.encoder_head_dim(),
+        ffn: cfg.encoder_ffn_dim,
+        strategy: MatmulStrategy::Gemm,
+        rows: s.into(),
+    };
     for i in 0..cfg.encoder_layers {
-        let p = format!("encoder.layer.{i}");
-        let k = format!("model.encoder.layers.{i}");
-        let x = ln(
-            &mut g,
-            &format!("{p}.self_attn_norm"),
-            h,
-            &format!("{k}.self_attn_layer_norm"),
-            s.into(),
-        )?;
-        let q = linear(
-            &mut g,
-            &format!("{p}.q_proj"),
-            x,
-            &format!("{k}.self_attn.q_proj"),
-            d,
-            d,
-            true,
-            gemm,
-            s.into(),
-        )?;
-        let kk = linear(
-            &mut g,
-            &format!("{p}.k_proj"),
-            x,
-            &format!("{k}.self_attn.k_proj"),
-            d,
-            d,
-            false,
-            gemm,
-            s.into(),
-        )?;
-        let v = linear(
-            &mut g,
-            &format!("{p}.v_proj"),
-            x,
-            &format!("{k}.self_attn.v_proj"),
-            d,
-            d,
-            true,
-            gemm,
-            s.into(),
-        )?;
-        let mut heads = Vec::new();
-        for (n, e) in [("q", q), ("k", kk), ("v", v)] {
-            heads.push(g.op1(
-                &format!("{p}.{n}_to_head_major"),
-                Box::new(SplitHeads { heads: eh }),
-                &[e],
-                &[],
-                shape![eh, s, ehd],
-                Layout::HeadMajor,
-            )?);
-        }
-        let att = g.op1(
-            &format!("{p}.self_attn"),
-            Box::new(Attention {
-                scale: escale,
-                causal: false,
-                strategy: gemm,
-                probs: false,
-            }),
-            &heads,
-            &[],
-            shape![eh, s, ehd],
-            Layout::HeadMajor,
-        )?;
-        let merged = g.op1(
-            &format!("{p}.merge_heads"),
-            Box::new(MergeHeads),
-            &[att],
-            &[],
-            shape![s, d],
-            Layout::TokenMajor,
-        )?;
-        let o = linear(
-            &mut g,
-            &format!("{p}.out_proj"),
-            merged,
-            &format!("{k}.self_attn.out_proj"),
-            d,
-            d,
-            true,
-            gemm,
-            s.into(),
-        )?;
-        let r = g.op1(
-            &format!("{p}.residual_attn"),
-            Box::new(Add::new()),
-            &[h, o],
-            &[],
-            shape![s, d],
-            Layout::TokenMajor,
-        )?;
-        let x = ln(
-            &mut g,
-            &format!("{p}.mlp_norm"),
-            r,
-            &format!("{k}.final_layer_norm"),
-            s.into(),
-        )?;
-        let f1 = linear(
-            &mut g,
-            &format!("{p}.fc1"),
-            x,
-            &format!("{k}.fc1"),
-            d,
-            cfg.encoder_ffn_dim,
-            true,
-            gemm,
-            s.into(),
-        )?;
-        let ge = g.op1(
-            &format!("{p}.gelu"),
-            Box::new(Gelu),
-            &[f1],
-            &[],
-            shape![s, cfg.encoder_ffn_dim],
-            Layout::TokenMajor,
-        )?;
-        let f2 = linear(
-            &mut g,
-            &format!("{p}.fc2"),
-            ge,
-            &format!("{k}.fc2"),
-            cfg.encoder_ffn_dim,
-            d,
-            true,
-            gemm,
-            s.into(),
-        )?;
-        h = g.op1(
-            &format!("{p}.residual_mlp"),
-            Box::new(Add::new()),
-            &[r, f2],
-            &[],
-            shape![s, d],
-            Layout::TokenMajor,
-        )?;
-        g.checkpoint(h, &format!("audio.encoder.layer.{i}.out"))?;
+        h = encoder_layer(&mut g, i, h, &geo)?;
     }
+    let norm = enc.pp("layer_norm");
     let memory = g.op(
         "encoder.final_norm",
         Box::new(LayerNorm::new(LAYER_NORM_EPS)),
         &[h],
-        &[
-            ("model.encoder.layer_norm.weight", vec![d]),
-            ("model.encoder.layer_norm.bias", vec![d]),
-        ],
-        vec![out(names::MEMORY, shape![s, d], Layout::TokenMajor)],
+        &[(&norm.key("weight"), vec![d]), (&norm.key("bias"), vec![d])],
+        vec![named(names::MEMORY, shape![s, d], Layout::TokenMajor)],
     )?[0];
     g.checkpoint(memory, "audio.encoder.memory")?;
     g.output(memory);
 
     // ---- Decoder embeddings. Upstream: WhisperDecoder.forward (positions = embed_positions.weight[position_ids]).
-    let t = || crate::graph::Dim::sym("tokens");
+    let dec = Vb::root("model.decoder");
+    let t = Dim::sym("tokens");
     let ids = g.feed(names::INPUT_IDS, shape!["tokens"], Layout::Plain)?;
     let pos = g.feed(names::POSITION_IDS, shape!["tokens"], Layout::Plain)?;
-    let tok = g.op1(
+    let embed_key = dec.pp("embed_tokens").key("weight");
+    let tok_w = [(embed_key.clone(), vec![vocab, d])];
+    let tok = op(
+        &mut g,
         "decoder.embed_tokens",
-        Box::new(Embedding),
+        Embedding,
         &[ids],
-        &[("model.decoder.embed_tokens.weight", vec![vocab, d])],
-        shape!["tokens", d],
-        Layout::TokenMajor,
+        &tok_w,
+        &t,
+        d,
     )?;
-    let pe = g.op1(
+    let pos_w = [(
+        dec.pp("embed_positions").key("weight"),
+        vec![cfg.max_target_positions, d],
+    )];
+    let pe = op(
+        &mut g,
         "decoder.embed_positions",
-        Box::new(Embedding),
+        Embedding,
         &[pos],
-        &[(
-            "model.decoder.embed_positions.weight",
-            vec![cfg.max_target_positions, d],
-        )],
-        shape!["tokens", d],
-        Layout::TokenMajor,
+        &pos_w,
+        &t,
+        d,
     )?;
-    let mut h = g.op1(
-        "decoder.embed_add",
-        Box::new(Add::new()),
-        &[tok, pe],
-        &[],
-        shape!["tokens", d],
-        Layout::TokenMajor,
-    )?;
+    let mut h = add(&mut g, "decoder.embed_add", (tok, pe), 1.0, &t, d)?;
 
     // ---- Decoder layers. Upstream: WhisperDecoderLayer.forward, WhisperAttention.forward.
-    let dh = cfg.decoder_attention_heads;
-    let dhd = cfg.decoder_head_dim();
-    let dscale = (dhd as f32).powf(-0.5);
+    let geo = Geo {
+        d,
+        heads: cfg.decoder_attention_heads,
+        head_dim: cfg.decoder_head_dim(),
+        ffn: cfg.decoder_ffn_dim,
+        strategy: MatmulStrategy::RowStable,
+        rows: t.clone(),
+    };
     let mut self_cache = Vec::new();
     let mut cross = Vec::new();
     for i in 0..cfg.decoder_layers {
-        let p = format!("decoder.layer.{i}");
-        let k = format!("model.decoder.layers.{i}");
-        // Self-attention with the cache as feed in / output out.
-        let kp = g.feed(
-            &names::self_k_past(i),
-            shape![dh, "past", dhd],
-            Layout::HeadMajor,
-        )?;
-        let vp = g.feed(
-            &names::self_v_past(i),
-            shape![dh, "past", dhd],
-            Layout::HeadMajor,
-        )?;
-        let x = ln(
-            &mut g,
-            &format!("{p}.self_attn_norm"),
-            h,
-            &format!("{k}.self_attn_layer_norm"),
-            t(),
-        )?;
-        let q = linear(
-            &mut g,
-            &format!("{p}.self_q_proj"),
-            x,
-            &format!("{k}.self_attn.q_proj"),
-            d,
-            d,
-            true,
-            stable,
-            t(),
-        )?;
-        let kn = linear(
-            &mut g,
-            &format!("{p}.self_k_proj"),
-            x,
-            &format!("{k}.self_attn.k_proj"),
-            d,
-            d,
-            false,
-            stable,
-            t(),
-        )?;
-        let vn = linear(
-            &mut g,
-            &format!("{p}.self_v_proj"),
-            x,
-            &format!("{k}.self_attn.v_proj"),
-            d,
-            d,
-            true,
-            stable,
-            t(),
-        )?;
-        let mut hm = Vec::new();
-        for (n, e) in [("q", q), ("k", kn), ("v", vn)] {
-            hm.push(g.op1(
-                &format!("{p}.self_{n}_to_head_major"),
-                Box::new(SplitHeads { heads: dh }),
-                &[e],
-                &[],
-                shape![dh, "tokens", dhd],
-                Layout::HeadMajor,
-            )?);
-        }
-        let k_all = g.op(
-            &format!("{p}.self_k_append"),
-            Box::new(KvAppend),
-            &[kp, hm[1]],
-            &[],
-            vec![out(
-                &names::self_k(i),
-                shape![dh, "past+tokens", dhd],
-                Layout::HeadMajor,
-            )],
-        )?[0];
-        let v_all = g.op(
-            &format!("{p}.self_v_append"),
-            Box::new(KvAppend),
-            &[vp, hm[2]],
-            &[],
-            vec![out(
-                &names::self_v(i),
-                shape![dh, "past+tokens", dhd],
-                Layout::HeadMajor,
-            )],
-        )?[0];
-        g.output(k_all);
-        g.output(v_all);
-        let sa_out = g.op(
-            &format!("{p}.self_attn"),
-            Box::new(Attention {
-                scale: dscale,
-                causal: true,
-                strategy: stable,
-                probs: true,
-            }),
-            &[hm[0], k_all, v_all],
-            &[],
-            vec![
-                crate::graph::Out::new(shape![dh, "tokens", dhd], Layout::HeadMajor),
-                crate::graph::Out::new(shape![dh, "tokens", "past+tokens"], Layout::HeadMajor),
-            ],
-        )?;
-        let sa = sa_out[0];
-        g.checkpoint(sa_out[1], &format!("audio.{p}.self_attention.probs"))?;
-        let sm = g.op1(
-            &format!("{p}.self_merge_heads"),
-            Box::new(MergeHeads),
-            &[sa],
-            &[],
-            shape!["tokens", d],
-            Layout::TokenMajor,
-        )?;
-        let so = linear(
-            &mut g,
-            &format!("{p}.self_out_proj"),
-            sm,
-            &format!("{k}.self_attn.out_proj"),
-            d,
-            d,
-            true,
-            stable,
-            t(),
-        )?;
-        g.checkpoint(so, &format!("audio.{p}.self_attention.output"))?;
-        let r1 = g.op1(
-            &format!("{p}.residual_self"),
-            Box::new(Add::new()),
-            &[h, so],
-            &[],
-            shape!["tokens", d],
-            Layout::TokenMajor,
-        )?;
-
-        // Cross-attention: q from the decoder stream; K/V projected from the encoder memory into
-        // the head-major projection cache (produced at prefill, fed at decode steps).
-        let x = ln(
-            &mut g,
-            &format!("{p}.cross_attn_norm"),
-            r1,
-            &format!("{k}.encoder_attn_layer_norm"),
-            t(),
-        )?;
-        let cq = linear(
-            &mut g,
-            &format!("{p}.cross_q_proj"),
-            x,
-            &format!("{k}.encoder_attn.q_proj"),
-            d,
-            d,
-            true,
-            stable,
-            t(),
-        )?;
-        let cqh = g.op1(
-            &format!("{p}.cross_q_to_head_major"),
-            Box::new(SplitHeads { heads: dh }),
-            &[cq],
-            &[],
-            shape![dh, "tokens", dhd],
-            Layout::HeadMajor,
-        )?;
-        let ck = linear(
-            &mut g,
-            &format!("{p}.cross_k_proj"),
-            memory,
-            &format!("{k}.encoder_attn.k_proj"),
-            d,
-            d,
-            false,
-            gemm,
-            s.into(),
-        )?;
-        let cv = linear(
-            &mut g,
-            &format!("{p}.cross_v_proj"),
-            memory,
-            &format!("{k}.encoder_attn.v_proj"),
-            d,
-            d,
-            true,
-            gemm,
-            s.into(),
-        )?;
-        let ckh = g.op(
-            &format!("{p}.cross_k_to_head_major"),
-            Box::new(SplitHeads { heads: dh }),
-            &[ck],
-            &[],
-            vec![out(
-                &names::cross_k(i),
-                shape![dh, s, dhd],
-                Layout::HeadMajor,
-            )],
-        )?[0];
-        let cvh = g.op(
-            &format!("{p}.cross_v_to_head_major"),
-            Box::new(SplitHeads { heads: dh }),
-            &[cv],
-            &[],
-            vec![out(
-                &names::cross_v(i),
-                shape![dh, s, dhd],
-                Layout::HeadMajor,
-            )],
-        )?[0];
-        g.checkpoint(ckh, &format!("audio.{p}.cross_k"))?;
-        g.checkpoint(cvh, &format!("audio.{p}.cross_v"))?;
-        g.output(ckh);
-        g.output(cvh);
-        let ca = g.op1(
-            &format!("{p}.cross_attn"),
-            Box::new(Attention {
-                scale: dscale,
-                causal: false,
-                strategy: stable,
-                probs: false,
-            }),
-            &[cqh, ckh, cvh],
-            &[],
-            shape![dh, "tokens", dhd],
-            Layout::HeadMajor,
-        )?;
-        g.checkpoint(ca, &format!("audio.{p}.cross_attention.output"))?;
-        let cm = g.op1(
-            &format!("{p}.cross_merge_heads"),
-            Box::new(MergeHeads),
-            &[ca],
-            &[],
-            shape!["tokens", d],
-            Layout::TokenMajor,
-        )?;
-        let co = linear(
-            &mut g,
-            &format!("{p}.cross_out_proj"),
-            cm,
-            &format!("{k}.encoder_attn.out_proj"),
-            d,
-            d,
-            true,
-            stable,
-            t(),
-        )?;
-        g.checkpoint(co, &format!("audio.{p}.cross_attention.out_proj"))?;
-        let r2 = g.op1(
-            &format!("{p}.residual_cross"),
-            Box::new(Add::new()),
-            &[r1, co],
-            &[],
-            shape!["tokens", d],
-            Layout::TokenMajor,
-        )?;
-
-        // MLP.
-        let x = ln(
-            &mut g,
-            &format!("{p}.mlp_norm"),
-            r2,
-            &format!("{k}.final_layer_norm"),
-            t(),
-        )?;
-        let f1 = linear(
-            &mut g,
-            &format!("{p}.fc1"),
-            x,
-            &format!("{k}.fc1"),
-            d,
-            cfg.decoder_ffn_dim,
-            true,
-            stable,
-            t(),
-        )?;
-        let ge = g.op1(
-            &format!("{p}.gelu"),
-            Box::new(Gelu),
-            &[f1],
-            &[],
-            shape!["tokens", cfg.decoder_ffn_dim],
-            Layout::TokenMajor,
-        )?;
-        let f2 = linear(
-            &mut g,
-            &format!("{p}.fc2"),
-            ge,
-            &format!("{k}.fc2"),
-            cfg.decoder_ffn_dim,
-            d,
-            true,
-            stable,
-            t(),
-        )?;
-        h = g.op1(
-            &format!("{p}.residual_mlp"),
-            Box::new(Add::new()),
-            &[r2, f2],
-            &[],
-            shape!["tokens", d],
-            Layout::TokenMajor,
-        )?;
-        g.checkpoint(h, &format!("audio.{p}.out"))?;
-        self_cache.push([kp, vp, k_all, v_all]);
-        cross.push([ckh, cvh]);
+        let layer = decoder_layer(&mut g, i, h, memory, s, &geo)?;
+        h = layer.out;
+        self_cache.push(layer.self_cache);
+        cross.push(layer.cross);
     }
-    let x = ln(
-        &mut g,
-        "decoder.final_norm",
-        h,
-        "model.decoder.layer_norm",
-        t(),
-    )?;
+    let x = ln(&mut g, "decoder.final_norm", &dec.pp("layer_norm"), h, &geo)?;
     // proj_out is tied to the token embedding unless config.json says otherwise.
     // Upstream: WhisperForConditionalGeneration (`_tied_weights_keys`, `proj_out`, bias=False).
     let proj_key = if cfg.tie_word_embeddings {
-        "model.decoder.embed_tokens.weight"
+        embed_key
     } else {
-        "proj_out.weight"
+        Vb::root("proj_out").key("weight")
     };
     let logits = g.op(
         "decoder.proj_out",
-        Box::new(Linear::new(false, stable)),
+        Box::new(Linear::new(false, MatmulStrategy::RowStable)),
         &[x],
-        &[(proj_key, vec![vocab, d])],
-        vec![out(
+        &[(&proj_key, vec![vocab, d])],
+        vec![named(
             names::LOGITS,
             shape!["tokens", vocab],
             Layout::TokenMajor,

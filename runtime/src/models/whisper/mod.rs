@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::{Result, RuntimeError};
+pub(crate) use crate::models::common::{cfg_err, read_json};
 
 pub use decode::DecoderSession;
 pub use frontend::PreprocessorConfig;
@@ -182,24 +183,6 @@ pub struct GenerationConfig {
     /// Beams (refused when > 1).
     #[serde(default)]
     pub num_beams: Option<usize>,
-}
-
-fn cfg_err(path: &Path, reason: impl Into<String>) -> RuntimeError {
-    RuntimeError::Config {
-        path: path.to_path_buf(),
-        reason: reason.into(),
-    }
-}
-
-/// Read and deserialize a JSON file, errors naming the file.
-pub(crate) fn read_json<T: serde::de::DeserializeOwned>(
-    path: &Path,
-) -> Result<(T, serde_json::Value)> {
-    let text = std::fs::read_to_string(path).map_err(|e| RuntimeError::io(path, e))?;
-    let value: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| cfg_err(path, format!("not valid JSON: {e}")))?;
-    let t = serde_json::from_value(value.clone()).map_err(|e| cfg_err(path, e.to_string()))?;
-    Ok((t, value))
 }
 
 impl WhisperConfig {

@@ -3,6 +3,7 @@
 
 use crate::faults::ParamFault;
 use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::kernels::layer_norm::{channel_norm_infer, channel_params};
 use crate::kernels::{data, dims, par_ranges, same_dim, sgemm, simd, tensor};
 
 use super::{sigmoid, softmax_in_place, token_rows};
@@ -239,13 +240,7 @@ impl Kernel for BatchNorm {
         vec!["weight", "bias", "running_mean", "running_var"]
     }
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
-        let (_, c) = token_rows(&inputs[0], "x")?;
-        for (w, n) in weights.iter().zip(self.weight_roles()) {
-            if w != &[c] {
-                return Err(format!("{n} must be [{c}], got {w:?}"));
-            }
-        }
-        Ok(vec![inputs[0].clone()])
+        channel_norm_infer(inputs, weights, &self.weight_roles())
     }
     fn run(
         &self,
@@ -255,12 +250,9 @@ impl Kernel for BatchNorm {
     ) -> Result<Vec<Tensor>, String> {
         let s = dims(inputs[0], 2, "x")?;
         let c = s[1];
-        let p: Vec<&[f32]> = weights
-            .iter()
-            .map(|w| data(w, "batch norm parameter"))
-            .collect::<Result<_, _>>()?;
-        if p.iter().any(|v| v.len() != c) {
-            return Err(format!("batch norm parameters must have {c} elements"));
+        let p = channel_params(weights, &self.weight_roles(), c)?;
+        if p.len() != 4 {
+            return Err("batch norm takes weight, bias, running_mean and running_var".into());
         }
         let alpha: Vec<f32> = (0..c)
             .map(|j| p[0][j] / (p[3][j] + self.eps).sqrt())

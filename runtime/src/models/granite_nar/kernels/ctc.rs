@@ -4,49 +4,7 @@
 use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
 use crate::kernels::{data, dims, rank, same_dim, tensor};
 
-use super::{softmax_in_place, token_rows, SYM_BPE_FRAMES};
-
-/// Softmax over the channels of token-major rows (float32, as the reference's mid softmax).
-///
-/// Upstream: oracle/xray_oracle/granite_nar.py `GraniteNarEncoder.forward`
-/// (`torch.softmax(mid_logits, dim=-1)`).
-#[derive(Debug, Clone, Default)]
-pub struct Softmax;
-
-impl Kernel for Softmax {
-    fn kind(&self) -> &'static str {
-        "softmax"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
-    fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
-        token_rows(&inputs[0], "x")?;
-        Ok(vec![inputs[0].clone()])
-    }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
-        let s = dims(inputs[0], 2, "x")?;
-        let mut y = inputs[0].as_standard_layout().into_owned();
-        if s[1] > 0 {
-            for row in y
-                .as_slice_mut()
-                .ok_or("output not contiguous")?
-                .chunks_exact_mut(s[1])
-            {
-                softmax_in_place(row);
-            }
-        }
-        Ok(vec![y])
-    }
-}
+use super::{token_rows, SYM_BPE_FRAMES};
 
 /// One channel of token-major rows as a plain vector: `[T, C] -> [T]` (the blank column of the
 /// mid softmax).

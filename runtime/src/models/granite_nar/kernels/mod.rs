@@ -1,9 +1,11 @@
-//! Granite-NAR-specific kernels (the generic ones live in `crate::kernels`): block-local Shaw
-//! attention, the conformer conv module pieces (pointwise conv, GLU, depthwise conv, BatchNorm),
-//! SiLU, scaled residual adds, the self-conditioning and BPE-CTC pieces, the projector's window
-//! ops and windowed cross-attention, and the Granite LM's RMSNorm, RoPE, GQA attention and SwiGLU.
+//! Granite-NAR-specific kernels: block-local Shaw attention, the conformer conv module pieces
+//! (pointwise conv, GLU, depthwise conv, BatchNorm), the self-conditioning and BPE-CTC pieces,
+//! the projector's window ops and windowed cross-attention, and row plumbing. The generic ones
+//! the family also uses live in `crate::kernels`: SiLU, scale, SwiGLU and row softmax
+//! (`activation`), RMSNorm (`layer_norm`), GQA attention with RoPE (`gqa`), the scaled
+//! residual add (`add`).
 //!
-//! Files: `elementwise.rs`, `conformer.rs`, `ctc.rs`, `rows.rs`, `projector.rs`, `lm.rs`.
+//! Files: `conformer.rs`, `ctc.rs`, `rows.rs`, `projector.rs`.
 //!
 //! All tensors are f32 in standard layout. Reductions that PyTorch does in f32 are done here in
 //! f32 or f64 (never less precise); the tolerance budget of the parity tests covers the
@@ -11,20 +13,19 @@
 
 mod conformer;
 mod ctc;
-mod elementwise;
-mod lm;
 mod projector;
 mod rows;
 
 pub use conformer::{BatchNorm, DepthwiseConv, Glu, Pointwise, ShawBlockAttention};
-pub use ctc::{Column, PosteriorPool, Softmax};
-pub use elementwise::{Identity, Scale, Silu};
-pub use lm::{apply_rope, GqaAttention, RmsNorm, SwiGlu};
+pub use ctc::{Column, PosteriorPool};
 pub use projector::{AddWindowPositions, QueryInit, WindowCrossAttention, WindowPad};
-pub use rows::{AudioPrefix, ChannelSlice, ConcatChannels, ConcatRows, TailRows, MAX_CONCAT};
+pub use rows::{
+    AudioPrefix, ChannelSlice, ConcatChannels, ConcatRows, Identity, TailRows, MAX_CONCAT,
+};
 
-use crate::graph::{Dim, Shape};
-use crate::kernels::{fixed, rank};
+use crate::kernels::activation::sigmoid;
+use crate::kernels::activation::softmax_in_place;
+use crate::kernels::layout::token_rows;
 
 /// Symbol: mel frames kept by the frontend.
 pub const SYM_MEL_FRAMES: &str = "mel_frames";
@@ -42,34 +43,3 @@ pub const SYM_N_AUDIO: &str = "n_audio";
 pub const SYM_N_TEXT: &str = "n_text";
 /// Symbol: `n_audio + n_text`.
 pub const SYM_N_TOTAL: &str = "n_total";
-
-/// `x * sigmoid(x)` as `x / (1 + exp(-x))`.
-#[inline]
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
-/// `1 / (1 + exp(-x))`.
-#[inline]
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-/// Softmax of a row in place: max, `exp(x - max)`, f64 sum, multiply by `1 / sum`.
-fn softmax_in_place(x: &mut [f32]) {
-    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut s = 0f64;
-    for v in x.iter_mut() {
-        *v = (*v - m).exp();
-        s += *v as f64;
-    }
-    let inv = (1.0 / s) as f32;
-    for v in x.iter_mut() {
-        *v *= inv;
-    }
-}
-
-fn token_rows(s: &Shape, what: &str) -> Result<(Dim, usize), String> {
-    rank(s, 2, what)?;
-    Ok((s[0].clone(), fixed(&s[1], &format!("{what} features"))?))
-}

@@ -1,5 +1,5 @@
 //! Row / channel plumbing: channel concat and slice (capture fan-out, per-slice LayerNorm), the
-//! LM input rows (audio prefix, row concat) and output rows (text tail).
+//! LM input rows (audio prefix, row concat) and output rows (text tail), and an identity marker.
 
 use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
 use crate::kernels::{data, dims, rank, same_dim, tensor};
@@ -288,5 +288,33 @@ impl Kernel for TailRows {
         }
         let x = data(inputs[0], "x")?;
         tensor(&[n, s[1]], x[(s[0] - n) * s[1]..].to_vec()).map(|t| vec![t])
+    }
+}
+
+/// Identity copy of a token-major edge: marks the end of a stack whose output the reference
+/// captures as one module (the projector's Q-Former).
+#[derive(Debug, Clone, Default)]
+pub struct Identity;
+
+impl Kernel for Identity {
+    fn kind(&self) -> &'static str {
+        "identity"
+    }
+    fn inputs(&self) -> Vec<Port> {
+        vec![port("x", Layout::TokenMajor)]
+    }
+    fn outputs(&self) -> Vec<Port> {
+        vec![port("y", Layout::TokenMajor)]
+    }
+    fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        Ok(vec![inputs[0].clone()])
+    }
+    fn run(
+        &self,
+        _ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        _weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
+        Ok(vec![inputs[0].to_owned()])
     }
 }

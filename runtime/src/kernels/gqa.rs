@@ -1,83 +1,10 @@
-//! Granite LM kernels: RMSNorm, RoPE, grouped-query attention with RoPE, SwiGLU.
+//! Grouped-query self-attention with rotary position embeddings (RoPE): the LLaMA/Granite
+//! attention core, head-major.
 
+use super::activation::softmax_in_place;
 use crate::faults::ParamFault;
 use crate::graph::{port, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
 use crate::kernels::{data, dims, fixed, par_ranges, rank, same_dim, simd, tensor};
-
-use super::{silu, softmax_in_place, token_rows};
-
-/// RMSNorm over token-major rows: `x * rsqrt(mean(x^2) + eps) * weight` (mean in f64, the rest in
-/// f32). Fault seam: [`ParamFault::Eps`].
-///
-/// Upstream: transformers v5.24.0 src/transformers/models/granite/modeling_granite.py
-/// `GraniteRMSNorm.forward`.
-#[derive(Debug, Clone)]
-pub struct RmsNorm {
-    /// Added to the mean square.
-    pub eps: f32,
-}
-
-impl Kernel for RmsNorm {
-    fn kind(&self) -> &'static str {
-        "rms_norm"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
-    fn weight_roles(&self) -> Vec<&'static str> {
-        vec!["weight"]
-    }
-    fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
-        let (_, c) = token_rows(&inputs[0], "x")?;
-        if weights[0] != [c] {
-            return Err(format!("weight must be [{c}], got {:?}", weights[0]));
-        }
-        Ok(vec![inputs[0].clone()])
-    }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
-        let s = dims(inputs[0], 2, "x")?;
-        let c = s[1];
-        let w = data(weights[0], "weight")?;
-        if w.len() != c {
-            return Err(format!(
-                "weight has {} elements, x has {c} features",
-                w.len()
-            ));
-        }
-        let mut y = inputs[0].as_standard_layout().into_owned();
-        if c > 0 {
-            for row in y
-                .as_slice_mut()
-                .ok_or("output not contiguous")?
-                .chunks_exact_mut(c)
-            {
-                let ms = (row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / c as f64) as f32;
-                let r = 1.0 / (ms + self.eps).sqrt();
-                for (v, &g) in row.iter_mut().zip(w) {
-                    *v = g * (*v * r);
-                }
-            }
-        }
-        Ok(vec![y])
-    }
-    fn params(&self) -> serde_json::Value {
-        serde_json::json!({"eps": self.eps})
-    }
-    fn with_param_fault(&self, fault: &ParamFault) -> Option<Box<dyn Kernel>> {
-        match fault {
-            ParamFault::Eps(e) => Some(Box::new(RmsNorm { eps: *e })),
-            _ => None,
-        }
-    }
-}
 
 /// Default (non-interleaved, "rotate_half") RoPE in place on head-major `[h, t, d]` rows,
 /// positions `offset .. offset + t`: `inv_freq_i = 1 / theta^(2i / d)` (f32, as torch computes
@@ -279,59 +206,5 @@ impl Kernel for GqaAttention {
             })),
             _ => None,
         }
-    }
-}
-
-/// SwiGLU: `silu(gate) * up`, token-major.
-///
-/// Upstream: transformers v5.24.0 src/transformers/models/granite/modeling_granite.py
-/// `GraniteMLP.forward` (`down_proj(act_fn(gate_proj(x)) * up_proj(x))`).
-#[derive(Debug, Clone, Default)]
-pub struct SwiGlu;
-
-impl Kernel for SwiGlu {
-    fn kind(&self) -> &'static str {
-        "swiglu"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![
-            port("gate", Layout::TokenMajor),
-            port("up", Layout::TokenMajor),
-        ]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
-    fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
-        token_rows(&inputs[0], "gate")?;
-        if inputs[0] != inputs[1] {
-            return Err("gate and up shapes differ".into());
-        }
-        Ok(vec![inputs[0].clone()])
-    }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
-        if inputs[0].shape() != inputs[1].shape() {
-            return Err(format!(
-                "gate {:?} and up {:?} differ",
-                inputs[0].shape(),
-                inputs[1].shape()
-            ));
-        }
-        let up = data(inputs[1], "up")?;
-        let mut y = inputs[0].as_standard_layout().into_owned();
-        for (g, &u) in y
-            .as_slice_mut()
-            .ok_or("output not contiguous")?
-            .iter_mut()
-            .zip(up)
-        {
-            *g = silu(*g) * u;
-        }
-        Ok(vec![y])
     }
 }

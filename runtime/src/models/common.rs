@@ -1,0 +1,265 @@
+//! Helpers shared by every family: reading a model folder's JSON files ([`read_json`],
+//! [`cfg_err`]) and graph building: a prefix-pushing weight-key path ([`Vb`], as
+//! candle-nn's `VarBuilder::pp`) and one declaration each of the HF modules the families reuse
+//! (`nn.Linear`, `nn.LayerNorm`, RMSNorm, `nn.Conv1d`, activations, residual adds, head
+//! split/merge). A family's graph builder composes these into per-module helpers, so a layer
+//! reads like the HF module it mirrors: `linear(g, "fc1", &vb.pp("fc1"), x, dense, &rows)`.
+//!
+//! Every helper declares exactly one op; weight keys are `<prefix>.weight` / `<prefix>.bias` in
+//! that order, the order [`Graph::check_weights`](crate::graph::Graph::check_weights) reports.
+
+use std::fmt::Display;
+use std::path::Path;
+
+use crate::error::{Result, RuntimeError};
+use crate::graph::{Dim, EdgeId, GraphBuilder, Kernel, Layout, Out, Shape};
+use crate::kernels::{Add, Conv1d, LayerNorm, Linear, MatmulStrategy, MergeHeads, SplitHeads};
+
+/// A config error naming the file.
+pub fn cfg_err(path: &Path, reason: impl Into<String>) -> RuntimeError {
+    RuntimeError::Config {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+/// Read and deserialize a JSON file, errors naming the file.
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<(T, serde_json::Value)> {
+    let text = std::fs::read_to_string(path).map_err(|e| RuntimeError::io(path, e))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| cfg_err(path, format!("not valid JSON: {e}")))?;
+    let t = serde_json::from_value(value.clone()).map_err(|e| cfg_err(path, e.to_string()))?;
+    Ok((t, value))
+}
+
+/// A weight-key path (HF state-dict prefix) that helpers extend with `pp`, as candle-nn's
+/// `VarBuilder::pp` does: `Vb::root("model.encoder").pp("layers").pp(3).key("fc1.weight")` is
+/// `model.encoder.layers.3.fc1.weight`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vb {
+    prefix: String,
+}
+
+impl Vb {
+    /// The path `prefix` (may be empty: the state dict's root).
+    pub fn root(prefix: &str) -> Vb {
+        Vb {
+            prefix: prefix.to_string(),
+        }
+    }
+
+    /// This path with one more component pushed (`a.b` + `c` = `a.b.c`).
+    pub fn pp(&self, component: impl Display) -> Vb {
+        Vb {
+            prefix: self.key(component),
+        }
+    }
+
+    /// The full key of `leaf` under this path.
+    pub fn key(&self, leaf: impl Display) -> String {
+        if self.prefix.is_empty() {
+            leaf.to_string()
+        } else {
+            format!("{}.{leaf}", self.prefix)
+        }
+    }
+
+    /// The path itself (the HF module name).
+    pub fn path(&self) -> &str {
+        &self.prefix
+    }
+}
+
+/// `nn.Linear(n_in, n_out, bias)` geometry and the matmul strategy to run it with.
+#[derive(Debug, Clone, Copy)]
+pub struct Dense {
+    /// Input features.
+    pub n_in: usize,
+    /// Output features.
+    pub n_out: usize,
+    /// Whether the module has a bias.
+    pub bias: bool,
+    /// Matmul strategy (GEMM for batched rows, row-stable for incremental decode).
+    pub strategy: MatmulStrategy,
+}
+
+impl Dense {
+    /// A GEMM linear.
+    pub fn gemm(n_in: usize, n_out: usize, bias: bool) -> Dense {
+        Dense {
+            n_in,
+            n_out,
+            bias,
+            strategy: MatmulStrategy::Gemm,
+        }
+    }
+
+    /// The same geometry with another strategy.
+    pub fn with(self, strategy: MatmulStrategy) -> Dense {
+        Dense { strategy, ..self }
+    }
+}
+
+/// A named output port (for formula boundaries and cache edges).
+pub fn named(name: &str, shape: Shape, layout: Layout) -> Out {
+    Out {
+        name: Some(name.to_string()),
+        shape,
+        layout,
+    }
+}
+
+/// One token-major op `[rows, cols]` with weights `ws` (key, shape) in order.
+pub fn op(
+    g: &mut GraphBuilder,
+    name: &str,
+    kernel: impl Kernel + 'static,
+    ins: &[EdgeId],
+    ws: &[(String, Vec<usize>)],
+    rows: &Dim,
+    cols: usize,
+) -> Result<EdgeId> {
+    let ws: Vec<(&str, Vec<usize>)> = ws.iter().map(|(k, s)| (k.as_str(), s.clone())).collect();
+    g.op1(
+        name,
+        Box::new(kernel),
+        ins,
+        &ws,
+        vec![rows.clone(), cols.into()],
+        Layout::TokenMajor,
+    )
+}
+
+/// `nn.Linear` under `vb`: weight `[n_out, n_in]`, then bias `[n_out]` if any.
+pub fn linear(
+    g: &mut GraphBuilder,
+    name: &str,
+    vb: &Vb,
+    x: EdgeId,
+    dense: Dense,
+    rows: &Dim,
+) -> Result<EdgeId> {
+    let mut w = vec![(vb.key("weight"), vec![dense.n_out, dense.n_in])];
+    if dense.bias {
+        w.push((vb.key("bias"), vec![dense.n_out]));
+    }
+    op(
+        g,
+        name,
+        Linear::new(dense.bias, dense.strategy),
+        &[x],
+        &w,
+        rows,
+        dense.n_out,
+    )
+}
+
+/// `nn.LayerNorm(d, eps)` under `vb` (weight, bias), token-major `[rows, d]`.
+pub fn layer_norm(
+    g: &mut GraphBuilder,
+    name: &str,
+    vb: &Vb,
+    x: EdgeId,
+    d: usize,
+    eps: f32,
+    rows: &Dim,
+) -> Result<EdgeId> {
+    let w = [(vb.key("weight"), vec![d]), (vb.key("bias"), vec![d])];
+    op(g, name, LayerNorm::new(eps), &[x], &w, rows, d)
+}
+
+/// `nn.Conv1d(c_in, c_out, kernel, stride, padding)` under `vb` (weight, bias), channel-major
+/// `[c_out, frames_out]`.
+pub fn conv1d(
+    g: &mut GraphBuilder,
+    name: &str,
+    vb: &Vb,
+    x: EdgeId,
+    conv: Conv1d,
+    (c_in, c_out): (usize, usize),
+    frames_out: Dim,
+) -> Result<EdgeId> {
+    let k = conv.kernel;
+    g.op1(
+        name,
+        Box::new(conv),
+        &[x],
+        &[
+            (&vb.key("weight"), vec![c_out, c_in, k]),
+            (&vb.key("bias"), vec![c_out]),
+        ],
+        vec![c_out.into(), frames_out],
+        Layout::ChannelMajor,
+    )
+}
+
+/// A weightless op with one input and one output of `shape` in `layout` (activations, layout
+/// changes).
+pub fn unary(
+    g: &mut GraphBuilder,
+    name: &str,
+    kernel: impl Kernel + 'static,
+    x: EdgeId,
+    shape: Shape,
+    layout: Layout,
+) -> Result<EdgeId> {
+    g.op1(name, Box::new(kernel), &[x], &[], shape, layout)
+}
+
+/// Residual `a + scale * b`, token-major `[rows, d]`.
+pub fn add(
+    g: &mut GraphBuilder,
+    name: &str,
+    (a, b): (EdgeId, EdgeId),
+    scale: f32,
+    rows: &Dim,
+    d: usize,
+) -> Result<EdgeId> {
+    op(g, name, Add::scaled(scale), &[a, b], &[], rows, d)
+}
+
+/// Token-major `[rows, heads * head_dim]` to head-major `[heads, rows, head_dim]`.
+pub fn split_heads(
+    g: &mut GraphBuilder,
+    name: &str,
+    x: EdgeId,
+    heads: usize,
+    rows: &Dim,
+    head_dim: usize,
+) -> Result<EdgeId> {
+    g.op1(
+        name,
+        Box::new(SplitHeads { heads }),
+        &[x],
+        &[],
+        vec![heads.into(), rows.clone(), head_dim.into()],
+        Layout::HeadMajor,
+    )
+}
+
+/// Head-major `[heads, rows, head_dim]` back to token-major `[rows, d]`.
+pub fn merge_heads(
+    g: &mut GraphBuilder,
+    name: &str,
+    x: EdgeId,
+    rows: &Dim,
+    d: usize,
+) -> Result<EdgeId> {
+    op(g, name, MergeHeads, &[x], &[], rows, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Vb;
+
+    #[test]
+    fn vb_pushes_prefixes_like_candle_pp() {
+        let vb = Vb::root("model.encoder").pp("layers").pp(3);
+        assert_eq!(vb.path(), "model.encoder.layers.3");
+        assert_eq!(
+            vb.pp("fc1").key("weight"),
+            "model.encoder.layers.3.fc1.weight"
+        );
+        assert_eq!(Vb::root("").pp("encoder").key("out"), "encoder.out");
+    }
+}

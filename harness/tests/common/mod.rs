@@ -2,7 +2,6 @@
 //! small synthetic tensors, a tiny hand-made decoder graph, and the snapshot helpers.
 #![allow(dead_code)]
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 
 use ndarray::{ArrayD, IxDyn};

@@ -118,7 +118,7 @@ candle: build fixtures
 	$(CANDLE) --out $(CANDLE_OUT)/candle
 	$(CANDLE) --out $(CANDLE_OUT)/candle-mel-fed --mel-from $(CANDLE_OUT)/ref
 	$(CANDLE) --out $(CANDLE_OUT)/candle-memory-fed --memory-from $(CANDLE_OUT)/ref --tokens-from $(CANDLE_OUT)/ref
-	$(XRAY) compare $(CANDLE_OUT)/ref $(CANDLE_OUT)/candle \
+	$(XRAY) compare $(CANDLE_OUT)/ref $(CANDLE_OUT)/candle --model fixtures/whisper-tiny-en \
 	  --isolated $(CANDLE_OUT)/candle-mel-fed --isolated $(CANDLE_OUT)/candle-memory-fed \
 	  --evidence $(CANDLE_OUT)/evidence.json \
 	  --report $(CANDLE_OUT)/report.html --markdown $(CANDLE_OUT)/report.md; test $$? -le 1

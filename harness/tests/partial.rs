@@ -227,3 +227,58 @@ fn refusals_name_what_is_wrong() {
     assert_eq!(c, 2, "{err}");
     assert!(err.contains("audio.encoder.mem"), "{err}");
 }
+
+/// With `--model DIR` the suspects behind a gap are the runtime graph's ops between the last
+/// passing checkpoint and the failing one: weightless and unlabelled ops included (the GELUs,
+/// the layout change, the position table), nothing upstream of the passing mel.
+#[test]
+fn model_dir_gives_the_runtime_graph_ops_as_suspects() {
+    let dir = tempfile::tempdir().unwrap();
+    let got = dir.path().join("got");
+    let o = xray(&[
+        "run",
+        "--model",
+        "fixtures/build/whisper-rand-a",
+        "--audio",
+        "fixtures/audio/fox.wav",
+        "--only",
+        "audio.frontend.mel",
+        "--only",
+        "audio.encoder.memory",
+        "--only",
+        "audio.decoder.logits",
+        "--inject",
+        "layernorm_eps",
+        "--out",
+        got.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let (c, ev, _) = compare(&got, dir.path(), &[]);
+    assert_eq!(c, 1);
+    let coarse: Vec<String> =
+        serde_json::from_value(ev["first_divergence"]["suspects"].clone()).unwrap();
+    let (c, ev, _) = compare(
+        &got,
+        dir.path(),
+        &["--model", "fixtures/build/whisper-rand-a"],
+    );
+    assert_eq!(c, 1);
+    let fd = &ev["first_divergence"];
+    assert_eq!(fd["checkpoint"], "audio.encoder.memory");
+    let ops: Vec<String> = serde_json::from_value(fd["suspects"].clone()).unwrap();
+    for want in [
+        "encoder.conv1",
+        "encoder.conv1_gelu",
+        "encoder.to_token_major",
+        "encoder.embed_positions",
+        "encoder.layer.1.mlp_norm",
+        "encoder.layer.1.gelu",
+        "encoder.final_norm",
+    ] {
+        assert!(ops.iter().any(|o| o == want), "{want} not in {ops:?}");
+    }
+    assert!(!ops.iter().any(|o| o.starts_with("frontend.")), "{ops:?}");
+    assert!(ops.len() > coarse.len(), "{ops:?} vs {coarse:?}");
+    // The planted op is among them.
+    assert!(ops.iter().any(|o| o == "encoder.layer.1.mlp_norm"));
+}

@@ -6,7 +6,6 @@ Run: .venv/bin/python -m pytest oracle/tests/test_granite_nar.py -q   (about hal
 from __future__ import annotations
 
 import importlib.util
-import json
 import struct
 import sys
 import types

@@ -467,6 +467,43 @@ impl Graph {
             .map(|(o, _)| self.ops[o].name.as_str())
     }
 
+    /// The ops that may hold a bug first seen at checkpoint `to`, given that the checkpoints
+    /// `after` are known good: every op `to` depends on that none of `after` depends on (nor
+    /// produces), in graph order. Follows the graph's edges, so weightless ops and ops without a
+    /// checkpoint are included. A name that labels no edge is an error naming it.
+    pub fn ops_between(&self, after: &[&str], to: &str) -> Result<Vec<String>> {
+        let edge = |c: &str| {
+            self.checkpoint_edge(c).ok_or_else(|| {
+                RuntimeError::Graph(format!("'{c}' labels no edge of the {} graph", self.family))
+            })
+        };
+        let ancestors = |start: EdgeId| -> Vec<bool> {
+            let mut seen = vec![false; self.ops.len()];
+            let mut stack: Vec<EdgeId> = vec![start];
+            while let Some(e) = stack.pop() {
+                if let Some((o, _)) = self.edges[e].producer {
+                    if !seen[o] {
+                        seen[o] = true;
+                        stack.extend(self.ops[o].inputs.iter().copied());
+                    }
+                }
+            }
+            seen
+        };
+        let mut good = vec![false; self.ops.len()];
+        for a in after {
+            for (o, g) in ancestors(edge(a)?).into_iter().enumerate() {
+                good[o] |= g;
+            }
+        }
+        Ok(ancestors(edge(to)?)
+            .into_iter()
+            .enumerate()
+            .filter(|(o, bad)| *bad && !good[*o])
+            .map(|(o, _)| self.ops[o].name.clone())
+            .collect())
+    }
+
     /// Consumer op names of an edge.
     pub fn consumer_names(&self, edge: EdgeId) -> Vec<String> {
         self.edges[edge]

@@ -206,6 +206,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if let Some(n) = super::not_compared(&ev) {
         ev.notes.push(n);
     }
+    if let Some(dir) = &a.model {
+        refine_suspects(&mut ev, dir)?;
+    }
     // The evidence first, then the reports; a failed write does not stop the rest.
     if let Some(p) = &a.evidence {
         outputs.write_evidence(p, &ev.to_json()?);
@@ -226,4 +229,34 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     } else {
         super::exit_fail()
     })
+}
+
+/// With `--model DIR`, the suspects of every divergence behind an unobserved region come from
+/// X-Ray's runtime graph of that model: every op between the region's known-good checkpoints
+/// and the failing one (`Graph::ops_between`), weightless and unlabelled ops included, instead
+/// of the contract's checkpoint producers.
+fn refine_suspects(
+    ev: &mut xray_compare::evidence::Evidence,
+    dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    let model = xray_runtime::models::load(dir)?;
+    let g = model.graph();
+    let mut refined = false;
+    for fd in ev
+        .first_divergence
+        .iter_mut()
+        .chain(ev.independent.iter_mut())
+    {
+        let Some(region) = &fd.region else { continue };
+        let after: Vec<&str> = region.after.iter().map(|i| i.checkpoint.as_str()).collect();
+        fd.suspects = g.ops_between(&after, &fd.checkpoint)?;
+        refined = true;
+    }
+    if refined {
+        ev.notes.push(format!(
+            "suspects: the runtime graph's ops between the last good checkpoints and the failing one ({})",
+            dir.display()
+        ));
+    }
+    Ok(())
 }

@@ -466,7 +466,7 @@ mod tests {
             .collect();
         assert_eq!(dropped, ["a@step0", "b@step0"]);
         assert!(!r.passed());
-        assert!(junit_xml(&r).contains("type=\"coverage\""));
+        assert!(junit_xml(&r).unwrap().contains("type=\"coverage\""));
     }
 
     /// Evidence for another clip, other weights, another family or another contract is refused;

@@ -620,28 +620,10 @@ pub(crate) mod tests {
         layer: Option<(&str, u32)>,
     ) -> CheckpointSpec {
         CheckpointSpec {
-            name: name.into(),
-            template: name.into(),
-            steps,
             kind: logits.then(|| "logits".to_string()),
-            shape: vec![],
-            axes: vec![],
-            layout: xray_core::Layout::Plain,
-            producer: format!("op.{name}"),
-            inputs: inputs
-                .into_iter()
-                .map(|(n, r)| (n.to_string(), r))
-                .collect(),
             layer: layer.map(|(_, l)| l as usize),
             repeat: layer.map(|(r, _)| r.to_string()),
-            order: 0,
-            reference: xray_core::contract::Reference {
-                module: String::new(),
-                hook: xray_core::contract::Hook::Forward,
-                index: 0,
-                kwarg: None,
-                transform: vec![],
-            },
+            ..CheckpointSpec::bare(name, steps, inputs)
         }
     }
 

@@ -577,16 +577,12 @@ fn subset_indices_read_as_named_ranges() {
 /// inputs' names from the graph and the reference side.
 #[test]
 fn pipeline_passes_candidates_and_segments() {
-    let spec = |name: &str, inputs: Vec<&str>| CheckpointSpec {
-        name: name.into(),
-        producer: format!("op.{name}"),
-        steps: Steps::Once,
-        inputs: inputs
-            .into_iter()
-            .map(|n| (n.to_string(), StepRef::Same))
-            .collect(),
-        layer: None,
-        logits: false,
+    let spec = |name: &str, inputs: Vec<&str>| {
+        CheckpointSpec::bare(
+            name,
+            Steps::Once,
+            inputs.into_iter().map(|n| (n, StepRef::Same)).collect(),
+        )
     };
     let specs = vec![
         spec("enc.block.0.out", vec![]),

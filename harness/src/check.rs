@@ -136,6 +136,10 @@ fn load_checked(
     Ok(model)
 }
 
+/// What [`check_corpus`] hands each clip to: the clip, its check (or why it failed), seconds.
+pub type ClipSink<'a> =
+    dyn FnMut(&std::path::Path, anyhow::Result<CheckOutput>, f64) -> anyhow::Result<()> + 'a;
+
 /// A corpus in one process: the runtime model is loaded once and the oracle started once (the
 /// reference model is loaded by the first clip's run and reused), then each clip of `clips` is
 /// checked with `opts` (its `audio` replaced) and handed to `each` with its wall time in
@@ -146,7 +150,7 @@ pub fn check_corpus(
     opts: &CheckOptions,
     clips: &[PathBuf],
     progress: &dyn Fn(&str),
-    each: &mut dyn FnMut(&std::path::Path, anyhow::Result<CheckOutput>, f64) -> anyhow::Result<()>,
+    each: &mut ClipSink,
 ) -> anyhow::Result<f64> {
     let t0 = std::time::Instant::now();
     let model = load_checked(opts, progress)?;

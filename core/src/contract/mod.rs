@@ -209,6 +209,37 @@ pub struct CheckpointSpec {
     pub reference: Reference,
 }
 
+impl CheckpointSpec {
+    /// A spec with only what a checkpoint graph reads: name, steps and inputs (producer
+    /// `op.NAME`, no shape, no reference recipe), for synthetic graphs in tests and tools.
+    pub fn bare(name: &str, steps: Steps, inputs: Vec<(&str, StepRef)>) -> CheckpointSpec {
+        CheckpointSpec {
+            name: name.into(),
+            template: name.into(),
+            steps,
+            kind: None,
+            shape: vec![],
+            axes: vec![],
+            layout: Layout::Plain,
+            producer: format!("op.{name}"),
+            inputs: inputs
+                .into_iter()
+                .map(|(n, r)| (n.to_string(), r))
+                .collect(),
+            layer: None,
+            repeat: None,
+            order: 0,
+            reference: Reference {
+                module: String::new(),
+                hook: Hook::Forward,
+                index: 0,
+                kwarg: None,
+                transform: vec![],
+            },
+        }
+    }
+}
+
 /// A contract resolved against one model config.
 #[derive(Debug, Clone)]
 pub struct Contract {

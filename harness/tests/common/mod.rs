@@ -9,7 +9,7 @@ use serde_json::Value;
 use xray_compare::compare::{compare_graph, CompareOptions, MemorySource};
 use xray_compare::evidence::{Evidence, OracleVersions, Run, Transcript};
 use xray_compare::localize::{build_graph, CheckpointGraph, CheckpointSpec, StepRef, Steps};
-use xray_core::contract::{Contract, Hook, Reference};
+use xray_core::contract::Contract;
 
 /// The Whisper contract resolved for a tiny.en-like geometry with the given layer counts.
 pub fn whisper_contract(enc: u32, dec: u32) -> Contract {
@@ -34,28 +34,8 @@ pub fn spec(
     logits: bool,
 ) -> CheckpointSpec {
     CheckpointSpec {
-        name: name.into(),
-        template: name.into(),
-        steps,
         kind: logits.then(|| "logits".to_string()),
-        shape: vec![],
-        axes: vec![],
-        layout: xray_core::Layout::Plain,
-        producer: format!("op.{name}"),
-        inputs: inputs
-            .into_iter()
-            .map(|(n, r)| (n.to_string(), r))
-            .collect(),
-        layer: None,
-        repeat: None,
-        order: 0,
-        reference: Reference {
-            module: String::new(),
-            hook: Hook::Forward,
-            index: 0,
-            kwarg: None,
-            transform: vec![],
-        },
+        ..CheckpointSpec::bare(name, steps, inputs)
     }
 }
 

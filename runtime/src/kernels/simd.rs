@@ -688,10 +688,11 @@ fn has_f16c() -> bool {
 macro_rules! dispatch3 {
     ($avx512:expr, $avx:expr, $scalar:expr) => {{
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: each build runs only when the CPU supports its instruction set.
         let r = if has_avx512() {
+            // SAFETY: the AVX-512 build (avx512f only) runs only when the CPU supports AVX-512F.
             unsafe { $avx512 }
         } else if has_avx2() {
+            // SAFETY: the AVX2 build runs only when the CPU supports AVX and AVX2.
             unsafe { $avx }
         } else {
             $scalar

@@ -153,7 +153,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if let Some(b) = super::bench::peak_rss_bytes() {
         // Both models and the oracle live in this process: the whole check's footprint.
         super::note(&format!(
-            "xray: peak RSS {:.0} MB (getrusage ru_maxrss)",
+            "xray: peak RSS {:.0} MB (VmHWM)",
             b as f64 / 1e6
         ));
     }

@@ -152,10 +152,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     super::note(&format!("xray: evidence {}", evidence_path.display()));
     if let Some(b) = super::bench::peak_rss_bytes() {
         // Both models and the oracle live in this process: the whole check's footprint.
-        super::note(&format!(
-            "xray: peak RSS {:.0} MB (VmHWM)",
-            b as f64 / 1e6
-        ));
+        super::note(&format!("xray: peak RSS {:.0} MB (VmHWM)", b as f64 / 1e6));
     }
     if let Some(p) = &a.report {
         super::note(&format!("xray: report {}", p.display()));

@@ -114,7 +114,7 @@ CANDLE = target/release/xray-candle-whisper --model fixtures/whisper-tiny-en --a
 candle: build fixtures
 	$(CARGO) build --release -p xray-candle-whisper
 	mkdir -p $(CANDLE_OUT)
-	$(XRAY) oracle --model fixtures/whisper-tiny-en --audio $(AUDIO) --out $(CANDLE_OUT)/ref
+	$(XRAY) oracle --model fixtures/whisper-tiny-en --audio $(AUDIO) --out $(CANDLE_OUT)/ref --force
 	$(CANDLE) --out $(CANDLE_OUT)/candle
 	$(CANDLE) --out $(CANDLE_OUT)/candle-mel-fed --mel-from $(CANDLE_OUT)/ref
 	$(CANDLE) --out $(CANDLE_OUT)/candle-memory-fed --memory-from $(CANDLE_OUT)/ref --tokens-from $(CANDLE_OUT)/ref

@@ -5,6 +5,7 @@
 //! | (root) | [`Layout`], [`Dim`], [`Shape`], [`Tensor`]: the vocabulary of declared edges |
 //! | [`contract`] | the per-family checkpoint contracts (`core/contracts/*.json`), parsed and resolved once against a model config |
 //! | [`dump`] | the `xray.dump` format: manifest, `.npy` tensors, atomic writer, checked loader |
+//! | [`ops`] | op-level points: `{module}:{in|out}` names at the reference's module boundaries, and which a run emits |
 //! | [`capture`] | the capture API: [`capture::Observer`] (an engine calls it at each checkpoint), [`capture::Recorder`], [`capture::StatsRecorder`], [`capture::Substitute`] (isolation) |
 //!
 //! X-Ray's own runtime, the HF oracle, the comparison library and outside engines (see
@@ -22,6 +23,7 @@ pub mod capture;
 pub mod contract;
 pub mod dump;
 pub mod error;
+pub mod ops;
 
 pub use error::{CoreError, Result};
 

@@ -65,9 +65,10 @@ fn bench_json_has_every_anchor_and_says_why_ct2_is_absent() {
         positive(&v, k);
     }
     assert!(v["capture_overhead"].is_number(), "{v:#}");
-    // rand-a was not converted from CTranslate2 weights: no CT2 model with the same weights.
+    // Either the ctranslate2 package is absent (CI installs only oracle/requirements.txt) or
+    // rand-a has no CTranslate2 conversion with the same weights: both must be said.
     let why = v["ct2_absent"].as_str().unwrap_or_default();
-    assert!(why.contains("CTranslate2"), "{v:#}");
+    assert!(why.to_lowercase().contains("ctranslate2"), "{v:#}");
     for k in ["encoder_ratio_ct2", "decode_step_ratio_ct2"] {
         assert!(v.get(k).is_some_and(|x| x.is_null()), "{k}: {v:#}");
     }

@@ -190,8 +190,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if has_ct2 {
         torch.decode(n_full, "ct2")?;
     }
-    let mut enc: [Vec<f64>; 4] = Default::default(); // runtime, sdpa, eager, ct2
-                                                     // (generate 1, generate N) per side: runtime, torch (sdpa), ct2.
+    // Encoder seconds per side: runtime, sdpa, eager, ct2.
+    let mut enc: [Vec<f64>; 4] = Default::default();
+    // (generate 1, generate N) per side: runtime, torch (sdpa), ct2.
     let mut dec: [(Vec<f64>, Vec<f64>); 3] = Default::default();
     let mut tok = [(0usize, 0usize); 3];
     let (mut con, mut coff) = (vec![], vec![]);
@@ -273,7 +274,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         "ct2_absent": ct2_absent,
         "encoder_seconds": {"runtime": e_rt, "torch": e_sdpa, "torch_eager": e_eager, "ct2": e_ct2},
         "decode_step_seconds": {"runtime": d_rt, "torch": d_torch, "ct2": d_ct2},
-        "decode_tokens": {"runtime": tok[0], "torch": tok[1], "ct2": tok[2]},
+        "decode_tokens": {"runtime": tok[0], "torch": tok[1], "ct2": has_ct2.then_some(tok[2])},
         "full_run_seconds": {"capture_on": con, "capture_off": coff},
         "encoder_ratio": ratio(e_rt, e_sdpa),
         "encoder_ratio_eager": ratio(e_rt, e_eager),

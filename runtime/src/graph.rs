@@ -934,8 +934,9 @@ impl Graph {
         for (id, v) in values.iter_mut().enumerate() {
             if fed[id] && need_edge[id] {
                 let t = feeds.remove(&self.edges[id].name).unwrap_or_default();
+                // A fed edge's points are not observed: the tensor was computed elsewhere (an
+                // earlier formula, the reference) and is observed where it was computed.
                 bind_shape(&self.edges[id], t.shape(), &mut syms, "feed")?;
-                self.observe_points(ctx, id, &t);
                 // Move a fed tensor in when it is already contiguous (a fed cache is not copied).
                 *v = Some(if t.is_standard_layout() {
                     t

@@ -81,7 +81,8 @@ pub enum PointSelect {
     None,
     /// Every point the engine can name (`--ops`).
     All,
-    /// Only these point names (a drill-down into one region).
+    /// Only these point names (a drill-down into one region); an engine may also take its own
+    /// edge names here (X-Ray's runtime does, to check a layout op it suspects).
     Only(BTreeSet<String>),
 }
 

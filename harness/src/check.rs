@@ -29,7 +29,7 @@ use xray_compare::evidence::{DivergenceKind, Evidence, Run, Transcript};
 use xray_compare::localize::Status;
 use xray_compare::metrics::compare as metrics_compare;
 use xray_compare::ops::localize_op;
-use xray_compare::pipeline::{compare_dumps, oracle_versions};
+use xray_compare::pipeline::{compare_dumps, oracle_versions, to_canonical};
 use xray_compare::tolerance::{NoiseFloor, Policy, Tolerance};
 use xray_core::ops::PointSelect;
 
@@ -445,6 +445,15 @@ pub fn check_against(
     })
 }
 
+/// `to_canonical`'s head count for a layout transform between these shapes.
+fn heads_of(from: &[usize], to: &[usize]) -> Option<usize> {
+    match (from.len(), to.len()) {
+        (2, 3) => to.first().copied(),
+        (3, 2) => from.first().copied(),
+        _ => None,
+    }
+}
+
 /// What a drill-down re-runs: both engines on the same input, teacher-forced and faulted alike.
 struct Drill<'a> {
     model: &'a dyn SpeechModel,
@@ -456,6 +465,64 @@ struct Drill<'a> {
 }
 
 impl Drill<'_> {
+    /// When several runtime ops lie between the agreeing points and the first that differs, the
+    /// layout-only ones among them (head split / merge, transposes: [`Kernel::is_layout`]) are
+    /// checked on the runtime's own tensors: one more runtime run captures their edges, and an op
+    /// whose output equals the declared layout transform of its input (computed by the
+    /// comparison library, not the runtime) is no longer a suspect. One suspect left names the op.
+    ///
+    /// [`Kernel::is_layout`]: xray_runtime::graph::Kernel::is_layout
+    fn exonerate_layout_ops(
+        &self,
+        op: &mut xray_compare::ops::OpDivergence,
+    ) -> anyhow::Result<Option<String>> {
+        if op.op.is_some() || op.suspects.len() < 2 {
+            return Ok(None);
+        }
+        let lops = self.model.graph().layout_ops(&op.suspects);
+        if lops.is_empty() {
+            return Ok(None);
+        }
+        let edges: Vec<String> = lops
+            .iter()
+            .flat_map(|l| [l.input.clone(), l.output.clone()])
+            .collect();
+        let sel = PointSelect::Only(edges.iter().cloned().collect());
+        let (d, _) = runtime_dump_audio(
+            self.model,
+            self.audio,
+            self.run_opts,
+            Some(&self.opts.faults),
+            None,
+            Capture {
+                only: Some(&edges),
+                points: Some(&sel),
+            },
+        )?;
+        let step = op.step as usize;
+        let mut cleared = Vec::new();
+        for l in &lops {
+            let (Some(i), Some(o)) = (d.get(&l.input, step), d.get(&l.output, step)) else {
+                continue;
+            };
+            let heads = heads_of(i.shape(), o.shape());
+            if to_canonical(i, l.from, l.to, heads).is_ok_and(|t| t == *o) {
+                cleared.push(l.op.clone());
+            }
+        }
+        if cleared.is_empty() {
+            return Ok(None);
+        }
+        op.suspects.retain(|s| !cleared.contains(s));
+        if let [one] = op.suspects.as_slice() {
+            op.op = Some(one.clone());
+        }
+        Ok(Some(format!(
+            "drill-down: layout ops cleared (output = the declared layout transform of their input, bit for bit): {}",
+            cleared.join(", ")
+        )))
+    }
+
     /// From the origin checkpoint to the op: when the runtime graph holds more than one op
     /// between the origin's passing inputs and the origin, capture the op-level points of that
     /// region on both sides (from the dumps when they already hold them, `--ops`) and set
@@ -536,6 +603,11 @@ impl Drill<'_> {
             (&r_ops, &x_ops)
         };
         fd.op = localize_op(&nodes, r, x, step, &self.opts.policy, Some(&lookup));
+        if let Some(op) = fd.op.as_mut() {
+            if let Some(note) = self.exonerate_layout_ops(op)? {
+                ev.notes.push(note);
+            }
+        }
         match &fd.op {
             Some(op) => ev.notes.push(format!("drill-down: {}", op.summary())),
             None => ev.notes.push(format!(

@@ -128,6 +128,27 @@ pub trait Kernel: Send + Sync + fmt::Debug {
     fn points(&self) -> &'static [Side] {
         &[]
     }
+    /// Whether the kernel only moves data: its one output is its one input in another declared
+    /// layout (a head split or merge, a transpose). A drill-down exonerates such a suspect by
+    /// checking its output against the layout transform of its input, computed independently.
+    fn is_layout(&self) -> bool {
+        false
+    }
+}
+
+/// A layout-only op ([`Kernel::is_layout`]): its edges and their layouts.
+#[derive(Debug, Clone)]
+pub struct LayoutOp {
+    /// Op name.
+    pub op: String,
+    /// Input edge name.
+    pub input: String,
+    /// Output edge name.
+    pub output: String,
+    /// Input layout.
+    pub from: Layout,
+    /// Output layout.
+    pub to: Layout,
 }
 
 /// A weight reference of an op: role, HF state-dict key, expected shape.
@@ -610,6 +631,36 @@ impl Graph {
                 obs.observe(p, ctx.step, edge.layout, t.view());
             }
         }
+        // A runtime-internal edge asked for by name (a drill-down checking a layout op).
+        if matches!(sel, PointSelect::Only(_))
+            && sel.wants(&edge.name)
+            && obs.wants(&edge.name, ctx.step)
+        {
+            obs.observe(&edge.name, ctx.step, edge.layout, t.view());
+        }
+    }
+
+    /// The layout-only ops ([`Kernel::is_layout`]) among `names`, with their edges.
+    pub fn layout_ops(&self, names: &[String]) -> Vec<LayoutOp> {
+        self.ops
+            .iter()
+            .filter(|o| {
+                o.kernel.is_layout()
+                    && names.contains(&o.name)
+                    && o.inputs.len() == 1
+                    && o.outputs.len() == 1
+            })
+            .map(|o| {
+                let (i, x) = (&self.edges[o.inputs[0]], &self.edges[o.outputs[0]]);
+                LayoutOp {
+                    op: o.name.clone(),
+                    input: i.name.clone(),
+                    output: x.name.clone(),
+                    from: i.layout,
+                    to: x.layout,
+                }
+            })
+            .collect()
     }
 
     /// Every op-level point name with its edge, in graph order (feeds first, then by producer).

@@ -11,6 +11,9 @@ use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
 pub struct ChannelToToken;
 
 impl Kernel for ChannelToToken {
+    fn is_layout(&self) -> bool {
+        true
+    }
     fn kind(&self) -> &'static str {
         "channel_to_token_major"
     }
@@ -59,6 +62,9 @@ pub struct SplitHeads {
 }
 
 impl Kernel for SplitHeads {
+    fn is_layout(&self) -> bool {
+        true
+    }
     fn kind(&self) -> &'static str {
         "token_to_head_major"
     }
@@ -122,6 +128,9 @@ impl Kernel for SplitHeads {
 pub struct MergeHeads;
 
 impl Kernel for MergeHeads {
+    fn is_layout(&self) -> bool {
+        true
+    }
     fn kind(&self) -> &'static str {
         "head_to_token_major"
     }

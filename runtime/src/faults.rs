@@ -1,13 +1,16 @@
 //! Deliberate faults for the self-test: realistic bring-up bugs planted behind one seam. The graph
 //! executor asks the [`FaultPlan`] once per op for a patched kernel (parameter faults: epsilon,
-//! attention scale, mask, RoPE offset) and once per produced edge for an output corruption (f16
-//! rounding, a NaN, swapped heads, a layout leak). Host-level faults (a stale cross-attention cache)
-//! are flags the model's decode loop reads. No kernel has a fault `if` of its own.
+//! attention scale, mask, RoPE offset; replacement kernels: an unbiased-variance LayerNorm, a
+//! tanh-approximated GELU, a linear whose weight is rounded to an int grid), once per weight for
+//! the state-dict key it reads (a projection wired to another layer's weight) and once per
+//! produced edge for an output corruption (f16 rounding, a NaN, swapped heads, a layout leak, a
+//! wrong clamp floor). Host-level faults (a stale cross-attention cache) are flags the model's
+//! decode loop reads. No kernel has a fault `if` of its own.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::graph::{Dim, Edge, Graph, Kernel, Layout, Op, Tensor};
+use crate::graph::{Dim, Edge, Graph, Kernel, KernelCtx, Layout, Op, Port, Shape, Tensor};
 
 /// A parameter fault: the op runs with a wrong parameter.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,6 +47,33 @@ pub enum OutputFault {
     /// Shifted by this many positions along the time/token axis (zero fill): the last axis for
     /// channel-major tensors, the first for token-major ones.
     Shift(i64),
+    /// Every element raised to at least `max - d` (`max` over the finite elements): a dynamic-range
+    /// clamp whose floor sits `d` below the maximum (the log-mel's `max(l, max(l) - 8)`, scaled).
+    FloorBelowMax(f32),
+}
+
+/// A replacement kernel: the op computes a plausible wrong variant of its function.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KernelFault {
+    /// A LayerNorm dividing the variance by `n - 1` (unbiased, `torch.var`'s default) instead of
+    /// `n` (what `nn.LayerNorm` uses).
+    LayerNormUnbiasedVar,
+    /// An exact-erf GELU computed with the tanh approximation (`gelu_new` / `approximate='tanh'`).
+    GeluTanh,
+    /// A linear whose weight is rounded to a symmetric uniform grid of this many bits, one scale
+    /// per output row (`max|w_row| / (2^(bits-1) - 1)`): a weight-only quantized checkpoint.
+    WeightGridPerRow(u32),
+}
+
+impl KernelFault {
+    /// The kernel kind this fault replaces.
+    pub fn kernel_kind(&self) -> &'static str {
+        match self {
+            KernelFault::LayerNormUnbiasedVar => "layer_norm",
+            KernelFault::GeluTanh => "gelu",
+            KernelFault::WeightGridPerRow(_) => "linear",
+        }
+    }
 }
 
 /// What a planted fault does.
@@ -53,6 +83,16 @@ pub enum FaultKind {
     Param(ParamFault),
     /// Corrupt matching edges.
     Output(OutputFault),
+    /// Replace the kernel of matching ops by a wrong variant of it.
+    Kernel(KernelFault),
+    /// Matching ops read weight role `role` from state-dict key `key` (a wiring bug: another
+    /// layer's weight).
+    WeightKey {
+        /// The kernel's weight role (`weight`, `bias`, ...).
+        role: String,
+        /// The key read instead.
+        key: String,
+    },
     /// A host-level behaviour flag read by the model loop (e.g. `stale_cross_cache`).
     Host(String),
 }
@@ -164,6 +204,42 @@ fn output_fault_misfit(f: &OutputFault, edge: &Edge) -> Option<String> {
     }
 }
 
+/// Why an op-level fault (replacement kernel, weight rewiring) targeting `target` cannot be
+/// planted in `graph` (None: some matched op takes it); `takes` says whether an op does, `what`
+/// names what such an op has.
+fn refuse_op_fault(
+    graph: &Graph,
+    target: &str,
+    takes: &dyn Fn(&Op) -> bool,
+    what: &str,
+) -> Option<String> {
+    let matched: Vec<&Op> = graph
+        .ops()
+        .iter()
+        .filter(|op| glob_match(target, &op.name))
+        .collect();
+    if matched.iter().any(|op| takes(op)) {
+        return None;
+    }
+    let fit = nearest(
+        target,
+        graph
+            .ops()
+            .iter()
+            .filter(|op| takes(op))
+            .map(|o| o.name.as_str()),
+    );
+    Some(if matched.is_empty() {
+        format!("target matches no op; nearest ops with {what}: {fit}")
+    } else {
+        format!(
+            "target matches {} op(s) ({}) but none has {what}; nearest ops that do: {fit}",
+            matched.len(),
+            nearest(target, matched.iter().map(|o| o.name.as_str()))
+        )
+    })
+}
+
 impl FaultPlan {
     /// No faults.
     pub fn none() -> FaultPlan {
@@ -241,6 +317,20 @@ impl FaultPlan {
                             )
                         },
                     );
+                }
+                FaultKind::Kernel(kf) => {
+                    let kind = kf.kernel_kind();
+                    let takes = |op: &Op| op.kernel.kind() == kind;
+                    if let Some(why) = refuse_op_fault(graph, &p.target, &takes, kind) {
+                        return refuse(p, why);
+                    }
+                }
+                FaultKind::WeightKey { role, .. } => {
+                    let takes = |op: &Op| op.weights.iter().any(|w| w.role == role.as_str());
+                    let what = format!("a '{role}' weight");
+                    if let Some(why) = refuse_op_fault(graph, &p.target, &takes, &what) {
+                        return refuse(p, why);
+                    }
                 }
                 FaultKind::Output(of) => {
                     let names = |e: &'_ Edge| -> Vec<String> {
@@ -322,21 +412,57 @@ impl FaultPlan {
         }
     }
 
-    /// A patched kernel for this op, if a parameter fault targets it.
-    pub fn patch_kernel(&self, op: &Op) -> Option<Box<dyn Kernel>> {
-        let mut out: Option<Box<dyn Kernel>> = None;
+    /// A patched kernel for this op, if a parameter or kernel fault targets it. A fault planted at
+    /// one step only is wrapped so that the op runs its own kernel at every other step (and is
+    /// counted as fired only when that step runs).
+    pub fn patch_kernel<'a>(&'a self, op: &'a Op) -> Option<Box<dyn Kernel + 'a>> {
+        let own: &'a dyn Kernel = op.kernel.as_ref();
+        let mut out: Option<Box<dyn Kernel + 'a>> = None;
         for p in &self.planted {
-            if let FaultKind::Param(pf) = &p.kind {
-                if glob_match(&p.target, &op.name) {
-                    let base: &dyn Kernel = out.as_deref().unwrap_or(op.kernel.as_ref());
-                    if let Some(k) = base.with_param_fault(pf) {
-                        p.hit();
-                        out = Some(k);
-                    }
-                }
+            if !glob_match(&p.target, &op.name) {
+                continue;
             }
+            let k: Box<dyn Kernel + 'a> = match &p.kind {
+                FaultKind::Param(pf) => match out.as_deref().unwrap_or(own).with_param_fault(pf) {
+                    Some(k) => k,
+                    None => continue,
+                },
+                // A replacement kernel wraps the op's own kernel.
+                FaultKind::Kernel(kf) if own.kind() == kf.kernel_kind() => Box::new(Replaced {
+                    inner: own,
+                    fault: kf.clone(),
+                }),
+                _ => continue,
+            };
+            out = Some(match p.step {
+                Some(step) => Box::new(AtStep {
+                    base: out.take().unwrap_or_else(|| Box::new(Borrowed(own))),
+                    faulted: k,
+                    step,
+                    hits: p.hits.clone(),
+                }),
+                None => {
+                    p.hit();
+                    k
+                }
+            });
         }
         out
+    }
+
+    /// The state-dict key weight role `i` of `op` reads instead of its own, if a wiring fault
+    /// targets it (counted as fired).
+    pub fn weight_key(&self, op: &Op, i: usize) -> Option<&str> {
+        let role = op.weights.get(i)?.role;
+        self.planted.iter().find_map(|p| match &p.kind {
+            FaultKind::WeightKey { role: r, key }
+                if r.as_str() == role && glob_match(&p.target, &op.name) =>
+            {
+                p.hit();
+                Some(key.as_str())
+            }
+            _ => None,
+        })
     }
 
     /// Corrupt an op output if an output fault targets its edge (by checkpoint label or name).
@@ -358,6 +484,220 @@ impl FaultPlan {
             }
         }
     }
+}
+
+/// The op's own kernel, borrowed (the base of a step-gated fault).
+#[derive(Debug)]
+struct Borrowed<'a>(&'a dyn Kernel);
+
+impl Kernel for Borrowed<'_> {
+    fn kind(&self) -> &'static str {
+        self.0.kind()
+    }
+    fn inputs(&self) -> Vec<Port> {
+        self.0.inputs()
+    }
+    fn outputs(&self) -> Vec<Port> {
+        self.0.outputs()
+    }
+    fn weight_roles(&self) -> Vec<&'static str> {
+        self.0.weight_roles()
+    }
+    fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        self.0.infer(inputs, weights)
+    }
+    fn run(
+        &self,
+        ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
+        self.0.run(ctx, inputs, weights)
+    }
+    fn params(&self) -> serde_json::Value {
+        self.0.params()
+    }
+    fn f16_weight_roles(&self) -> Vec<usize> {
+        self.0.f16_weight_roles()
+    }
+    fn with_param_fault(&self, fault: &ParamFault) -> Option<Box<dyn Kernel>> {
+        self.0.with_param_fault(fault)
+    }
+}
+
+/// A fault planted at one step: `faulted` runs at `step`, `base` at every other.
+#[derive(Debug)]
+struct AtStep<'a> {
+    base: Box<dyn Kernel + 'a>,
+    faulted: Box<dyn Kernel + 'a>,
+    step: usize,
+    hits: Arc<AtomicUsize>,
+}
+
+impl Kernel for AtStep<'_> {
+    fn kind(&self) -> &'static str {
+        self.base.kind()
+    }
+    fn inputs(&self) -> Vec<Port> {
+        self.base.inputs()
+    }
+    fn outputs(&self) -> Vec<Port> {
+        self.base.outputs()
+    }
+    fn weight_roles(&self) -> Vec<&'static str> {
+        self.base.weight_roles()
+    }
+    fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        self.base.infer(inputs, weights)
+    }
+    fn run(
+        &self,
+        ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
+        if ctx.step == self.step {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            self.faulted.run(ctx, inputs, weights)
+        } else {
+            self.base.run(ctx, inputs, weights)
+        }
+    }
+    fn params(&self) -> serde_json::Value {
+        self.base.params()
+    }
+    /// Only the roles both kernels read from an f16 mirror with the same bits (the executor asks
+    /// before it knows which one runs).
+    fn f16_weight_roles(&self) -> Vec<usize> {
+        let f = self.faulted.f16_weight_roles();
+        self.base
+            .f16_weight_roles()
+            .into_iter()
+            .filter(|i| f.contains(i))
+            .collect()
+    }
+}
+
+/// A replacement kernel ([`KernelFault`]): the op's own kernel's interface, a wrong computation.
+#[derive(Debug)]
+struct Replaced<'a> {
+    inner: &'a dyn Kernel,
+    fault: KernelFault,
+}
+
+impl Kernel for Replaced<'_> {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    fn inputs(&self) -> Vec<Port> {
+        self.inner.inputs()
+    }
+    fn outputs(&self) -> Vec<Port> {
+        self.inner.outputs()
+    }
+    fn weight_roles(&self) -> Vec<&'static str> {
+        self.inner.weight_roles()
+    }
+    fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        self.inner.infer(inputs, weights)
+    }
+    fn run(
+        &self,
+        ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
+        match &self.fault {
+            KernelFault::LayerNormUnbiasedVar => {
+                let eps = self.inner.params()["eps"].as_f64().ok_or_else(|| {
+                    format!(
+                        "unbiased-variance fault: the layer norm's params {} hold no eps",
+                        self.inner.params()
+                    )
+                })?;
+                layer_norm_unbiased(inputs[0], weights, eps)
+            }
+            KernelFault::GeluTanh => {
+                let c = (2.0f32 / std::f32::consts::PI).sqrt();
+                let y =
+                    inputs[0].mapv(|x| 0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh()));
+                Ok(vec![y])
+            }
+            KernelFault::WeightGridPerRow(bits) => {
+                let w = weights
+                    .first()
+                    .ok_or("grid fault: the linear has no weight")?;
+                let q = grid_per_row(w, *bits)?;
+                let mut ws: Vec<&Tensor> = weights.to_vec();
+                ws[0] = &q;
+                // The inner kernel sees no f16 mirror (this kernel declares none), so it reads `q`.
+                self.inner.run(ctx, inputs, &ws)
+            }
+        }
+    }
+    fn params(&self) -> serde_json::Value {
+        self.inner.params()
+    }
+    // No f16 mirrors: the mirror is of the original weight.
+}
+
+/// `nn.LayerNorm` over the last axis of `[rows, d]` with the variance divided by `d - 1`.
+fn layer_norm_unbiased(x: &Tensor, weights: &[&Tensor], eps: f64) -> Result<Vec<Tensor>, String> {
+    let &[rows, d] = x.shape() else {
+        return Err(format!(
+            "layer norm input must be [rows, d], got {:?}",
+            x.shape()
+        ));
+    };
+    let [g, b] = weights else {
+        return Err("layer norm takes weight and bias".into());
+    };
+    if g.len() != d || b.len() != d || d < 2 {
+        return Err(format!(
+            "layer norm over {d} features with weight {:?} and bias {:?}",
+            g.shape(),
+            b.shape()
+        ));
+    }
+    let x = x.as_standard_layout();
+    let xs = x.as_slice().ok_or("layer norm input not contiguous")?;
+    let (g, b) = (g.as_standard_layout(), b.as_standard_layout());
+    let (g, b) = (
+        g.as_slice().ok_or("layer norm weight not contiguous")?,
+        b.as_slice().ok_or("layer norm bias not contiguous")?,
+    );
+    let mut y = vec![0f32; rows * d];
+    for (xr, yr) in xs.chunks_exact(d).zip(y.chunks_exact_mut(d)) {
+        let mean = xr.iter().map(|&v| v as f64).sum::<f64>() / d as f64;
+        let var = xr.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / (d - 1) as f64;
+        let rstd = 1.0 / (var + eps).sqrt();
+        for j in 0..d {
+            yr[j] = ((xr[j] as f64 - mean) * rstd) as f32 * g[j] + b[j];
+        }
+    }
+    Tensor::from_shape_vec(vec![rows, d], y)
+        .map_err(|e| e.to_string())
+        .map(|t| vec![t])
+}
+
+/// `w` (`[out, in]`) rounded to a symmetric `bits`-bit grid, one step per output row.
+fn grid_per_row(w: &Tensor, bits: u32) -> Result<Tensor, String> {
+    if w.ndim() != 2 || !(2..=16).contains(&bits) {
+        return Err(format!(
+            "grid fault: weight must be [out, in] and bits in 2..=16, got {:?} and {bits}",
+            w.shape()
+        ));
+    }
+    let levels = ((1u32 << (bits - 1)) - 1) as f32;
+    let mut q = w.as_standard_layout().into_owned();
+    for mut row in q.rows_mut() {
+        let m = row.iter().fold(0f32, |a, &v| a.max(v.abs()));
+        if m > 0.0 {
+            let step = m / levels;
+            row.mapv_inplace(|v| (v / step).round().clamp(-levels, levels) * step);
+        }
+    }
+    Ok(q)
 }
 
 /// Apply an output fault in place; `false` when it could not apply to this tensor (wrong rank or
@@ -382,6 +722,17 @@ pub fn apply_output_fault(f: &OutputFault, layout: Layout, t: &mut Tensor) -> bo
         }
         OutputFault::Scale(f) => t.mapv_inplace(|v| v * f),
         OutputFault::Negate => t.mapv_inplace(|v| -v),
+        OutputFault::FloorBelowMax(d) => {
+            let m = t
+                .iter()
+                .filter(|v| v.is_finite())
+                .fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+            if !m.is_finite() {
+                return false;
+            }
+            let floor = m - d;
+            t.mapv_inplace(|v| v.max(floor));
+        }
         OutputFault::Shift(k) => {
             let axis = if layout == Layout::ChannelMajor {
                 t.ndim().saturating_sub(1)

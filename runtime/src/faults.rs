@@ -321,7 +321,8 @@ impl FaultPlan {
                 FaultKind::Kernel(kf) => {
                     let kind = kf.kernel_kind();
                     let takes = |op: &Op| op.kernel.kind() == kind;
-                    if let Some(why) = refuse_op_fault(graph, &p.target, &takes, kind) {
+                    let what = format!("a '{kind}' kernel");
+                    if let Some(why) = refuse_op_fault(graph, &p.target, &takes, &what) {
                         return refuse(p, why);
                     }
                 }
@@ -856,6 +857,231 @@ pub fn plant(spec: &str, family: &str, config: &serde_json::Value) -> crate::Res
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::graph::WeightRef;
+    use crate::kernels::{Attention, Gelu, LayerNorm, Linear, MatmulStrategy};
+
+    fn t(shape: &[usize], v: Vec<f32>) -> Tensor {
+        Tensor::from_shape_vec(shape.to_vec(), v).expect("shape")
+    }
+
+    fn op(name: &str, kernel: Box<dyn Kernel>, weights: &[(&'static str, &str)]) -> Op {
+        Op {
+            name: name.into(),
+            kernel,
+            inputs: vec![],
+            outputs: vec![],
+            weights: weights
+                .iter()
+                .map(|(role, key)| WeightRef {
+                    role,
+                    key: key.to_string(),
+                    shape: vec![],
+                })
+                .collect(),
+        }
+    }
+
+    fn planted(kind: FaultKind, target: &str, step: Option<usize>) -> FaultPlan {
+        FaultPlan {
+            planted: vec![Planted {
+                name: "f".into(),
+                kind,
+                target: target.into(),
+                step,
+                hits: Arc::default(),
+            }],
+        }
+    }
+
+    fn run_at(k: &dyn Kernel, step: usize, ins: &[&Tensor], ws: &[&Tensor]) -> Vec<f32> {
+        let ctx = KernelCtx {
+            op: "t",
+            step,
+            weights_f16: &[],
+        };
+        k.run(&ctx, ins, ws).expect("run")[0]
+            .iter()
+            .copied()
+            .collect()
+    }
+
+    fn hits(plan: &FaultPlan) -> usize {
+        plan.planted[0].hits.load(Ordering::Relaxed)
+    }
+
+    /// The unbiased-variance LayerNorm is the reference's per row with `(y - b)` scaled by
+    /// `sqrt((var + eps) / (var * n/(n-1) + eps))`; only layer norms take it.
+    #[test]
+    fn unbiased_layer_norm_rescales_each_row_by_its_variance_ratio() {
+        let x = t(&[2, 4], vec![1.0, 2.0, 4.0, 8.0, -3.0, 0.5, 0.25, 2.0]);
+        let (g, b) = (
+            t(&[4], vec![1.0, 0.5, 2.0, -1.0]),
+            t(&[4], vec![0.1, 0.0, -0.2, 0.3]),
+        );
+        let ln = op("enc.norm", Box::new(LayerNorm::new(1e-5)), &[]);
+        let plan = planted(
+            FaultKind::Kernel(KernelFault::LayerNormUnbiasedVar),
+            "enc.norm",
+            None,
+        );
+        let k = plan.patch_kernel(&ln).expect("patched");
+        assert_eq!(hits(&plan), 1);
+        let clean = run_at(ln.kernel.as_ref(), 0, &[&x], &[&g, &b]);
+        let bad = run_at(k.as_ref(), 0, &[&x], &[&g, &b]);
+        for r in 0..2 {
+            let row: Vec<f64> = (0..4).map(|j| x[[r, j]] as f64).collect();
+            let mean = row.iter().sum::<f64>() / 4.0;
+            let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / 4.0;
+            let a = ((var + 1e-5) / (var * 4.0 / 3.0 + 1e-5)).sqrt();
+            for j in 0..4 {
+                let (yc, yb, bj) = (clean[r * 4 + j] as f64, bad[r * 4 + j] as f64, b[j] as f64);
+                assert!(((yb - bj) - a * (yc - bj)).abs() < 1e-5, "row {r} col {j}");
+                assert!(
+                    (yb - yc).abs() > 1e-3,
+                    "the fault changed nothing at {r},{j}"
+                );
+            }
+        }
+        let gelu = op("enc.norm", Box::new(Gelu), &[]);
+        assert!(
+            plan.patch_kernel(&gelu).is_none(),
+            "a gelu is no layer norm"
+        );
+    }
+
+    /// tanh-GELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), which differs from the exact
+    /// erf GELU by ~1e-4 near |x| = 1 and agrees at 0.
+    #[test]
+    fn tanh_gelu_is_the_tanh_approximation() {
+        let x = t(&[4], vec![0.0, 1.0, -1.0, 2.0]);
+        let g = op("l.gelu", Box::new(Gelu), &[]);
+        let plan = planted(FaultKind::Kernel(KernelFault::GeluTanh), "l.gelu", None);
+        let k = plan.patch_kernel(&g).expect("patched");
+        let bad = run_at(k.as_ref(), 0, &[&x], &[]);
+        let clean = run_at(&Gelu, 0, &[&x], &[]);
+        for (got, want) in bad.iter().zip([0.0f32, 0.841192, -0.158808, 1.954597]) {
+            assert!((got - want).abs() < 1e-5, "{got} vs {want}");
+        }
+        assert_eq!(bad[0], clean[0]);
+        assert!(
+            (bad[1] - clean[1]).abs() > 1e-4,
+            "{} vs {}",
+            bad[1],
+            clean[1]
+        );
+    }
+
+    /// The int8 linear runs the op's own linear on a weight rounded per output row to
+    /// `max|row| / 127` steps; the f16 mirror of the original weight is not offered to it.
+    #[test]
+    fn grid_linear_rounds_each_row_to_its_own_step() {
+        let w = t(&[2, 3], vec![1.0, 0.3, -0.5, 0.01, 0.02, -0.0333]);
+        let bias = t(&[2], vec![0.5, -0.5]);
+        let x = t(&[1, 3], vec![1.0, 1.0, 1.0]);
+        let lin = op(
+            "p",
+            Box::new(Linear::new(true, MatmulStrategy::RowStable)),
+            &[],
+        );
+        let plan = planted(
+            FaultKind::Kernel(KernelFault::WeightGridPerRow(8)),
+            "p",
+            None,
+        );
+        let k = plan.patch_kernel(&lin).expect("patched");
+        assert!(k.f16_weight_roles().is_empty());
+        let got = run_at(k.as_ref(), 0, &[&x], &[&w, &bias]);
+        let q = |row: &[f32]| -> f32 {
+            let step = row.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+            row.iter().map(|v| (v / step).round() * step).sum()
+        };
+        let want = [q(&[1.0, 0.3, -0.5]) + 0.5, q(&[0.01, 0.02, -0.0333]) - 0.5];
+        let clean = [0.8f32 + 0.5, -0.0033 - 0.5];
+        for i in 0..2 {
+            assert!((got[i] - want[i]).abs() < 1e-6, "{} vs {}", got[i], want[i]);
+            assert!((got[i] - clean[i]).abs() > 1e-5, "row {i} not rounded");
+        }
+        assert!(grid_per_row(&w, 1).is_err(), "a 1-bit grid has no levels");
+    }
+
+    /// A kernel fault planted at one step runs the op's own kernel at every other step and counts
+    /// as fired only when that step runs.
+    #[test]
+    fn a_step_fault_runs_only_at_its_step() {
+        let att = op(
+            "dec.self_attn",
+            Box::new(Attention {
+                scale: 0.5,
+                causal: false,
+                strategy: MatmulStrategy::RowStable,
+                probs: false,
+            }),
+            &[],
+        );
+        let plan = planted(
+            FaultKind::Param(ParamFault::AttnScale(0.625)),
+            "dec.self_attn",
+            Some(1),
+        );
+        let q = t(&[1, 1, 2], vec![1.0, -2.0]);
+        let kk = t(&[1, 3, 2], vec![1.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
+        let v = t(&[1, 3, 2], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let k = plan.patch_kernel(&att).expect("patched");
+        assert_eq!(hits(&plan), 0, "patched is not fired");
+        let clean = run_at(att.kernel.as_ref(), 0, &[&q, &kk, &v], &[]);
+        assert_eq!(run_at(k.as_ref(), 0, &[&q, &kk, &v], &[]), clean);
+        assert_eq!(run_at(k.as_ref(), 2, &[&q, &kk, &v], &[]), clean);
+        assert_eq!(hits(&plan), 0);
+        let at1 = run_at(k.as_ref(), 1, &[&q, &kk, &v], &[]);
+        assert_ne!(at1, clean);
+        assert_eq!(hits(&plan), 1);
+        let scaled = Attention {
+            scale: 0.625,
+            causal: false,
+            strategy: MatmulStrategy::RowStable,
+            probs: false,
+        };
+        assert_eq!(at1, run_at(&scaled, 1, &[&q, &kk, &v], &[]));
+    }
+
+    /// A wiring fault names another key for its role on matching ops only.
+    #[test]
+    fn weight_key_redirects_one_role_of_matching_ops() {
+        let kind = FaultKind::WeightKey {
+            role: "weight".into(),
+            key: "layers.0.k.weight".into(),
+        };
+        let plan = planted(kind, "layer.1.k_proj", None);
+        let w = [("weight", "layers.1.k.weight"), ("bias", "layers.1.k.bias")];
+        let lin = || Box::new(Linear::new(true, MatmulStrategy::Gemm));
+        let hit = op("layer.1.k_proj", lin(), &w);
+        let other = op("layer.1.v_proj", lin(), &w);
+        assert_eq!(plan.weight_key(&hit, 0), Some("layers.0.k.weight"));
+        assert_eq!(plan.weight_key(&hit, 1), None, "the bias keeps its key");
+        assert_eq!(plan.weight_key(&other, 0), None);
+        assert_eq!(hits(&plan), 1);
+    }
+
+    /// The dynamic-range floor raises everything below `max - d` to it, and nothing else.
+    #[test]
+    fn floor_below_max_clamps_only_below_the_floor() {
+        let mut x = t(&[2, 3], vec![1.5, -1.0, 0.0, -0.25, 0.2, -0.3]);
+        assert!(apply_output_fault(
+            &OutputFault::FloorBelowMax(1.75),
+            Layout::ChannelMajor,
+            &mut x
+        ));
+        assert_eq!(
+            x.iter().copied().collect::<Vec<_>>(),
+            vec![1.5, -0.25, 0.0, -0.25, 0.2, -0.25]
+        );
+        let mut nan = t(&[1], vec![f32::NAN]);
+        assert!(!apply_output_fault(
+            &OutputFault::FloorBelowMax(1.0),
+            Layout::Plain,
+            &mut nan
+        ));
+    }
 
     /// A fault that needs a config number the config lacks is refused, naming the key.
     #[test]

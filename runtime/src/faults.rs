@@ -328,7 +328,7 @@ impl FaultPlan {
                 }
                 FaultKind::WeightKey { role, .. } => {
                     let takes = |op: &Op| op.weights.iter().any(|w| w.role == role.as_str());
-                    let what = format!("a '{role}' weight");
+                    let what = format!("a weight role '{role}'");
                     if let Some(why) = refuse_op_fault(graph, &p.target, &takes, &what) {
                         return refuse(p, why);
                     }

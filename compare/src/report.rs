@@ -765,6 +765,7 @@ mod tests {
                 unobserved_count: 6,
             }),
             suspects: vec!["encoder.conv1".into(), "encoder.final_norm".into()],
+            op: None,
         });
         let (md, h) = (markdown(&e), html(&e));
         for needle in [

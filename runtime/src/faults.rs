@@ -124,6 +124,35 @@ impl Planted {
         }
     }
 
+    /// The ops whose computation this fault changes in `graph`: those a parameter fault patches,
+    /// the producers of the edges an output fault corrupts (none for host faults). The self-test
+    /// expects the harness's op-level origin among them.
+    pub fn ops(&self, graph: &Graph) -> Vec<String> {
+        match &self.kind {
+            FaultKind::Host(_) => vec![],
+            FaultKind::Param(pf) => graph
+                .ops()
+                .iter()
+                .filter(|op| {
+                    glob_match(&self.target, &op.name) && op.kernel.with_param_fault(pf).is_some()
+                })
+                .map(|op| op.name.clone())
+                .collect(),
+            FaultKind::Output(_) => graph
+                .edges()
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| {
+                    glob_match(&self.target, &e.name)
+                        || e.checkpoint
+                            .as_deref()
+                            .is_some_and(|c| glob_match(&self.target, c))
+                })
+                .filter_map(|(i, _)| graph.producer_name(i).map(str::to_string))
+                .collect(),
+        }
+    }
+
     fn hit(&self) {
         self.hits.fetch_add(1, Ordering::Relaxed);
     }
@@ -794,6 +823,9 @@ pub struct CatalogueEntry {
     pub expected_origin: (&'static str, usize),
     /// The signature the harness must name for it (empty: any; the self-test checks it).
     pub expected_signature: &'static str,
+    /// The signature the harness must name for the op-level origin its drill-down finds (empty:
+    /// any).
+    pub expected_op_signature: &'static str,
     /// Needs a previous input through the same model (stale-state bugs).
     pub needs_second_input: bool,
     /// The fault for a model config (an error names a config key the config lacks).

@@ -30,6 +30,10 @@ impl Conv1d {
 }
 
 impl Kernel for Conv1d {
+    fn points(&self) -> &'static [xray_core::ops::Side] {
+        use xray_core::ops::Side;
+        &[Side::In, Side::Out]
+    }
     fn kind(&self) -> &'static str {
         "conv1d"
     }

@@ -13,6 +13,10 @@ use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
 pub struct Embedding;
 
 impl Kernel for Embedding {
+    fn points(&self) -> &'static [xray_core::ops::Side] {
+        use xray_core::ops::Side;
+        &[Side::Out]
+    }
     fn kind(&self) -> &'static str {
         "embedding"
     }

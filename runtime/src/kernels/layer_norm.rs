@@ -21,6 +21,10 @@ impl LayerNorm {
 }
 
 impl Kernel for LayerNorm {
+    fn points(&self) -> &'static [xray_core::ops::Side] {
+        use xray_core::ops::Side;
+        &[Side::In, Side::Out]
+    }
     fn kind(&self) -> &'static str {
         "layer_norm"
     }
@@ -97,6 +101,10 @@ pub struct RmsNorm {
 }
 
 impl Kernel for RmsNorm {
+    fn points(&self) -> &'static [xray_core::ops::Side] {
+        use xray_core::ops::Side;
+        &[Side::In, Side::Out]
+    }
     fn kind(&self) -> &'static str {
         "rms_norm"
     }

@@ -63,6 +63,7 @@ fn run_ctx<'b>(hooks: &'b mut RunHooks<'_>) -> RunCtx<'b> {
         },
         substitute: hooks.substitute,
         faults: hooks.faults,
+        points: hooks.points,
     }
 }
 

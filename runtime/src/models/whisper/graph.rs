@@ -574,6 +574,8 @@ pub fn build(
             Layout::TokenMajor,
         )],
     )?[0];
+    // The logits are `proj_out`'s output whichever key holds its weight.
+    g.hf_module("decoder.proj_out", "proj_out")?;
     g.checkpoint(logits, "audio.decoder.logits")?;
     g.output(logits);
     if cfg.tie_word_embeddings {

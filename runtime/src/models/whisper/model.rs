@@ -55,6 +55,7 @@ pub fn run_ctx<'b>(hooks: &'b mut RunHooks<'_>, step: usize) -> RunCtx<'b> {
         },
         substitute: hooks.substitute,
         faults: hooks.faults,
+        points: hooks.points,
     }
 }
 

@@ -138,6 +138,23 @@ impl Planted {
                 })
                 .map(|op| op.name.clone())
                 .collect(),
+            FaultKind::Kernel(kf) => graph
+                .ops()
+                .iter()
+                .filter(|op| {
+                    glob_match(&self.target, &op.name) && op.kernel.kind() == kf.kernel_kind()
+                })
+                .map(|op| op.name.clone())
+                .collect(),
+            FaultKind::WeightKey { role, .. } => graph
+                .ops()
+                .iter()
+                .filter(|op| {
+                    glob_match(&self.target, &op.name)
+                        && op.weights.iter().any(|w| w.role == role.as_str())
+                })
+                .map(|op| op.name.clone())
+                .collect(),
             FaultKind::Output(_) => graph
                 .edges()
                 .iter()
@@ -521,6 +538,9 @@ impl FaultPlan {
 struct Borrowed<'a>(&'a dyn Kernel);
 
 impl Kernel for Borrowed<'_> {
+    fn points(&self) -> &'static [xray_core::ops::Side] {
+        self.0.points()
+    }
     fn kind(&self) -> &'static str {
         self.0.kind()
     }
@@ -565,6 +585,9 @@ struct AtStep<'a> {
 }
 
 impl Kernel for AtStep<'_> {
+    fn points(&self) -> &'static [xray_core::ops::Side] {
+        self.base.points()
+    }
     fn kind(&self) -> &'static str {
         self.base.kind()
     }
@@ -616,6 +639,9 @@ struct Replaced<'a> {
 }
 
 impl Kernel for Replaced<'_> {
+    fn points(&self) -> &'static [xray_core::ops::Side] {
+        self.inner.points()
+    }
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }
@@ -910,6 +936,7 @@ mod tests {
                     shape: vec![],
                 })
                 .collect(),
+            module: None,
         }
     }
 

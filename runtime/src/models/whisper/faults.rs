@@ -171,6 +171,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: Some(1),
             expected_origin: ("audio.decoder.layer.1.self_attention.probs", 1),
             expected_signature: "temperature",
+            expected_op_signature: "",
             needs_second_input: false,
             build: |c| {
                 let d = num(c, "d_model")? / num(c, "decoder_attention_heads")?;
@@ -186,6 +187,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("audio.encoder.memory", 0),
             expected_signature: "row_affine",
+            expected_op_signature: "",
             needs_second_input: false,
             build: |_| Ok(Kernel(LayerNormUnbiasedVar)),
         },
@@ -197,6 +199,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("audio.frontend.mel", 0),
             expected_signature: "clamp",
+            expected_op_signature: "",
             needs_second_input: false,
             // y = (max(l, M - 8) + 4) / 4: a floor at M - 7 is y_max - 7/4 in y.
             build: |_| Ok(Output(FloorBelowMax(7.0 / 4.0))),
@@ -209,6 +212,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("audio.decoder.layer.1.cross_k", 0),
             expected_signature: "wiring",
+            expected_op_signature: "",
             needs_second_input: false,
             build: |_| {
                 Ok(WeightKey {
@@ -225,6 +229,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("audio.encoder.layer.1.out", 0),
             expected_signature: "",
+            expected_op_signature: "elementwise",
             needs_second_input: false,
             build: |_| Ok(Kernel(GeluTanh)),
         },
@@ -237,6 +242,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("audio.encoder.layer.1.out", 0),
             expected_signature: "",
+            expected_op_signature: "grid_quantization",
             needs_second_input: false,
             build: |_| Ok(Kernel(WeightGridPerRow(8))),
         },

@@ -1010,24 +1010,29 @@ impl Graph {
                 .ok_or_else(|| {
                     RuntimeError::Graph(format!("op '{}' input not computed", op.name))
                 })?;
-            let ws: Vec<&Tensor> = op
-                .weights
+            // The key each weight role reads (a wiring fault may name another).
+            let keys: Vec<&str> = (op.weights.iter().enumerate())
+                .map(|(i, r)| {
+                    ctx.faults
+                        .and_then(|f| f.weight_key(op, i))
+                        .unwrap_or(&r.key)
+                })
+                .collect();
+            let ws: Vec<&Tensor> = keys
                 .iter()
-                .map(|r| {
-                    weights
-                        .get(&r.key)
-                        .ok_or_else(|| RuntimeError::MissingWeight {
-                            key: r.key.clone(),
-                            op: op.name.clone(),
-                            file: weights.path().to_path_buf(),
-                        })
+                .map(|&key| {
+                    weights.get(key).ok_or_else(|| RuntimeError::MissingWeight {
+                        key: key.to_string(),
+                        op: op.name.clone(),
+                        file: weights.path().to_path_buf(),
+                    })
                 })
                 .collect::<Result<_>>()?;
             let f16_roles = kernel.f16_weight_roles();
             let ws_f16: Vec<Option<&[u16]>> = (0..op.weights.len())
                 .map(|i| {
                     if f16_roles.contains(&i) {
-                        weights.f16(&op.weights[i].key)
+                        weights.f16(keys[i])
                     } else {
                         None
                     }

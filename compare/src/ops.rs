@@ -214,9 +214,20 @@ pub fn localize_op(
         let w2: Option<ArrayView2<f32>> = w
             .as_ref()
             .and_then(|w| w.view().into_dimensionality::<Ix2>().ok());
+        // Wiring candidates: the reference's other points of this shape at this step (another
+        // layer's projection, another head's slab).
+        let others: Vec<(String, ArrayD<f32>)> = dump_points(reference, step)
+            .into_iter()
+            .filter(|p| p != name)
+            .filter_map(|p| {
+                let t = reference.get(&p, step as usize)?;
+                (t.shape() == r.shape()).then(|| (format!("{p}@step{step}"), t.clone()))
+            })
+            .collect();
         let oc = OpContext {
             op_input: input.as_ref().map(|t| t.view()),
             weight: w2,
+            candidates: others.iter().map(|(n, t)| (n.clone(), t.view())).collect(),
             ..Default::default()
         };
         let eopts = ExplainOptions {

@@ -212,7 +212,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("audio.decoder.layer.1.cross_k", 0),
             expected_signature: "wiring",
-            expected_op_signature: "",
+            expected_op_signature: "wiring",
             needs_second_input: false,
             build: |_| {
                 Ok(WeightKey {

@@ -24,6 +24,18 @@ fn ready(paths: &[&str]) -> bool {
     missing.is_empty()
 }
 
+/// The evidence validates against docs/evidence.schema.json (`first_divergence.op` included).
+fn assert_schema_valid(ev: &Value) {
+    let text = std::fs::read_to_string(root().join("docs/evidence.schema.json")).unwrap();
+    let schema: Value = serde_json::from_str(&text).unwrap();
+    let v = jsonschema::validator_for(&schema).expect("valid JSON Schema");
+    let errors: Vec<String> = v
+        .iter_errors(ev)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "schema errors: {errors:#?}");
+}
+
 fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
 }
@@ -52,6 +64,7 @@ fn check_drills_down_to_an_op_the_catalogue_does_not_target() {
     );
     assert_eq!(op["inputs"][0]["status"], "pass", "{op:#}");
     assert_eq!(op["explanation"]["signature"], "row_affine", "{op:#}");
+    assert_schema_valid(&ev);
     // --no-drill stops at the checkpoint.
     let (o, ev) = check(
         RAND,
@@ -216,4 +229,5 @@ fn int8_rounded_fc2_in_another_engines_dump_is_localized_to_the_module() {
     let e = &op["explanation"];
     assert_eq!(e["signature"], "grid_quantization", "{e:#}");
     assert_eq!(e["evidence"]["bits"], 8, "{e:#}");
+    assert_schema_valid(&ev);
 }

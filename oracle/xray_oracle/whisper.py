@@ -147,6 +147,8 @@ class _Recorder:
             mod = self._module(ckpt.reference.module)
             if ckpt.reference.hook == "forward":
                 h = mod.register_forward_hook(lambda m, a, k, out, c=ckpt: self._take(c, out, "output"), with_kwargs=True)
+            elif ckpt.reference.kwarg is not None:
+                h = mod.register_forward_pre_hook(lambda m, a, k, c=ckpt: self._take_kwarg(c, k), with_kwargs=True)
             else:
                 h = mod.register_forward_pre_hook(lambda m, a, k, c=ckpt: self._take(c, a, "positional inputs"), with_kwargs=True)
             self.handles.append(h)
@@ -155,6 +157,15 @@ class _Recorder:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+
+    def _take_kwarg(self, ckpt: Checkpoint, kwargs: dict) -> None:
+        name = ckpt.reference.kwarg
+        value = kwargs.get(name)
+        if value is None:
+            raise CaptureError(
+                f"checkpoint {ckpt.name}: {ckpt.reference.module} was called without keyword argument {name!r}"
+            )
+        self._take(ckpt, value, f"keyword argument {name!r}")
 
     def _take(self, ckpt: Checkpoint, value: Any, what: str) -> None:
         import torch
@@ -185,6 +196,9 @@ class _Recorder:
         if not torch.is_tensor(t):
             raise CaptureError(f"checkpoint {ckpt.name}: {ref.module} {what}[{ref.index}] is a {type(t).__name__}, not a tensor")
         t = t.detach()
+        if not t.is_floating_point():
+            # Ids and positions are compared as the runtime feeds them: float32.
+            t = t.to(torch.float32)
         for tr in ref.transform:
             if tr == "squeeze_batch":
                 if t.dim() == 0 or t.shape[0] != 1:

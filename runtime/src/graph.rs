@@ -986,8 +986,16 @@ impl Graph {
             if fed[id] && need_edge[id] {
                 let t = feeds.remove(&self.edges[id].name).unwrap_or_default();
                 // A fed edge's points are not observed: the tensor was computed elsewhere (an
-                // earlier formula, the reference) and is observed where it was computed.
+                // earlier formula, the reference) and is observed where it was computed. A fed
+                // edge labelled as a checkpoint (token ids, positions) is observed as fed.
                 bind_shape(&self.edges[id], t.shape(), &mut syms, "feed")?;
+                if let (Some(cp), Some(obs)) =
+                    (&self.edges[id].checkpoint, ctx.observer.as_deref_mut())
+                {
+                    if obs.wants(cp, ctx.step) {
+                        obs.observe(cp, ctx.step, self.edges[id].layout, t.view());
+                    }
+                }
                 // Move a fed tensor in when it is already contiguous (a fed cache is not copied).
                 *v = Some(if t.is_standard_layout() {
                     t
@@ -1240,7 +1248,8 @@ impl Graph {
                 ))
             })?;
             let edge = &graph.edges()[e];
-            let prod = graph.producer_name(e).unwrap_or("<feed>");
+            let feed = format!("feed:{}", edge.name);
+            let prod = graph.producer_name(e).unwrap_or(&feed);
             if prod != c.producer {
                 return Err(err(format!(
                     "checkpoint '{}': contract producer '{}', graph producer '{prod}'",

@@ -75,7 +75,20 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             expected_signature: "",
             expected_op_signature: "",
             needs_second_input: true,
-            build: |_| Ok(Host("stale_cross_cache".into())),
+            build: |_| Ok(Host(super::decode::STALE_CROSS_CACHE.into())),
+        },
+        CatalogueEntry {
+            name: "position_ahead",
+            family: super::NAME,
+            description:
+                "decode loop feeds the position one ahead of the cache length from step 3 on (a position counter advanced twice)",
+            default_target: "",
+            step: None,
+            expected_origin: ("audio.decoder.position_ids", 3),
+            expected_signature: "shift",
+            expected_op_signature: "",
+            needs_second_input: false,
+            build: |_| Ok(Host(super::decode::POSITION_AHEAD.into())),
         },
         CatalogueEntry {
             name: "layernorm_eps",

@@ -22,9 +22,9 @@ use crate::signatures::Explanation;
 use crate::tolerance::Dtype;
 use crate::Error;
 
-/// The checkpoint graph of a contract over the steps present in the reference dump.
-pub fn graph_for(c: &Contract, reference: &Dump) -> Result<CheckpointGraph, Error> {
-    let mut steps: Vec<u32> = reference
+/// The steps a dump holds tensors at, ascending (0 always included).
+pub fn dump_steps(d: &Dump) -> Vec<u32> {
+    let mut steps: Vec<u32> = d
         .manifest
         .checkpoints
         .iter()
@@ -33,7 +33,12 @@ pub fn graph_for(c: &Contract, reference: &Dump) -> Result<CheckpointGraph, Erro
     steps.push(0);
     steps.sort_unstable();
     steps.dedup();
-    build_graph(&c.checkpoints, &steps)
+    steps
+}
+
+/// The checkpoint graph of a contract over the steps present in the reference dump.
+pub fn graph_for(c: &Contract, reference: &Dump) -> Result<CheckpointGraph, Error> {
+    build_graph(&c.checkpoints, &dump_steps(reference))
 }
 
 /// Tool versions of an oracle dump's manifest.

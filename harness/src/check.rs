@@ -465,6 +465,25 @@ struct Drill<'a> {
 }
 
 impl Drill<'_> {
+    /// The runtime run again, faulted and fed alike, capturing only `names` (op-level points or
+    /// the runtime's own edge names).
+    fn runtime_only(&self, names: &[String]) -> anyhow::Result<Dump> {
+        let sel = PointSelect::Only(names.iter().cloned().collect());
+        let capture = Capture {
+            only: Some(names),
+            points: Some(&sel),
+        };
+        let (d, _) = runtime_dump_audio(
+            self.model,
+            self.audio,
+            self.run_opts,
+            Some(&self.opts.faults),
+            None,
+            capture,
+        )?;
+        Ok(d)
+    }
+
     /// When several runtime ops lie between the agreeing points and the first that differs, the
     /// layout-only ones among them (head split / merge, transposes: [`Kernel::is_layout`]) are
     /// checked on the runtime's own tensors: one more runtime run captures their edges, and an op
@@ -487,18 +506,7 @@ impl Drill<'_> {
             .iter()
             .flat_map(|l| [l.input.clone(), l.output.clone()])
             .collect();
-        let sel = PointSelect::Only(edges.iter().cloned().collect());
-        let (d, _) = runtime_dump_audio(
-            self.model,
-            self.audio,
-            self.run_opts,
-            Some(&self.opts.faults),
-            None,
-            Capture {
-                only: Some(&edges),
-                points: Some(&sel),
-            },
-        )?;
+        let d = self.runtime_only(&edges)?;
         let step = op.step as usize;
         let mut cleared = Vec::new();
         for l in &lops {
@@ -577,29 +585,18 @@ impl Drill<'_> {
                 names.len(),
                 fd.checkpoint
             ));
-            let sel = PointSelect::Only(names.iter().cloned().collect());
             r_ops = if has(reference) {
                 reference.clone()
             } else {
-                let run = self.oracle.run(&self.req.clone().with_ops(sel.clone()))?;
+                let sel = PointSelect::Only(names.iter().cloned().collect());
+                let run = self.oracle.run(&self.req.clone().with_ops(sel))?;
                 reference_dump(
                     &run,
                     self.model.family(),
                     &self.opts.model.display().to_string(),
                 )
             };
-            x_ops = runtime_dump_audio(
-                self.model,
-                self.audio,
-                self.run_opts,
-                Some(&self.opts.faults),
-                None,
-                Capture {
-                    only: Some(&names),
-                    points: Some(&sel),
-                },
-            )?
-            .0;
+            x_ops = self.runtime_only(&names)?;
             (&r_ops, &x_ops)
         };
         fd.op = localize_op(&nodes, r, x, step, &self.opts.policy, Some(&lookup));

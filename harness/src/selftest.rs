@@ -59,10 +59,9 @@ fn op_origin(ev: &xray_compare::evidence::Evidence, planted: &[String]) -> (Stri
     let Some(fd) = &ev.first_divergence else {
         return ("-".into(), "-".into(), planted.is_empty());
     };
-    if planted.is_empty() {
-        // A host fault of the model loop: no op computes it.
-        return ("-".into(), "-".into(), true);
-    }
+    // A host fault of the model loop (no op computes it) passes on any op; what was reported
+    // is shown all the same.
+    let holds = |op: &String| planted.is_empty() || planted.contains(op);
     match &fd.op {
         Some(op) => {
             let sig = op
@@ -70,11 +69,11 @@ fn op_origin(ev: &xray_compare::evidence::Evidence, planted: &[String]) -> (Stri
                 .as_ref()
                 .map_or("-".to_string(), |e| e.signature.clone());
             match &op.op {
-                Some(one) => (format!("op {one}"), sig, planted.contains(one)),
+                Some(one) => (format!("op {one}"), sig, holds(one)),
                 None => (
                     format!("one of {}", op.suspects.join(", ")),
                     sig,
-                    op.suspects.iter().any(|s| planted.contains(s)),
+                    op.suspects.iter().any(holds),
                 ),
             }
         }
@@ -82,7 +81,7 @@ fn op_origin(ev: &xray_compare::evidence::Evidence, planted: &[String]) -> (Stri
         None => (
             format!("op {}", fd.producer),
             "-".into(),
-            planted.contains(&fd.producer),
+            holds(&fd.producer),
         ),
     }
 }

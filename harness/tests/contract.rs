@@ -7,9 +7,10 @@ use xray_compare::localize::{localize, Observed, Status};
 #[test]
 fn whisper_contract_expands_into_a_step_major_dag() {
     let g = common::whisper_graph(4, 4, &[0, 1, 2]);
-    // Step 0: mel, conv1, conv2, 4 encoder layers, memory, 4 x 7 decoder, logits; later steps
-    // 4 x 5 + 1 (no cross K/V: the projection cache is made once, at prefill).
-    assert_eq!(g.len(), (3 + 4 + 1 + 28 + 1) + 2 * (20 + 1));
+    // Step 0: mel, conv1, conv2, 4 encoder layers, memory, the fed ids and positions, 4 x 7
+    // decoder, logits; later steps 2 + 4 x 5 + 1 (no cross K/V: the projection cache is made
+    // once, at prefill).
+    assert_eq!(g.len(), (3 + 4 + 1 + 2 + 28 + 1) + 2 * (2 + 20 + 1));
     assert!(g.nodes().windows(2).all(|w| w[0].step <= w[1].step));
     let ids = |i: usize| -> Vec<String> {
         g.nodes()[i]
@@ -39,6 +40,8 @@ fn whisper_contract_expands_into_a_step_major_dag() {
     assert_eq!(
         ids(sa),
         [
+            "audio.decoder.input_ids@step1",
+            "audio.decoder.position_ids@step1",
             "audio.decoder.layer.0.self_attention.probs@step1",
             "audio.decoder.layer.0.self_attention.output@step0"
         ]

@@ -36,6 +36,23 @@ fn assert_schema_valid(ev: &Value) {
     assert!(errors.is_empty(), "schema errors: {errors:#?}");
 }
 
+/// `xray compare REF GOT --model MODEL`: asserts the exit code, returns the evidence.
+fn compare(r: &Path, x: &Path, model: &str, want: i32) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let ev = dir.path().join("e.json");
+    let o = xray(&[
+        "compare",
+        s(r),
+        s(x),
+        "--model",
+        model,
+        "--evidence",
+        s(&ev),
+    ]);
+    assert_eq!(code(&o), want, "{}", stderr(&o));
+    serde_json::from_str(&std::fs::read_to_string(&ev).unwrap()).unwrap()
+}
+
 fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
 }
@@ -118,18 +135,7 @@ fn clean_ops_dumps_agree_at_every_point() {
         count(&r),
         count(&x)
     );
-    let ev = dir.path().join("e.json");
-    let o = xray(&[
-        "compare",
-        s(&r),
-        s(&x),
-        "--model",
-        RAND,
-        "--evidence",
-        s(&ev),
-    ]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let ev: Value = serde_json::from_str(&std::fs::read_to_string(&ev).unwrap()).unwrap();
+    let ev = compare(&r, &x, RAND, 0);
     let notes = ev["notes"].to_string();
     assert!(!notes.contains("op-level"), "{notes}");
 }
@@ -207,18 +213,7 @@ fn int8_rounded_fc2_in_another_engines_dump_is_localized_to_the_module() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let ev = dir.path().join("e.json");
-    let o = xray(&[
-        "compare",
-        s(&r),
-        s(&x),
-        "--model",
-        TINY,
-        "--evidence",
-        s(&ev),
-    ]);
-    assert_eq!(code(&o), 1, "{}", stderr(&o));
-    let ev: Value = serde_json::from_str(&std::fs::read_to_string(&ev).unwrap()).unwrap();
+    let ev = compare(&r, &x, TINY, 1);
     let fd = &ev["first_divergence"];
     assert_eq!(fd["checkpoint"], "audio.encoder.layer.3.out", "{fd:#}");
     assert_eq!(fd["step"], 0, "{fd:#}");

@@ -533,29 +533,40 @@ impl FaultPlan {
     }
 }
 
+/// A wrapper kernel's interface (points, kind, ports, weight roles, shape rules, params): the
+/// wrapped kernel's, read through `self.$inner`.
+macro_rules! wrapped_interface {
+    ($($inner:tt)+) => {
+        fn points(&self) -> &'static [xray_core::ops::Side] {
+            self.$($inner)+.points()
+        }
+        fn kind(&self) -> &'static str {
+            self.$($inner)+.kind()
+        }
+        fn inputs(&self) -> Vec<Port> {
+            self.$($inner)+.inputs()
+        }
+        fn outputs(&self) -> Vec<Port> {
+            self.$($inner)+.outputs()
+        }
+        fn weight_roles(&self) -> Vec<&'static str> {
+            self.$($inner)+.weight_roles()
+        }
+        fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+            self.$($inner)+.infer(inputs, weights)
+        }
+        fn params(&self) -> serde_json::Value {
+            self.$($inner)+.params()
+        }
+    };
+}
+
 /// The op's own kernel, borrowed (the base of a step-gated fault).
 #[derive(Debug)]
 struct Borrowed<'a>(&'a dyn Kernel);
 
 impl Kernel for Borrowed<'_> {
-    fn points(&self) -> &'static [xray_core::ops::Side] {
-        self.0.points()
-    }
-    fn kind(&self) -> &'static str {
-        self.0.kind()
-    }
-    fn inputs(&self) -> Vec<Port> {
-        self.0.inputs()
-    }
-    fn outputs(&self) -> Vec<Port> {
-        self.0.outputs()
-    }
-    fn weight_roles(&self) -> Vec<&'static str> {
-        self.0.weight_roles()
-    }
-    fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
-        self.0.infer(inputs, weights)
-    }
+    wrapped_interface!(0);
     fn run(
         &self,
         ctx: &KernelCtx,
@@ -563,9 +574,6 @@ impl Kernel for Borrowed<'_> {
         weights: &[&Tensor],
     ) -> Result<Vec<Tensor>, String> {
         self.0.run(ctx, inputs, weights)
-    }
-    fn params(&self) -> serde_json::Value {
-        self.0.params()
     }
     fn f16_weight_roles(&self) -> Vec<usize> {
         self.0.f16_weight_roles()
@@ -585,24 +593,7 @@ struct AtStep<'a> {
 }
 
 impl Kernel for AtStep<'_> {
-    fn points(&self) -> &'static [xray_core::ops::Side] {
-        self.base.points()
-    }
-    fn kind(&self) -> &'static str {
-        self.base.kind()
-    }
-    fn inputs(&self) -> Vec<Port> {
-        self.base.inputs()
-    }
-    fn outputs(&self) -> Vec<Port> {
-        self.base.outputs()
-    }
-    fn weight_roles(&self) -> Vec<&'static str> {
-        self.base.weight_roles()
-    }
-    fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
-        self.base.infer(inputs, weights)
-    }
+    wrapped_interface!(base);
     fn run(
         &self,
         ctx: &KernelCtx,
@@ -615,9 +606,6 @@ impl Kernel for AtStep<'_> {
         } else {
             self.base.run(ctx, inputs, weights)
         }
-    }
-    fn params(&self) -> serde_json::Value {
-        self.base.params()
     }
     /// Only the roles both kernels read from an f16 mirror with the same bits (the executor asks
     /// before it knows which one runs).
@@ -639,24 +627,7 @@ struct Replaced<'a> {
 }
 
 impl Kernel for Replaced<'_> {
-    fn points(&self) -> &'static [xray_core::ops::Side] {
-        self.inner.points()
-    }
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-    fn inputs(&self) -> Vec<Port> {
-        self.inner.inputs()
-    }
-    fn outputs(&self) -> Vec<Port> {
-        self.inner.outputs()
-    }
-    fn weight_roles(&self) -> Vec<&'static str> {
-        self.inner.weight_roles()
-    }
-    fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
-        self.inner.infer(inputs, weights)
-    }
+    wrapped_interface!(inner);
     fn run(
         &self,
         ctx: &KernelCtx,
@@ -690,9 +661,6 @@ impl Kernel for Replaced<'_> {
                 self.inner.run(ctx, inputs, &ws)
             }
         }
-    }
-    fn params(&self) -> serde_json::Value {
-        self.inner.params()
     }
     // No f16 mirrors: the mirror is of the original weight.
 }

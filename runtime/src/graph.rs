@@ -985,13 +985,16 @@ impl Graph {
         for (id, v) in values.iter_mut().enumerate() {
             if fed[id] && need_edge[id] {
                 let t = feeds.remove(&self.edges[id].name).unwrap_or_default();
-                // A fed edge's points are not observed: the tensor was computed elsewhere (an
-                // earlier formula, the reference) and is observed where it was computed. A fed
-                // edge labelled as a checkpoint (token ids, positions) is observed as fed.
+                // A fed edge that an op of the graph computes (the encoder memory fed to a decode
+                // formula) is observed where it is computed, not again here; a source edge the
+                // graph only ever receives (token ids, positions) is observed as fed.
                 bind_shape(&self.edges[id], t.shape(), &mut syms, "feed")?;
-                if let (Some(cp), Some(obs)) =
-                    (&self.edges[id].checkpoint, ctx.observer.as_deref_mut())
-                {
+                let source = self.edges[id].producer.is_none();
+                if let (true, Some(cp), Some(obs)) = (
+                    source,
+                    &self.edges[id].checkpoint,
+                    ctx.observer.as_deref_mut(),
+                ) {
                     if obs.wants(cp, ctx.step) {
                         obs.observe(cp, ctx.step, self.edges[id].layout, t.view());
                     }

@@ -182,3 +182,74 @@ fn whisper_graph_exports_edges_layouts_and_contract_labels() {
         .iter()
         .any(|o| o == "decoder.layer.1.self_k"));
 }
+
+/// `x -> a -> b`, two linears; `bias_key` is `a`'s bias key, `c` another op reading `c_weight`.
+fn point_graph(
+    bias_key: &str,
+    c_weight: Option<&str>,
+) -> Result<xray_runtime::Graph, RuntimeError> {
+    let mut g = GraphBuilder::new("toy");
+    let x = g.feed("x", shape!["tokens", 4], Layout::TokenMajor)?;
+    let lin = |bias| Box::new(Linear::new(bias, MatmulStrategy::Gemm));
+    let y1 = g.op1(
+        "a",
+        lin(true),
+        &[x],
+        &[("m.a.weight", vec![4, 4]), (bias_key, vec![4])],
+        shape!["tokens", 4],
+        Layout::TokenMajor,
+    )?;
+    let y2 = g.op1(
+        "b",
+        lin(false),
+        &[y1],
+        &[("m.b.weight", vec![4, 4])],
+        shape!["tokens", 4],
+        Layout::TokenMajor,
+    )?;
+    g.output(y2);
+    if let Some(w) = c_weight {
+        let y3 = g.op1(
+            "c",
+            lin(false),
+            &[y2],
+            &[(w, vec![4, 4])],
+            shape!["tokens", 4],
+            Layout::TokenMajor,
+        )?;
+        g.output(y3);
+    }
+    g.build()
+}
+
+/// Op-level points follow the weight keys: `a`'s output is `m.a:out` and `m.b:in` (one tensor,
+/// two names), the point graph links `m.b:out` to it through op `b` alone; a module two ops read
+/// names no point; an op reading two modules' weights is refused, naming it.
+#[test]
+fn op_level_points_follow_the_weight_keys() {
+    let g = point_graph("m.a.bias", None).unwrap();
+    let pts: HashMap<String, String> = g
+        .point_edges()
+        .into_iter()
+        .map(|(p, e)| (p, g.edges()[e].name.clone()))
+        .collect();
+    assert_eq!(pts["m.a:in"], "x");
+    assert_eq!(pts["m.a:out"], pts["m.b:in"]);
+    let nodes = g.point_nodes();
+    let out_b = nodes.iter().position(|n| n.names == ["m.b:out"]).unwrap();
+    let ins: Vec<&Vec<String>> = nodes[out_b]
+        .inputs
+        .iter()
+        .map(|&i| &nodes[i].names)
+        .collect();
+    assert_eq!(ins, [&vec!["m.a:out".to_string(), "m.b:in".to_string()]]);
+    assert_eq!(nodes[out_b].ops, ["b"]);
+
+    let shared = point_graph("m.a.bias", Some("m.b.weight")).unwrap();
+    let names: Vec<String> = shared.point_edges().into_iter().map(|(p, _)| p).collect();
+    assert!(names.iter().all(|p| !p.starts_with("m.b:")), "{names:?}");
+    assert!(names.contains(&"m.a:out".to_string()), "{names:?}");
+
+    let err = point_graph("m.z.bias", None).unwrap_err().to_string();
+    assert!(err.contains("op 'a'") && err.contains("m.z"), "{err}");
+}

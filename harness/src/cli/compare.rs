@@ -306,15 +306,7 @@ fn op_level(
         ev.notes.push(note);
         return;
     }
-    let mut steps: Vec<u32> = reference
-        .manifest
-        .checkpoints
-        .iter()
-        .map(|e| e.step as u32)
-        .collect();
-    steps.sort_unstable();
-    steps.dedup();
-    for step in steps {
+    for step in xray_compare::pipeline::dump_steps(reference) {
         if !both_have_points(reference, got, step) {
             continue;
         }

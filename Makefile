@@ -93,13 +93,16 @@ corpus: venv fixtures
 # has no stats-only capture yet (`xray run --stats-only` has).
 BENCH_AUDIO ?= fixtures/audio/stella.wav
 BENCH_OUT ?= reports/bench
+# Clips for the corpus-mode timing (`xray check` over all of them in one process vs one clip alone).
+BENCH_CORPUS ?= fixtures/audio/fox.wav fixtures/audio/stella.wav fixtures/audio/weather.wav
 $(VENV)/.bench-stamp: $(VENV)/.stamp oracle/requirements-bench.txt
 	$(PY) -m pip install --quiet -r oracle/requirements-bench.txt
 	touch $@
 bench: build fixtures $(VENV)/.bench-stamp
 	$(PY) fixtures/make_whisper_small.py
 	mkdir -p $(BENCH_OUT)
-	set -o pipefail; $(XRAY) bench --model fixtures/whisper-tiny-en --audio $(BENCH_AUDIO) --threads 2 --json | tee $(BENCH_OUT)/tiny-2t.json
+	set -o pipefail; $(XRAY) bench --model fixtures/whisper-tiny-en --audio $(BENCH_AUDIO) --threads 2 --json \
+	  --corpus $(BENCH_CORPUS) | tee $(BENCH_OUT)/tiny-2t.json
 	set -o pipefail; $(XRAY) bench --model fixtures/whisper-tiny-en --audio $(BENCH_AUDIO) --threads 1 --json | tee $(BENCH_OUT)/tiny-1t.json
 	set -o pipefail; $(XRAY) bench --model fixtures/build/whisper-small-f16 --audio $(BENCH_AUDIO) --threads 2 --reps 3 --json | tee $(BENCH_OUT)/small-2t.json
 	$(XRAY) check --model fixtures/build/whisper-small-f16 --audio $(BENCH_AUDIO) \

@@ -77,6 +77,50 @@ fn bench_json_has_every_anchor_and_says_why_ct2_is_absent() {
         "{}",
         stderr(&o)
     );
+    assert!(
+        v["corpus"].is_null(),
+        "no --corpus, no corpus timing: {v:#}"
+    );
+}
+
+/// `--corpus`: one `xray check` process over the clips against one process for the first clip,
+/// both timed; the clip count comes from the corpus run's summary.json.
+#[test]
+fn bench_corpus_times_one_process_against_one_per_clip() {
+    if !ready() {
+        return;
+    }
+    let o = xray(&[
+        "bench",
+        "--model",
+        RAND,
+        "--audio",
+        FOX,
+        "--reps",
+        "1",
+        "--threads",
+        "1",
+        "--json",
+        "--corpus",
+        FOX,
+        "fixtures/audio/weather.wav",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("bench JSON");
+    assert_eq!(v["corpus"]["clips"], 2, "{v:#}");
+    assert_eq!(v["corpus"]["single_clip"], FOX, "{v:#}");
+    for k in [
+        "/corpus/single_check_seconds",
+        "/corpus/corpus_wall_seconds",
+        "/corpus/corpus_per_clip_seconds",
+        "/corpus/corpus_load_seconds",
+        "/corpus/per_clip_speedup",
+    ] {
+        positive(&v, k);
+    }
+    let per = positive(&v, "/corpus/corpus_per_clip_seconds");
+    let wall = positive(&v, "/corpus/corpus_wall_seconds");
+    assert!((per * 2.0 - wall).abs() < 1e-9 * wall.max(1.0), "{v:#}");
 }
 
 #[test]

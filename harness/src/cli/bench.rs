@@ -18,6 +18,8 @@
 //! - capture overhead: runtime full run with every checkpoint captured vs capture off, four of
 //!   each per repetition in the order off, on, on, off, off, on, on, off; the median over
 //!   repetitions of `sum(on) / sum(off) - 1` (paired, so drift between repetitions cancels).
+//! - corpus (`--corpus`): wall seconds of one `xray check` process over every clip against one
+//!   process for the first clip alone (the per-clip cost a CI job pays either way).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -49,6 +51,96 @@ pub struct Args {
     /// Default: env `XRAY_THREADS`, else the available cores.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
+    /// Also time `xray check` in corpus mode over these clips (WAVs or a directory of WAVs) against
+    /// one `xray check` process for the first clip: each a fresh `xray check` process, wall time
+    /// (JSON key `corpus`).
+    #[arg(long, value_name = "WAV|DIR", num_args = 1..)]
+    pub corpus: Vec<PathBuf>,
+}
+
+/// `--corpus`: one `xray check` process over every clip (`--evidence-dir`) against one process
+/// for a single clip, both at `threads`, in a scratch directory removed afterwards. Wall seconds
+/// of each process (start-up, imports and model loads included, as a user or a CI job pays
+/// them), and what the corpus run's summary.json says it spent loading and per clip.
+fn corpus_timing(a: &Args, threads: usize) -> anyhow::Result<serde_json::Value> {
+    use std::process::{Command, Stdio};
+    let exe = std::env::current_exe().context("locating the xray binary")?;
+    let tmp = std::env::temp_dir().join(format!("xray-bench-corpus-{}", std::process::id()));
+    if tmp.exists() {
+        return Err(anyhow!("{} already exists", tmp.display()));
+    }
+    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let check = |extra: &[std::ffi::OsString]| -> anyhow::Result<f64> {
+        let mut cmd = Command::new(&exe);
+        cmd.arg("check")
+            .arg("--model")
+            .arg(&a.model)
+            .arg("--threads")
+            .arg(threads.to_string())
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let t0 = Instant::now();
+        let st = cmd.status().context("starting xray check")?;
+        let dt = t0.elapsed().as_secs_f64();
+        // 0: all pass, 1: a divergence (a finding, timed all the same); anything else failed.
+        match st.code() {
+            Some(0 | 1) => Ok(dt),
+            _ => Err(anyhow!("xray check {extra:?} failed ({st})")),
+        }
+    };
+    let result = (|| -> anyhow::Result<serde_json::Value> {
+        let out = tmp.join("corpus");
+        let mut args: Vec<std::ffi::OsString> = vec!["--audio".into()];
+        args.extend(a.corpus.iter().map(|p| p.as_os_str().to_owned()));
+        args.push("--evidence-dir".into());
+        args.push(out.as_os_str().to_owned());
+        super::note("xray bench: corpus mode (one xray check over every clip)");
+        let corpus_wall = check(&args)?;
+        let summary_path = out.join("summary.json");
+        let summary: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(&summary_path)
+                .with_context(|| format!("reading {}", summary_path.display()))?,
+        )
+        .with_context(|| format!("parsing {}", summary_path.display()))?;
+        let clips = summary
+            .get("clips")
+            .and_then(|c| c.as_array())
+            .with_context(|| format!("{} has no clips", summary_path.display()))?;
+        let first = clips
+            .first()
+            .and_then(|c| c.get("audio"))
+            .and_then(|v| v.as_str())
+            .with_context(|| format!("{}: no first clip", summary_path.display()))?
+            .to_string();
+        let clip_seconds: Vec<f64> = clips
+            .iter()
+            .filter_map(|c| c.get("seconds").and_then(|v| v.as_f64()))
+            .collect();
+        super::note(&format!("xray bench: one xray check for {first}"));
+        let single = check(&[
+            "--audio".into(),
+            first.clone().into(),
+            "--evidence".into(),
+            tmp.join("single.json").into_os_string(),
+        ])?;
+        let n = clips.len();
+        let per_clip = corpus_wall / n.max(1) as f64;
+        Ok(serde_json::json!({
+            "clips": n,
+            "single_clip": first,
+            "single_check_seconds": single,
+            "corpus_wall_seconds": corpus_wall,
+            "corpus_per_clip_seconds": per_clip,
+            "corpus_load_seconds": summary.get("load_seconds"),
+            "corpus_clip_seconds_median": (!clip_seconds.is_empty()).then(|| median(clip_seconds)),
+            "per_clip_speedup": single / per_clip,
+        }))
+    })();
+    let cleanup = std::fs::remove_dir_all(&tmp);
+    let v = result?;
+    cleanup.with_context(|| format!("removing {}", tmp.display()))?;
+    Ok(v)
 }
 
 /// Peak resident set size of this process so far, in bytes (`VmHWM` of /proc/self/status, what
@@ -264,6 +356,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     // seconds apart, so machine drift between repetitions cancels (the ratio of the two medians
     // is printed alongside).
     let overhead = median(cpair) - 1.0;
+    let corpus = if a.corpus.is_empty() {
+        serde_json::Value::Null
+    } else {
+        corpus_timing(&a, threads)?
+    };
     let report = serde_json::json!({
         "model": a.model.display().to_string(),
         "threads": threads,
@@ -284,6 +381,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         "capture_overhead": overhead,
         "capture_overhead_of_medians": con / coff - 1.0,
         "peak_rss_bytes": peak_rss_bytes(),
+        "corpus": corpus,
         "targets": {"encoder_ratio": 0.8, "encoder_ratio_ct2": 0.8, "decode_step_ratio": 0.3,
                     "decode_step_ratio_ct2": 0.5, "capture_overhead": 0.05},
     });
@@ -322,6 +420,18 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         );
         if let Some(why) = &ct2_absent {
             text.push_str(&format!("CTranslate2 absent: {why}\n"));
+        }
+        let num = |k: &str| corpus.get(k).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
+        if !corpus.is_null() {
+            text.push_str(&format!(
+                "xray check, {} clips in one process: {:.1} s per clip ({:.1} s in all, {:.1} s loading); one clip alone: {:.1} s ({:.1}x per clip)\n",
+                num("clips"),
+                num("corpus_per_clip_seconds"),
+                num("corpus_wall_seconds"),
+                num("corpus_load_seconds"),
+                num("single_check_seconds"),
+                num("per_clip_speedup"),
+            ));
         }
         super::say(&text)?;
     }

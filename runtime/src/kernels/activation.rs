@@ -17,6 +17,13 @@ pub trait Elementwise: Send + Sync + fmt::Debug {
     const KIND: &'static str;
     /// Apply the function in place to contiguous values (any split gives the same bits).
     fn apply(&self, y: &mut [f32]);
+    /// `f` of every value into a new vector (default: a copy, then [`Elementwise::apply`]); an
+    /// op overrides it to write its output in one pass.
+    fn map(&self, x: &[f32]) -> Vec<f32> {
+        let mut y = x.to_vec();
+        self.apply(&mut y);
+        y
+    }
     /// The op's parameters for the graph JSON (none by default).
     fn parameters(&self) -> serde_json::Value {
         serde_json::Value::Null
@@ -42,6 +49,9 @@ impl<T: Elementwise> Kernel for T {
         inputs: &[&Tensor],
         _weights: &[&Tensor],
     ) -> Result<Vec<Tensor>, String> {
+        if let Some(x) = inputs[0].as_slice() {
+            return Ok(vec![super::tensor(inputs[0].shape(), self.map(x))?]);
+        }
         let mut y = inputs[0].as_standard_layout().into_owned();
         let s = y
             .as_slice_mut()

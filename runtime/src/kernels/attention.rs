@@ -1,7 +1,9 @@
 //! Scaled dot-product attention over head-major q/k/v, with an optional causal mask that accounts
 //! for cached keys (`past = keys - queries`).
 
-use super::{data, dims, par_ranges, rank, same_dim, sgemm_serial, simd, tensor, MatmulStrategy};
+use super::{
+    data, dims, flash, par_ranges, rank, same_dim, sgemm_serial, simd, tensor, MatmulStrategy,
+};
 use crate::faults::ParamFault;
 use crate::graph::{port, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
 
@@ -117,6 +119,25 @@ impl Kernel for Attention {
             Vec::new()
         };
         match self.strategy {
+            MatmulStrategy::Gemm if flash::available(dv) => {
+                let call = flash::Call {
+                    q,
+                    k,
+                    v,
+                    h,
+                    t,
+                    s,
+                    d,
+                    scale: self.scale,
+                    causal: self.causal,
+                };
+                let p = if self.probs {
+                    Some(&mut probs[..])
+                } else {
+                    None
+                };
+                flash::attention(&call, &mut out, p)?;
+            }
             MatmulStrategy::Gemm => {
                 // Tasks of (head, block of query rows), each computed whole on one thread: scores
                 // of the block (a `GEMM_BLOCK_ROWS x keys` slab that stays in L2, never the whole

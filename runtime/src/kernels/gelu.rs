@@ -23,4 +23,7 @@ impl Elementwise for Gelu {
             simd::gelu_inplace(s);
         }
     }
+    fn map(&self, x: &[f32]) -> Vec<f32> {
+        simd::gelu_to_vec(x)
+    }
 }

@@ -106,12 +106,15 @@ impl Kernel for SplitHeads {
         let (h, d) = (self.heads, f / self.heads);
         let x = data(inputs[0], "x")?;
         let mut y = vec![0f32; t * f];
-        for hi in 0..h {
-            for ti in 0..t {
-                y[(hi * t + ti) * d..(hi * t + ti + 1) * d]
-                    .copy_from_slice(&x[ti * f + hi * d..ti * f + (hi + 1) * d]);
+        // One head's `[T, D]` block per output row of `par_rows` (exact copies, any split).
+        super::par_rows(&mut y, t * d, t * d, |h0, heads| {
+            for (j, yh) in heads.chunks_exact_mut(t * d).enumerate() {
+                let hi = h0 + j;
+                for (ti, row) in yh.chunks_exact_mut(d).enumerate() {
+                    row.copy_from_slice(&x[ti * f + hi * d..ti * f + (hi + 1) * d]);
+                }
             }
-        }
+        });
         Ok(vec![tensor(&[h, t, d], y)?])
     }
     fn params(&self) -> serde_json::Value {
@@ -157,12 +160,15 @@ impl Kernel for MergeHeads {
         let x = data(inputs[0], "x")?;
         let f = h * d;
         let mut y = vec![0f32; t * f];
-        for hi in 0..h {
-            for ti in 0..t {
-                y[ti * f + hi * d..ti * f + (hi + 1) * d]
-                    .copy_from_slice(&x[(hi * t + ti) * d..(hi * t + ti + 1) * d]);
+        // Token rows split across the pool (exact copies, any split).
+        super::par_rows(&mut y, f, f, |t0, rows| {
+            for (j, row) in rows.chunks_exact_mut(f).enumerate() {
+                let ti = t0 + j;
+                for (hi, part) in row.chunks_exact_mut(d).enumerate() {
+                    part.copy_from_slice(&x[(hi * t + ti) * d..(hi * t + ti + 1) * d]);
+                }
             }
-        }
+        });
         Ok(vec![tensor(&[t, f], y)?])
     }
 }

@@ -81,14 +81,20 @@ impl Kernel for Linear {
         } else {
             None
         };
-        let mut y = vec![0f32; m * n];
+        let mut y;
         match self.strategy {
             MatmulStrategy::Gemm => {
-                if let Some(b) = b {
-                    for row in y.chunks_exact_mut(n) {
-                        row.copy_from_slice(b);
+                // The bias rows, then `y += x W^T` (no zero fill first).
+                y = match b {
+                    Some(b) => {
+                        let mut y = Vec::with_capacity(m * n);
+                        for _ in 0..m {
+                            y.extend_from_slice(b);
+                        }
+                        y
                     }
-                }
+                    None => vec![0f32; m * n],
+                };
                 let beta = if b.is_some() { 1.0 } else { 0.0 };
                 sgemm(m, k, n, x, (k, 1), w, (1, k), beta, &mut y, (n, 1))?;
             }
@@ -106,11 +112,14 @@ impl Kernel for Linear {
                     }
                     (n0, n1, part)
                 });
-                if parts.len() == 1 {
-                    if let Some((_, _, p)) = parts.into_iter().next() {
-                        y = p;
-                    }
+                y = if parts.len() == 1 {
+                    parts
+                        .into_iter()
+                        .next()
+                        .map(|(_, _, p)| p)
+                        .unwrap_or_default()
                 } else {
+                    let mut y = vec![0f32; m * n];
                     for (n0, n1, part) in parts {
                         let nb = n1 - n0;
                         if nb == 0 {
@@ -120,7 +129,8 @@ impl Kernel for Linear {
                             y[r * n + n0..r * n + n1].copy_from_slice(&part[r * nb..(r + 1) * nb]);
                         }
                     }
-                }
+                    y
+                };
             }
         }
         Ok(vec![tensor(&[m, n], y)?])

@@ -18,6 +18,7 @@ pub mod add;
 pub mod attention;
 pub mod conv1d;
 pub mod embedding;
+pub(crate) mod flash;
 pub mod gelu;
 pub mod gqa;
 pub mod kv_append;
@@ -59,6 +60,7 @@ static THREADS: OnceLock<usize> = OnceLock::new();
 /// Worker threads for the runtime's kernels: the count given to [`set_threads`], else env
 /// `XRAY_THREADS` if set to a positive integer, else the available cores. Fixed at the first call.
 pub fn threads() -> usize {
+    keep_freed_buffers();
     *THREADS.get_or_init(|| {
         std::env::var("XRAY_THREADS")
             .ok()
@@ -70,6 +72,28 @@ pub fn threads() -> usize {
                     .unwrap_or(1)
             })
     })
+}
+
+/// Have the allocator keep freed blocks for reuse (once per process; glibc on Linux only).
+///
+/// Every op allocates its outputs and the executor frees them after their last reader: megabytes
+/// per op (a tiny.en encoder fc1 output is 9 MB). glibc serves blocks above its mmap threshold
+/// (128 KB to 32 MB, adaptive) with fresh `mmap`s and returns freed heap tops above its trim
+/// threshold to the kernel, so each op paid a page fault per 4 KB page it wrote (a sixth of a
+/// one-thread tiny.en encoder). With the threshold at its 32 MB maximum and trimming off, freed
+/// op buffers are reused by the next ops and runs; the process keeps its high-water heap.
+fn keep_freed_buffers() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        #[allow(unsafe_code)]
+        // SAFETY: mallopt only changes glibc's malloc tuning parameters; it is thread-safe and
+        // valid at any time (blocks already allocated are unaffected).
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+        }
+    });
 }
 
 /// Fix the kernels' thread count (a CLI `--threads`). It must come before the first kernel runs

@@ -96,10 +96,19 @@ mod scalar {
         }
     }
 
-    pub fn gelu(x: &mut [f32]) {
-        for v in x.iter_mut() {
-            *v = super::gelu_f32(*v);
+    /// `dst[i] = gelu(src[i])` for `i < n` (`src` may equal `dst`).
+    ///
+    /// # Safety
+    /// `src` readable and `dst` writable for `n` values.
+    pub unsafe fn gelu_ptr(src: *const f32, dst: *mut f32, n: usize) {
+        for i in 0..n {
+            *dst.add(i) = super::gelu_f32(*src.add(i));
         }
+    }
+
+    pub fn gelu(x: &mut [f32]) {
+        // SAFETY: in place over the slice.
+        unsafe { gelu_ptr(x.as_ptr(), x.as_mut_ptr(), x.len()) }
     }
 }
 
@@ -443,14 +452,19 @@ mod avx2 {
 
     #[target_feature(enable = "avx,avx2")]
     pub unsafe fn gelu(x: &mut [f32]) {
+        gelu_ptr(x.as_ptr(), x.as_mut_ptr(), x.len())
+    }
+
+    /// [`gelu`] from `src` into `dst`, `n` values (`src` may equal `dst`).
+    #[target_feature(enable = "avx,avx2")]
+    pub unsafe fn gelu_ptr(src: *const f32, dst: *mut f32, n: usize) {
         use super::*;
-        let n = x.len();
         let f8 = n / 8 * 8;
         let sign = _mm256_set1_ps(-0.0);
         let one = _mm256_set1_ps(1.0);
         let mut i = 0;
         while i < f8 {
-            let v = ld(x, i);
+            let v = _mm256_loadu_ps(src.add(i));
             let u = _mm256_mul_ps(v, _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
             let a = _mm256_andnot_ps(sign, u);
             let t = _mm256_div_ps(
@@ -471,11 +485,11 @@ mod avx2 {
                 _mm256_mul_ps(v, _mm256_set1_ps(0.5)),
                 _mm256_add_ps(one, erf),
             );
-            _mm256_storeu_ps(x.as_mut_ptr().add(i), g);
+            _mm256_storeu_ps(dst.add(i), g);
             i += 8;
         }
-        for v in x[f8..].iter_mut() {
-            *v = gelu_f32(*v);
+        for j in f8..n {
+            *dst.add(j) = gelu_f32(*src.add(j));
         }
     }
 }
@@ -505,6 +519,45 @@ mod avx512 {
         let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
         let t = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
         _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)))
+    }
+
+    // Bitwise float ops through the integer forms: `_mm512_{and,andnot,or,xor}_ps` are AVX-512DQ
+    // (not enabled here: they would not inline and cost a call each), these are AVX-512F and give
+    // the same bits.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn andnot(a: __m512, b: __m512) -> __m512 {
+        _mm512_castsi512_ps(_mm512_andnot_si512(
+            _mm512_castps_si512(a),
+            _mm512_castps_si512(b),
+        ))
+    }
+
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn and(a: __m512, b: __m512) -> __m512 {
+        _mm512_castsi512_ps(_mm512_and_si512(
+            _mm512_castps_si512(a),
+            _mm512_castps_si512(b),
+        ))
+    }
+
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn or(a: __m512, b: __m512) -> __m512 {
+        _mm512_castsi512_ps(_mm512_or_si512(
+            _mm512_castps_si512(a),
+            _mm512_castps_si512(b),
+        ))
+    }
+
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn xor(a: __m512, b: __m512) -> __m512 {
+        _mm512_castsi512_ps(_mm512_xor_si512(
+            _mm512_castps_si512(a),
+            _mm512_castps_si512(b),
+        ))
     }
 
     /// [`super::exp_f32`] on 16 lanes (the operations of `avx2::exp8`).
@@ -597,16 +650,21 @@ mod avx512 {
     /// [`super::scalar::gelu`] (the operations of `avx2::gelu`).
     #[target_feature(enable = "avx512f")]
     pub unsafe fn gelu(x: &mut [f32]) {
+        gelu_ptr(x.as_ptr(), x.as_mut_ptr(), x.len())
+    }
+
+    /// [`gelu`] from `src` into `dst`, `n` values (`src` may equal `dst`).
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn gelu_ptr(src: *const f32, dst: *mut f32, n: usize) {
         use super::*;
-        let n = x.len();
         let full = n / 16 * 16;
         let sign = _mm512_castsi512_ps(_mm512_set1_epi32(i32::MIN));
         let one = _mm512_set1_ps(1.0);
         let mut i = 0;
         while i < full {
-            let v = ld(x, i);
+            let v = _mm512_loadu_ps(src.add(i));
             let u = _mm512_mul_ps(v, _mm512_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
-            let a = _mm512_andnot_ps(sign, u);
+            let a = andnot(sign, u);
             let t = _mm512_div_ps(
                 one,
                 _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(ERF_P), a), one),
@@ -618,18 +676,18 @@ mod avx512 {
             r = _mm512_add_ps(_mm512_mul_ps(r, t), _mm512_set1_ps(ERF_A3));
             r = _mm512_add_ps(_mm512_mul_ps(r, t), _mm512_set1_ps(ERF_A2));
             r = _mm512_add_ps(_mm512_mul_ps(r, t), _mm512_set1_ps(ERF_A1));
-            let e = exp16(_mm512_xor_ps(sign, _mm512_mul_ps(u, u)));
+            let e = exp16(xor(sign, _mm512_mul_ps(u, u)));
             let erf_abs = _mm512_sub_ps(one, _mm512_mul_ps(_mm512_mul_ps(e, t), r));
-            let erf = _mm512_or_ps(_mm512_andnot_ps(sign, erf_abs), _mm512_and_ps(sign, u));
+            let erf = or(andnot(sign, erf_abs), and(sign, u));
             let g = _mm512_mul_ps(
                 _mm512_mul_ps(v, _mm512_set1_ps(0.5)),
                 _mm512_add_ps(one, erf),
             );
-            _mm512_storeu_ps(x.as_mut_ptr().add(i), g);
+            _mm512_storeu_ps(dst.add(i), g);
             i += 16;
         }
-        for v in x[full..].iter_mut() {
-            *v = gelu_f32(*v);
+        for j in full..n {
+            *dst.add(j) = gelu_f32(*src.add(j));
         }
     }
 
@@ -940,6 +998,45 @@ pub(crate) fn gelu_inplace(x: &mut [f32]) {
     dispatch3!(avx512::gelu(x), avx2::gelu(x), scalar::gelu(x))
 }
 
+/// `gelu(x)` into a new vector (the bits of [`gelu_inplace`]), written once: no zero fill, no
+/// copy of `x` first. Splits into chunks on the kernels' pool when large (elementwise: any split
+/// gives the same bits).
+pub(crate) fn gelu_to_vec(x: &[f32]) -> Vec<f32> {
+    let n = x.len();
+    let mut y: Vec<f32> = Vec::with_capacity(n);
+    let fill = |src: &[f32], dst: &mut [std::mem::MaybeUninit<f32>]| {
+        let (s, d, len) = (
+            src.as_ptr(),
+            dst.as_mut_ptr() as *mut f32,
+            src.len().min(dst.len()),
+        );
+        // Every build reads `s` and writes `d` for `len` values: two disjoint slices of at least
+        // that length (MaybeUninit<f32> has f32's layout), written only.
+        dispatch3!(
+            avx512::gelu_ptr(s, d, len),
+            avx2::gelu_ptr(s, d, len),
+            // SAFETY: see above.
+            unsafe { scalar::gelu_ptr(s, d, len) }
+        )
+    };
+    const CHUNK: usize = 1 << 14;
+    let spare = &mut y.spare_capacity_mut()[..n];
+    match super::pool().filter(|_| n >= super::PAR_MIN_WORK / 8) {
+        Some(pool) => pool.install(|| {
+            use rayon::prelude::*;
+            spare
+                .par_chunks_mut(CHUNK)
+                .zip(x.par_chunks(CHUNK))
+                .with_max_len(1)
+                .for_each(|(d, s)| fill(s, d))
+        }),
+        None => fill(x, spare),
+    }
+    // SAFETY: all `n` values were written above (the chunks cover `0..n`).
+    unsafe { y.set_len(n) };
+    y
+}
+
 /// Elementwise `a += b`.
 pub(crate) fn add_inplace(a: &mut [f32], b: &[f32]) {
     for (x, y) in a.iter_mut().zip(b) {
@@ -1065,6 +1162,22 @@ mod tests {
                     assert_eq!(dj.to_bits(), s.to_bits(), "dot4_packed row {j}");
                 }
             }
+        }
+    }
+
+    /// The out-of-place GELU (chunked on the pool when large) gives the in-place bits.
+    #[test]
+    fn gelu_to_vec_equals_in_place() {
+        for n in [0usize, 5, 16, 1000, 70_001] {
+            let x = data(n, 21 + n as u32);
+            let mut want = x.clone();
+            gelu_inplace(&mut want);
+            let mut s = x.clone();
+            scalar::gelu(&mut s);
+            let got = gelu_to_vec(&x);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "n {n}");
+            assert_eq!(bits(&got), bits(&s), "n {n} scalar");
         }
     }
 

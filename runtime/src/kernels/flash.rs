@@ -1,0 +1,616 @@
+//! Fused scaled dot-product attention for the `gemm` strategy (the encoder's bidirectional
+//! self-attention over 1500 frames) on AVX-512: per task of (head, [`BQ`] query rows), the
+//! block's scores `q k^T` by a register-tiled microkernel into a `BQ x keys` slab that stays in
+//! L2 (never the `T x S` matrix), their row maxima, `exp(s - max)` and row sums in one pass, then
+//! `p v` by the same microkernel and one multiply of the `BQ x Dv` context by `1 / sum` (the
+//! probabilities themselves are normalized only when they are an output). Fused multiply-adds
+//! throughout, so the rounding differs from the unfused path (within the checkpoints'
+//! tolerances); every output row is computed whole by one thread from its own query row with the
+//! same order of operations whatever the block, the task split or the thread count, so the bits
+//! do not depend on the thread count.
+//!
+//! Used when the CPU has AVX-512F and FMA and the head width is [`NR`] (Whisper: 64 at every
+//! size); otherwise [`super::Attention`] keeps its two-sgemm path.
+#![allow(unsafe_code)]
+
+use std::cell::RefCell;
+
+/// Query rows of one microtile.
+const MR: usize = 6;
+/// Columns of one microtile (four 16-lane registers): keys per score panel, and the head width
+/// the context product needs.
+pub(crate) const NR: usize = 64;
+/// Keys per block of the context product's sum (see [`block`]).
+const KC: usize = 256;
+/// Query rows per task: `BQ x keys` scores (48 x 1536 x 4 B = 288 KB for Whisper's encoder) stay
+/// in L2 with the head's packed keys and values.
+const BQ: usize = 8 * MR;
+
+/// Whether the fused kernel runs here: an x86-64 CPU with AVX-512F and FMA, head width [`NR`].
+pub(crate) fn available(dv: usize) -> bool {
+    dv == NR && cpu_ok()
+}
+
+#[cfg(target_arch = "x86_64")]
+fn cpu_ok() -> bool {
+    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma")
+    })
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn cpu_ok() -> bool {
+    false
+}
+
+/// One attention call's operands: q `[H, T, D]`, k `[H, S, D]`, v `[H, S, NR]`, head-major.
+pub(crate) struct Call<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub h: usize,
+    pub t: usize,
+    pub s: usize,
+    pub d: usize,
+    pub scale: f32,
+    pub causal: bool,
+}
+
+thread_local! {
+    /// Per-thread scratch (query block, scores, context), reused across tasks and calls: no
+    /// fresh pages per task.
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The fused attention into `out` `[H, T, NR]` (and the probabilities into `probs` `[H, T, S]`
+/// when given). The caller has checked [`available`] and the operand sizes.
+pub(crate) fn attention(
+    c: &Call,
+    out: &mut [f32],
+    probs: Option<&mut [f32]>,
+) -> Result<(), String> {
+    attention_with(c, out, probs, true)
+}
+
+/// [`attention`], on the kernels' pool when `parallel` and the work is large enough.
+fn attention_with(
+    c: &Call,
+    out: &mut [f32],
+    probs: Option<&mut [f32]>,
+    parallel: bool,
+) -> Result<(), String> {
+    let Call { h, t, s, d, .. } = *c;
+    if c.q.len() != h * t * d || c.k.len() != h * s * d || c.v.len() != h * s * NR {
+        return Err("fused attention: q, k, v sizes do not fit".into());
+    }
+    if out.len() != h * t * NR || probs.as_ref().is_some_and(|p| p.len() != h * t * s) {
+        return Err("fused attention: output sizes do not fit".into());
+    }
+    if !available(NR) {
+        return Err("fused attention needs AVX-512F and FMA".into());
+    }
+    if h == 0 || t == 0 {
+        return Ok(());
+    }
+    if s == 0 {
+        // No keys: torch's softmax of an empty row is empty and the context is 0.
+        out.fill(0.0);
+        return Ok(());
+    }
+    // Keys padded to whole panels; the packed K^T of every head: `[H, D, SP]`.
+    let sp = s.div_ceil(NR) * NR;
+    let mut kt = vec![0f32; h * d * sp];
+    let pack = |hi: usize, dst: &mut [f32]| {
+        let kh = &c.k[hi * s * d..(hi + 1) * s * d];
+        for (j, row) in kh.chunks_exact(d).enumerate() {
+            for (kk, &x) in row.iter().enumerate() {
+                dst[kk * sp + j] = x;
+            }
+        }
+    };
+    // Tasks: (head, first row, its context rows, its probability rows).
+    type Task<'b> = (usize, usize, &'b mut [f32], Option<&'b mut [f32]>);
+    let mut tasks: Vec<Task> = Vec::with_capacity(h * t.div_ceil(BQ));
+    let mut prob_heads = probs.map(|p| p.chunks_mut(t * s));
+    for (hi, oh) in out.chunks_mut(t * NR).enumerate() {
+        let mut pbs = prob_heads
+            .as_mut()
+            .and_then(|it| it.next())
+            .map(|ph| ph.chunks_mut(BQ * s));
+        for (bi, ob) in oh.chunks_mut(BQ * NR).enumerate() {
+            let pb = pbs.as_mut().and_then(|it| it.next());
+            tasks.push((hi, bi * BQ, ob, pb));
+        }
+    }
+    let run = |(hi, t0, ob, pb): Task, kt: &[f32]| -> Result<(), String> {
+        block(c, &kt[hi * d * sp..(hi + 1) * d * sp], sp, hi, t0, ob, pb)
+    };
+    let work = h.saturating_mul(t).saturating_mul(s).saturating_mul(d + NR);
+    match super::pool().filter(|_| parallel && work >= super::PAR_MIN_WORK) {
+        Some(pool) => pool.install(|| {
+            use rayon::prelude::*;
+            kt.par_chunks_mut(d * sp)
+                .enumerate()
+                .for_each(|(hi, dst)| pack(hi, dst));
+            let kt = &kt;
+            tasks
+                .into_par_iter()
+                .with_max_len(1)
+                .try_for_each(|task| run(task, kt))
+        }),
+        None => {
+            for (hi, dst) in kt.chunks_mut(d * sp).enumerate() {
+                pack(hi, dst);
+            }
+            tasks.into_iter().try_for_each(|task| run(task, &kt))
+        }
+    }
+}
+
+/// One task: rows `t0 .. t0 + ob.len() / NR` of head `hi` (`kt` the head's packed K^T).
+fn block(
+    c: &Call,
+    kt: &[f32],
+    sp: usize,
+    hi: usize,
+    t0: usize,
+    ob: &mut [f32],
+    pb: Option<&mut [f32]>,
+) -> Result<(), String> {
+    let (t, s, d) = (c.t, c.s, c.d);
+    let rows = ob.len() / NR;
+    let rp = rows.div_ceil(MR) * MR;
+    SCRATCH.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        let need = rp * d + rp * sp + rp * NR;
+        if buf.len() < need {
+            buf.resize(need, 0.0);
+        }
+        let (qb, rest) = buf.split_at_mut(rp * d);
+        let (sc, rest) = rest.split_at_mut(rp * sp);
+        let ot = &mut rest[..rp * NR];
+        // The block's query rows, scaled (padding rows zero: their results are dropped).
+        let qsrc = &c.q[(hi * t + t0) * d..(hi * t + t0 + rows) * d];
+        for (dst, &x) in qb.iter_mut().zip(qsrc) {
+            *dst = x * c.scale;
+        }
+        qb[rows * d..].fill(0.0);
+        // Scores, panel by panel (a 64-key panel of K^T stays in L1 across the microtiles).
+        for j0 in (0..sp).step_by(NR) {
+            for r0 in (0..rp).step_by(MR) {
+                microkernel(
+                    d,
+                    &qb[r0 * d..],
+                    d,
+                    &kt[j0..],
+                    sp,
+                    &mut sc[r0 * sp + j0..],
+                    sp,
+                )?;
+            }
+        }
+        // exp(s - max) over each row's visible keys (masked and padding keys 0), row sums.
+        let mut inv = [0f32; BQ];
+        for (i, row) in sc.chunks_exact_mut(sp).take(rows).enumerate() {
+            let n = if c.causal {
+                (s - t + t0 + i + 1).min(s)
+            } else {
+                s
+            };
+            // SAFETY: available() (checked by the caller) ensured AVX-512F and FMA.
+            let sum = unsafe { exp_row(row, n) };
+            inv[i] = 1.0 / sum;
+        }
+        for row in sc.chunks_exact_mut(sp).skip(rows) {
+            row.fill(0.0);
+        }
+        if let Some(pb) = pb {
+            // Normalized probabilities (the output), and the context from them.
+            for (i, (row, prow)) in sc
+                .chunks_exact_mut(sp)
+                .zip(pb.chunks_exact_mut(s))
+                .enumerate()
+            {
+                let n = if c.causal {
+                    (s - t + t0 + i + 1).min(s)
+                } else {
+                    s
+                };
+                for x in row[..n].iter_mut() {
+                    *x *= inv[i];
+                }
+                // A row holding NaN is NaN everywhere, masked keys included (as torch).
+                let masked = if inv[i].is_nan() { f32::NAN } else { 0.0 };
+                prow[..n].copy_from_slice(&row[..n]);
+                prow[n..].fill(masked);
+                inv[i] = 1.0;
+            }
+        }
+        // The context in blocks of KC keys: each block's products summed from 0, then added to
+        // the running sum (a chain of 1500 fused multiply-adds per element loses more to
+        // rounding than blocks of KC do; the order is fixed, the bits the same for every split).
+        let vh = &c.v[hi * s * NR..(hi + 1) * s * NR];
+        let mut tile = [0f32; MR * NR];
+        for r0 in (0..rp).step_by(MR) {
+            let acc = &mut ot[r0 * NR..(r0 + MR) * NR];
+            for k0 in (0..s).step_by(KC) {
+                let kn = KC.min(s - k0);
+                let a = &sc[r0 * sp + k0..];
+                if k0 == 0 {
+                    microkernel(kn, a, sp, &vh[k0 * NR..], NR, acc, NR)?;
+                } else {
+                    microkernel(kn, a, sp, &vh[k0 * NR..], NR, &mut tile, NR)?;
+                    for (o, x) in acc.iter_mut().zip(&tile) {
+                        *o += x;
+                    }
+                }
+            }
+        }
+        for (i, (dst, src)) in ob.chunks_exact_mut(NR).zip(ot.chunks_exact(NR)).enumerate() {
+            let f = inv[i];
+            for (o, &x) in dst.iter_mut().zip(src) {
+                *o = x * f;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// `C[MR x NR] = A[MR x k] B[k x NR]`: A's rows `lda` apart, B's rows `ldb` apart (NR contiguous
+/// values each), C's rows `ldc` apart. Each element is one chain of fused multiply-adds in `k`
+/// order (its bits depend only on its own row of A and column of B).
+fn microkernel(
+    k: usize,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    c: &mut [f32],
+    ldc: usize,
+) -> Result<(), String> {
+    if k == 0 {
+        for r in 0..MR {
+            c[r * ldc..r * ldc + NR].fill(0.0);
+        }
+        return Ok(());
+    }
+    if a.len() < (MR - 1) * lda + k || b.len() < (k - 1) * ldb + NR || c.len() < (MR - 1) * ldc + NR
+    {
+        return Err(format!("attention microkernel operands too small (k {k})"));
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the extents were checked above; AVX-512F and FMA by the caller (available()).
+        unsafe { x86::microkernel(k, a.as_ptr(), lda, b.as_ptr(), ldb, c.as_mut_ptr(), ldc) };
+        Ok(())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    Err("fused attention needs x86-64".into())
+}
+
+/// `x[..n] = exp(x - max x[..n])`, `x[n..] = 0`; returns the sum of the exponentials (NaN when
+/// the visible scores hold NaN).
+///
+/// # Safety
+/// The CPU must have AVX-512F and FMA.
+unsafe fn exp_row(x: &mut [f32], n: usize) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        x86::exp_row(x, n)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (x, n);
+        f32::NAN
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    #![allow(unsafe_op_in_unsafe_fn)]
+    use super::MR;
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f,fma")]
+    pub unsafe fn microkernel(
+        k: usize,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); 4]; MR];
+        let mut ap = a;
+        let mut bp = b;
+        for _ in 0..k {
+            let b0 = _mm512_loadu_ps(bp);
+            let b1 = _mm512_loadu_ps(bp.add(16));
+            let b2 = _mm512_loadu_ps(bp.add(32));
+            let b3 = _mm512_loadu_ps(bp.add(48));
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let av = _mm512_set1_ps(*ap.add(r * lda));
+                acc_r[0] = _mm512_fmadd_ps(av, b0, acc_r[0]);
+                acc_r[1] = _mm512_fmadd_ps(av, b1, acc_r[1]);
+                acc_r[2] = _mm512_fmadd_ps(av, b2, acc_r[2]);
+                acc_r[3] = _mm512_fmadd_ps(av, b3, acc_r[3]);
+            }
+            ap = ap.add(1);
+            bp = bp.add(ldb);
+        }
+        for (r, acc_r) in acc.iter().enumerate() {
+            for (j, v) in acc_r.iter().enumerate() {
+                _mm512_storeu_ps(c.add(r * ldc + 16 * j), *v);
+            }
+        }
+    }
+
+    /// Cephes exp (the constants of `super::super::simd::exp_f32`) with fused multiply-adds and
+    /// `2^n` by `vscalefps`. NaN stays NaN.
+    #[target_feature(enable = "avx512f,fma")]
+    #[inline]
+    unsafe fn exp16(x: __m512) -> __m512 {
+        let x = _mm512_min_ps(_mm512_set1_ps(88.0), x);
+        let x = _mm512_max_ps(_mm512_set1_ps(-87.336_55), x);
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm512_fmadd_ps(
+            _mm512_set1_ps(1.987_569_1e-4),
+            r,
+            _mm512_set1_ps(1.398_199_9e-3),
+        );
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.333_452e-3));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.166_579_6e-2));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.666_666_5e-1));
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5));
+        let y = _mm512_add_ps(
+            _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r),
+            _mm512_set1_ps(1.0),
+        );
+        _mm512_scalef_ps(y, n)
+    }
+
+    #[target_feature(enable = "avx512f,fma")]
+    pub unsafe fn exp_row(x: &mut [f32], n: usize) -> f32 {
+        let p = x.as_mut_ptr();
+        let full = n / 16 * 16;
+        let tail: __mmask16 = ((1u32 << (n - full)) - 1) as __mmask16;
+        // Maximum over the visible keys; `vmaxps` keeps the running maximum when a score is NaN
+        // (the NaN then reaches every exponential through `x - max`).
+        let mut mv = _mm512_set1_ps(f32::NEG_INFINITY);
+        let mut i = 0;
+        while i < full {
+            mv = _mm512_max_ps(_mm512_loadu_ps(p.add(i)), mv);
+            i += 16;
+        }
+        if tail != 0 {
+            let xv = _mm512_mask_loadu_ps(mv, tail, p.add(full));
+            mv = _mm512_max_ps(xv, mv);
+        }
+        let m = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+        let mut acc = _mm512_setzero_ps();
+        let mut i = 0;
+        while i < full {
+            let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p.add(i)), m));
+            _mm512_storeu_ps(p.add(i), e);
+            acc = _mm512_add_ps(acc, e);
+            i += 16;
+        }
+        if tail != 0 {
+            let xv = _mm512_maskz_loadu_ps(tail, p.add(full));
+            let e = _mm512_maskz_mov_ps(tail, exp16(_mm512_sub_ps(xv, m)));
+            _mm512_mask_storeu_ps(p.add(full), tail, e);
+            acc = _mm512_add_ps(acc, e);
+        }
+        // Masked and padding keys.
+        x[n..].fill(0.0);
+        _mm512_reduce_add_ps(acc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, seed: u32, amp: f32) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(2_654_435_761).max(1);
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                (x as f32 / u32::MAX as f32 - 0.5) * amp
+            })
+            .collect()
+    }
+
+    /// Softmax attention in f64, the definition: `(context [H, T, NR], probs [H, T, S])`.
+    fn reference(c: &Call) -> (Vec<f64>, Vec<f64>) {
+        let Call { h, t, s, d, .. } = *c;
+        let mut out = vec![0f64; h * t * NR];
+        let mut probs = vec![0f64; h * t * s];
+        for hi in 0..h {
+            for ti in 0..t {
+                let n = if c.causal { s - t + ti + 1 } else { s };
+                let q = &c.q[(hi * t + ti) * d..(hi * t + ti + 1) * d];
+                let sc: Vec<f64> = (0..n)
+                    .map(|j| {
+                        let k = &c.k[(hi * s + j) * d..(hi * s + j + 1) * d];
+                        q.iter()
+                            .zip(k)
+                            .map(|(&a, &b)| (a * c.scale) as f64 * b as f64)
+                            .sum()
+                    })
+                    .collect();
+                let m = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = sc.iter().map(|x| (x - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for (j, ej) in e.iter().enumerate() {
+                    let p = ej / z;
+                    probs[(hi * t + ti) * s + j] = p;
+                    for (o, &vv) in out[(hi * t + ti) * NR..(hi * t + ti + 1) * NR]
+                        .iter_mut()
+                        .zip(&c.v[(hi * s + j) * NR..(hi * s + j + 1) * NR])
+                    {
+                        *o += p * vv as f64;
+                    }
+                }
+            }
+        }
+        (out, probs)
+    }
+
+    fn run(c: &Call, parallel: bool, with_probs: bool) -> (Vec<f32>, Vec<f32>) {
+        let mut out = vec![f32::NAN; c.h * c.t * NR];
+        let mut probs = vec![f32::NAN; if with_probs { c.h * c.t * c.s } else { 0 }];
+        let p = with_probs.then_some(&mut probs[..]);
+        attention_with(c, &mut out, p, parallel).expect("fused attention");
+        (out, probs)
+    }
+
+    /// Shapes around the tiles: rows not a multiple of the microtile or the block, keys not a
+    /// multiple of 16 or of the panel, head_dim not 64, causal with past keys.
+    #[test]
+    fn matches_the_f64_definition() {
+        if !available(NR) {
+            eprintln!("no AVX-512F + FMA: the fused kernel does not run here");
+            return;
+        }
+        for &(h, t, s, d, causal) in &[
+            (2usize, 50usize, 77usize, 64usize, false),
+            (1, 7, 7, 40, true),
+            (3, 61, 130, 64, true),
+            (1, 1, 1500, 64, false),
+            (2, 100, 64, 16, false),
+        ] {
+            let (q, k, v) = (
+                data(h * t * d, 1, 4.0),
+                data(h * s * d, 2, 4.0),
+                data(h * s * NR, 3, 2.0),
+            );
+            let c = Call {
+                q: &q,
+                k: &k,
+                v: &v,
+                h,
+                t,
+                s,
+                d,
+                scale: (d as f32).powf(-0.5),
+                causal,
+            };
+            let (want_o, want_p) = reference(&c);
+            for with_probs in [false, true] {
+                let (o, p) = run(&c, true, with_probs);
+                for (i, (&a, &b)) in o.iter().zip(&want_o).enumerate() {
+                    assert!(
+                        (a as f64 - b).abs() <= 2e-6 * (1.0 + b.abs()),
+                        "{h}x{t}x{s}x{d} causal {causal}: context {i}: {a} vs {b}"
+                    );
+                }
+                if with_probs {
+                    for (i, (&a, &b)) in p.iter().zip(&want_p).enumerate() {
+                        assert!(
+                            (a as f64 - b).abs() <= 1e-6 * (1.0 + b),
+                            "{h}x{t}x{s}x{d} causal {causal}: prob {i}: {a} vs {b}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every row is computed alone: the same bits on the pool or serially, and whatever query
+    /// rows are computed with it (a row alone == that row of the whole block).
+    #[test]
+    fn bits_do_not_depend_on_the_split() {
+        if !available(NR) {
+            return;
+        }
+        let (h, t, s, d) = (3usize, 100usize, 130usize, 64usize);
+        let (q, k, v) = (
+            data(h * t * d, 4, 4.0),
+            data(h * s * d, 5, 4.0),
+            data(h * s * NR, 6, 2.0),
+        );
+        let c = Call {
+            q: &q,
+            k: &k,
+            v: &v,
+            h,
+            t,
+            s,
+            d,
+            scale: 0.125,
+            causal: false,
+        };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let (par_o, par_p) = run(&c, true, true);
+        let (ser_o, ser_p) = run(&c, false, true);
+        assert_eq!(bits(&par_o), bits(&ser_o));
+        assert_eq!(bits(&par_p), bits(&ser_p));
+        let (par_o, _) = run(&c, true, false);
+        let (ser_o, _) = run(&c, false, false);
+        assert_eq!(bits(&par_o), bits(&ser_o));
+        for ti in [0usize, 47, 48, 99] {
+            let qi = &q[(2 * t + ti) * d..(2 * t + ti + 1) * d];
+            let one = Call {
+                q: qi,
+                k: &k[2 * s * d..],
+                v: &v[2 * s * NR..],
+                h: 1,
+                t: 1,
+                ..c
+            };
+            let (o1, _) = run(&one, false, false);
+            assert_eq!(
+                bits(&o1),
+                bits(&par_o[(2 * t + ti) * NR..(2 * t + ti + 1) * NR]),
+                "row {ti}"
+            );
+        }
+    }
+
+    /// A NaN query gives a NaN row (probabilities, masked keys included, and context), as
+    /// torch's softmax does; the other rows stay finite.
+    #[test]
+    fn nan_query_gives_a_nan_row() {
+        if !available(NR) {
+            return;
+        }
+        let (h, t, s, d) = (1usize, 9usize, 20usize, 64usize);
+        let mut q = data(h * t * d, 7, 1.0);
+        q[3 * d + 5] = f32::NAN;
+        let (k, v) = (data(h * s * d, 8, 1.0), data(h * s * NR, 9, 1.0));
+        for causal in [false, true] {
+            let c = Call {
+                q: &q,
+                k: &k,
+                v: &v,
+                h,
+                t,
+                s,
+                d,
+                scale: 0.125,
+                causal,
+            };
+            let (o, p) = run(&c, false, true);
+            for ti in 0..t {
+                let (orow, prow) = (&o[ti * NR..(ti + 1) * NR], &p[ti * s..(ti + 1) * s]);
+                if ti == 3 {
+                    assert!(prow.iter().all(|x| x.is_nan()), "causal {causal}: {prow:?}");
+                    assert!(orow.iter().all(|x| x.is_nan()));
+                } else {
+                    assert!(prow.iter().all(|x| x.is_finite()));
+                    assert!((prow.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+                    assert!(orow.iter().all(|x| x.is_finite()));
+                }
+            }
+        }
+    }
+}

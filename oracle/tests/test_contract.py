@@ -17,10 +17,15 @@ def test_tiny_en_resolved():
                       "head_dim": 64, "vocab": 51864}
     assert c.hf_class == "WhisperForConditionalGeneration" and len(c.sha256) == 64
     names = [x.name for x in c.checkpoints]
-    assert len(names) == 4 + 4 + 7 * 4 + 1  # once: mel, conv1, conv2, memory; 4 encoder layers; 7 per decoder layer; logits
+    # once: mel, conv1, conv2, memory; 4 encoder layers; the fed ids and positions; 7 per decoder
+    # layer; logits
+    assert len(names) == 4 + 4 + 2 + 7 * 4 + 1
+    assert names[8:10] == ["audio.decoder.input_ids", "audio.decoder.position_ids"]
     # Consecutive templates over the same repeat expand layer-major: layer 0's seven, then layer 1's.
-    assert all(".layer.0." in n for n in names[8:15]) and all(".layer.1." in n for n in names[15:22])
-    assert names[8] == "audio.decoder.layer.0.self_attention.probs" and names[-1] == "audio.decoder.logits"
+    assert all(".layer.0." in n for n in names[10:17]) and all(".layer.1." in n for n in names[17:24])
+    assert names[10] == "audio.decoder.layer.0.self_attention.probs" and names[-1] == "audio.decoder.logits"
+    pos = c.by_name()["audio.decoder.position_ids"]
+    assert pos.reference.module == "model.decoder.embed_positions" and pos.reference.kwarg == "position_ids"
     ck = c.by_name()["audio.decoder.layer.3.cross_attention.output"]
     assert ck.shape == [6, "tokens", 64] and ck.layout == "head_major" and ck.steps == "every"
     assert ck.template == "audio.decoder.layer.{layer}.cross_attention.output" and ck.layer == 3

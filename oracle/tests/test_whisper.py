@@ -44,6 +44,9 @@ def expected_shapes(config: dict, tokens_at_step) -> dict:
         every[f"{p}.cross_attention.out_proj"] = lambda T, k: [T, d]
         every[f"{p}.out"] = lambda T, k: [T, d]
     every["audio.decoder.logits"] = lambda T, k: [T, V]
+    # What each step was fed: token ids and positions.
+    every["audio.decoder.input_ids"] = lambda T, k: [T]
+    every["audio.decoder.position_ids"] = lambda T, k: [T]
     return once, prefill, every
 
 
@@ -249,6 +252,7 @@ def test_dump_cli_round_trip(tmp_path):
     m = d.manifest
     assert m["producer"] == "oracle" and m["family"] == "whisper" and m["tokens"][:2] == [SOT, NOTS]
     assert m["tools"]["torch"].startswith("2.11") and m["weights_sha256"] and m["audio_sha256"]
-    assert len(d.checkpoints) == (4 + 3) + 2 * 2 + 2 * (5 * 2 + 1)  # once + prefill (cross K/V) + 2 steps x every (5 per layer)
+    # once + prefill (cross K/V) + 2 steps x every (ids, positions, 5 per layer, logits)
+    assert len(d.checkpoints) == (4 + 3) + 2 * 2 + 2 * (2 + 5 * 2 + 1)
     assert d.get("audio.decoder.layer.1.cross_attention.output", 1).array.shape == (3, 1, 32)
     assert main(argv) == 2  # exists, no --force

@@ -197,8 +197,8 @@ class _Recorder:
             raise CaptureError(f"checkpoint {ckpt.name}: {ref.module} {what}[{ref.index}] is a {type(t).__name__}, not a tensor")
         t = t.detach()
         if not t.is_floating_point():
-            # Ids and positions are compared as the runtime feeds them: float32.
-            t = t.to(torch.float32)
+            # Ids and positions are compared as floats, in the run's dtype like every checkpoint.
+            t = t.to(next(self.model.parameters()).dtype)
         for tr in ref.transform:
             if tr == "squeeze_batch":
                 if t.dim() == 0 or t.shape[0] != 1:

@@ -9,7 +9,8 @@ use std::fmt;
 
 use super::layout::token_rows;
 use super::{data, dims};
-use crate::graph::{port, port_any, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::graph::{port_any, Kernel, KernelCtx, Port, Shape, Tensor};
+use crate::kernels::layout::ports;
 
 /// A unary elementwise op: `y[i] = f(x[i])` over any layout. Implementors get [`Kernel`].
 pub trait Elementwise: Send + Sync + fmt::Debug {
@@ -112,18 +113,7 @@ impl Elementwise for Scale {
 pub struct SwiGlu;
 
 impl Kernel for SwiGlu {
-    fn kind(&self) -> &'static str {
-        "swiglu"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![
-            port("gate", Layout::TokenMajor),
-            port("up", Layout::TokenMajor),
-        ]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
+    ports!("swiglu", [gate: TokenMajor, up: TokenMajor] -> [y: TokenMajor]);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         token_rows(&inputs[0], "gate")?;
         if inputs[0] != inputs[1] {
@@ -180,15 +170,7 @@ pub fn softmax_in_place(x: &mut [f32]) {
 pub struct Softmax;
 
 impl Kernel for Softmax {
-    fn kind(&self) -> &'static str {
-        "softmax"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
+    ports!("softmax", [x: TokenMajor] -> [y: TokenMajor]);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         token_rows(&inputs[0], "x")?;
         Ok(vec![inputs[0].clone()])

@@ -2,7 +2,8 @@
 
 use super::{data, dims, fixed, rank, simd};
 use crate::faults::ParamFault;
-use crate::graph::{port, port_any, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+use crate::kernels::layout::ports;
 
 /// `y = a + scale * b`, same shape and layout (residual connections: `a` = the residual stream,
 /// `b` = the branch; `scale` is 1 for a plain add, 0.5 for the conformer's macaron half-step,
@@ -41,15 +42,7 @@ impl Add {
 }
 
 impl Kernel for Add {
-    fn kind(&self) -> &'static str {
-        "add"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port_any("a"), port_any("b")]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port_any("y")]
-    }
+    ports!("add", [a: Any, b: Any] -> [y: Any]);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         if inputs[0] != inputs[1] {
             return Err(format!(
@@ -114,18 +107,7 @@ impl Kernel for Add {
 pub struct AddTable;
 
 impl Kernel for AddTable {
-    fn kind(&self) -> &'static str {
-        "add_table"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
-    fn weight_roles(&self) -> Vec<&'static str> {
-        vec!["table"]
-    }
+    ports!("add_table", [x: TokenMajor] -> [y: TokenMajor], weights ["table"]);
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         rank(&inputs[0], 2, "x")?;
         let r = fixed(&inputs[0][0], "x rows")?;

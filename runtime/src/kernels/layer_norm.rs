@@ -4,7 +4,8 @@
 use super::layout::token_rows;
 use super::{data, dims, par_rows, tensor};
 use crate::faults::ParamFault;
-use crate::graph::{port, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::graph::{Kernel, KernelCtx, Shape, Tensor};
+use crate::kernels::layout::ports;
 
 /// `torch.nn.LayerNorm(d, eps)` with elementwise affine weight and bias.
 #[derive(Debug, Clone)]
@@ -21,18 +22,7 @@ impl LayerNorm {
 }
 
 impl Kernel for LayerNorm {
-    fn kind(&self) -> &'static str {
-        "layer_norm"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
-    fn weight_roles(&self) -> Vec<&'static str> {
-        vec!["weight", "bias"]
-    }
+    ports!("layer_norm", [x: TokenMajor] -> [y: TokenMajor], weights ["weight", "bias"]);
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         channel_norm_infer(inputs, weights, &self.weight_roles())
     }
@@ -97,18 +87,7 @@ pub struct RmsNorm {
 }
 
 impl Kernel for RmsNorm {
-    fn kind(&self) -> &'static str {
-        "rms_norm"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
-    fn weight_roles(&self) -> Vec<&'static str> {
-        vec!["weight"]
-    }
+    ports!("rms_norm", [x: TokenMajor] -> [y: TokenMajor], weights ["weight"]);
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         channel_norm_infer(inputs, weights, &self.weight_roles())
     }

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use realfft::RealFftPlanner;
 
 use super::{data, dims, rank, tensor};
-use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+use crate::kernels::layout::ports;
 
 /// Log-mel spectrogram exactly as `transformers.WhisperFeatureExtractor` defines it, computed in
 /// f64 (the reference's numpy path) and rounded to f32 at the end:
@@ -218,15 +219,7 @@ impl LogMel {
 }
 
 impl Kernel for LogMel {
-    fn kind(&self) -> &'static str {
-        "log_mel"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("pcm", Layout::Plain)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("mel", Layout::ChannelMajor)]
-    }
+    ports!("log_mel", [pcm: Plain] -> [mel: ChannelMajor]);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         rank(&inputs[0], 1, "pcm")?;
         Ok(vec![vec![

@@ -10,7 +10,8 @@ use serde::Deserialize;
 use super::GraniteNarConfig;
 use crate::audio::Audio;
 use crate::error::{Result, RuntimeError};
-use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+use crate::kernels::layout::ports;
 use crate::kernels::{data, dims, fixed, rank, tensor};
 
 fn default_fe_type() -> String {
@@ -370,15 +371,7 @@ impl GraniteLogMel {
 }
 
 impl Kernel for GraniteLogMel {
-    fn kind(&self) -> &'static str {
-        "granite_log_mel"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("pcm", Layout::Plain)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("mel", Layout::TokenMajor)]
-    }
+    ports!("granite_log_mel", [pcm: Plain] -> [mel: TokenMajor]);
     fn infer(
         &self,
         inputs: &[Shape],
@@ -413,15 +406,7 @@ impl Kernel for GraniteLogMel {
 pub struct StackFrames;
 
 impl Kernel for StackFrames {
-    fn kind(&self) -> &'static str {
-        "stack_frames"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("mel", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
+    ports!("stack_frames", [mel: TokenMajor] -> [y: TokenMajor]);
     fn infer(
         &self,
         inputs: &[Shape],

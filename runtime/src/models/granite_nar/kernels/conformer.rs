@@ -2,8 +2,9 @@
 //! Shaw relative-position attention.
 
 use crate::faults::ParamFault;
-use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
 use crate::kernels::layer_norm::{channel_norm_infer, channel_params};
+use crate::kernels::layout::ports;
 use crate::kernels::{data, dims, par_ranges, same_dim, sgemm, simd, tensor};
 
 use super::{sigmoid, softmax_in_place, token_rows};
@@ -21,15 +22,7 @@ pub struct Pointwise {
 }
 
 impl Kernel for Pointwise {
-    fn kind(&self) -> &'static str {
-        "pointwise_conv"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
+    ports!("pointwise_conv", [x: TokenMajor] -> [y: TokenMajor]);
     fn weight_roles(&self) -> Vec<&'static str> {
         if self.bias {
             vec!["weight", "bias"]
@@ -91,15 +84,7 @@ impl Kernel for Pointwise {
 pub struct Glu;
 
 impl Kernel for Glu {
-    fn kind(&self) -> &'static str {
-        "glu"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
+    ports!("glu", [x: TokenMajor] -> [y: TokenMajor]);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         let (rows, c2) = token_rows(&inputs[0], "x")?;
         if c2 % 2 != 0 {
@@ -150,18 +135,7 @@ impl DepthwiseConv {
 }
 
 impl Kernel for DepthwiseConv {
-    fn kind(&self) -> &'static str {
-        "depthwise_conv"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
-    fn weight_roles(&self) -> Vec<&'static str> {
-        vec!["weight"]
-    }
+    ports!("depthwise_conv", [x: TokenMajor] -> [y: TokenMajor], weights ["weight"]);
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         let (_, c) = token_rows(&inputs[0], "x")?;
         if weights[0] != [c, 1, self.kernel] {
@@ -227,18 +201,7 @@ pub struct BatchNorm {
 }
 
 impl Kernel for BatchNorm {
-    fn kind(&self) -> &'static str {
-        "batch_norm"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
-    fn weight_roles(&self) -> Vec<&'static str> {
-        vec!["weight", "bias", "running_mean", "running_var"]
-    }
+    ports!("batch_norm", [x: TokenMajor] -> [y: TokenMajor], weights ["weight", "bias", "running_mean", "running_var"]);
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         channel_norm_infer(inputs, weights, &self.weight_roles())
     }
@@ -307,21 +270,7 @@ pub struct ShawBlockAttention {
 }
 
 impl Kernel for ShawBlockAttention {
-    fn kind(&self) -> &'static str {
-        "shaw_block_attention"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![
-            port("q", Layout::TokenMajor),
-            port("kv", Layout::TokenMajor),
-        ]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
-    fn weight_roles(&self) -> Vec<&'static str> {
-        vec!["rel_pos_emb"]
-    }
+    ports!("shaw_block_attention", [q: TokenMajor, kv: TokenMajor] -> [y: TokenMajor], weights ["rel_pos_emb"]);
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         let inner = self.heads * self.dim_head;
         let (rows, qf) = token_rows(&inputs[0], "q")?;

@@ -7,7 +7,7 @@
 //! Upstream: oracle/xray_oracle/granite_nar.py `GraniteNARForConditionalGeneration.forward`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ndarray::Array1;
 
@@ -15,30 +15,26 @@ use super::graph::{self as ggraph, names, GraniteEdges};
 use super::host::{add_insertion_slots, ctc_greedy_decode};
 use super::{read_json, Derived, GraniteNarConfig, ModelFiles, PreprocessorConfig};
 use crate::audio::Audio;
-use crate::contract::Contract;
 use crate::error::{Result, RuntimeError};
-use crate::graph::{Feeds, Graph, RunCtx, Tensor};
-use crate::models::{RunHooks, RunOptions, RunOutput, SpeechModel};
+use crate::graph::{Feeds, RunCtx, Tensor};
+use crate::models::common::Tokenizer;
+use crate::models::{Loaded, RunHooks, RunOptions, RunOutput, SpeechModel};
 use crate::weights::Weights;
 
 /// A loaded Granite Speech NAR checkpoint.
 pub struct GraniteNarModel {
-    dir: PathBuf,
-    files: ModelFiles,
+    loaded: Loaded,
     config: GraniteNarConfig,
     derived: Derived,
     preprocessor: PreprocessorConfig,
-    graph: Graph,
     edges: GraniteEdges,
-    weights: Weights,
-    contract: Contract,
-    tokenizer: tokenizers::Tokenizer,
+    tokenizer: Tokenizer,
 }
 
 impl std::fmt::Debug for GraniteNarModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GraniteNarModel")
-            .field("dir", &self.dir)
+            .field("dir", &self.loaded.dir)
             .field("config", &self.config)
             .finish()
     }
@@ -89,24 +85,14 @@ impl GraniteNarModel {
         preprocessor.check(&files.preprocessor, &config)?;
         let (graph, edges) = ggraph::build(&config, &derived, &preprocessor)?;
         let weights = Weights::load(&files.weights)?;
-        graph.check_weights(&weights)?;
-        let contract = Contract::for_family(super::NAME, &config_json)?;
-        graph.verify_contract(&contract)?;
-        let tokenizer =
-            tokenizers::Tokenizer::from_file(&files.tokenizer).map_err(|e| RuntimeError::File {
-                path: files.tokenizer.clone(),
-                reason: format!("not a readable tokenizers JSON: {e}"),
-            })?;
+        let loaded = Loaded::check(dir, super::NAME, graph, weights, &config_json)?;
+        let tokenizer = Tokenizer::load(&files.tokenizer)?;
         Ok(GraniteNarModel {
-            dir: dir.to_path_buf(),
-            files,
+            loaded,
             config,
             derived,
             preprocessor,
-            graph,
             edges,
-            weights,
-            contract,
             tokenizer,
         })
     }
@@ -138,8 +124,7 @@ impl GraniteNarModel {
             names::PCM.to_string(),
             Array1::from_vec(pcm.to_vec()).into_dyn(),
         )]);
-        let (cat_out, bpe_logits) = take2(self.graph.run(
-            &self.weights,
+        let (cat_out, bpe_logits) = take2(self.loaded.run(
             feeds,
             &[self.edges.cat_out, self.edges.bpe_logits],
             ctx,
@@ -201,8 +186,8 @@ impl GraniteNarModel {
             (names::CAT_OUT.to_string(), cat_out),
             (names::TEMPLATE_IDS.to_string(), ids),
         ]);
-        self.graph
-            .run(&self.weights, feeds, &[self.edges.text_logits], ctx)?
+        self.loaded
+            .run(feeds, &[self.edges.text_logits], ctx)?
             .into_iter()
             .next()
             .ok_or_else(|| RuntimeError::Graph("formula returned nothing".into()))
@@ -226,17 +211,8 @@ impl SpeechModel for GraniteNarModel {
     fn family(&self) -> &'static str {
         super::NAME
     }
-    fn model_dir(&self) -> &Path {
-        &self.dir
-    }
-    fn graph(&self) -> &Graph {
-        &self.graph
-    }
-    fn weights(&self) -> &Weights {
-        &self.weights
-    }
-    fn contract(&self) -> &Contract {
-        &self.contract
+    fn loaded(&self) -> &Loaded {
+        &self.loaded
     }
     /// Encode, CTC-decode the BPE head (or take `opts.teacher_tokens` as the hypothesis), build
     /// the template, one bidirectional LM pass, argmax-collapse-drop-blank. Everything is step 0.
@@ -268,20 +244,6 @@ impl SpeechModel for GraniteNarModel {
         })
     }
     fn decode_text(&self, ids: &[i64]) -> Result<String> {
-        let ids: Vec<u32> = ids
-            .iter()
-            .map(|&i| {
-                u32::try_from(i).map_err(|_| RuntimeError::Feed {
-                    edge: "token ids".into(),
-                    reason: format!("id {i} is not a token id"),
-                })
-            })
-            .collect::<Result<_>>()?;
-        self.tokenizer
-            .decode(&ids, true)
-            .map_err(|e| RuntimeError::File {
-                path: self.files.tokenizer.clone(),
-                reason: format!("decoding {ids:?}: {e}"),
-            })
+        self.tokenizer.decode(ids)
     }
 }

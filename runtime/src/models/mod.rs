@@ -56,9 +56,12 @@ pub struct RunOutput {
     pub extra: BTreeMap<String, serde_json::Value>,
 }
 
-/// What every loaded model holds: its directory, graph (spec), weights (state) and contract.
+/// What every loaded model holds: its family, directory, graph (spec), weights (state) and
+/// contract.
 #[derive(Debug)]
 pub struct Loaded {
+    /// The family's name.
+    pub family: &'static str,
     /// The model directory.
     pub dir: PathBuf,
     /// The graph (spec).
@@ -74,7 +77,7 @@ impl Loaded {
     /// the `family`'s checkpoint contract against config.json and check it against the graph.
     pub fn check(
         dir: &Path,
-        family: &str,
+        family: &'static str,
         graph: Graph,
         weights: Weights,
         config_json: &serde_json::Value,
@@ -83,6 +86,7 @@ impl Loaded {
         let contract = Contract::for_family(family, config_json)?;
         graph.verify_contract(&contract)?;
         Ok(Loaded {
+            family,
             dir: dir.to_path_buf(),
             graph,
             weights,
@@ -98,10 +102,12 @@ impl Loaded {
 
 /// A loaded speech model: spec (graph), state (weights), contract.
 pub trait SpeechModel {
-    /// Family name (`whisper`, `granite_nar`).
-    fn family(&self) -> &'static str;
-    /// Its directory, graph, weights and contract.
+    /// Its family, directory, graph, weights and contract.
     fn loaded(&self) -> &Loaded;
+    /// Family name (`whisper`, `granite_nar`).
+    fn family(&self) -> &'static str {
+        self.loaded().family
+    }
     /// The model directory.
     fn model_dir(&self) -> &Path {
         &self.loaded().dir

@@ -208,9 +208,6 @@ impl GraniteNarModel {
 }
 
 impl SpeechModel for GraniteNarModel {
-    fn family(&self) -> &'static str {
-        super::NAME
-    }
     fn loaded(&self) -> &Loaded {
         &self.loaded
     }

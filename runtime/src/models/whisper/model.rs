@@ -466,9 +466,6 @@ fn next(it: &mut std::vec::IntoIter<Tensor>) -> Result<Tensor> {
 }
 
 impl SpeechModel for WhisperModel {
-    fn family(&self) -> &'static str {
-        super::NAME
-    }
     fn loaded(&self) -> &Loaded {
         &self.loaded
     }

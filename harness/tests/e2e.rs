@@ -3,7 +3,7 @@
 //! refusal of tampered dumps, `xray list`, and exit codes.
 
 mod common;
-use common::{check, code, root, stderr, xray};
+use common::{check, checkpoint, code, root, stderr, xray};
 
 use std::path::Path;
 
@@ -54,12 +54,7 @@ fn planted_fault_is_localized_with_isolation() {
     );
     assert_eq!(e["run"]["isolated"], true);
     // Isolation: downstream checkpoints fed with the reference are locally clean.
-    let later = e["checkpoints"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "audio.encoder.memory")
-        .unwrap();
+    let later = checkpoint(&e, "audio.encoder.memory");
     assert_eq!(later["status"], "propagated");
     assert!(
         later["local_metrics"]["max_abs"].as_f64().unwrap() < 1e-4,
@@ -208,15 +203,7 @@ fn granite_data_dependent_shape_divergence_and_teacher_forcing() {
     assert_eq!(code(&o), 1, "{}", stderr(&o));
     let e = evidence(&ev);
     assert_eq!(e["first_divergence"]["checkpoint"], "enc.ctc_bpe_logits");
-    let status = |n: &str| {
-        e["checkpoints"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == n)
-            .unwrap()["status"]
-            .clone()
-    };
+    let status = |n: &str| checkpoint(&e, n)["status"].clone();
     assert_eq!(status("proj.out"), "pass");
     assert_eq!(status("dec.flat_embeds"), "alignment_fault");
     assert_eq!(status("dec.text_logits"), "alignment_fault");
@@ -225,15 +212,7 @@ fn granite_data_dependent_shape_divergence_and_teacher_forcing() {
     let o = xray(&args);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
     let e = evidence(&ev);
-    let status = |n: &str| {
-        e["checkpoints"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == n)
-            .unwrap()["status"]
-            .clone()
-    };
+    let status = |n: &str| checkpoint(&e, n)["status"].clone();
     assert_eq!(e["first_divergence"]["checkpoint"], "enc.ctc_bpe_logits");
     assert_eq!(status("dec.text_logits"), "pass");
     assert_eq!(e["transcript"]["tokens_equal"], true);

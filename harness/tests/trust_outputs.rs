@@ -22,17 +22,12 @@ const AUDIO: &str = "fixtures/audio/fox.wav";
 
 /// A runtime dump of the random-init fixture (two decode steps; ~0.3 s).
 fn run_dump(out: &Path, extra: &[&str]) -> Output {
-    let mut args = vec![
-        "run",
-        "--model",
-        MODEL,
-        "--audio",
-        AUDIO,
-        "--max-steps",
-        "2",
-        "--out",
-        s(out),
-    ];
+    dump("run", out, &[&["--max-steps", "2"], extra].concat())
+}
+
+/// `xray CMD --model MODEL --audio AUDIO --out OUT EXTRA..` (`run` or `oracle`).
+fn dump(cmd: &str, out: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![cmd, "--model", MODEL, "--audio", AUDIO, "--out", s(out)];
     args.extend_from_slice(extra);
     xray(&args)
 }
@@ -80,16 +75,7 @@ fn run_oracle_and_check_refuse_a_directory_that_is_not_a_dump() {
             stderr(&o)
         );
         assert!(f.exists());
-        let o = xray(&[
-            "oracle",
-            "--model",
-            MODEL,
-            "--audio",
-            AUDIO,
-            "--out",
-            s(&d),
-            "--force",
-        ]);
+        let o = dump("oracle", &d, &["--force"]);
         assert_eq!(code(&o), 2, "{}", stderr(&o));
         assert!(stderr(&o).contains("not an X-Ray dump"), "{}", stderr(&o));
         assert!(f.exists());
@@ -335,17 +321,7 @@ fn only_that_matches_nothing_is_refused() {
         &["--stats-only", "--only", "no.such.*"],
     );
     assert_eq!(code(&o), 2, "{}", stderr(&o));
-    let o = xray(&[
-        "oracle",
-        "--model",
-        MODEL,
-        "--audio",
-        AUDIO,
-        "--out",
-        s(&dir.path().join("o")),
-        "--only",
-        "no.such.*",
-    ]);
+    let o = dump("oracle", &dir.path().join("o"), &["--only", "no.such.*"]);
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     assert!(stderr(&o).contains("'no.such.*'"), "{}", stderr(&o));
 }

@@ -278,10 +278,12 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// Runs the `xray` binary built for these tests from the repository root.
+/// Runs the `xray` binary built for these tests from the repository root (without
+/// `XRAY_TRACEBACK` from the caller's environment: errors are one line unless a test asks).
 pub fn xray(args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_xray"))
         .current_dir(root())
+        .env_remove("XRAY_TRACEBACK")
         .args(args)
         .output()
         .expect("run xray")
@@ -307,6 +309,14 @@ pub fn check(model: &str, audio: &str, extra: &[&str]) -> (std::process::Output,
         Err(_) => Value::Null,
     };
     (o, e)
+}
+
+/// The first checkpoint named `name` of an evidence document (panics naming it when absent).
+pub fn checkpoint<'a>(e: &'a Value, name: &str) -> &'a Value {
+    e["checkpoints"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("no checkpoint {name} in the evidence"))
 }
 
 /// stderr as text.

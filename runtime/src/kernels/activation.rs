@@ -7,8 +7,9 @@
 
 use std::fmt;
 
+use super::add::{binary_operands, same_shapes};
+use super::dims;
 use super::layout::token_rows;
-use super::{data, dims};
 use crate::graph::{port_any, Kernel, KernelCtx, Port, Shape, Tensor};
 use crate::kernels::layout::ports;
 
@@ -116,10 +117,7 @@ impl Kernel for SwiGlu {
     ports!("swiglu", [gate: TokenMajor, up: TokenMajor] -> [y: TokenMajor]);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         token_rows(&inputs[0], "gate")?;
-        if inputs[0] != inputs[1] {
-            return Err("gate and up shapes differ".into());
-        }
-        Ok(vec![inputs[0].clone()])
+        same_shapes(inputs, ["gate", "up"])
     }
     fn run(
         &self,
@@ -127,21 +125,9 @@ impl Kernel for SwiGlu {
         inputs: &[&Tensor],
         _weights: &[&Tensor],
     ) -> Result<Vec<Tensor>, String> {
-        if inputs[0].shape() != inputs[1].shape() {
-            return Err(format!(
-                "gate {:?} and up {:?} differ",
-                inputs[0].shape(),
-                inputs[1].shape()
-            ));
-        }
-        let up = data(inputs[1], "up")?;
-        let mut y = inputs[0].as_standard_layout().into_owned();
-        for (g, &u) in y
-            .as_slice_mut()
-            .ok_or("output not contiguous")?
-            .iter_mut()
-            .zip(up)
-        {
+        let (mut y, up) = binary_operands(inputs, ["gate", "up"])?;
+        let ys = y.as_slice_mut().ok_or("output not contiguous")?;
+        for (g, &u) in ys.iter_mut().zip(up) {
             *g = silu(*g) * u;
         }
         Ok(vec![y])

@@ -44,14 +44,7 @@ impl Add {
 impl Kernel for Add {
     ports!("add", [a: Any, b: Any] -> [y: Any]);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
-        if inputs[0] != inputs[1] {
-            return Err(format!(
-                "a {} and b {} differ",
-                crate::graph::fmt_shape(&inputs[0]),
-                crate::graph::fmt_shape(&inputs[1])
-            ));
-        }
-        Ok(vec![inputs[0].clone()])
+        same_shapes(inputs, ["a", "b"])
     }
     fn run(
         &self,
@@ -59,16 +52,8 @@ impl Kernel for Add {
         inputs: &[&Tensor],
         _weights: &[&Tensor],
     ) -> Result<Vec<Tensor>, String> {
-        if inputs[0].shape() != inputs[1].shape() {
-            return Err(format!(
-                "a {:?} and b {:?} differ",
-                inputs[0].shape(),
-                inputs[1].shape()
-            ));
-        }
-        let mut y = inputs[0].as_standard_layout().into_owned();
+        let (mut y, b) = binary_operands(inputs, ["a", "b"])?;
         if !self.skip_branch {
-            let b = data(inputs[1], "b")?;
             let ys = y.as_slice_mut().ok_or("add output not contiguous")?;
             if self.scale == 1.0 {
                 simd::add_inplace(ys, b);
@@ -96,6 +81,40 @@ impl Kernel for Add {
             _ => None,
         }
     }
+}
+
+/// Shape inference of an elementwise binary op: its two inputs (named `names`) have one shape,
+/// the output's.
+pub(crate) fn same_shapes(inputs: &[Shape], names: [&str; 2]) -> Result<Vec<Shape>, String> {
+    if inputs[0] != inputs[1] {
+        return Err(format!(
+            "{} {} and {} {} differ",
+            names[0],
+            crate::graph::fmt_shape(&inputs[0]),
+            names[1],
+            crate::graph::fmt_shape(&inputs[1])
+        ));
+    }
+    Ok(vec![inputs[0].clone()])
+}
+
+/// The operands of an elementwise binary op at run time, checked to have one shape: the output
+/// buffer (a contiguous copy of the first, to be updated in place) and the second's values.
+pub(crate) fn binary_operands<'a>(
+    inputs: &[&'a Tensor],
+    names: [&str; 2],
+) -> Result<(Tensor, &'a [f32]), String> {
+    if inputs[0].shape() != inputs[1].shape() {
+        return Err(format!(
+            "{} {:?} and {} {:?} differ",
+            names[0],
+            inputs[0].shape(),
+            names[1],
+            inputs[1].shape()
+        ));
+    }
+    let b = data(inputs[1], names[1])?;
+    Ok((inputs[0].as_standard_layout().into_owned(), b))
 }
 
 /// `y = x + table`, token-major `[rows, d]` plus a weight of the same shape (Whisper's encoder

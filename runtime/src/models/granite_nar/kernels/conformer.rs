@@ -1,9 +1,8 @@
-//! Conformer block kernels: 1x1 conv, GLU, depthwise conv, BatchNorm (inference), block-local
-//! Shaw relative-position attention.
+//! Conformer block kernels: 1x1 conv, GLU, depthwise conv, block-local Shaw relative-position
+//! attention (the conv module's BatchNorm is a generic channel norm, `crate::kernels::layer_norm`).
 
 use crate::faults::ParamFault;
 use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
-use crate::kernels::layer_norm::{channel_norm_infer, channel_params};
 use crate::kernels::layout::ports;
 use crate::kernels::{data, dims, par_ranges, same_dim, sgemm, simd, tensor};
 
@@ -184,60 +183,6 @@ impl Kernel for DepthwiseConv {
     fn params(&self) -> serde_json::Value {
         let (l, r) = self.pads();
         serde_json::json!({"kernel": self.kernel, "pad_left": l, "pad_right": r})
-    }
-}
-
-/// `nn.BatchNorm1d` in inference form over the channels of token-major rows:
-/// `alpha = weight / sqrt(running_var + eps)`, `y = x * alpha + (bias - running_mean * alpha)`.
-/// Fault seam: [`ParamFault::Eps`].
-///
-/// Upstream: transformers v5.24.0 src/transformers/models/granite_speech/modeling_granite_speech.py
-/// `GraniteSpeechConformerConvModule` (`self.batch_norm`); pytorch v2.11.0
-/// aten/src/ATen/native/cpu/batch_norm_kernel.cpp `batch_norm_cpu_collect_linear_and_constant_terms`.
-#[derive(Debug, Clone)]
-pub struct BatchNorm {
-    /// Added to the running variance.
-    pub eps: f32,
-}
-
-impl Kernel for BatchNorm {
-    ports!("batch_norm", [x: TokenMajor] -> [y: TokenMajor], weights ["weight", "bias", "running_mean", "running_var"]);
-    fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
-        channel_norm_infer(inputs, weights, &self.weight_roles())
-    }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
-        let s = dims(inputs[0], 2, "x")?;
-        let c = s[1];
-        let p = channel_params(weights, &self.weight_roles(), c)?;
-        if p.len() != 4 {
-            return Err("batch norm takes weight, bias, running_mean and running_var".into());
-        }
-        let alpha: Vec<f32> = (0..c)
-            .map(|j| p[0][j] / (p[3][j] + self.eps).sqrt())
-            .collect();
-        let beta: Vec<f32> = (0..c).map(|j| p[1][j] - p[2][j] * alpha[j]).collect();
-        let mut y = inputs[0].as_standard_layout().into_owned();
-        let ys = y.as_slice_mut().ok_or("output not contiguous")?;
-        for row in ys.chunks_exact_mut(c) {
-            for j in 0..c {
-                row[j] = row[j] * alpha[j] + beta[j];
-            }
-        }
-        Ok(vec![y])
-    }
-    fn params(&self) -> serde_json::Value {
-        serde_json::json!({"eps": self.eps})
-    }
-    fn with_param_fault(&self, fault: &ParamFault) -> Option<Box<dyn Kernel>> {
-        match fault {
-            ParamFault::Eps(e) => Some(Box::new(BatchNorm { eps: *e })),
-            _ => None,
-        }
     }
 }
 

@@ -3,9 +3,12 @@
 //! refusal of tampered dumps, `xray list`, and exit codes.
 
 mod common;
-use common::{check, checkpoint, code, root, stderr, xray};
+use common::{check, checkpoint, code, dump_to, root, stderr, xray};
 
 use std::path::Path;
+
+const RAND_A: &str = "fixtures/build/whisper-rand-a";
+const FOX: &str = "fixtures/audio/fox.wav";
 
 fn evidence(p: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
@@ -16,12 +19,12 @@ fn check_passes_on_real_tiny_en_with_equal_tokens() {
     let dir = tempfile::tempdir().unwrap();
     let html = dir.path().join("r.html");
     let report = ["--report", html.to_str().unwrap()];
-    let (o, e) = check(
+    let e = check(
         "fixtures/whisper-tiny-en",
         "fixtures/audio/fox.wav",
         &report,
+        0,
     );
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(e["verdict"], "pass");
     assert_eq!(e["capture_neutral"], true);
     assert_eq!(e["transcript"]["tokens_equal"], true);
@@ -41,12 +44,12 @@ fn planted_fault_is_localized_with_isolation() {
         "layernorm_eps@encoder.layer.2.mlp_norm",
         "--isolate",
     ];
-    let (o, e) = check(
+    let e = check(
         "fixtures/build/whisper-rand-b",
         "fixtures/audio/stella.wav",
         &fault,
+        1,
     );
-    assert_eq!(code(&o), 1, "{}", stderr(&o));
     assert_eq!(e["verdict"], "diverged");
     assert_eq!(
         e["first_divergence"]["checkpoint"],
@@ -68,17 +71,8 @@ fn offline_compare_against_committed_reference_dump() {
     let refdir = root().join("fixtures/dumps/whisper-rand-a.fox");
     let dir = tempfile::tempdir().unwrap();
     let got = dir.path().join("got");
-    let o = xray(&[
-        "run",
-        "--model",
-        "fixtures/build/whisper-rand-a",
-        "--audio",
-        "fixtures/audio/fox.wav",
-        "--out",
-        got.to_str().unwrap(),
-        "--teacher",
-        &teacher(&refdir),
-    ]);
+    let teacher = teacher(&refdir);
+    let o = dump_to("run", RAND_A, FOX, &got, &["--teacher", &teacher]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let ev = dir.path().join("e.json");
     let o = xray(&[
@@ -223,20 +217,13 @@ fn stats_only_dumps_bisect_without_tensors() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
     let run = |out: &Path, extra: &[&str]| {
-        let mut args = vec![
+        let o = dump_to(
             "run",
-            "--model",
-            "fixtures/build/whisper-rand-a",
-            "--audio",
-            "fixtures/audio/fox.wav",
-            "--max-steps",
-            "2",
-            "--stats-only",
-            "--out",
-            out.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        let o = xray(&args);
+            RAND_A,
+            FOX,
+            out,
+            &[&["--max-steps", "2", "--stats-only"], extra].concat(),
+        );
         assert_eq!(code(&o), 0, "{}", stderr(&o));
     };
     run(&a, &[]);
@@ -257,12 +244,12 @@ fn stats_only_dumps_bisect_without_tensors() {
 #[test]
 fn calibrated_mode_gates_at_the_reference_noise_floor() {
     let calibrate = ["--max-steps", "3", "--calibrate"];
-    let (o, e) = check(
+    let e = check(
         "fixtures/build/whisper-rand-a",
         "fixtures/audio/fox.wav",
         &calibrate,
+        0,
     );
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
     for c in e["checkpoints"].as_array().unwrap() {
         assert_eq!(
             c["tolerance"]["source"], "calibrated:10x noise floor",

@@ -4,7 +4,7 @@
 //! nothing is refused, and checkpoints that could not be compared are named.
 
 mod common;
-use common::{code, root, stderr, xray};
+use common::{code, dump_to, root, stderr, xray};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -27,9 +27,7 @@ fn run_dump(out: &Path, extra: &[&str]) -> Output {
 
 /// `xray CMD --model MODEL --audio AUDIO --out OUT EXTRA..` (`run` or `oracle`).
 fn dump(cmd: &str, out: &Path, extra: &[&str]) -> Output {
-    let mut args = vec![cmd, "--model", MODEL, "--audio", AUDIO, "--out", s(out)];
-    args.extend_from_slice(extra);
-    xray(&args)
+    dump_to(cmd, MODEL, AUDIO, out, extra)
 }
 
 fn precious(dir: &Path) -> PathBuf {

@@ -186,21 +186,26 @@ fn run_bits(m: &WhisperModel, a: &Audio) -> (Vec<i64>, Vec<Vec<u32>>) {
     (out.tokens, out.outputs.iter().map(bits).collect())
 }
 
+/// Two copies of a model and the fox clip (`None` when the fixtures are missing).
+fn two_copies(rel: &str) -> Option<(WhisperModel, WhisperModel, Audio)> {
+    Some((model(rel)?, model(rel)?, clip("fox.wav")?))
+}
+
+/// How many of `m`'s row-stable projection weights would get an f16 mirror, of how many.
+fn mirrorable(m: &WhisperModel) -> (usize, usize) {
+    let mut probe = m.weights().clone();
+    m.graph().mirror_f16_weights(&mut probe)
+}
+
 /// Exact f16 mirrors of the decoder projections change no bit: tiny.en (every weight is exact
 /// f16, so the loader mirrors all 33 row-stable projections, the tied logits one included) run
 /// with and without its mirrors.
 #[test]
 fn f16_mirrors_change_no_bit_tiny_en() {
-    let (Some(m), Some(plain), Some(a)) = (
-        model("fixtures/whisper-tiny-en"),
-        model("fixtures/whisper-tiny-en"),
-        clip("fox.wav"),
-    ) else {
+    let Some((m, plain, a)) = two_copies("fixtures/whisper-tiny-en") else {
         return;
     };
-    let mut probe = m.weights().clone();
-    let (mirrored, candidates) = m.graph().mirror_f16_weights(&mut probe);
-    assert_eq!((mirrored, candidates), (33, 33));
+    assert_eq!(mirrorable(&m), (33, 33));
     assert!(m
         .weights()
         .f16("model.decoder.embed_tokens.weight")
@@ -219,15 +224,10 @@ fn f16_mirrors_change_no_bit_tiny_en() {
 /// weights get no mirror), so a mirrored and an unmirrored copy of one rounded table run.
 #[test]
 fn f16_mirrors_change_no_bit_rand_a() {
-    let (Some(m), Some(m2), Some(a)) = (
-        model("fixtures/build/whisper-rand-a"),
-        model("fixtures/build/whisper-rand-a"),
-        clip("fox.wav"),
-    ) else {
+    let Some((m, m2, a)) = two_copies("fixtures/build/whisper-rand-a") else {
         return;
     };
-    let mut probe = m.weights().clone();
-    assert_eq!(m.graph().mirror_f16_weights(&mut probe).0, 0);
+    assert_eq!(mirrorable(&m).0, 0);
     let mut rounded = m.weights().clone();
     let keys: Vec<String> = rounded.keys().map(str::to_string).collect();
     for k in keys {

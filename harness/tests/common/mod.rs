@@ -2,7 +2,7 @@
 //! small synthetic tensors, a tiny hand-made decoder graph, and the snapshot helpers.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use ndarray::{ArrayD, IxDyn};
 use serde_json::Value;
@@ -294,9 +294,9 @@ pub fn code(o: &std::process::Output) -> i32 {
     o.status.code().unwrap_or(-1)
 }
 
-/// `xray check --model MODEL --audio AUDIO EXTRA.. --evidence <temp>/e.json`: the process
-/// output and the evidence it wrote (`Null` when it wrote none).
-pub fn check(model: &str, audio: &str, extra: &[&str]) -> (std::process::Output, Value) {
+/// `xray check --model MODEL --audio AUDIO EXTRA.. --evidence <temp>/e.json`, which must exit
+/// with `want` (else a panic showing its stderr): the evidence it wrote (`Null` when none).
+pub fn check(model: &str, audio: &str, extra: &[&str], want: i32) -> Value {
     let dir = tempfile::tempdir().expect("tempdir");
     let ev = dir.path().join("e.json");
     let ev_arg = ev.to_str().expect("utf-8 temp path");
@@ -304,11 +304,25 @@ pub fn check(model: &str, audio: &str, extra: &[&str]) -> (std::process::Output,
     args.extend_from_slice(extra);
     args.extend(["--evidence", ev_arg]);
     let o = xray(&args);
-    let e = match std::fs::read_to_string(&ev) {
+    assert_eq!(code(&o), want, "{}", stderr(&o));
+    match std::fs::read_to_string(&ev) {
         Ok(text) => serde_json::from_str(&text).expect("evidence is JSON"),
         Err(_) => Value::Null,
-    };
-    (o, e)
+    }
+}
+
+/// `xray CMD --model MODEL --audio AUDIO --out OUT EXTRA..` (`run` or `oracle`: a dump).
+pub fn dump_to(
+    cmd: &str,
+    model: &str,
+    audio: &str,
+    out: &Path,
+    extra: &[&str],
+) -> std::process::Output {
+    let out = out.to_str().expect("utf-8 path");
+    let mut args = vec![cmd, "--model", model, "--audio", audio, "--out", out];
+    args.extend_from_slice(extra);
+    xray(&args)
 }
 
 /// The first checkpoint named `name` of an evidence document (panics naming it when absent).

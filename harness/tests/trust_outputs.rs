@@ -4,7 +4,7 @@
 //! nothing is refused, and checkpoints that could not be compared are named.
 
 mod common;
-use common::{code, dump_to, root, stderr, xray};
+use common::{code, dump_to, on, root, stderr, xray};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -28,6 +28,11 @@ fn run_dump(out: &Path, extra: &[&str]) -> Output {
 /// `xray CMD --model MODEL --audio AUDIO --out OUT EXTRA..` (`run` or `oracle`).
 fn dump(cmd: &str, out: &Path, extra: &[&str]) -> Output {
     dump_to(cmd, MODEL, AUDIO, out, extra)
+}
+
+/// `xray check --model MODEL --audio AUDIO EXTRA..`.
+fn check(extra: &[&str]) -> Output {
+    on("check", MODEL, AUDIO, extra)
 }
 
 fn precious(dir: &Path) -> PathBuf {
@@ -81,12 +86,7 @@ fn run_oracle_and_check_refuse_a_directory_that_is_not_a_dump() {
     // check --dumps D writes D/reference and D/runtime: a foreign D/reference is refused before
     // anything runs.
     let g = precious(&dir.path().join("dumps/reference"));
-    let o = xray(&[
-        "check",
-        "--model",
-        MODEL,
-        "--audio",
-        AUDIO,
+    let o = check(&[
         "--max-steps",
         "1",
         "--evidence",
@@ -145,7 +145,7 @@ fn bad_output_paths_are_refused_before_the_run() {
     ];
     for (flag, p) in &cases {
         let t = std::time::Instant::now();
-        let o = xray(&["check", "--model", MODEL, "--audio", AUDIO, flag, s(p)]);
+        let o = check(&[flag, s(p)]);
         assert_eq!(code(&o), 2, "{flag} {}: {}", p.display(), stderr(&o));
         let err = stderr(&o);
         assert!(
@@ -170,17 +170,7 @@ fn bad_output_paths_are_refused_before_the_run() {
     );
     // Two outputs on one path.
     let p = dir.path().join("same");
-    let o = xray(&[
-        "check",
-        "--model",
-        MODEL,
-        "--audio",
-        AUDIO,
-        "--report",
-        s(&p),
-        "--markdown",
-        s(&p),
-    ]);
+    let o = check(&["--report", s(&p), "--markdown", s(&p)]);
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     assert!(stderr(&o).contains("two outputs"), "{}", stderr(&o));
 }

@@ -300,15 +300,24 @@ pub fn check(model: &str, audio: &str, extra: &[&str], want: i32) -> Value {
     let dir = tempfile::tempdir().expect("tempdir");
     let ev = dir.path().join("e.json");
     let ev_arg = ev.to_str().expect("utf-8 temp path");
-    let mut args = vec!["check", "--model", model, "--audio", audio];
-    args.extend_from_slice(extra);
-    args.extend(["--evidence", ev_arg]);
-    let o = xray(&args);
+    let o = on(
+        "check",
+        model,
+        audio,
+        &[extra, &["--evidence", ev_arg]].concat(),
+    );
     assert_eq!(code(&o), want, "{}", stderr(&o));
     match std::fs::read_to_string(&ev) {
         Ok(text) => serde_json::from_str(&text).expect("evidence is JSON"),
         Err(_) => Value::Null,
     }
+}
+
+/// `xray CMD --model MODEL --audio AUDIO EXTRA..`.
+pub fn on(cmd: &str, model: &str, audio: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![cmd, "--model", model, "--audio", audio];
+    args.extend_from_slice(extra);
+    xray(&args)
 }
 
 /// `xray CMD --model MODEL --audio AUDIO --out OUT EXTRA..` (`run` or `oracle`: a dump).
@@ -320,9 +329,7 @@ pub fn dump_to(
     extra: &[&str],
 ) -> std::process::Output {
     let out = out.to_str().expect("utf-8 path");
-    let mut args = vec![cmd, "--model", model, "--audio", audio, "--out", out];
-    args.extend_from_slice(extra);
-    xray(&args)
+    on(cmd, model, audio, &[&["--out", out], extra].concat())
 }
 
 /// The first checkpoint named `name` of an evidence document (panics naming it when absent).

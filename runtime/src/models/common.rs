@@ -86,6 +86,20 @@ impl Tokenizer {
     }
 }
 
+/// config.json's `model_type` must be one of `accepted` (an error naming the first otherwise).
+pub fn check_model_type(path: &Path, model_type: &str, accepted: &[&str]) -> Result<()> {
+    if accepted.contains(&model_type) {
+        return Ok(());
+    }
+    Err(cfg_err(
+        path,
+        format!(
+            "model_type is '{model_type}', expected '{}'",
+            accepted.first().copied().unwrap_or_default()
+        ),
+    ))
+}
+
 /// Every config fact of `facts` (name, value) must be positive: the first that is 0 is an error
 /// naming it, `{name} must be positive{why}, got 0`.
 pub fn check_positive(path: &Path, facts: &[(&str, usize)], why: &str) -> Result<()> {

@@ -33,7 +33,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::Result;
-pub(crate) use crate::models::common::{cfg_err, check_positive, model_files, read_json};
+pub(crate) use crate::models::common::{
+    cfg_err, check_model_type, check_positive, model_files, read_json,
+};
 
 pub use frontend::PreprocessorConfig;
 pub use model::GraniteNarModel;
@@ -327,12 +329,7 @@ impl GraniteNarConfig {
             &self.projector_config,
             &self.text_config,
         );
-        if !MODEL_TYPES.contains(&self.model_type.as_str()) {
-            return e(format!(
-                "model_type is '{}', expected 'granite_speech_nar'",
-                self.model_type
-            ));
-        }
+        check_model_type(path, &self.model_type, MODEL_TYPES)?;
         check_positive(
             path,
             &[

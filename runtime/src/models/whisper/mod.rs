@@ -26,7 +26,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::Result;
-pub(crate) use crate::models::common::{cfg_err, check_positive, model_files, read_json};
+pub(crate) use crate::models::common::{
+    cfg_err, check_model_type, check_positive, model_files, read_json,
+};
 
 pub use decode::DecoderSession;
 pub use frontend::PreprocessorConfig;
@@ -189,12 +191,7 @@ impl WhisperConfig {
     /// Fail-closed geometry checks (the ones HF makes and the ones it would only hit later).
     pub fn check(&self, path: &Path) -> Result<()> {
         let e = |r: String| Err(cfg_err(path, r));
-        if self.model_type != NAME {
-            return e(format!(
-                "model_type is '{}', expected 'whisper'",
-                self.model_type
-            ));
-        }
+        check_model_type(path, &self.model_type, &[NAME])?;
         check_positive(
             path,
             &[

@@ -25,6 +25,14 @@ fn run_dump(out: &Path, extra: &[&str]) -> Output {
     dump("run", out, &[&["--max-steps", "2"], extra].concat())
 }
 
+/// A temporary folder holding a runtime dump `r` ([`run_dump`]): the folder and the dump.
+fn dumped() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path().join("r");
+    assert_eq!(code(&run_dump(&r, &[])), 0);
+    (dir, r)
+}
+
 /// `xray CMD --model MODEL --audio AUDIO --out OUT EXTRA..` (`run` or `oracle`).
 fn dump(cmd: &str, out: &Path, extra: &[&str]) -> Output {
     dump_to(cmd, MODEL, AUDIO, out, extra)
@@ -177,9 +185,7 @@ fn bad_output_paths_are_refused_before_the_run() {
 
 #[test]
 fn missing_output_folders_are_created() {
-    let dir = tempfile::tempdir().unwrap();
-    let r = dir.path().join("r");
-    assert_eq!(code(&run_dump(&r, &[])), 0);
+    let (dir, r) = dumped();
     let ev = dir.path().join("new/deeper/e.json");
     let md = dir.path().join("new/other/r.md");
     let o = xray(&[
@@ -197,9 +203,7 @@ fn missing_output_folders_are_created() {
 
 #[test]
 fn a_write_that_fails_after_the_run_keeps_the_rest() {
-    let dir = tempfile::tempdir().unwrap();
-    let r = dir.path().join("r");
-    assert_eq!(code(&run_dump(&r, &[])), 0);
+    let (dir, r) = dumped();
     // A file name longer than the file system allows: the folder is fine before the run, the
     // write itself fails afterwards.
     let long = dir.path().join(format!("{}.html", "x".repeat(300)));
@@ -242,9 +246,7 @@ fn a_write_that_fails_after_the_run_keeps_the_rest() {
 
 #[test]
 fn report_checks_its_outputs_and_writes_what_it_can() {
-    let dir = tempfile::tempdir().unwrap();
-    let r = dir.path().join("r");
-    assert_eq!(code(&run_dump(&r, &[])), 0);
+    let (dir, r) = dumped();
     let ev = dir.path().join("e.json");
     assert_eq!(
         code(&xray(&["compare", s(&r), s(&r), "--evidence", s(&ev)])),
@@ -390,9 +392,7 @@ fn flat_map(t: &ArrayD<f32>, f: impl Fn(Vec<f32>) -> Vec<f32>) -> ArrayD<f32> {
 
 #[test]
 fn stats_only_compare_sees_order_and_writes_every_output() {
-    let dir = tempfile::tempdir().unwrap();
-    let r = dir.path().join("r");
-    assert_eq!(code(&run_dump(&r, &[])), 0);
+    let (dir, r) = dumped();
     let full = Dump::load(&r).unwrap();
     // Clean f32-sized noise (relative 1e-6 per element, rel_l2 ~ 6e-7) passes.
     let noise = dir.path().join("noise");

@@ -186,6 +186,15 @@ fn run_bits(m: &WhisperModel, a: &Audio) -> (Vec<i64>, Vec<Vec<u32>>) {
     (out.tokens, out.outputs.iter().map(bits).collect())
 }
 
+/// whisper-rand-a with two clips, fox and stella (`None` when the fixtures are missing).
+fn rand_a_fox_stella() -> Option<(WhisperModel, Audio, Audio)> {
+    Some((
+        model("fixtures/build/whisper-rand-a")?,
+        clip("fox.wav")?,
+        clip("stella.wav")?,
+    ))
+}
+
 /// Two copies of a model and the fox clip (`None` when the fixtures are missing).
 fn two_copies(rel: &str) -> Option<(WhisperModel, WhisperModel, Audio)> {
     Some((model(rel)?, model(rel)?, clip("fox.wav")?))
@@ -292,11 +301,7 @@ fn teacher_forcing_feeds_the_teacher_and_predicts_its_own() {
 
 #[test]
 fn new_memory_invalidates_the_cross_cache() {
-    let (Some(m), Some(a), Some(b)) = (
-        model("fixtures/build/whisper-rand-a"),
-        clip("fox.wav"),
-        clip("stella.wav"),
-    ) else {
+    let Some((m, a, b)) = rand_a_fox_stella() else {
         return;
     };
     let mut ctx = RunCtx::default();
@@ -340,11 +345,7 @@ fn new_memory_invalidates_the_cross_cache() {
 
 #[test]
 fn stale_cross_cache_fault_through_run() {
-    let (Some(m), Some(a), Some(b)) = (
-        model("fixtures/build/whisper-rand-a"),
-        clip("fox.wav"),
-        clip("stella.wav"),
-    ) else {
+    let Some((m, a, b)) = rand_a_fox_stella() else {
         return;
     };
     let clean_b = run(&m, &b);

@@ -665,6 +665,7 @@ pub fn compare_graph(
             kind,
             region,
             suspects,
+            op: None,
         }
     };
     let first_divergence = loc.origin.map(diverge);
@@ -802,6 +803,7 @@ impl Comparison {
                     kind,
                     region,
                     suspects,
+                    op: None,
                 });
             }
         }

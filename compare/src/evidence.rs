@@ -213,6 +213,11 @@ pub struct FirstDivergence {
     /// (from the contract's checkpoint graph; see `docs/evidence-schema.md`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub suspects: Vec<String>,
+    /// The op-level origin inside the region: the first op-level point that differs at this
+    /// step, the engine op(s) before it and its signature (`xray check` drills down by default;
+    /// `xray compare` when both dumps carry points).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op: Option<crate::ops::OpDivergence>,
 }
 
 /// How much of the contract the dump under test observed.

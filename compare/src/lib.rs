@@ -8,6 +8,7 @@
 //! | [`tolerance`] | per-dtype defaults, JSON policy with glob overrides, calibrated noise-floor mode |
 //! | [`localize`] | checkpoint DAG (from resolved specs or contract templates), origin localization, error profile, token drill-down |
 //! | [`signatures`] | divergence signatures of the origin (permutation, scale, mask, ...) |
+//! | [`ops`] | op-level localization: the first op-level point (`{module}:{in|out}`) that differs at the origin's step, the engine ops before it, its signature |
 //! | [`compare`] | the pipeline: graph + tensor pairs -> statuses, origin, explanation, profile |
 //! | [`evidence`] | `xray.evidence/v1` serde types, atomic write, checked read |
 //! | [`report`] | self-contained HTML and Markdown renderings |
@@ -25,6 +26,7 @@ pub mod evidence;
 pub mod gate;
 pub mod localize;
 pub mod metrics;
+pub mod ops;
 pub mod pipeline;
 pub mod report;
 pub mod signatures;

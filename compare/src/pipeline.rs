@@ -757,6 +757,7 @@ pub fn compare_stats_dumps(
             },
             region: None,
             suspects: vec![node.producer.clone()],
+            op: None,
             checkpoint: node.name.clone(),
             step: node.step,
             producer: node.producer.clone(),

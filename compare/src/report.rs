@@ -158,6 +158,13 @@ pub fn partial_lines(e: &Evidence) -> Vec<String> {
         if fd.region.is_some() {
             out.push(format!("Suspects: {}", fd.suspects.join(", ")));
         }
+        if let Some(op) = &fd.op {
+            out.push(format!(
+                "Op-level origin (drill-down over {} op-level points): {}",
+                op.compared,
+                op.summary()
+            ));
+        }
     }
     for d in &e.independent {
         out.push(format!(
@@ -765,6 +772,7 @@ mod tests {
                 unobserved_count: 6,
             }),
             suspects: vec!["encoder.conv1".into(), "encoder.final_norm".into()],
+            op: None,
         });
         let (md, h) = (markdown(&e), html(&e));
         for needle in [

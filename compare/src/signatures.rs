@@ -218,6 +218,14 @@ pub enum Signature {
         /// Relative residual on the overlap.
         residual: f64,
     },
+    /// Integer values (ids, positions, lengths) off by a constant: `X = R + by` everywhere (a
+    /// position fed one ahead, a token id from the wrong table offset). Named `shift` too.
+    Offset {
+        /// `X - R`, the same for every element.
+        by: i64,
+        /// Elements.
+        count: usize,
+    },
     /// `X = -R`.
     SignFlip {
         /// Relative residual.
@@ -381,7 +389,7 @@ impl Signature {
         match self {
             Signature::NonFinite { .. } => "non_finite",
             Signature::Permutation { .. } => "permutation",
-            Signature::Shift { .. } => "shift",
+            Signature::Shift { .. } | Signature::Offset { .. } => "shift",
             Signature::SignFlip { .. } => "sign_flip",
             Signature::Scale { .. } => "scale",
             Signature::Mask { .. } => "mask",
@@ -438,6 +446,11 @@ impl Signature {
                 ax(*axis),
                 if *offset > 0 { "+" } else { "-" },
                 resid_text(*residual)
+            ),
+            Signature::Offset { by, count } => format!(
+                "integer values off by {by:+} ({count} of {count} elements: runtime = reference {} {}): an off-by-one in ids or positions",
+                if *by > 0 { "+" } else { "-" },
+                by.unsigned_abs()
             ),
             Signature::SignFlip { residual } => {
                 format!("runtime = -reference ({})", resid_text(*residual))
@@ -848,7 +861,31 @@ fn permutation(c: &Ctx) -> Option<Signature> {
     best.map(|(_, s)| s)
 }
 
+/// `X = R + by` for integer-valued tensors (ids, positions) with one non-zero `by`.
+fn offset(c: &Ctx) -> Option<Signature> {
+    let integral = |v: f32| v.is_finite() && v.fract() == 0.0 && v.abs() < 1e7;
+    let mut by: Option<i64> = None;
+    for (r, x) in c.r.iter().zip(c.x.iter()) {
+        if !integral(*r) || !integral(*x) {
+            return None;
+        }
+        let d = *x as i64 - *r as i64;
+        match by {
+            None => by = Some(d),
+            Some(b) if b != d => return None,
+            _ => {}
+        }
+    }
+    by.filter(|&b| b != 0).map(|by| Signature::Offset {
+        by,
+        count: c.r.len(),
+    })
+}
+
 fn shift(c: &Ctx) -> Option<Signature> {
+    if let Some(s) = offset(c) {
+        return Some(s);
+    }
     let mut best: Option<(f64, Signature)> = None;
     for a in 0..c.r.ndim() {
         let n = c.r.shape()[a];

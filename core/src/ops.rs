@@ -81,7 +81,8 @@ pub enum PointSelect {
     None,
     /// Every point the engine can name (`--ops`).
     All,
-    /// Only these point names (a drill-down into one region).
+    /// Only these point names (a drill-down into one region); an engine may also take its own
+    /// edge names here (X-Ray's runtime does, to check a layout op it suspects).
     Only(BTreeSet<String>),
 }
 
@@ -103,6 +104,37 @@ impl PointSelect {
             PointSelect::Only(s) => s.is_empty(),
         }
     }
+}
+
+/// One observed edge of an engine's graph, for localizing within a region: the point names it
+/// carries (aliases of one tensor, e.g. `...self_attn_layer_norm:out` and `...q_proj:in`), the
+/// nearest observed edges upstream, and the engine's ops between those and this one (the suspects
+/// when this is the first point to differ while its inputs agree).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PointNode {
+    /// Point names of the edge; the first is the one a drill-down captures.
+    pub names: Vec<String>,
+    /// Indices (into the same list) of the nearest observed edges upstream.
+    pub inputs: Vec<usize>,
+    /// The engine's ops from those edges to this one, in graph order (empty for a feed).
+    pub ops: Vec<String>,
+}
+
+/// A chain of points in firing order (each point's input is the one before it): the graph a dump
+/// without an engine graph implies (another engine's dump; the reference's hooks fire in execution
+/// order). `ops` name the modules themselves.
+pub fn chain(names: &[String]) -> Vec<PointNode> {
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| PointNode {
+            names: vec![n.clone()],
+            inputs: if i == 0 { vec![] } else { vec![i - 1] },
+            ops: parse_point(n)
+                .map(|(m, _)| vec![m.to_string()])
+                .unwrap_or_default(),
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -9,6 +9,9 @@
 //! 5. Optional: isolated mode (reference substituted at every checkpoint edge) and calibrated
 //!    tolerances (oracle in f64 as the noise-floor reference).
 //! 6. Compare through the family's contract, localize, explain, write evidence.
+//! 7. Drill-down (unless `--no-drill`): when more than one runtime op lies between the origin's
+//!    passing inputs and the origin, both engines re-run capturing only the op-level points of
+//!    that region (`xray_core::ops`), and `first_divergence.op` names the first that differs.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -22,12 +25,15 @@ use xray_runtime::models::{self, Alignment, RunHooks, RunOptions, SpeechModel};
 use xray_runtime::Tensor;
 
 use xray_compare::compare::CompareOptions;
-use xray_compare::evidence::{Evidence, Run, Transcript};
+use xray_compare::evidence::{DivergenceKind, Evidence, Run, Transcript};
+use xray_compare::localize::Status;
 use xray_compare::metrics::compare as metrics_compare;
-use xray_compare::pipeline::{compare_dumps, oracle_versions};
+use xray_compare::ops::localize_op;
+use xray_compare::pipeline::{compare_dumps, oracle_versions, to_canonical};
 use xray_compare::tolerance::{NoiseFloor, Policy, Tolerance};
+use xray_core::ops::PointSelect;
 
-pub use crate::runs::{runtime_dump, runtime_dump_audio, DumpSubstitute};
+pub use crate::runs::{runtime_dump, runtime_dump_audio, Capture, DumpSubstitute};
 
 /// Options of one check.
 #[derive(Debug, Clone, Default)]
@@ -54,6 +60,10 @@ pub struct CheckOptions {
     pub threads: Option<usize>,
     /// A second input to run first (stale-cache faults show only on the second input).
     pub warmup_audio: Option<PathBuf>,
+    /// Capture every op-level point on both sides from the start (`--ops`).
+    pub ops: bool,
+    /// Do not drill down from the origin checkpoint to the op (`--no-drill`).
+    pub no_drill: bool,
 }
 
 /// Everything a check produced.
@@ -205,6 +215,9 @@ pub fn reference_request(
     );
     req.max_new_tokens = opts.max_steps;
     req.threads = opts.threads;
+    if opts.ops {
+        req = req.with_ops(PointSelect::All);
+    }
     Ok(req)
 }
 
@@ -257,9 +270,14 @@ pub fn check_against(
     }
     opts.faults.validate(model.graph())?;
     opts.faults.reset_hits();
+    let all_points = PointSelect::All;
+    let capture = Capture {
+        only: None,
+        points: opts.ops.then_some(&all_points),
+    };
     progress("running the runtime with capture (teacher-forced on the reference tokens)");
     let (runtime, out_on) =
-        runtime_dump_audio(model, &a, &run_opts, Some(&opts.faults), None, None)?;
+        runtime_dump_audio(model, &a, &run_opts, Some(&opts.faults), None, capture)?;
     // The evidence says these faults were planted: they must have changed something.
     opts.faults.confirm_fired()?;
     progress("running the runtime with capture off (neutrality)");
@@ -312,7 +330,17 @@ pub fn check_against(
             max_new_tokens: opts.max_steps,
             teacher_tokens: teacher_for(align, ref_run, true)?,
         };
-        Some(runtime_dump_audio(model, &a, &ro, Some(&opts.faults), Some(&sub), None)?.0)
+        Some(
+            runtime_dump_audio(
+                model,
+                &a,
+                &ro,
+                Some(&opts.faults),
+                Some(&sub),
+                Capture::default(),
+            )?
+            .0,
+        )
     } else {
         None
     };
@@ -398,10 +426,196 @@ pub fn check_against(
         tokens_equal: runtime_tokens == ref_generated,
         first_divergent_step: None,
     };
-    let evidence = cmp.into_evidence(run, Some(transcript), Some(capture_neutral), notes);
+    let mut evidence = cmp.into_evidence(run, Some(transcript), Some(capture_neutral), notes);
+    if !opts.no_drill {
+        let drill = Drill {
+            model,
+            oracle,
+            req,
+            audio: &a,
+            run_opts: &run_opts,
+            opts,
+        };
+        drill.localize(&mut evidence, &reference, &runtime, progress)?;
+    }
     Ok(CheckOutput {
         evidence,
         reference,
         runtime,
     })
+}
+
+/// `to_canonical`'s head count for a layout transform between these shapes.
+fn heads_of(from: &[usize], to: &[usize]) -> Option<usize> {
+    match (from.len(), to.len()) {
+        (2, 3) => to.first().copied(),
+        (3, 2) => from.first().copied(),
+        _ => None,
+    }
+}
+
+/// What a drill-down re-runs: both engines on the same input, teacher-forced and faulted alike.
+struct Drill<'a> {
+    model: &'a dyn SpeechModel,
+    oracle: &'a Oracle,
+    req: &'a OracleRequest,
+    audio: &'a xray_runtime::audio::Audio,
+    run_opts: &'a RunOptions,
+    opts: &'a CheckOptions,
+}
+
+impl Drill<'_> {
+    /// When several runtime ops lie between the agreeing points and the first that differs, the
+    /// layout-only ones among them (head split / merge, transposes: [`Kernel::is_layout`]) are
+    /// checked on the runtime's own tensors: one more runtime run captures their edges, and an op
+    /// whose output equals the declared layout transform of its input (computed by the
+    /// comparison library, not the runtime) is no longer a suspect. One suspect left names the op.
+    ///
+    /// [`Kernel::is_layout`]: xray_runtime::graph::Kernel::is_layout
+    fn exonerate_layout_ops(
+        &self,
+        op: &mut xray_compare::ops::OpDivergence,
+    ) -> anyhow::Result<Option<String>> {
+        if op.op.is_some() || op.suspects.len() < 2 {
+            return Ok(None);
+        }
+        let lops = self.model.graph().layout_ops(&op.suspects);
+        if lops.is_empty() {
+            return Ok(None);
+        }
+        let edges: Vec<String> = lops
+            .iter()
+            .flat_map(|l| [l.input.clone(), l.output.clone()])
+            .collect();
+        let sel = PointSelect::Only(edges.iter().cloned().collect());
+        let (d, _) = runtime_dump_audio(
+            self.model,
+            self.audio,
+            self.run_opts,
+            Some(&self.opts.faults),
+            None,
+            Capture {
+                only: Some(&edges),
+                points: Some(&sel),
+            },
+        )?;
+        let step = op.step as usize;
+        let mut cleared = Vec::new();
+        for l in &lops {
+            let (Some(i), Some(o)) = (d.get(&l.input, step), d.get(&l.output, step)) else {
+                continue;
+            };
+            let heads = heads_of(i.shape(), o.shape());
+            if to_canonical(i, l.from, l.to, heads).is_ok_and(|t| t == *o) {
+                cleared.push(l.op.clone());
+            }
+        }
+        if cleared.is_empty() {
+            return Ok(None);
+        }
+        op.suspects.retain(|s| !cleared.contains(s));
+        if let [one] = op.suspects.as_slice() {
+            op.op = Some(one.clone());
+        }
+        Ok(Some(format!(
+            "drill-down: layout ops cleared (output = the declared layout transform of their input, bit for bit): {}",
+            cleared.join(", ")
+        )))
+    }
+
+    /// From the origin checkpoint to the op: when the runtime graph holds more than one op
+    /// between the origin's passing inputs and the origin, capture the op-level points of that
+    /// region on both sides (from the dumps when they already hold them, `--ops`) and set
+    /// `first_divergence.op` to the first that differs ([`localize_op`]), with its signature (the
+    /// reference weight of a linear op from the model's own weights).
+    fn localize(
+        &self,
+        ev: &mut Evidence,
+        reference: &Dump,
+        runtime: &Dump,
+        progress: &dyn Fn(&str),
+    ) -> anyhow::Result<()> {
+        let Some(fd) = ev.first_divergence.as_mut() else {
+            return Ok(());
+        };
+        if !matches!(fd.kind, DivergenceKind::Values | DivergenceKind::Shape) {
+            return Ok(());
+        }
+        let g = self.model.graph();
+        let mut after: Vec<&str> = fd
+            .inputs
+            .iter()
+            .filter(|i| i.status == Status::Pass)
+            .map(|i| i.checkpoint.as_str())
+            .collect();
+        if let Some(r) = &fd.region {
+            after.extend(r.after.iter().map(|i| i.checkpoint.as_str()));
+        }
+        let ops = g.ops_between(&after, &fd.checkpoint)?;
+        if ops.len() < 2 {
+            return Ok(());
+        }
+        let names = g.points_between(&after, &fd.checkpoint)?;
+        let step = fd.step;
+        let nodes = g.point_nodes();
+        let weights = self.model.weights();
+        let lookup = |module: &str| weights.get(&format!("{module}.weight")).cloned();
+        let has = |d: &Dump| names.iter().all(|n| d.entry(n, step as usize).is_some());
+        let (r_ops, x_ops);
+        let (r, x) = if has(reference) && has(runtime) {
+            (reference, runtime)
+        } else if names.is_empty() {
+            ev.notes.push(format!(
+                "drill-down: the {} runtime ops between the last good checkpoints and {} mirror no HF module (no op-level points)",
+                ops.len(),
+                fd.checkpoint
+            ));
+            return Ok(());
+        } else {
+            progress(&format!(
+                "drill-down: {} op-level points between the last good checkpoints and {}@step{step}",
+                names.len(),
+                fd.checkpoint
+            ));
+            let sel = PointSelect::Only(names.iter().cloned().collect());
+            r_ops = if has(reference) {
+                reference.clone()
+            } else {
+                let run = self.oracle.run(&self.req.clone().with_ops(sel.clone()))?;
+                reference_dump(
+                    &run,
+                    self.model.family(),
+                    &self.opts.model.display().to_string(),
+                )
+            };
+            x_ops = runtime_dump_audio(
+                self.model,
+                self.audio,
+                self.run_opts,
+                Some(&self.opts.faults),
+                None,
+                Capture {
+                    only: Some(&names),
+                    points: Some(&sel),
+                },
+            )?
+            .0;
+            (&r_ops, &x_ops)
+        };
+        fd.op = localize_op(&nodes, r, x, step, &self.opts.policy, Some(&lookup));
+        if let Some(op) = fd.op.as_mut() {
+            if let Some(note) = self.exonerate_layout_ops(op)? {
+                ev.notes.push(note);
+            }
+        }
+        match &fd.op {
+            Some(op) => ev.notes.push(format!("drill-down: {}", op.summary())),
+            None => ev.notes.push(format!(
+                "drill-down: the op-level points between the last good checkpoints and {}@step{step} agree; the divergence is in ops the reference exposes no tensor of: {}",
+                fd.checkpoint,
+                ops.join(", ")
+            )),
+        }
+        Ok(())
+    }
 }

@@ -7,6 +7,7 @@ use std::path::Path;
 use anyhow::anyhow;
 use xray_core::capture::{Recorder, Substitute};
 use xray_core::dump::{Dump, Manifest};
+use xray_core::ops::PointSelect;
 use xray_core::Tensor;
 use xray_runtime::audio::{load_wav, Audio};
 use xray_runtime::faults::FaultPlan;
@@ -44,6 +45,16 @@ pub(crate) fn manifest_for(
     }
 }
 
+/// What a runtime run captures: every checkpoint (default) or those matching `only`'s globs, and
+/// the op-level points `points` selects (none by default).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Capture<'a> {
+    /// Only names matching these globs (checkpoints and points alike).
+    pub only: Option<&'a [String]>,
+    /// Op-level points to capture.
+    pub points: Option<&'a PointSelect>,
+}
+
 /// Run the runtime once with a recorder; returns the dump and the run output.
 pub fn runtime_dump(
     model: &dyn SpeechModel,
@@ -51,10 +62,10 @@ pub fn runtime_dump(
     opts: &RunOptions,
     faults: Option<&FaultPlan>,
     substitute: Option<&dyn Substitute>,
-    only: Option<&[String]>,
+    capture: Capture<'_>,
 ) -> anyhow::Result<(Dump, RunOutput)> {
     let a = load_wav(audio, 16000)?;
-    runtime_dump_audio(model, &a, opts, faults, substitute, only)
+    runtime_dump_audio(model, &a, opts, faults, substitute, capture)
 }
 
 /// [`runtime_dump`] on audio already decoded and converted (the samples the oracle is fed).
@@ -64,9 +75,9 @@ pub fn runtime_dump_audio(
     opts: &RunOptions,
     faults: Option<&FaultPlan>,
     substitute: Option<&dyn Substitute>,
-    only: Option<&[String]>,
+    capture: Capture<'_>,
 ) -> anyhow::Result<(Dump, RunOutput)> {
-    let mut rec = match only {
+    let mut rec = match capture.only {
         Some(g) => Recorder::only(g).map_err(|e| anyhow!("--only: {e}"))?,
         None => Recorder::new(),
     };
@@ -75,6 +86,7 @@ pub fn runtime_dump_audio(
             observer: Some(&mut rec),
             substitute,
             faults,
+            points: capture.points,
         };
         model.run(a, opts, &mut hooks)?
     };

@@ -10,6 +10,18 @@ use xray_runtime::faults::{catalogue, plant, FaultPlan, Planted};
 use xray_runtime::models;
 
 use crate::check::{check_against, reference_request, CheckOptions};
+use xray_core::ops::PointSelect;
+
+/// One self-test case: fault name, the planted fault, the expected origin, whether it needs a
+/// second input, the expected signature and the expected op-level signature.
+type Case = (
+    String,
+    Option<Planted>,
+    String,
+    bool,
+    &'static str,
+    &'static str,
+);
 use xray_compare::evidence::Verdict;
 use xray_compare::tolerance::Policy;
 
@@ -27,8 +39,52 @@ pub struct Row {
     /// The signature the harness named for the origin (must equal the catalogue's expected
     /// signature when it declares one).
     pub signature: String,
-    /// Whether reported == expected.
+    /// The ops the fault changes (`-` for a host fault of the model loop).
+    pub expected_op: String,
+    /// The op-level origin the harness named: `op NAME` when one op lies between agreeing
+    /// points, `one of A, B, ...` when the reference exposes no tensor between several, the
+    /// producer when the origin's region is one op; `-` for none.
+    pub reported_op: String,
+    /// The op-level origin's signature (`-` when there was no drill-down).
+    pub op_signature: String,
+    /// Whether reported == expected, the signature is the declared one, and the planted op is
+    /// the op-level origin (or among its suspects when the reference exposes no tensor between
+    /// them).
     pub pass: bool,
+}
+
+/// The op-level verdict of one self-test case: what was reported, its signature, and whether the
+/// planted ops hold it.
+fn op_origin(ev: &xray_compare::evidence::Evidence, planted: &[String]) -> (String, String, bool) {
+    let Some(fd) = &ev.first_divergence else {
+        return ("-".into(), "-".into(), planted.is_empty());
+    };
+    if planted.is_empty() {
+        // A host fault of the model loop: no op computes it.
+        return ("-".into(), "-".into(), true);
+    }
+    match &fd.op {
+        Some(op) => {
+            let sig = op
+                .explanation
+                .as_ref()
+                .map_or("-".to_string(), |e| e.signature.clone());
+            match &op.op {
+                Some(one) => (format!("op {one}"), sig, planted.contains(one)),
+                None => (
+                    format!("one of {}", op.suspects.join(", ")),
+                    sig,
+                    op.suspects.iter().any(|s| planted.contains(s)),
+                ),
+            }
+        }
+        // No drill-down: the origin's region is its producer alone.
+        None => (
+            format!("op {}", fd.producer),
+            "-".into(),
+            planted.contains(&fd.producer),
+        ),
+    }
 }
 
 /// A fixture the self-test runs on.
@@ -67,10 +123,11 @@ pub fn selftest(
             "{family}: reference run on {}",
             fx.audio.display()
         ));
-        let req = reference_request(model.as_ref(), &base)?;
+        // Every op-level point once in the reference: each fault's drill-down then re-runs only
+        // the runtime.
+        let req = reference_request(model.as_ref(), &base)?.with_ops(PointSelect::All);
         let ref_run = oracle.run(&req)?;
-        let mut cases: Vec<(String, Option<Planted>, String, bool, &str)> =
-            vec![("clean".into(), None, "-".into(), false, "")];
+        let mut cases: Vec<Case> = vec![("clean".into(), None, "-".into(), false, "", "")];
         for e in catalogue().into_iter().filter(|e| e.family == family) {
             if !only.is_empty() && !only.iter().any(|o| o == e.name) {
                 continue;
@@ -84,10 +141,15 @@ pub fn selftest(
                 format!("{cp}@step{step}"),
                 e.needs_second_input,
                 e.expected_signature,
+                e.expected_op_signature,
             ));
         }
-        for (name, planted, expected, second, want_sig) in cases {
+        for (name, planted, expected, second, want_sig, want_op_sig) in cases {
             progress(&format!("{family}: {name}"));
+            let planted_ops = planted
+                .as_ref()
+                .map(|p| p.ops(model.graph()))
+                .unwrap_or_default();
             let plan = FaultPlan {
                 planted: planted.into_iter().collect(),
             };
@@ -109,10 +171,14 @@ pub fn selftest(
                 ),
                 None => ("-".into(), String::new()),
             };
+            let (reported_op, op_signature, op_pass) = op_origin(&ev, &planted_ops);
             let pass = if name == "clean" {
                 ev.verdict == Verdict::Pass && reported == "-"
             } else {
-                reported == expected && (want_sig.is_empty() || signature == want_sig)
+                reported == expected
+                    && (want_sig.is_empty() || signature == want_sig)
+                    && op_pass
+                    && (want_op_sig.is_empty() || op_signature == want_op_sig)
             };
             rows.push(Row {
                 family: family.into(),
@@ -120,6 +186,13 @@ pub fn selftest(
                 expected,
                 reported,
                 signature,
+                expected_op: if planted_ops.is_empty() {
+                    "-".into()
+                } else {
+                    planted_ops.join(", ")
+                },
+                reported_op,
+                op_signature,
                 pass,
             });
         }
@@ -129,10 +202,10 @@ pub fn selftest(
 
 /// Render the table as Markdown.
 pub fn table(rows: &[Row]) -> String {
-    let mut s = String::from("| family | fault | expected origin | reported origin | signature | result |\n|---|---|---|---|---|---|\n");
+    let mut s = String::from("| family | fault | expected origin | reported origin | signature | planted op | reported op | op signature | result |\n|---|---|---|---|---|---|---|---|---|\n");
     for r in rows {
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.family,
             r.fault,
             r.expected,
@@ -142,6 +215,9 @@ pub fn table(rows: &[Row]) -> String {
             } else {
                 &r.signature
             },
+            r.expected_op,
+            r.reported_op,
+            r.op_signature,
             if r.pass { "pass" } else { "FAIL" }
         ));
     }

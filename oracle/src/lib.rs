@@ -19,6 +19,7 @@ use pyo3::types::{PyDict, PyList};
 use xray_core::capture::Captured;
 use xray_core::contract::Contract;
 use xray_core::dump::{DumpWriter, Manifest};
+use xray_core::ops::{is_point, PointSelect};
 use xray_core::Layout;
 
 /// Oracle errors.
@@ -178,6 +179,9 @@ pub struct OracleRequest {
     pub only: Option<Vec<String>>,
     /// torch thread count.
     pub threads: Option<usize>,
+    /// Op-level points to capture besides the contract's checkpoints (`xray_core::ops`):
+    /// [`PointSelect::None`] (default) captures none.
+    pub ops: PointSelect,
 }
 
 impl OracleRequest {
@@ -196,6 +200,13 @@ impl OracleRequest {
         self
     }
 
+    /// Capture these op-level points too: they follow the contract's checkpoints in
+    /// [`OracleRun::checkpoints`], in firing order.
+    pub fn with_ops(mut self, ops: PointSelect) -> Self {
+        self.ops = ops;
+        self
+    }
+
     /// A float32 request with no options (the family is the contract's).
     pub fn new(model_dir: &Path, audio: &Path, contract: &Contract) -> Self {
         OracleRequest {
@@ -211,6 +222,7 @@ impl OracleRequest {
             teacher: None,
             only: None,
             threads: None,
+            ops: PointSelect::None,
         }
     }
 }
@@ -222,7 +234,8 @@ pub struct OracleRun {
     pub tokens: Vec<i64>,
     /// Transcript.
     pub transcript: String,
-    /// Captured checkpoints in capture order.
+    /// Captured checkpoints in capture order, then the op-level points the request asked for
+    /// (names `{module}:{in|out}`, `xray_core::ops::is_point`), in firing order.
     pub checkpoints: Vec<Captured>,
     /// python, torch, transformers, numpy versions.
     pub tools: BTreeMap<String, String>,
@@ -514,6 +527,17 @@ impl Oracle {
             if let Some(n) = req.threads {
                 kw.set_item("threads", n).map_err(e)?;
             }
+            match &req.ops {
+                PointSelect::None => {}
+                PointSelect::All => kw.set_item("ops", "all").map_err(e)?,
+                PointSelect::Only(names) => {
+                    if !names.is_empty() {
+                        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                        kw.set_item("ops", PyList::new(py, names).map_err(e)?)
+                            .map_err(e)?;
+                    }
+                }
+            }
             if let Some(x) = &req.samples {
                 kw.set_item("samples", numpy::PyArray1::from_slice(py, x))
                     .map_err(e)?;
@@ -533,11 +557,13 @@ impl Oracle {
                     Some(&kw),
                 )
                 .map_err(|e| py_err(py, e))?;
-            let mut run = extract_run(py, &res)?;
+            let mut run = extract_run(py, &res, &req.ops)?;
+            // Op-level points have no contract entry: their shapes are HF's own.
             req.contract
                 .check_shapes(
                     run.checkpoints
                         .iter()
+                        .filter(|c| !is_point(&c.name))
                         .map(|c| (c.name.as_str(), c.step, c.data.shape())),
                 )
                 .map_err(|e| OracleError::Data(format!("the reference's checkpoints: {e}")))?;
@@ -588,7 +614,7 @@ fn get<'py>(py: Python<'py>, d: &Bound<'py, PyAny>, key: &str) -> Result<Bound<'
         .map_err(|e| OracleError::Data(format!("result has no '{key}': {}", py_err(py, e))))
 }
 
-fn extract_run(py: Python<'_>, res: &Bound<'_, PyAny>) -> Result<OracleRun> {
+fn extract_run(py: Python<'_>, res: &Bound<'_, PyAny>, ops: &PointSelect) -> Result<OracleRun> {
     let data = |e: PyErr| OracleError::Data(py_err(py, e).to_string());
     let tokens: Vec<i64> = get(py, res, "tokens")?.extract().map_err(data)?;
     let transcript: String = get(py, res, "transcript")?.extract().map_err(data)?;
@@ -601,9 +627,55 @@ fn extract_run(py: Python<'_>, res: &Bound<'_, PyAny>) -> Result<OracleRun> {
             extra.insert("hypothesis".to_string(), serde_json::json!(v));
         }
     }
-    let cps = get(py, res, "checkpoints")?;
+    let mut checkpoints = extract_entries(py, &get(py, res, "checkpoints")?)?;
+    if let Some(bad) = checkpoints.iter().find(|c| is_point(&c.name)) {
+        return Err(OracleError::Data(format!(
+            "contract checkpoint list holds the op-level point {}@step{}",
+            bad.name, bad.step
+        )));
+    }
+    // Op-level points, after the contract's checkpoints, in the order Python returned them
+    // (firing order). Only what was asked for, and everything asked for is Python's to check.
+    let points = match res.get_item("op_points") {
+        Ok(p) => extract_entries(py, &p)?,
+        Err(_) if ops.is_none() => Vec::new(),
+        Err(_) => {
+            return Err(OracleError::Data(
+                "op-level points were requested but the result has no 'op_points'".into(),
+            ))
+        }
+    };
+    for p in &points {
+        if !is_point(&p.name) {
+            return Err(OracleError::Data(format!(
+                "op_points entry '{}'@step{} is not a point name ({{module}}:in or {{module}}:out)",
+                p.name, p.step
+            )));
+        }
+        if !ops.wants(&p.name) {
+            return Err(OracleError::Data(format!(
+                "op_points holds {}@step{}, which the request did not ask for",
+                p.name, p.step
+            )));
+        }
+    }
+    checkpoints.extend(points);
+    Ok(OracleRun {
+        tokens,
+        transcript,
+        checkpoints,
+        tools,
+        weights_sha256,
+        audio_sha256,
+        extra,
+    })
+}
+
+/// A list of {name, step, layout, array} dicts, copied out of the interpreter.
+fn extract_entries(py: Python<'_>, list: &Bound<'_, PyAny>) -> Result<Vec<Captured>> {
+    let data = |e: PyErr| OracleError::Data(py_err(py, e).to_string());
     let mut checkpoints = Vec::new();
-    for item in cps.try_iter().map_err(data)? {
+    for item in list.try_iter().map_err(data)? {
         let item = item.map_err(data)?;
         let name: String = get(py, &item, "name")?.extract().map_err(data)?;
         let step: usize = get(py, &item, "step")?.extract().map_err(data)?;
@@ -632,15 +704,7 @@ fn extract_run(py: Python<'_>, res: &Bound<'_, PyAny>) -> Result<OracleRun> {
             data,
         });
     }
-    Ok(OracleRun {
-        tokens,
-        transcript,
-        checkpoints,
-        tools,
-        weights_sha256,
-        audio_sha256,
-        extra,
-    })
+    Ok(checkpoints)
 }
 
 /// The PyTorch-eager half of `xray bench`: a Whisper model loaded once in the interpreter, timed

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use xray_core::contract::{CDim, Contract, Steps};
 use xray_core::dump::Dump;
+use xray_core::ops::{is_point, PointSelect};
 use xray_oracle::{Oracle, OracleError, OracleRequest};
 
 fn root() -> PathBuf {
@@ -145,6 +146,73 @@ fn input_errors_are_one_line_and_keep_the_traceback() {
             assert!(!message.contains('\n'), "{message}");
             assert!(traceback.contains("Traceback"), "{traceback}");
             assert_eq!(e.to_string(), *message);
+        }
+        other => panic!("expected an input error, got {other}"),
+    }
+}
+
+#[test]
+fn op_level_points_follow_the_checkpoints_and_change_nothing_else() {
+    let dir = root().join("fixtures/build/whisper-rand-a");
+    let audio = root().join("fixtures/audio/fox.wav");
+    let oracle = Oracle::discover().unwrap();
+    let c = Contract::for_family("whisper", &config(&dir)).unwrap();
+    let plain = oracle.run(&OracleRequest::new(&dir, &audio, &c)).unwrap();
+    let all = oracle
+        .run(&OracleRequest::new(&dir, &audio, &c).with_ops(PointSelect::All))
+        .unwrap();
+    assert_eq!(all.tokens, plain.tokens);
+    assert!(plain.checkpoints.iter().all(|x| !is_point(&x.name)));
+    // The contract's checkpoints first, bit-identical; then only points, steps non-decreasing.
+    let n = plain.checkpoints.len();
+    for (a, b) in plain.checkpoints.iter().zip(&all.checkpoints[..n]) {
+        assert_eq!((&a.name, a.step, &a.data), (&b.name, b.step, &b.data));
+    }
+    let points = &all.checkpoints[n..];
+    assert!(points.iter().all(|x| is_point(&x.name)));
+    assert!(points.windows(2).all(|w| w[0].step <= w[1].step));
+    let steps = plain.tokens.len() - 2;
+    let q: Vec<_> = points
+        .iter()
+        .filter(|x| x.name == "model.decoder.layers.0.self_attn.q_proj:out")
+        .collect();
+    assert_eq!(q.len(), steps);
+    assert!(q.iter().skip(1).all(|x| x.data.shape()[0] == 1));
+    // A dump with ':' in names round-trips through the Rust loader.
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("ref");
+    all.to_dump("whisper", "whisper-rand-a")
+        .write(&out)
+        .unwrap();
+    let d = Dump::load(&out).unwrap();
+    let fc2 = d.get("model.encoder.layers.0.fc2:out", 0).unwrap();
+    assert_eq!(fc2.shape(), &[250, 64]);
+    assert!(out
+        .join("model.encoder.layers.0.fc2:out@step0.npy")
+        .is_file());
+    // Only: exactly the named points; an unknown module is an input error naming it.
+    let only: std::collections::BTreeSet<String> = [
+        "model.encoder.layers.1.fc1:out".to_string(),
+        "proj_out:in".to_string(),
+    ]
+    .into();
+    let some = oracle
+        .run(&OracleRequest::new(&dir, &audio, &c).with_ops(PointSelect::Only(only.clone())))
+        .unwrap();
+    let got: std::collections::BTreeSet<String> = some.checkpoints[n..]
+        .iter()
+        .map(|x| x.name.clone())
+        .collect();
+    assert_eq!(got, only);
+    assert_eq!(some.checkpoints.len(), n + 1 + steps);
+    let bad: std::collections::BTreeSet<String> =
+        ["model.encoder.layers.9.fc1:out".to_string()].into();
+    match oracle
+        .run(&OracleRequest::new(&dir, &audio, &c).with_ops(PointSelect::Only(bad)))
+        .unwrap_err()
+    {
+        OracleError::Input { message, .. } => {
+            assert!(message.contains("model.encoder.layers.9.fc1"), "{message}")
         }
         other => panic!("expected an input error, got {other}"),
     }

@@ -394,3 +394,27 @@ def test_loader_rejects_mismatched_weights(model_dir, tmp_path):
     save_file(state, str(bad / "model.safetensors"))
     with pytest.raises(gn.GraniteNarInputError, match=r"missing \['projector.query'\].*unexpected \['encoder.surprise'\]"):
         gn.load_granite_nar(bad)
+
+
+# ------------------------------------------------------------------ op-level points
+
+
+def test_op_points_all_change_nothing_else(model_dir, loaded, contract, baseline):
+    from xray_oracle.errors import OracleInputError
+
+    full = run(model_dir, loaded, contract, ops="all")
+    assert baseline["op_points"] == []
+    assert full["tokens"] == baseline["tokens"] and full["hypothesis"] == baseline["hypothesis"]
+    for a, b in zip(baseline["checkpoints"], full["checkpoints"], strict=True):
+        assert a["name"] == b["name"] and np.array_equal(a["array"], b["array"]), a["name"]
+    model, _ = loaded
+    own = [n for n, m in model.named_modules() if n and next(m.parameters(recurse=False), None) is not None]
+    got = {p["name"]: p for p in full["op_points"]}
+    assert set(got) == {f"{n}:{s}" for n in own for s in ("in", "out")} and len(got) == len(full["op_points"])
+    assert {p["step"] for p in full["op_points"]} == {0}
+    # The LM head's output is the text logits checkpoint's tensor (one forward pass).
+    logits = next(c["array"] for c in baseline["checkpoints"] if c["name"] == "dec.text_logits")
+    np.testing.assert_array_equal(got["language_model.lm_head:out"]["array"], logits)
+    assert got["encoder.layers.0.conv.up_conv:out"]["layout"] == "channel_major"
+    with pytest.raises(OracleInputError, match=r"no module 'encoder\.layers\.9\.ff1'"):
+        run(model_dir, loaded, contract, ops=["encoder.layers.9.ff1:in"])

@@ -21,16 +21,20 @@ __all__ = [
 
 
 def run(family: str, model_dir: str, audio_path: str, contract_json: str, *, dtype: str = "float32",
-        max_new_tokens=None, teacher=None, only=None, threads=None, samples=None, audio_sha256=None) -> dict:
+        max_new_tokens=None, teacher=None, only=None, threads=None, samples=None, audio_sha256=None,
+        ops=None) -> dict:
     """One entry for the Rust side: dispatch on the family name with the common options.
 
     `teacher` is the granite CTC hypothesis to force; Whisper's reference is never teacher-forced
     (its generate is the reference token stream). `samples` (float32, 16 kHz mono) and
     `audio_sha256` are the audio as the runtime's reader decoded and converted it: the reference
-    is fed the same samples and never reads `audio_path`. Arguments, the model directory and the
-    audio are checked here, before torch is imported (one check for every family).
+    is fed the same samples and never reads `audio_path`. `ops` selects op-level points
+    (`xray_oracle.ops`: None, "all" or a list of point names), returned as `op_points`.
+    Arguments, the model directory and the audio are checked here, before torch is imported (one
+    check for every family).
     """
     from .modeldir import check_model_dir
+    from .ops import parse_ops
 
     if dtype not in ("float32", "float64"):
         raise OracleInputError(f"dtype {dtype!r} is not 'float32' or 'float64'")
@@ -39,6 +43,7 @@ def run(family: str, model_dir: str, audio_path: str, contract_json: str, *, dty
             raise OracleInputError(f"{name} must be a positive integer, got {v!r}")
     if family not in ("whisper", "granite_nar"):
         raise OracleError(f"unknown family '{family}' (known: whisper, granite_nar)")
+    ops = parse_ops(ops)
     check_model_dir(model_dir, family)
     if samples is not None:
         from .audio import from_samples
@@ -53,14 +58,15 @@ def run(family: str, model_dir: str, audio_path: str, contract_json: str, *, dty
             raise OracleError("whisper: the reference is not teacher-forced; teacher must be None")
         kw = {} if threads is None else {"threads": threads}
         return run_whisper(model_dir, audio_path, contract_json, max_new_tokens=max_new_tokens,
-                           dtype=dtype, only=only, samples=samples, audio_sha256=audio_sha256, **kw)
+                           dtype=dtype, only=only, samples=samples, audio_sha256=audio_sha256, ops=ops, **kw)
     if family == "granite_nar":
         if threads is not None:
             import torch
             torch.set_num_threads(int(threads))
         from .granite_nar import run_granite_nar
         return run_granite_nar(model_dir, audio_path, contract_json, dtype=dtype,
-                               teacher_hypothesis=teacher, only=only, samples=samples, audio_sha256=audio_sha256)
+                               teacher_hypothesis=teacher, only=only, samples=samples, audio_sha256=audio_sha256,
+                               ops=ops)
     raise OracleError(f"unknown family '{family}' (known: whisper, granite_nar)")
 
 

@@ -1,7 +1,8 @@
 """`python -m xray_oracle` (run with PYTHONPATH=oracle, or from the oracle/ folder).
 
     dump    --model DIR --audio WAV --contract FILE --out DIR [--max-new-tokens N]
-            [--dtype float32|float64] [--only NAME ...] [--stats-only] [--force]
+            [--dtype float32|float64] [--only NAME ...] [--ops | --ops-only POINT[,POINT]]
+            [--stats-only] [--force]
     run     --model DIR --audio WAV [...]      print tokens, transcript and checkpoint shapes
     verify  DIR                                load a dump with every check, print a summary
 
@@ -28,6 +29,11 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attn", choices=["eager", "sdpa"], default="eager", help="attention implementation")
     p.add_argument("--only", nargs="+", default=None, help="capture only these checkpoints (names or templates)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: host-independent, see run_whisper)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--ops", action="store_true",
+                   help="also capture every op-level point (both sides of every module with its own weights)")
+    g.add_argument("--ops-only", metavar="POINT[,POINT]", action="append", default=None,
+                   help="also capture these op-level points, e.g. model.encoder.layers.3.fc2:out (repeatable)")
 
 
 def _run(args) -> dict:
@@ -47,7 +53,22 @@ def _run(args) -> dict:
         only=args.only,
         attn_implementation=args.attn,
         threads=args.threads,
+        ops=_ops(args),
     )
+
+
+def _ops(args):
+    """--ops -> "all"; --ops-only A,B --ops-only C -> [A, B, C]; neither -> None."""
+    if args.ops:
+        return "all"
+    if args.ops_only:
+        names = [n.strip() for arg in args.ops_only for n in arg.split(",")]
+        if not all(names):
+            from .errors import OracleInputError
+
+            raise OracleInputError(f"--ops-only {','.join(args.ops_only)!r}: an empty point name")
+        return names
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 "transcript": res["transcript"],
                 "steps": 1 + max(c["step"] for c in res["checkpoints"]) if res["checkpoints"] else 0,
                 "checkpoints": [[c["name"], c["step"], list(c["array"].shape)] for c in res["checkpoints"]],
+                "op_points": [[c["name"], c["step"], list(c["array"].shape)] for c in res["op_points"]],
             }
             if args.json:
                 print(json.dumps(summary))
@@ -88,12 +110,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"tokens: {summary['tokens']}")
                 print(f"transcript: {summary['transcript']!r}")
                 print(f"checkpoints: {len(summary['checkpoints'])} captured over {summary['steps']} steps")
+                if summary["op_points"]:
+                    print(f"op-level points: {len(summary['op_points'])} captured")
             return 0
         from .dump import write_dump
 
         out = write_dump(
             args.out,
-            res["checkpoints"],
+            # The contract's checkpoints, then the op-level points in firing order.
+            res["checkpoints"] + res["op_points"],
             family=res["family"],
             model_id=args.model,
             producer="oracle",
@@ -105,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             stats_only=args.stats_only,
             overwrite=args.force,
         )
-        print(f"{out}: {len(res['checkpoints'])} checkpoint entries, transcript {res['transcript']!r}")
+        points = f" + {len(res['op_points'])} op-level points" if res["op_points"] else ""
+        print(f"{out}: {len(res['checkpoints'])} checkpoint entries{points}, transcript {res['transcript']!r}")
         return 0
     except OracleError as e:
         print(f"xray_oracle: error: {e}", file=sys.stderr)

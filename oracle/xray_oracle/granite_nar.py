@@ -48,6 +48,7 @@ from . import granite_contract as gc
 from . import audio as _audio
 from .errors import OracleInputError
 from .modeldir import FIXES, check_model_dir
+from .ops import OpRecorder, parse_ops
 
 FIXES_TOKENIZER = FIXES["tokenizer.json"]
 
@@ -656,18 +657,21 @@ def run_granite_nar(
     frontend: GraniteNarFrontend | None = None,
     samples=None,
     audio_sha256: str | None = None,
+    ops=None,
 ) -> dict[str, Any]:
     """Run the reference on one clip and capture the contract's checkpoints.
 
     Returns `{"family", "tokens", "hypothesis", "template", "transcript", "checkpoints": [{"name",
-    "step": 0, "layout", "array"}], "tools", "weights_sha256", "audio_sha256", "config"}` with
+    "step": 0, "layout", "array"}], "op_points": [same keys, firing order], "tools", "weights_sha256", "audio_sha256", "config"}` with
     float32 C-contiguous arrays in the contract's canonical shapes. `teacher_hypothesis` replaces
     the CTC hypothesis in the LM template (token ids); `hypothesis` stays the CTC one. `only`
     restricts capture to the named (expanded) checkpoints. `model`/`frontend` reuse an already
     loaded model (tests); they must come from `model_dir`. `samples`/`audio_sha256`: 16 kHz mono
     float32 samples decoded and converted by the caller (`xray`) and the file's sha256;
-    `audio_path` is then only named in messages.
+    `audio_path` is then only named in messages. `ops`: op-level points (`xray_oracle.ops`; None,
+    "all" or a list of point names), all at step 0 (one forward pass).
     """
+    ops = parse_ops(ops)
     model_dir = Path(model_dir)
     if samples is not None:
         audio = _audio.from_samples(audio_path, samples, audio_sha256 or "").samples
@@ -688,9 +692,11 @@ def run_granite_nar(
     checkpoints = _select(resolved.checkpoints, only)
 
     features = frontend(audio).to(next(model.parameters()).dtype)
-    with gc.Recorder(model, checkpoints) as rec:
+    oprec = OpRecorder(model, ops)  # unknown modules are refused here, before the forward pass
+    with gc.Recorder(model, checkpoints) as rec, oprec:
         out = model(features, teacher_hypothesis=teacher_hypothesis)
     gc.check_shapes(resolved, checkpoints, rec.captured)
+    op_points = oprec.points()
 
     tok = _tokenizer(model_dir)
     if tok is None:
@@ -705,6 +711,7 @@ def run_granite_nar(
         "checkpoints": [
             {"name": c.name, "step": 0, "layout": c.layout, "array": rec.captured[c.name]} for c in checkpoints
         ],
+        "op_points": op_points,
         "tools": tool_versions(),
         "weights_sha256": _sha256_file(model_dir / "model.safetensors"),
         "audio_sha256": audio_sha,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import threading
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,6 +26,7 @@ from .contract import Checkpoint, Contract, load_resolved
 from .errors import CaptureError, ContractError, OracleInputError
 from .modeldir import PICKLE_SUFFIXES  # noqa: F401  (re-exported)
 from .modeldir import check_model_dir as _shared_check
+from .ops import OpRecorder, parse_ops
 
 DTYPES = ("float32", "float64")
 
@@ -145,6 +147,8 @@ class _Recorder:
             mod = self._module(ckpt.reference.module)
             if ckpt.reference.hook == "forward":
                 h = mod.register_forward_hook(lambda m, a, k, out, c=ckpt: self._take(c, out, "output"), with_kwargs=True)
+            elif ckpt.reference.kwarg is not None:
+                h = mod.register_forward_pre_hook(lambda m, a, k, c=ckpt: self._take_kwarg(c, k), with_kwargs=True)
             else:
                 h = mod.register_forward_pre_hook(lambda m, a, k, c=ckpt: self._take(c, a, "positional inputs"), with_kwargs=True)
             self.handles.append(h)
@@ -153,6 +157,15 @@ class _Recorder:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+
+    def _take_kwarg(self, ckpt: Checkpoint, kwargs: dict) -> None:
+        name = ckpt.reference.kwarg
+        value = kwargs.get(name)
+        if value is None:
+            raise CaptureError(
+                f"checkpoint {ckpt.name}: {ckpt.reference.module} was called without keyword argument {name!r}"
+            )
+        self._take(ckpt, value, f"keyword argument {name!r}")
 
     def _take(self, ckpt: Checkpoint, value: Any, what: str) -> None:
         import torch
@@ -183,6 +196,9 @@ class _Recorder:
         if not torch.is_tensor(t):
             raise CaptureError(f"checkpoint {ckpt.name}: {ref.module} {what}[{ref.index}] is a {type(t).__name__}, not a tensor")
         t = t.detach()
+        if not t.is_floating_point():
+            # Ids and positions are compared as the runtime feeds them: float32.
+            t = t.to(torch.float32)
         for tr in ref.transform:
             if tr == "squeeze_batch":
                 if t.dim() == 0 or t.shape[0] != 1:
@@ -216,6 +232,7 @@ def run_whisper(
     threads: Optional[int] = 1,
     samples=None,
     audio_sha256: Optional[str] = None,
+    ops=None,
 ) -> dict:
     """Run the HF Whisper reference on one WAV and capture the contract's checkpoints.
 
@@ -234,10 +251,15 @@ def run_whisper(
     - samples / audio_sha256: 16 kHz mono float32 samples already decoded and converted by the
       caller (`xray`, the runtime's reader) and the audio FILE's sha256; audio_path is then only
       named in messages and never read.
+    - ops: op-level points (`xray_oracle.ops`): None (default) captures none; "all" every module
+      that has parameters of its own, both sides; a list of point names (`{module}:in|out`)
+      exactly those. Points are captured per decode step like the checkpoints (the encoder's at
+      step 0, cross-attention k/v_proj at step 0 only, decoder modules every step). An unknown
+      module is an OracleInputError raised before generate runs.
 
     Returns {"family", "tokens", "transcript", "checkpoints": [{"name", "step", "layout",
-    "array"}], "tools", "weights_sha256", "audio_sha256", "config", "dims", "dtype",
-    "step_tokens"}; arrays are C-contiguous float32 (float64 when dtype="float64"), batch squeezed,
+    "array"}], "op_points": [same keys, in firing order; [] without ops], "tools",
+    "weights_sha256", "audio_sha256", "config", "dims", "dtype", "step_tokens"}; arrays are C-contiguous float32 (float64 when dtype="float64"), batch squeezed,
     in the contract's canonical shape. `tokens` is the full decoder sequence: forced prefix +
     generated tokens, including the final EOS when generation stopped on it.
     """
@@ -249,6 +271,7 @@ def run_whisper(
         raise OracleInputError(f"threads must be a positive integer or None, got {threads!r}")
     if attn_implementation not in ("eager", "sdpa"):
         raise OracleInputError(f"attn_implementation {attn_implementation!r} is not 'eager' or 'sdpa'")
+    ops = parse_ops(ops)
     d, config, weights_sha = check_model_dir(model_dir)
     contract = load_resolved(contract_json, "whisper")
     selected = _select(contract, only)
@@ -266,7 +289,7 @@ def run_whisper(
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _run(d, config, weights_sha, contract, selected, audio, max_new_tokens, dtype, attn_implementation)
+        return _run(d, config, weights_sha, contract, selected, audio, max_new_tokens, dtype, attn_implementation, ops)
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -276,6 +299,10 @@ def run_whisper(
 # one process) loads the model once; a changed weights file is a new key. Hooks are removed after
 # every run, so a cached model carries no state between runs.
 _loaded: dict[tuple, tuple] = {}
+# One reference run at a time in this process: a cached model is shared, and the hooks of two
+# concurrent runs (two Rust threads each holding the interpreter in turn; torch releases the GIL)
+# would both fire on it and take each other's tensors.
+_run_lock = threading.Lock()
 
 
 def _load(d: Path, weights_sha: str, dtype: str, attn_implementation: str):
@@ -304,7 +331,14 @@ def _load(d: Path, weights_sha: str, dtype: str, attn_implementation: str):
 
 
 def _run(d: Path, config: dict, weights_sha: str, contract: Contract, selected: list[Checkpoint], audio,
-         max_new_tokens: Optional[int], dtype: str, attn_implementation: str) -> dict:
+         max_new_tokens: Optional[int], dtype: str, attn_implementation: str, ops=None) -> dict:
+    with _run_lock:
+        return _run_locked(d, config, weights_sha, contract, selected, audio, max_new_tokens, dtype,
+                           attn_implementation, ops)
+
+
+def _run_locked(d: Path, config: dict, weights_sha: str, contract: Contract, selected: list[Checkpoint], audio,
+                max_new_tokens: Optional[int], dtype: str, attn_implementation: str, ops) -> dict:
     import torch
     import transformers
 
@@ -329,24 +363,32 @@ def _run(d: Path, config: dict, weights_sha: str, contract: Contract, selected: 
     feats = feats.to(tdtype)
 
     rec = _Recorder(model, contract, selected)
+    # Module names are checked here, before generate: the module tree exists once loaded.
+    oprec = OpRecorder(model, ops, step=lambda: rec.step)
     rec.install()
+    # After the contract recorder: the decoder's pre-hook sets the step before any op hook of a
+    # decode step fires.
+    oprec.install()
     try:
         with torch.inference_mode():
             kwargs = {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
             out = model.generate(feats, do_sample=False, num_beams=1, return_dict_in_generate=True, **kwargs)
     finally:
+        oprec.remove()
         rec.remove()
 
     seq = [int(t) for t in out.sequences[0].tolist()]
     steps = rec.decoder_calls
     _check_steps(rec, seq, steps)
     checkpoints = _verify_and_collect(rec, contract, selected, steps)
+    op_points = oprec.points()
     transcript = tokenizer.decode(seq, skip_special_tokens=True)
     return {
         "family": "whisper",
         "tokens": seq,
         "transcript": transcript,
         "checkpoints": checkpoints,
+        "op_points": op_points,
         "tools": tool_versions(),
         "weights_sha256": weights_sha,
         "audio_sha256": audio.sha256,

@@ -1,13 +1,16 @@
 //! Deliberate faults for the self-test: realistic bring-up bugs planted behind one seam. The graph
 //! executor asks the [`FaultPlan`] once per op for a patched kernel (parameter faults: epsilon,
-//! attention scale, mask, RoPE offset) and once per produced edge for an output corruption (f16
-//! rounding, a NaN, swapped heads, a layout leak). Host-level faults (a stale cross-attention cache)
-//! are flags the model's decode loop reads. No kernel has a fault `if` of its own.
+//! attention scale, mask, RoPE offset; replacement kernels: an unbiased-variance LayerNorm, a
+//! tanh-approximated GELU, a linear whose weight is rounded to an int grid), once per weight for
+//! the state-dict key it reads (a projection wired to another layer's weight) and once per
+//! produced edge for an output corruption (f16 rounding, a NaN, swapped heads, a layout leak, a
+//! wrong clamp floor). Host-level faults (a stale cross-attention cache) are flags the model's
+//! decode loop reads. No kernel has a fault `if` of its own.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::graph::{Dim, Edge, Graph, Kernel, Layout, Op, Tensor};
+use crate::graph::{Dim, Edge, Graph, Kernel, KernelCtx, Layout, Op, Port, Shape, Tensor};
 
 /// A parameter fault: the op runs with a wrong parameter.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,6 +47,33 @@ pub enum OutputFault {
     /// Shifted by this many positions along the time/token axis (zero fill): the last axis for
     /// channel-major tensors, the first for token-major ones.
     Shift(i64),
+    /// Every element raised to at least `max - d` (`max` over the finite elements): a dynamic-range
+    /// clamp whose floor sits `d` below the maximum (the log-mel's `max(l, max(l) - 8)`, scaled).
+    FloorBelowMax(f32),
+}
+
+/// A replacement kernel: the op computes a plausible wrong variant of its function.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KernelFault {
+    /// A LayerNorm dividing the variance by `n - 1` (unbiased, `torch.var`'s default) instead of
+    /// `n` (what `nn.LayerNorm` uses).
+    LayerNormUnbiasedVar,
+    /// An exact-erf GELU computed with the tanh approximation (`gelu_new` / `approximate='tanh'`).
+    GeluTanh,
+    /// A linear whose weight is rounded to a symmetric uniform grid of this many bits, one scale
+    /// per output row (`max|w_row| / (2^(bits-1) - 1)`): a weight-only quantized checkpoint.
+    WeightGridPerRow(u32),
+}
+
+impl KernelFault {
+    /// The kernel kind this fault replaces.
+    pub fn kernel_kind(&self) -> &'static str {
+        match self {
+            KernelFault::LayerNormUnbiasedVar => "layer_norm",
+            KernelFault::GeluTanh => "gelu",
+            KernelFault::WeightGridPerRow(_) => "linear",
+        }
+    }
 }
 
 /// What a planted fault does.
@@ -53,6 +83,16 @@ pub enum FaultKind {
     Param(ParamFault),
     /// Corrupt matching edges.
     Output(OutputFault),
+    /// Replace the kernel of matching ops by a wrong variant of it.
+    Kernel(KernelFault),
+    /// Matching ops read weight role `role` from state-dict key `key` (a wiring bug: another
+    /// layer's weight).
+    WeightKey {
+        /// The kernel's weight role (`weight`, `bias`, ...).
+        role: String,
+        /// The key read instead.
+        key: String,
+    },
     /// A host-level behaviour flag read by the model loop (e.g. `stale_cross_cache`).
     Host(String),
 }
@@ -81,6 +121,52 @@ impl Planted {
             self.name.clone()
         } else {
             format!("{}@{}", self.name, self.target)
+        }
+    }
+
+    /// The ops whose computation this fault changes in `graph`: those a parameter fault patches,
+    /// the producers of the edges an output fault corrupts (none for host faults). The self-test
+    /// expects the harness's op-level origin among them.
+    pub fn ops(&self, graph: &Graph) -> Vec<String> {
+        match &self.kind {
+            FaultKind::Host(_) => vec![],
+            FaultKind::Param(pf) => graph
+                .ops()
+                .iter()
+                .filter(|op| {
+                    glob_match(&self.target, &op.name) && op.kernel.with_param_fault(pf).is_some()
+                })
+                .map(|op| op.name.clone())
+                .collect(),
+            FaultKind::Kernel(kf) => graph
+                .ops()
+                .iter()
+                .filter(|op| {
+                    glob_match(&self.target, &op.name) && op.kernel.kind() == kf.kernel_kind()
+                })
+                .map(|op| op.name.clone())
+                .collect(),
+            FaultKind::WeightKey { role, .. } => graph
+                .ops()
+                .iter()
+                .filter(|op| {
+                    glob_match(&self.target, &op.name)
+                        && op.weights.iter().any(|w| w.role == role.as_str())
+                })
+                .map(|op| op.name.clone())
+                .collect(),
+            FaultKind::Output(_) => graph
+                .edges()
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| {
+                    glob_match(&self.target, &e.name)
+                        || e.checkpoint
+                            .as_deref()
+                            .is_some_and(|c| glob_match(&self.target, c))
+                })
+                .filter_map(|(i, _)| graph.producer_name(i).map(str::to_string))
+                .collect(),
         }
     }
 
@@ -164,6 +250,42 @@ fn output_fault_misfit(f: &OutputFault, edge: &Edge) -> Option<String> {
     }
 }
 
+/// Why an op-level fault (replacement kernel, weight rewiring) targeting `target` cannot be
+/// planted in `graph` (None: some matched op takes it); `takes` says whether an op does, `what`
+/// names what such an op has.
+fn refuse_op_fault(
+    graph: &Graph,
+    target: &str,
+    takes: &dyn Fn(&Op) -> bool,
+    what: &str,
+) -> Option<String> {
+    let matched: Vec<&Op> = graph
+        .ops()
+        .iter()
+        .filter(|op| glob_match(target, &op.name))
+        .collect();
+    if matched.iter().any(|op| takes(op)) {
+        return None;
+    }
+    let fit = nearest(
+        target,
+        graph
+            .ops()
+            .iter()
+            .filter(|op| takes(op))
+            .map(|o| o.name.as_str()),
+    );
+    Some(if matched.is_empty() {
+        format!("target matches no op; nearest ops with {what}: {fit}")
+    } else {
+        format!(
+            "target matches {} op(s) ({}) but none has {what}; nearest ops that do: {fit}",
+            matched.len(),
+            nearest(target, matched.iter().map(|o| o.name.as_str()))
+        )
+    })
+}
+
 impl FaultPlan {
     /// No faults.
     pub fn none() -> FaultPlan {
@@ -241,6 +363,21 @@ impl FaultPlan {
                             )
                         },
                     );
+                }
+                FaultKind::Kernel(kf) => {
+                    let kind = kf.kernel_kind();
+                    let takes = |op: &Op| op.kernel.kind() == kind;
+                    let what = format!("a '{kind}' kernel");
+                    if let Some(why) = refuse_op_fault(graph, &p.target, &takes, &what) {
+                        return refuse(p, why);
+                    }
+                }
+                FaultKind::WeightKey { role, .. } => {
+                    let takes = |op: &Op| op.weights.iter().any(|w| w.role == role.as_str());
+                    let what = format!("a weight role '{role}'");
+                    if let Some(why) = refuse_op_fault(graph, &p.target, &takes, &what) {
+                        return refuse(p, why);
+                    }
                 }
                 FaultKind::Output(of) => {
                     let names = |e: &'_ Edge| -> Vec<String> {
@@ -322,21 +459,57 @@ impl FaultPlan {
         }
     }
 
-    /// A patched kernel for this op, if a parameter fault targets it.
-    pub fn patch_kernel(&self, op: &Op) -> Option<Box<dyn Kernel>> {
-        let mut out: Option<Box<dyn Kernel>> = None;
+    /// A patched kernel for this op, if a parameter or kernel fault targets it. A fault planted at
+    /// one step only is wrapped so that the op runs its own kernel at every other step (and is
+    /// counted as fired only when that step runs).
+    pub fn patch_kernel<'a>(&'a self, op: &'a Op) -> Option<Box<dyn Kernel + 'a>> {
+        let own: &'a dyn Kernel = op.kernel.as_ref();
+        let mut out: Option<Box<dyn Kernel + 'a>> = None;
         for p in &self.planted {
-            if let FaultKind::Param(pf) = &p.kind {
-                if glob_match(&p.target, &op.name) {
-                    let base: &dyn Kernel = out.as_deref().unwrap_or(op.kernel.as_ref());
-                    if let Some(k) = base.with_param_fault(pf) {
-                        p.hit();
-                        out = Some(k);
-                    }
-                }
+            if !glob_match(&p.target, &op.name) {
+                continue;
             }
+            let k: Box<dyn Kernel + 'a> = match &p.kind {
+                FaultKind::Param(pf) => match out.as_deref().unwrap_or(own).with_param_fault(pf) {
+                    Some(k) => k,
+                    None => continue,
+                },
+                // A replacement kernel wraps the op's own kernel.
+                FaultKind::Kernel(kf) if own.kind() == kf.kernel_kind() => Box::new(Replaced {
+                    inner: own,
+                    fault: kf.clone(),
+                }),
+                _ => continue,
+            };
+            out = Some(match p.step {
+                Some(step) => Box::new(AtStep {
+                    base: out.take().unwrap_or_else(|| Box::new(Borrowed(own))),
+                    faulted: k,
+                    step,
+                    hits: p.hits.clone(),
+                }),
+                None => {
+                    p.hit();
+                    k
+                }
+            });
         }
         out
+    }
+
+    /// The state-dict key weight role `i` of `op` reads instead of its own, if a wiring fault
+    /// targets it (counted as fired).
+    pub fn weight_key(&self, op: &Op, i: usize) -> Option<&str> {
+        let role = op.weights.get(i)?.role;
+        self.planted.iter().find_map(|p| match &p.kind {
+            FaultKind::WeightKey { role: r, key }
+                if r.as_str() == role && glob_match(&p.target, &op.name) =>
+            {
+                p.hit();
+                Some(key.as_str())
+            }
+            _ => None,
+        })
     }
 
     /// Corrupt an op output if an output fault targets its edge (by checkpoint label or name).
@@ -358,6 +531,229 @@ impl FaultPlan {
             }
         }
     }
+}
+
+/// The op's own kernel, borrowed (the base of a step-gated fault).
+#[derive(Debug)]
+struct Borrowed<'a>(&'a dyn Kernel);
+
+impl Kernel for Borrowed<'_> {
+    fn points(&self) -> &'static [xray_core::ops::Side] {
+        self.0.points()
+    }
+    fn kind(&self) -> &'static str {
+        self.0.kind()
+    }
+    fn inputs(&self) -> Vec<Port> {
+        self.0.inputs()
+    }
+    fn outputs(&self) -> Vec<Port> {
+        self.0.outputs()
+    }
+    fn weight_roles(&self) -> Vec<&'static str> {
+        self.0.weight_roles()
+    }
+    fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        self.0.infer(inputs, weights)
+    }
+    fn run(
+        &self,
+        ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
+        self.0.run(ctx, inputs, weights)
+    }
+    fn params(&self) -> serde_json::Value {
+        self.0.params()
+    }
+    fn f16_weight_roles(&self) -> Vec<usize> {
+        self.0.f16_weight_roles()
+    }
+    fn with_param_fault(&self, fault: &ParamFault) -> Option<Box<dyn Kernel>> {
+        self.0.with_param_fault(fault)
+    }
+}
+
+/// A fault planted at one step: `faulted` runs at `step`, `base` at every other.
+#[derive(Debug)]
+struct AtStep<'a> {
+    base: Box<dyn Kernel + 'a>,
+    faulted: Box<dyn Kernel + 'a>,
+    step: usize,
+    hits: Arc<AtomicUsize>,
+}
+
+impl Kernel for AtStep<'_> {
+    fn points(&self) -> &'static [xray_core::ops::Side] {
+        self.base.points()
+    }
+    fn kind(&self) -> &'static str {
+        self.base.kind()
+    }
+    fn inputs(&self) -> Vec<Port> {
+        self.base.inputs()
+    }
+    fn outputs(&self) -> Vec<Port> {
+        self.base.outputs()
+    }
+    fn weight_roles(&self) -> Vec<&'static str> {
+        self.base.weight_roles()
+    }
+    fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        self.base.infer(inputs, weights)
+    }
+    fn run(
+        &self,
+        ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
+        if ctx.step == self.step {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            self.faulted.run(ctx, inputs, weights)
+        } else {
+            self.base.run(ctx, inputs, weights)
+        }
+    }
+    fn params(&self) -> serde_json::Value {
+        self.base.params()
+    }
+    /// Only the roles both kernels read from an f16 mirror with the same bits (the executor asks
+    /// before it knows which one runs).
+    fn f16_weight_roles(&self) -> Vec<usize> {
+        let f = self.faulted.f16_weight_roles();
+        self.base
+            .f16_weight_roles()
+            .into_iter()
+            .filter(|i| f.contains(i))
+            .collect()
+    }
+}
+
+/// A replacement kernel ([`KernelFault`]): the op's own kernel's interface, a wrong computation.
+#[derive(Debug)]
+struct Replaced<'a> {
+    inner: &'a dyn Kernel,
+    fault: KernelFault,
+}
+
+impl Kernel for Replaced<'_> {
+    fn points(&self) -> &'static [xray_core::ops::Side] {
+        self.inner.points()
+    }
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    fn inputs(&self) -> Vec<Port> {
+        self.inner.inputs()
+    }
+    fn outputs(&self) -> Vec<Port> {
+        self.inner.outputs()
+    }
+    fn weight_roles(&self) -> Vec<&'static str> {
+        self.inner.weight_roles()
+    }
+    fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        self.inner.infer(inputs, weights)
+    }
+    fn run(
+        &self,
+        ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        weights: &[&Tensor],
+    ) -> Result<Vec<Tensor>, String> {
+        match &self.fault {
+            KernelFault::LayerNormUnbiasedVar => {
+                let eps = self.inner.params()["eps"].as_f64().ok_or_else(|| {
+                    format!(
+                        "unbiased-variance fault: the layer norm's params {} hold no eps",
+                        self.inner.params()
+                    )
+                })?;
+                layer_norm_unbiased(inputs[0], weights, eps)
+            }
+            KernelFault::GeluTanh => {
+                let c = (2.0f32 / std::f32::consts::PI).sqrt();
+                let y =
+                    inputs[0].mapv(|x| 0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh()));
+                Ok(vec![y])
+            }
+            KernelFault::WeightGridPerRow(bits) => {
+                let w = weights
+                    .first()
+                    .ok_or("grid fault: the linear has no weight")?;
+                let q = grid_per_row(w, *bits)?;
+                let mut ws: Vec<&Tensor> = weights.to_vec();
+                ws[0] = &q;
+                // The inner kernel sees no f16 mirror (this kernel declares none), so it reads `q`.
+                self.inner.run(ctx, inputs, &ws)
+            }
+        }
+    }
+    fn params(&self) -> serde_json::Value {
+        self.inner.params()
+    }
+    // No f16 mirrors: the mirror is of the original weight.
+}
+
+/// `nn.LayerNorm` over the last axis of `[rows, d]` with the variance divided by `d - 1`.
+fn layer_norm_unbiased(x: &Tensor, weights: &[&Tensor], eps: f64) -> Result<Vec<Tensor>, String> {
+    let &[rows, d] = x.shape() else {
+        return Err(format!(
+            "layer norm input must be [rows, d], got {:?}",
+            x.shape()
+        ));
+    };
+    let [g, b] = weights else {
+        return Err("layer norm takes weight and bias".into());
+    };
+    if g.len() != d || b.len() != d || d < 2 {
+        return Err(format!(
+            "layer norm over {d} features with weight {:?} and bias {:?}",
+            g.shape(),
+            b.shape()
+        ));
+    }
+    let x = x.as_standard_layout();
+    let xs = x.as_slice().ok_or("layer norm input not contiguous")?;
+    let (g, b) = (g.as_standard_layout(), b.as_standard_layout());
+    let (g, b) = (
+        g.as_slice().ok_or("layer norm weight not contiguous")?,
+        b.as_slice().ok_or("layer norm bias not contiguous")?,
+    );
+    let mut y = vec![0f32; rows * d];
+    for (xr, yr) in xs.chunks_exact(d).zip(y.chunks_exact_mut(d)) {
+        let mean = xr.iter().map(|&v| v as f64).sum::<f64>() / d as f64;
+        let var = xr.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / (d - 1) as f64;
+        let rstd = 1.0 / (var + eps).sqrt();
+        for j in 0..d {
+            yr[j] = ((xr[j] as f64 - mean) * rstd) as f32 * g[j] + b[j];
+        }
+    }
+    Tensor::from_shape_vec(vec![rows, d], y)
+        .map_err(|e| e.to_string())
+        .map(|t| vec![t])
+}
+
+/// `w` (`[out, in]`) rounded to a symmetric `bits`-bit grid, one step per output row.
+fn grid_per_row(w: &Tensor, bits: u32) -> Result<Tensor, String> {
+    if w.ndim() != 2 || !(2..=16).contains(&bits) {
+        return Err(format!(
+            "grid fault: weight must be [out, in] and bits in 2..=16, got {:?} and {bits}",
+            w.shape()
+        ));
+    }
+    let levels = ((1u32 << (bits - 1)) - 1) as f32;
+    let mut q = w.as_standard_layout().into_owned();
+    for mut row in q.rows_mut() {
+        let m = row.iter().fold(0f32, |a, &v| a.max(v.abs()));
+        if m > 0.0 {
+            let step = m / levels;
+            row.mapv_inplace(|v| (v / step).round().clamp(-levels, levels) * step);
+        }
+    }
+    Ok(q)
 }
 
 /// Apply an output fault in place; `false` when it could not apply to this tensor (wrong rank or
@@ -382,6 +778,17 @@ pub fn apply_output_fault(f: &OutputFault, layout: Layout, t: &mut Tensor) -> bo
         }
         OutputFault::Scale(f) => t.mapv_inplace(|v| v * f),
         OutputFault::Negate => t.mapv_inplace(|v| -v),
+        OutputFault::FloorBelowMax(d) => {
+            let m = t
+                .iter()
+                .filter(|v| v.is_finite())
+                .fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+            if !m.is_finite() {
+                return false;
+            }
+            let floor = m - d;
+            t.mapv_inplace(|v| v.max(floor));
+        }
         OutputFault::Shift(k) => {
             let axis = if layout == Layout::ChannelMajor {
                 t.ndim().saturating_sub(1)
@@ -442,6 +849,9 @@ pub struct CatalogueEntry {
     pub expected_origin: (&'static str, usize),
     /// The signature the harness must name for it (empty: any; the self-test checks it).
     pub expected_signature: &'static str,
+    /// The signature the harness must name for the op-level origin its drill-down finds (empty:
+    /// any).
+    pub expected_op_signature: &'static str,
     /// Needs a previous input through the same model (stale-state bugs).
     pub needs_second_input: bool,
     /// The fault for a model config (an error names a config key the config lacks).
@@ -505,6 +915,232 @@ pub fn plant(spec: &str, family: &str, config: &serde_json::Value) -> crate::Res
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::graph::WeightRef;
+    use crate::kernels::{Attention, Gelu, LayerNorm, Linear, MatmulStrategy};
+
+    fn t(shape: &[usize], v: Vec<f32>) -> Tensor {
+        Tensor::from_shape_vec(shape.to_vec(), v).expect("shape")
+    }
+
+    fn op(name: &str, kernel: Box<dyn Kernel>, weights: &[(&'static str, &str)]) -> Op {
+        Op {
+            name: name.into(),
+            kernel,
+            inputs: vec![],
+            outputs: vec![],
+            weights: weights
+                .iter()
+                .map(|(role, key)| WeightRef {
+                    role,
+                    key: key.to_string(),
+                    shape: vec![],
+                })
+                .collect(),
+            module: None,
+        }
+    }
+
+    fn planted(kind: FaultKind, target: &str, step: Option<usize>) -> FaultPlan {
+        FaultPlan {
+            planted: vec![Planted {
+                name: "f".into(),
+                kind,
+                target: target.into(),
+                step,
+                hits: Arc::default(),
+            }],
+        }
+    }
+
+    fn run_at(k: &dyn Kernel, step: usize, ins: &[&Tensor], ws: &[&Tensor]) -> Vec<f32> {
+        let ctx = KernelCtx {
+            op: "t",
+            step,
+            weights_f16: &[],
+        };
+        k.run(&ctx, ins, ws).expect("run")[0]
+            .iter()
+            .copied()
+            .collect()
+    }
+
+    fn hits(plan: &FaultPlan) -> usize {
+        plan.planted[0].hits.load(Ordering::Relaxed)
+    }
+
+    /// The unbiased-variance LayerNorm is the reference's per row with `(y - b)` scaled by
+    /// `sqrt((var + eps) / (var * n/(n-1) + eps))`; only layer norms take it.
+    #[test]
+    fn unbiased_layer_norm_rescales_each_row_by_its_variance_ratio() {
+        let x = t(&[2, 4], vec![1.0, 2.0, 4.0, 8.0, -3.0, 0.5, 0.25, 2.0]);
+        let (g, b) = (
+            t(&[4], vec![1.0, 0.5, 2.0, -1.0]),
+            t(&[4], vec![0.1, 0.0, -0.2, 0.3]),
+        );
+        let ln = op("enc.norm", Box::new(LayerNorm::new(1e-5)), &[]);
+        let plan = planted(
+            FaultKind::Kernel(KernelFault::LayerNormUnbiasedVar),
+            "enc.norm",
+            None,
+        );
+        let k = plan.patch_kernel(&ln).expect("patched");
+        assert_eq!(hits(&plan), 1);
+        let clean = run_at(ln.kernel.as_ref(), 0, &[&x], &[&g, &b]);
+        let bad = run_at(k.as_ref(), 0, &[&x], &[&g, &b]);
+        for r in 0..2 {
+            let row: Vec<f64> = (0..4).map(|j| x[[r, j]] as f64).collect();
+            let mean = row.iter().sum::<f64>() / 4.0;
+            let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / 4.0;
+            let a = ((var + 1e-5) / (var * 4.0 / 3.0 + 1e-5)).sqrt();
+            for j in 0..4 {
+                let (yc, yb, bj) = (clean[r * 4 + j] as f64, bad[r * 4 + j] as f64, b[j] as f64);
+                assert!(((yb - bj) - a * (yc - bj)).abs() < 1e-5, "row {r} col {j}");
+                assert!(
+                    (yb - yc).abs() > 1e-3,
+                    "the fault changed nothing at {r},{j}"
+                );
+            }
+        }
+        let gelu = op("enc.norm", Box::new(Gelu), &[]);
+        assert!(
+            plan.patch_kernel(&gelu).is_none(),
+            "a gelu is no layer norm"
+        );
+    }
+
+    /// tanh-GELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), which differs from the exact
+    /// erf GELU by ~1e-4 near |x| = 1 and agrees at 0.
+    #[test]
+    fn tanh_gelu_is_the_tanh_approximation() {
+        let x = t(&[4], vec![0.0, 1.0, -1.0, 2.0]);
+        let g = op("l.gelu", Box::new(Gelu), &[]);
+        let plan = planted(FaultKind::Kernel(KernelFault::GeluTanh), "l.gelu", None);
+        let k = plan.patch_kernel(&g).expect("patched");
+        let bad = run_at(k.as_ref(), 0, &[&x], &[]);
+        let clean = run_at(&Gelu, 0, &[&x], &[]);
+        for (got, want) in bad.iter().zip([0.0f32, 0.841192, -0.158808, 1.954597]) {
+            assert!((got - want).abs() < 1e-5, "{got} vs {want}");
+        }
+        assert_eq!(bad[0], clean[0]);
+        assert!(
+            (bad[1] - clean[1]).abs() > 1e-4,
+            "{} vs {}",
+            bad[1],
+            clean[1]
+        );
+    }
+
+    /// The int8 linear runs the op's own linear on a weight rounded per output row to
+    /// `max|row| / 127` steps; the f16 mirror of the original weight is not offered to it.
+    #[test]
+    fn grid_linear_rounds_each_row_to_its_own_step() {
+        let w = t(&[2, 3], vec![1.0, 0.3, -0.5, 0.01, 0.02, -0.0333]);
+        let bias = t(&[2], vec![0.5, -0.5]);
+        let x = t(&[1, 3], vec![1.0, 1.0, 1.0]);
+        let lin = op(
+            "p",
+            Box::new(Linear::new(true, MatmulStrategy::RowStable)),
+            &[],
+        );
+        let plan = planted(
+            FaultKind::Kernel(KernelFault::WeightGridPerRow(8)),
+            "p",
+            None,
+        );
+        let k = plan.patch_kernel(&lin).expect("patched");
+        assert!(k.f16_weight_roles().is_empty());
+        let got = run_at(k.as_ref(), 0, &[&x], &[&w, &bias]);
+        let q = |row: &[f32]| -> f32 {
+            let step = row.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+            row.iter().map(|v| (v / step).round() * step).sum()
+        };
+        let want = [q(&[1.0, 0.3, -0.5]) + 0.5, q(&[0.01, 0.02, -0.0333]) - 0.5];
+        let clean = [0.8f32 + 0.5, -0.0033 - 0.5];
+        for i in 0..2 {
+            assert!((got[i] - want[i]).abs() < 1e-6, "{} vs {}", got[i], want[i]);
+            assert!((got[i] - clean[i]).abs() > 1e-5, "row {i} not rounded");
+        }
+        assert!(grid_per_row(&w, 1).is_err(), "a 1-bit grid has no levels");
+    }
+
+    /// A kernel fault planted at one step runs the op's own kernel at every other step and counts
+    /// as fired only when that step runs.
+    #[test]
+    fn a_step_fault_runs_only_at_its_step() {
+        let att = op(
+            "dec.self_attn",
+            Box::new(Attention {
+                scale: 0.5,
+                causal: false,
+                strategy: MatmulStrategy::RowStable,
+                probs: false,
+            }),
+            &[],
+        );
+        let plan = planted(
+            FaultKind::Param(ParamFault::AttnScale(0.625)),
+            "dec.self_attn",
+            Some(1),
+        );
+        let q = t(&[1, 1, 2], vec![1.0, -2.0]);
+        let kk = t(&[1, 3, 2], vec![1.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
+        let v = t(&[1, 3, 2], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let k = plan.patch_kernel(&att).expect("patched");
+        assert_eq!(hits(&plan), 0, "patched is not fired");
+        let clean = run_at(att.kernel.as_ref(), 0, &[&q, &kk, &v], &[]);
+        assert_eq!(run_at(k.as_ref(), 0, &[&q, &kk, &v], &[]), clean);
+        assert_eq!(run_at(k.as_ref(), 2, &[&q, &kk, &v], &[]), clean);
+        assert_eq!(hits(&plan), 0);
+        let at1 = run_at(k.as_ref(), 1, &[&q, &kk, &v], &[]);
+        assert_ne!(at1, clean);
+        assert_eq!(hits(&plan), 1);
+        let scaled = Attention {
+            scale: 0.625,
+            causal: false,
+            strategy: MatmulStrategy::RowStable,
+            probs: false,
+        };
+        assert_eq!(at1, run_at(&scaled, 1, &[&q, &kk, &v], &[]));
+    }
+
+    /// A wiring fault names another key for its role on matching ops only.
+    #[test]
+    fn weight_key_redirects_one_role_of_matching_ops() {
+        let kind = FaultKind::WeightKey {
+            role: "weight".into(),
+            key: "layers.0.k.weight".into(),
+        };
+        let plan = planted(kind, "layer.1.k_proj", None);
+        let w = [("weight", "layers.1.k.weight"), ("bias", "layers.1.k.bias")];
+        let lin = || Box::new(Linear::new(true, MatmulStrategy::Gemm));
+        let hit = op("layer.1.k_proj", lin(), &w);
+        let other = op("layer.1.v_proj", lin(), &w);
+        assert_eq!(plan.weight_key(&hit, 0), Some("layers.0.k.weight"));
+        assert_eq!(plan.weight_key(&hit, 1), None, "the bias keeps its key");
+        assert_eq!(plan.weight_key(&other, 0), None);
+        assert_eq!(hits(&plan), 1);
+    }
+
+    /// The dynamic-range floor raises everything below `max - d` to it, and nothing else.
+    #[test]
+    fn floor_below_max_clamps_only_below_the_floor() {
+        let mut x = t(&[2, 3], vec![1.5, -1.0, 0.0, -0.25, 0.2, -0.3]);
+        assert!(apply_output_fault(
+            &OutputFault::FloorBelowMax(1.75),
+            Layout::ChannelMajor,
+            &mut x
+        ));
+        assert_eq!(
+            x.iter().copied().collect::<Vec<_>>(),
+            vec![1.5, -0.25, 0.0, -0.25, 0.2, -0.25]
+        );
+        let mut nan = t(&[1], vec![f32::NAN]);
+        assert!(!apply_output_fault(
+            &OutputFault::FloorBelowMax(1.0),
+            Layout::Plain,
+            &mut nan
+        ));
+    }
 
     /// A fault that needs a config number the config lacks is refused, naming the key.
     #[test]

@@ -15,6 +15,7 @@ use crate::faults::FaultPlan;
 use crate::weights::Weights;
 use xray_core::capture::{Observer, Substitute};
 use xray_core::contract::Contract;
+use xray_core::ops::{module_of_weight_key, point_name, PointNode, PointSelect, Side};
 
 /// Index of an edge in its graph.
 pub type EdgeId = usize;
@@ -119,6 +120,35 @@ pub trait Kernel: Send + Sync + fmt::Debug {
     fn f16_weight_roles(&self) -> Vec<usize> {
         Vec::new()
     }
+    /// The sides at which this kernel computes what the HF module its weights belong to computes
+    /// (`nn.Linear`, `nn.LayerNorm`, `nn.Conv1d`: its first input and its output; an embedding:
+    /// its output, as HF's positional embeddings take other arguments than the runtime's ids).
+    /// These edges become op-level points (`xray_core::ops`). Default: none, so a kernel that
+    /// fuses or reorders a module's work is never compared as if it were the module.
+    fn points(&self) -> &'static [Side] {
+        &[]
+    }
+    /// Whether the kernel only moves data: its one output is its one input in another declared
+    /// layout (a head split or merge, a transpose). A drill-down exonerates such a suspect by
+    /// checking its output against the layout transform of its input, computed independently.
+    fn is_layout(&self) -> bool {
+        false
+    }
+}
+
+/// A layout-only op ([`Kernel::is_layout`]): its edges and their layouts.
+#[derive(Debug, Clone)]
+pub struct LayoutOp {
+    /// Op name.
+    pub op: String,
+    /// Input edge name.
+    pub input: String,
+    /// Output edge name.
+    pub output: String,
+    /// Input layout.
+    pub from: Layout,
+    /// Output layout.
+    pub to: Layout,
 }
 
 /// A weight reference of an op: role, HF state-dict key, expected shape.
@@ -145,6 +175,9 @@ pub struct Op {
     pub outputs: Vec<EdgeId>,
     /// Weights, one per kernel weight role.
     pub weights: Vec<WeightRef>,
+    /// The HF module it mirrors when its weight keys do not name it (a tied weight: the logits
+    /// read `embed_tokens.weight` as `proj_out`), set with [`GraphBuilder::hf_module`].
+    pub module: Option<String>,
 }
 
 /// An endpoint of an edge: op and port.
@@ -171,6 +204,9 @@ pub struct Edge {
     pub layout: Layout,
     /// Checkpoint label, if this edge is a checkpoint.
     pub checkpoint: Option<String>,
+    /// Op-level point names (`model.encoder.layers.3.fc2:out`, ...), derived at build time from
+    /// the ops that mirror an HF module ([`Kernel::points`]); the producer's `:out` first.
+    pub points: Vec<String>,
 }
 
 /// Declaration of one output edge for [`GraphBuilder::op`].
@@ -227,6 +263,7 @@ impl GraphBuilder {
             shape,
             layout,
             checkpoint: None,
+            points: Vec::new(),
         });
         Ok(self.edges.len() - 1)
     }
@@ -308,6 +345,7 @@ impl GraphBuilder {
             inputs: inputs.to_vec(),
             outputs: out_ids.clone(),
             weights,
+            module: None,
         });
         Ok(out_ids)
     }
@@ -362,8 +400,84 @@ impl GraphBuilder {
         self.allowed_unused.push(key.to_string());
     }
 
+    /// The HF module op `op` mirrors, where its weight keys name another (a tied weight).
+    pub fn hf_module(&mut self, op: &str, module: &str) -> Result<()> {
+        let o = self
+            .ops
+            .iter_mut()
+            .find(|o| o.name == op)
+            .ok_or_else(|| RuntimeError::Graph(format!("hf_module: no op named '{op}'")))?;
+        o.module = Some(module.to_string());
+        Ok(())
+    }
+
+    /// Name the op-level points: each op whose kernel mirrors an HF module ([`Kernel::points`])
+    /// names its first input `{module}:in` and its output `{module}:out`, the module being the one
+    /// its weight keys share (or [`GraphBuilder::hf_module`]'s). Weight keys of several modules
+    /// are an error naming the op: such an op is not one module. A module that two ops mirror
+    /// (a shared weight) names no point.
+    fn name_points(&mut self) -> Result<()> {
+        let mut named: Vec<(EdgeId, String)> = Vec::new();
+        for op in &self.ops {
+            let sides = op.kernel.points();
+            if sides.is_empty() {
+                continue;
+            }
+            let module = match &op.module {
+                Some(m) => m.clone(),
+                None => {
+                    let mut mods = op.weights.iter().map(|w| module_of_weight_key(&w.key));
+                    let first = mods.next().flatten().ok_or_else(|| {
+                        RuntimeError::Graph(format!(
+                            "op '{}' mirrors an HF module but has no weight key naming it",
+                            op.name
+                        ))
+                    })?;
+                    if let Some(other) = mods.find(|m| *m != Some(first)) {
+                        return Err(RuntimeError::Graph(format!(
+                            "op '{}' reads weights of modules '{first}' and '{}'; set its HF module",
+                            op.name,
+                            other.unwrap_or("")
+                        )));
+                    }
+                    first.to_string()
+                }
+            };
+            for &side in sides {
+                let edge = match side {
+                    Side::In => op.inputs.first(),
+                    Side::Out => op.outputs.first(),
+                };
+                if let Some(&e) = edge {
+                    named.push((e, point_name(&module, side)));
+                }
+            }
+        }
+        // A module two ops mirror (a weight shared by two ops) names no point: which call a
+        // reference hook saw would be ambiguous.
+        let mut count: HashMap<&str, usize> = HashMap::new();
+        for (_, n) in &named {
+            *count.entry(n.as_str()).or_default() += 1;
+        }
+        let once: Vec<bool> = named.iter().map(|(_, n)| count[n.as_str()] == 1).collect();
+        for ((e, name), once) in named.into_iter().zip(once) {
+            if !once {
+                continue;
+            }
+            // The producer's `:out` first, then the consumers' `:in`.
+            let pts = &mut self.edges[e].points;
+            if name.ends_with(":out") {
+                pts.insert(0, name);
+            } else {
+                pts.push(name);
+            }
+        }
+        Ok(())
+    }
+
     /// Validate every edge and op, fail closed, and return the graph.
-    pub fn build(self) -> Result<Graph> {
+    pub fn build(mut self) -> Result<Graph> {
+        self.name_points()?;
         let g = Graph {
             family: self.family,
             ops: self.ops,
@@ -400,6 +514,8 @@ pub struct RunCtx<'a> {
     pub substitute: Option<&'a dyn Substitute>,
     /// Deliberate faults (self-test).
     pub faults: Option<&'a FaultPlan>,
+    /// Op-level points to hand to the observer (none by default).
+    pub points: Option<&'a PointSelect>,
 }
 
 fn endpoint(g: &Graph, (op, port): (usize, usize), output: bool) -> String {
@@ -501,6 +617,125 @@ impl Graph {
             .enumerate()
             .filter(|(o, bad)| *bad && !good[*o])
             .map(|(o, _)| self.ops[o].name.clone())
+            .collect())
+    }
+
+    /// Hand edge `e`'s op-level points that the run wants to the observer.
+    fn observe_points(&self, ctx: &mut RunCtx, e: EdgeId, t: &Tensor) {
+        let edge = &self.edges[e];
+        let (Some(sel), Some(obs)) = (ctx.points, ctx.observer.as_deref_mut()) else {
+            return;
+        };
+        for p in &edge.points {
+            if sel.wants(p) && obs.wants(p, ctx.step) {
+                obs.observe(p, ctx.step, edge.layout, t.view());
+            }
+        }
+        // A runtime-internal edge asked for by name (a drill-down checking a layout op).
+        if matches!(sel, PointSelect::Only(_))
+            && sel.wants(&edge.name)
+            && obs.wants(&edge.name, ctx.step)
+        {
+            obs.observe(&edge.name, ctx.step, edge.layout, t.view());
+        }
+    }
+
+    /// The layout-only ops ([`Kernel::is_layout`]) among `names`, with their edges.
+    pub fn layout_ops(&self, names: &[String]) -> Vec<LayoutOp> {
+        self.ops
+            .iter()
+            .filter(|o| {
+                o.kernel.is_layout()
+                    && names.contains(&o.name)
+                    && o.inputs.len() == 1
+                    && o.outputs.len() == 1
+            })
+            .map(|o| {
+                let (i, x) = (&self.edges[o.inputs[0]], &self.edges[o.outputs[0]]);
+                LayoutOp {
+                    op: o.name.clone(),
+                    input: i.name.clone(),
+                    output: x.name.clone(),
+                    from: i.layout,
+                    to: x.layout,
+                }
+            })
+            .collect()
+    }
+
+    /// Every op-level point name with its edge, in graph order (feeds first, then by producer).
+    pub fn point_edges(&self) -> Vec<(String, EdgeId)> {
+        self.point_edge_ids()
+            .into_iter()
+            .flat_map(|e| self.edges[e].points.iter().map(move |p| (p.clone(), e)))
+            .collect()
+    }
+
+    /// The edges that carry points, in graph order (feeds first, then by producer).
+    fn point_edge_ids(&self) -> Vec<EdgeId> {
+        let mut v: Vec<(usize, EdgeId)> = (0..self.edges.len())
+            .filter(|&e| !self.edges[e].points.is_empty())
+            .map(|e| (self.edges[e].producer.map_or(0, |p| p.0 + 1), e))
+            .collect();
+        v.sort();
+        v.into_iter().map(|(_, e)| e).collect()
+    }
+
+    /// The observed-edge graph over the op-level points, in graph order: for each edge that
+    /// carries points, the nearest point-carrying edges upstream and the ops in between (its
+    /// producer included): what [`xray_core::ops::PointNode`] holds for localizing to an op.
+    pub fn point_nodes(&self) -> Vec<PointNode> {
+        let ids = self.point_edge_ids();
+        let index: HashMap<EdgeId, usize> = ids.iter().enumerate().map(|(i, &e)| (e, i)).collect();
+        ids.iter()
+            .map(|&e| {
+                let mut inputs = Vec::new();
+                let mut ops = Vec::new();
+                let mut stack: Vec<usize> =
+                    self.edges[e].producer.map(|p| p.0).into_iter().collect();
+                let mut seen = vec![false; self.ops.len()];
+                while let Some(o) = stack.pop() {
+                    if std::mem::replace(&mut seen[o], true) {
+                        continue;
+                    }
+                    ops.push(o);
+                    for &i in &self.ops[o].inputs {
+                        match (index.get(&i), self.edges[i].producer) {
+                            (Some(&n), _) => {
+                                if !inputs.contains(&n) {
+                                    inputs.push(n);
+                                }
+                            }
+                            (None, Some((p, _))) => stack.push(p),
+                            (None, None) => {}
+                        }
+                    }
+                }
+                ops.sort();
+                inputs.sort();
+                PointNode {
+                    names: self.edges[e].points.clone(),
+                    inputs,
+                    ops: ops.into_iter().map(|o| self.ops[o].name.clone()).collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// The op-level points a drill-down captures to find the op behind a divergence first seen at
+    /// checkpoint `to` with checkpoints `after` good: the first name of every point-carrying edge
+    /// that an op of [`Graph::ops_between`] reads or writes, in graph order.
+    pub fn points_between(&self, after: &[&str], to: &str) -> Result<Vec<String>> {
+        let ops = self.ops_between(after, to)?;
+        let mut edges: Vec<EdgeId> = Vec::new();
+        for o in self.ops.iter().filter(|o| ops.contains(&o.name)) {
+            edges.extend(o.inputs.iter().chain(&o.outputs).copied());
+        }
+        Ok(self
+            .point_edge_ids()
+            .into_iter()
+            .filter(|e| edges.contains(e))
+            .map(|e| self.edges[e].points[0].clone())
             .collect())
     }
 
@@ -750,7 +985,17 @@ impl Graph {
         for (id, v) in values.iter_mut().enumerate() {
             if fed[id] && need_edge[id] {
                 let t = feeds.remove(&self.edges[id].name).unwrap_or_default();
+                // A fed edge's points are not observed: the tensor was computed elsewhere (an
+                // earlier formula, the reference) and is observed where it was computed. A fed
+                // edge labelled as a checkpoint (token ids, positions) is observed as fed.
                 bind_shape(&self.edges[id], t.shape(), &mut syms, "feed")?;
+                if let (Some(cp), Some(obs)) =
+                    (&self.edges[id].checkpoint, ctx.observer.as_deref_mut())
+                {
+                    if obs.wants(cp, ctx.step) {
+                        obs.observe(cp, ctx.step, self.edges[id].layout, t.view());
+                    }
+                }
                 // Move a fed tensor in when it is already contiguous (a fed cache is not copied).
                 *v = Some(if t.is_standard_layout() {
                     t
@@ -773,24 +1018,29 @@ impl Graph {
                 .ok_or_else(|| {
                     RuntimeError::Graph(format!("op '{}' input not computed", op.name))
                 })?;
-            let ws: Vec<&Tensor> = op
-                .weights
+            // The key each weight role reads (a wiring fault may name another).
+            let keys: Vec<&str> = (op.weights.iter().enumerate())
+                .map(|(i, r)| {
+                    ctx.faults
+                        .and_then(|f| f.weight_key(op, i))
+                        .unwrap_or(&r.key)
+                })
+                .collect();
+            let ws: Vec<&Tensor> = keys
                 .iter()
-                .map(|r| {
-                    weights
-                        .get(&r.key)
-                        .ok_or_else(|| RuntimeError::MissingWeight {
-                            key: r.key.clone(),
-                            op: op.name.clone(),
-                            file: weights.path().to_path_buf(),
-                        })
+                .map(|&key| {
+                    weights.get(key).ok_or_else(|| RuntimeError::MissingWeight {
+                        key: key.to_string(),
+                        op: op.name.clone(),
+                        file: weights.path().to_path_buf(),
+                    })
                 })
                 .collect::<Result<_>>()?;
             let f16_roles = kernel.f16_weight_roles();
             let ws_f16: Vec<Option<&[u16]>> = (0..op.weights.len())
                 .map(|i| {
                     if f16_roles.contains(&i) {
-                        weights.f16(&op.weights[i].key)
+                        weights.f16(keys[i])
                     } else {
                         None
                     }
@@ -834,6 +1084,7 @@ impl Graph {
                     &mut syms,
                     &format!("op '{}' output", op.name),
                 )?;
+                self.observe_points(ctx, e, t);
                 if let Some(cp) = &edge.checkpoint {
                     if let Some(obs) = ctx.observer.as_deref_mut() {
                         if obs.wants(cp, ctx.step) {
@@ -927,6 +1178,7 @@ impl Graph {
             "edges": edges,
             "outputs": self.outputs.iter().map(|&e| self.edges[e].name.clone()).collect::<Vec<_>>(),
             "checkpoints": checkpoints,
+            "points": self.point_edges().into_iter().map(|(p, e)| (p, serde_json::Value::from(self.edges[e].name.clone()))).collect::<serde_json::Map<_, _>>(),
         })
     }
 }
@@ -996,7 +1248,8 @@ impl Graph {
                 ))
             })?;
             let edge = &graph.edges()[e];
-            let prod = graph.producer_name(e).unwrap_or("<feed>");
+            let feed = format!("feed:{}", edge.name);
+            let prod = graph.producer_name(e).unwrap_or(&feed);
             if prod != c.producer {
                 return Err(err(format!(
                     "checkpoint '{}': contract producer '{}', graph producer '{prod}'",

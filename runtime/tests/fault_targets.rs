@@ -83,6 +83,22 @@ fn wrong_op_kind_is_refused() {
     .expect_err("layout leak on a token-major edge")
     .to_string();
     assert!(err.contains("head_major"), "{err}");
+    // A replacement kernel needs an op of its kind; a weight rewiring an op with that role.
+    let err = plan_of("gelu_tanh@encoder.layer.1.fc1", "whisper", &cfg)
+        .validate(model.graph())
+        .expect_err("tanh gelu on a linear")
+        .to_string();
+    assert!(err.contains("none has a 'gelu' kernel"), "{err}");
+    assert!(err.contains("encoder.layer.1.gelu"), "{err}");
+    let err = plan_of(
+        "cross_k_wrong_layer@decoder.layer.1.cross_attn",
+        "whisper",
+        &cfg,
+    )
+    .validate(model.graph())
+    .expect_err("weight rewiring of a weightless op")
+    .to_string();
+    assert!(err.contains("none has a weight role 'weight'"), "{err}");
     // A host fault takes no target.
     let err = plan_of("stale_cross_cache@decoder.layer.0", "whisper", &cfg)
         .validate(model.graph())
@@ -130,4 +146,89 @@ fn a_fault_that_never_fires_is_an_error() {
         "{err}"
     );
     run(4).expect("step 2 reached: the fault fired");
+}
+
+/// The new whisper faults change what they claim, on the real graph: the wiring fault makes layer
+/// 1's cross K exactly layer 0's (the executor reads the redirected key, f16 mirror included), the
+/// decode temperature leaves step 0 bit-identical and changes layer 1's probabilities at step 1
+/// only (layer 0 untouched), the mel floor raises the log-mel minimum to `max - 7/4`.
+#[test]
+fn new_whisper_faults_change_what_they_claim() {
+    let (Some(dir), Some(wav)) = (
+        whisper_support::fixture("fixtures/build/whisper-rand-a"),
+        whisper_support::fixture("fixtures/audio/fox.wav"),
+    ) else {
+        return;
+    };
+    let model = models::load(&dir).expect("load");
+    let cfg = config(&dir);
+    let audio = load_wav(&wav, 16000).expect("wav");
+    let record = |plan: Option<&FaultPlan>| {
+        let mut rec = xray_runtime::capture::Recorder::new();
+        model
+            .run(
+                &audio,
+                &RunOptions {
+                    max_new_tokens: Some(2),
+                    teacher_tokens: None,
+                },
+                &mut RunHooks {
+                    observer: Some(&mut rec),
+                    faults: plan,
+                    ..Default::default()
+                },
+            )
+            .expect("run");
+        if let Some(p) = plan {
+            p.confirm_fired().expect("fired");
+        }
+        move |name: &str, step: usize| -> Vec<u32> {
+            rec.captured
+                .iter()
+                .find(|c| c.name == name && c.step == step)
+                .unwrap_or_else(|| panic!("{name}@{step} not captured"))
+                .data
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        }
+    };
+    let clean = record(None);
+    let (k0, k1) = (
+        "audio.decoder.layer.0.cross_k",
+        "audio.decoder.layer.1.cross_k",
+    );
+    assert_ne!(clean(k0, 0), clean(k1, 0));
+    let wired = record(Some(&plan_of("cross_k_wrong_layer", "whisper", &cfg)));
+    assert_eq!(
+        wired(k1, 0),
+        clean(k0, 0),
+        "layer 1 reads layer 0's K weight"
+    );
+    assert_eq!(wired(k0, 0), clean(k0, 0));
+
+    let hot = record(Some(&plan_of("decode_temperature", "whisper", &cfg)));
+    let (p0, p1) = (
+        "audio.decoder.layer.0.self_attention.probs",
+        "audio.decoder.layer.1.self_attention.probs",
+    );
+    assert_eq!(hot(p1, 0), clean(p1, 0), "step 0 untouched");
+    assert_eq!(hot(p0, 1), clean(p0, 1), "layer 0 untouched at step 1");
+    assert_ne!(hot(p1, 1), clean(p1, 1), "layer 1 scaled at step 1");
+
+    let floored = record(Some(&plan_of("mel_clamp_floor", "whisper", &cfg)));
+    let mel = |bits: Vec<u32>| -> Vec<f32> { bits.into_iter().map(f32::from_bits).collect() };
+    let (c, f) = (
+        mel(clean("audio.frontend.mel", 0)),
+        mel(floored("audio.frontend.mel", 0)),
+    );
+    let max = c.iter().fold(f32::MIN, |a, &v| a.max(v));
+    let floor = max - 1.75;
+    assert!(
+        c.iter().any(|&v| v < floor),
+        "the clean mel reaches below the new floor"
+    );
+    for (&x, &y) in c.iter().zip(&f) {
+        assert_eq!(y, x.max(floor));
+    }
 }

@@ -67,6 +67,12 @@ pub struct Args {
     /// Print the evidence JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Capture every op-level point on both sides from the start (`{hf_module}:in` / `:out`).
+    #[arg(long)]
+    pub ops: bool,
+    /// Stop at the origin checkpoint: no re-run capturing the op-level points of its region.
+    #[arg(long)]
+    pub no_drill: bool,
 }
 
 /// Runs the check. Exit 0 pass, 1 divergence, 2 input error.
@@ -117,6 +123,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         fault_names,
         threads: Some(a.threads.unwrap_or(1)),
         warmup_audio: None,
+        ops: a.ops,
+        no_drill: a.no_drill,
     };
     let t0 = std::time::Instant::now();
     let out = check(&opts, &|m| {
@@ -299,6 +307,8 @@ fn run_corpus(a: Args) -> anyhow::Result<ExitCode> {
         fault_names,
         threads: Some(a.threads.unwrap_or(1)),
         warmup_audio: None,
+        ops: a.ops,
+        no_drill: a.no_drill,
     };
     let t0 = std::time::Instant::now();
     let progress =

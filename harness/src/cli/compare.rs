@@ -10,11 +10,14 @@ use std::process::ExitCode;
 use anyhow::{anyhow, Context};
 use xray_compare::compare::CompareOptions;
 use xray_compare::evidence::{Run, Transcript, Verdict};
+use xray_compare::ops::{both_have_points, dump_points, localize_op};
 use xray_compare::pipeline::{compare_dumps_isolated, compare_stats_dumps, oracle_versions};
 use xray_compare::report;
 use xray_compare::tolerance::Policy;
 use xray_core::contract::Contract;
 use xray_core::dump::Dump;
+use xray_core::ops::chain;
+use xray_runtime::models::SpeechModel;
 
 /// Arguments of `xray compare`.
 #[derive(Debug, clap::Args)]
@@ -206,8 +209,15 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if let Some(n) = super::not_compared(&ev) {
         ev.notes.push(n);
     }
-    if let Some(dir) = &a.model {
-        refine_suspects(&mut ev, dir)?;
+    let model = match &a.model {
+        Some(dir) => Some(xray_runtime::models::load(dir)?),
+        None => None,
+    };
+    if let (Some(m), Some(dir)) = (&model, &a.model) {
+        refine_suspects(&mut ev, m.as_ref(), dir)?;
+    }
+    if !stats_only {
+        op_level(&mut ev, &reference, &got, model.as_deref(), &opts.policy);
     }
     // The evidence first, then the reports; a failed write does not stop the rest.
     if let Some(p) = &a.evidence {
@@ -237,9 +247,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 /// of the contract's checkpoint producers.
 fn refine_suspects(
     ev: &mut xray_compare::evidence::Evidence,
+    model: &dyn SpeechModel,
     dir: &std::path::Path,
 ) -> anyhow::Result<()> {
-    let model = xray_runtime::models::load(dir)?;
     let g = model.graph();
     let mut refined = false;
     for fd in ev
@@ -259,4 +269,62 @@ fn refine_suspects(
         ));
     }
     Ok(())
+}
+
+/// When both dumps carry op-level points (`--ops`), localize to the op: at the origin's step, the
+/// first point that differs ([`localize_op`]) becomes `first_divergence.op`. The points' graph is
+/// X-Ray's runtime graph of `--model` (its ops name the suspects; its weights give the linear
+/// ops' reference weight), else the reference's points in firing order. Without an origin, a
+/// point that differs while every checkpoint agrees is noted.
+fn op_level(
+    ev: &mut xray_compare::evidence::Evidence,
+    reference: &Dump,
+    got: &Dump,
+    model: Option<&dyn SpeechModel>,
+    policy: &Policy,
+) {
+    let lookup =
+        |module: &str| model.and_then(|m| m.weights().get(&format!("{module}.weight")).cloned());
+    let nodes = |step: u32| match model {
+        Some(m) => m.graph().point_nodes(),
+        None => chain(&dump_points(reference, step)),
+    };
+    let source = match model {
+        Some(_) => "the runtime graph's op-level points",
+        None => "the reference's op-level points in firing order (pass --model DIR for the runtime graph's ops and weights)",
+    };
+    if let Some(fd) = ev.first_divergence.as_mut() {
+        let step = fd.step;
+        if !both_have_points(reference, got, step) {
+            return;
+        }
+        fd.op = localize_op(&nodes(step), reference, got, step, policy, Some(&lookup));
+        let note = match &fd.op {
+            Some(op) => format!("op-level origin from {source}: {}", op.summary()),
+            None => format!("the op-level points both dumps hold at step {step} agree ({source})"),
+        };
+        ev.notes.push(note);
+        return;
+    }
+    let mut steps: Vec<u32> = reference
+        .manifest
+        .checkpoints
+        .iter()
+        .map(|e| e.step as u32)
+        .collect();
+    steps.sort_unstable();
+    steps.dedup();
+    for step in steps {
+        if !both_have_points(reference, got, step) {
+            continue;
+        }
+        if let Some(op) = localize_op(&nodes(step), reference, got, step, policy, Some(&lookup)) {
+            ev.notes.push(format!(
+                "op-level point {}@step{step} differs while every checkpoint agrees: {}",
+                op.point,
+                op.summary()
+            ));
+            return;
+        }
+    }
 }

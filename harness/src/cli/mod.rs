@@ -183,6 +183,9 @@ pub fn summary(e: &xray_compare::evidence::Evidence) -> String {
         if f.suspects.len() > 1 {
             s.push_str(&format!("\nxray: suspects: {}", f.suspects.join(", ")));
         }
+        if let Some(op) = &f.op {
+            s.push_str(&format!("\nxray: op-level origin: {}", op.summary()));
+        }
     }
     for f in &e.independent {
         s.push_str(&format!(

@@ -32,6 +32,9 @@ pub struct Args {
     /// torch threads (default 1).
     #[arg(long, value_parser = super::positive)]
     pub threads: Option<usize>,
+    /// Also capture every op-level point (`{hf_module}:in` / `:out`, docs/dump-format.md).
+    #[arg(long)]
+    pub ops: bool,
 }
 
 /// Runs the reference and writes its dump.
@@ -56,6 +59,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     req.max_new_tokens = a.max_steps;
     req.only = (!a.only.is_empty()).then(|| a.only.clone());
     req.threads = Some(a.threads.unwrap_or(1));
+    if a.ops {
+        req = req.with_ops(xray_core::ops::PointSelect::All);
+    }
     let run = oracle.run(&req)?;
     let mut w = run.to_dump(family, &a.model.display().to_string());
     w.manifest.extra.insert("config".into(), config);

@@ -35,6 +35,9 @@ pub struct Args {
     /// Plant a deliberate fault (see `xray faults`). Repeatable.
     #[arg(long, value_name = "FAULT")]
     pub inject: Vec<String>,
+    /// Also capture every op-level point (`{hf_module}:in` / `:out`, docs/dump-format.md).
+    #[arg(long)]
+    pub ops: bool,
 }
 
 /// Runs the runtime and writes its dump.
@@ -55,6 +58,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         max_new_tokens: a.max_steps,
         teacher_tokens: (!a.teacher.is_empty()).then(|| a.teacher.clone()),
     };
+    let points = if a.ops {
+        xray_core::ops::PointSelect::All
+    } else {
+        xray_core::ops::PointSelect::None
+    };
     if a.stats_only {
         // Streamed: each checkpoint is summarized as it is produced and dropped.
         let audio = xray_runtime::audio::load_wav(&a.audio, 16000)?;
@@ -67,6 +75,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 observer: Some(&mut rec),
                 substitute: None,
                 faults: Some(&faults),
+                points: Some(&points),
             },
         )?;
         faults.confirm_fired()?;
@@ -107,7 +116,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         &opts,
         Some(&faults),
         None,
-        only,
+        xray_harness::runs::Capture {
+            only,
+            points: Some(&points),
+        },
     )?;
     faults.confirm_fired()?;
     let mut w = dump.to_writer();

@@ -32,6 +32,10 @@ impl Conv1d {
 
 impl Kernel for Conv1d {
     ports!("conv1d", [x: ChannelMajor] -> [y: ChannelMajor], weights ["weight", "bias"]);
+    fn points(&self) -> &'static [xray_core::ops::Side] {
+        use xray_core::ops::Side;
+        &[Side::In, Side::Out]
+    }
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         rank(&inputs[0], 2, "x")?;
         let c = fixed(&inputs[0][0], "x channels")?;

@@ -15,6 +15,10 @@ pub struct Embedding;
 
 impl Kernel for Embedding {
     ports!("embedding", [ids: Plain] -> [y: TokenMajor], weights ["table"]);
+    fn points(&self) -> &'static [xray_core::ops::Side] {
+        use xray_core::ops::Side;
+        &[Side::Out]
+    }
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         rank(&inputs[0], 1, "ids")?;
         if weights[0].len() != 2 {

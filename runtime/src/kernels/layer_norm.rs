@@ -10,6 +10,7 @@ use super::layout::token_rows;
 use super::{data, dims, par_rows, tensor};
 use crate::faults::ParamFault;
 use crate::graph::{port, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use xray_core::ops::Side;
 
 /// What differs between channel norms.
 pub trait Norm: fmt::Debug + Clone + Send + Sync + 'static {
@@ -17,6 +18,8 @@ pub trait Norm: fmt::Debug + Clone + Send + Sync + 'static {
     const KIND: &'static str;
     /// The per-channel parameters' weight roles, in order (each `[c]`).
     const ROLES: &'static [&'static str];
+    /// The sides it computes what its HF module computes ([`Kernel::points`]; default none).
+    const POINTS: &'static [Side] = &[];
     /// Normalize the rows of `x` (`c > 0` channels each) into `y` (as long as `x`) with the
     /// parameters `p` (one per role, each `c` long) and `eps`.
     fn rows(x: &[f32], c: usize, p: &[&[f32]], eps: f32, y: &mut [f32]);
@@ -98,6 +101,9 @@ impl<N: Norm> Kernel for ChannelNorm<N> {
             _ => None,
         }
     }
+    fn points(&self) -> &'static [Side] {
+        N::POINTS
+    }
 }
 
 /// `torch.nn.LayerNorm(d, eps)` with elementwise affine weight and bias.
@@ -115,6 +121,7 @@ pub struct Layer;
 impl Norm for Layer {
     const KIND: &'static str = "layer_norm";
     const ROLES: &'static [&'static str] = &["weight", "bias"];
+    const POINTS: &'static [Side] = &[Side::In, Side::Out];
     fn rows(x: &[f32], d: usize, p: &[&[f32]], eps: f32, y: &mut [f32]) {
         let (g, b) = (p[0], p[1]);
         let eps = eps as f64;
@@ -152,6 +159,7 @@ pub struct Rms;
 impl Norm for Rms {
     const KIND: &'static str = "rms_norm";
     const ROLES: &'static [&'static str] = &["weight"];
+    const POINTS: &'static [Side] = &[Side::In, Side::Out];
     fn rows(x: &[f32], c: usize, p: &[&[f32]], eps: f32, y: &mut [f32]) {
         for (xr, yr) in x.chunks_exact(c).zip(y.chunks_exact_mut(c)) {
             let ms = (xr.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / c as f64) as f32;

@@ -48,6 +48,9 @@ pub struct ChannelToToken;
 
 impl Kernel for ChannelToToken {
     ports!("channel_to_token_major", [x: ChannelMajor] -> [y: TokenMajor]);
+    fn is_layout(&self) -> bool {
+        true
+    }
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         rank(&inputs[0], 2, "x")?;
         Ok(vec![vec![inputs[0][1].clone(), inputs[0][0].clone()]])
@@ -88,6 +91,9 @@ pub struct SplitHeads {
 
 impl Kernel for SplitHeads {
     ports!("token_to_head_major", [x: TokenMajor] -> [y: HeadMajor]);
+    fn is_layout(&self) -> bool {
+        true
+    }
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         rank(&inputs[0], 2, "x")?;
         let f = fixed(&inputs[0][1], "x features")?;
@@ -143,6 +149,9 @@ pub struct MergeHeads;
 
 impl Kernel for MergeHeads {
     ports!("head_to_token_major", [x: HeadMajor] -> [y: TokenMajor]);
+    fn is_layout(&self) -> bool {
+        true
+    }
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         rank(&inputs[0], 3, "x")?;
         let h = fixed(&inputs[0][0], "heads")?;

@@ -23,6 +23,10 @@ impl Linear {
 }
 
 impl Kernel for Linear {
+    fn points(&self) -> &'static [xray_core::ops::Side] {
+        use xray_core::ops::Side;
+        &[Side::In, Side::Out]
+    }
     fn kind(&self) -> &'static str {
         "linear"
     }

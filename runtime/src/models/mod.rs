@@ -28,6 +28,8 @@ pub struct RunHooks<'a> {
     pub substitute: Option<&'a dyn Substitute>,
     /// Deliberate faults.
     pub faults: Option<&'a FaultPlan>,
+    /// Op-level points to capture ([`xray_core::ops`]); none by default.
+    pub points: Option<&'a xray_core::ops::PointSelect>,
 }
 
 /// Per-run options.

@@ -18,6 +18,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("dec.text_logits", 0),
             expected_signature: "scale",
+            expected_op_signature: "",
             needs_second_input: false,
             build: |c| {
                 Ok(Output(Scale(
@@ -34,6 +35,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("enc.ctc_bpe_logits", 0),
             expected_signature: "sign_flip",
+            expected_op_signature: "",
             needs_second_input: false,
             build: |_| Ok(Output(Negate)),
         },
@@ -46,6 +48,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("dec.layer.0.attn_probs", 0),
             expected_signature: "mask",
+            expected_op_signature: "",
             needs_second_input: false,
             build: |_| Ok(Param(Causal(true))),
         },
@@ -58,6 +61,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("enc.block.{sc_layer}.out", 0),
             expected_signature: "",
+            expected_op_signature: "",
             needs_second_input: false,
             build: |_| Ok(Param(SkipBranch)),
         },
@@ -69,6 +73,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("dec.layer.1.attn_probs", 0),
             expected_signature: "",
+            expected_op_signature: "",
             needs_second_input: false,
             build: |_| Ok(Param(RopeOffset(1))),
         },
@@ -80,6 +85,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("dec.layer.0.attn_probs", 0),
             expected_signature: "",
+            expected_op_signature: "",
             needs_second_input: false,
             build: |c| {
                 let m = num(c, "text_config.attention_multiplier")? as f32;
@@ -94,6 +100,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("proj.out", 0),
             expected_signature: "rounding",
+            expected_op_signature: "",
             needs_second_input: false,
             build: |_| Ok(Output(RoundBf16)),
         },

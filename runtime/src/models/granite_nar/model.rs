@@ -59,6 +59,7 @@ fn run_ctx<'b>(hooks: &'b mut RunHooks<'_>) -> RunCtx<'b> {
         },
         substitute: hooks.substitute,
         faults: hooks.faults,
+        points: hooks.points,
     }
 }
 

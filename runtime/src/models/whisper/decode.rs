@@ -19,6 +19,11 @@ use crate::graph::Tensor;
 /// Host flag of the fault catalogue: installing new encoder memory does not invalidate the
 /// cross-attention projection cache (the stale-cache bug).
 pub const STALE_CROSS_CACHE: &str = "stale_cross_cache";
+/// Host fault: from decode step [`POSITION_AHEAD_FROM`] on, the position fed is one ahead of the
+/// cache length (a position counter advanced twice).
+pub const POSITION_AHEAD: &str = "position_ahead";
+/// The first decode step [`POSITION_AHEAD`] changes.
+pub const POSITION_AHEAD_FROM: usize = 3;
 
 /// Decoder state between formula runs.
 #[derive(Debug, Default)]

@@ -1,11 +1,12 @@
 //! The whisper fault catalogue: realistic bring-up bugs planted in this family's graph, each with
 //! where the harness must localize it (`xray selftest` checks the origin and the signature).
 
-use crate::faults::{num, CatalogueEntry, FaultKind, OutputFault, ParamFault};
+use crate::faults::{num, CatalogueEntry, FaultKind, KernelFault, OutputFault, ParamFault};
 
 /// This family's catalogue entries.
 pub fn catalogue() -> Vec<CatalogueEntry> {
     use FaultKind::*;
+    use KernelFault::*;
     use OutputFault::*;
     use ParamFault::*;
     vec![
@@ -18,6 +19,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("audio.decoder.layer.1.cross_k", 0),
             expected_signature: "permutation",
+            expected_op_signature: "",
             needs_second_input: false,
             build: |_| Ok(Output(TokenMajorLeak)),
         },
@@ -30,6 +32,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("audio.decoder.layer.1.cross_attention.output", 0),
             expected_signature: "",
+            expected_op_signature: "",
             needs_second_input: false,
             build: |c| {
                 let d = num(c, "d_model")? / num(c, "decoder_attention_heads")?;
@@ -45,6 +48,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("audio.decoder.layer.0.self_attention.probs", 0),
             expected_signature: "mask",
+            expected_op_signature: "",
             needs_second_input: false,
             build: |_| Ok(Param(Causal(false))),
         },
@@ -56,6 +60,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("audio.encoder.layer.0.out", 0),
             expected_signature: "",
+            expected_op_signature: "",
             needs_second_input: false,
             build: |_| Ok(Param(Causal(true))),
         },
@@ -68,8 +73,22 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("audio.decoder.layer.0.cross_attention.output", 1),
             expected_signature: "",
+            expected_op_signature: "",
             needs_second_input: true,
-            build: |_| Ok(Host("stale_cross_cache".into())),
+            build: |_| Ok(Host(super::decode::STALE_CROSS_CACHE.into())),
+        },
+        CatalogueEntry {
+            name: "position_ahead",
+            family: super::NAME,
+            description:
+                "decode loop feeds the position one ahead of the cache length from step 3 on (a position counter advanced twice)",
+            default_target: "",
+            step: None,
+            expected_origin: ("audio.decoder.position_ids", 3),
+            expected_signature: "shift",
+            expected_op_signature: "",
+            needs_second_input: false,
+            build: |_| Ok(Host(super::decode::POSITION_AHEAD.into())),
         },
         CatalogueEntry {
             name: "layernorm_eps",
@@ -79,6 +98,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("audio.encoder.layer.1.out", 0),
             expected_signature: "",
+            expected_op_signature: "",
             needs_second_input: false,
             build: |_| Ok(Param(Eps(1e-1))),
         },
@@ -90,6 +110,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("audio.encoder.memory", 0),
             expected_signature: "rounding",
+            expected_op_signature: "",
             needs_second_input: false,
             build: |_| Ok(Output(RoundF16)),
         },
@@ -101,6 +122,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("audio.decoder.layer.0.cross_attention.output", 0),
             expected_signature: "rounding",
+            expected_op_signature: "",
             needs_second_input: false,
             build: |_| Ok(Output(RoundBf16)),
         },
@@ -112,6 +134,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: Some(2),
             expected_origin: ("audio.decoder.layer.1.out", 2),
             expected_signature: "non_finite",
+            expected_op_signature: "",
             needs_second_input: false,
             build: |_| Ok(Output(Nan(5))),
         },
@@ -123,6 +146,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("audio.decoder.layer.1.cross_attention.output", 0),
             expected_signature: "subset",
+            expected_op_signature: "",
             needs_second_input: false,
             build: |_| Ok(Output(SwapHeads(0, 1))),
         },
@@ -135,6 +159,7 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("audio.decoder.layer.0.cross_attention.out_proj", 0),
             expected_signature: "sign_flip",
+            expected_op_signature: "",
             needs_second_input: false,
             build: |_| Ok(Output(Negate)),
         },
@@ -146,8 +171,93 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             step: None,
             expected_origin: ("audio.encoder.conv1.out", 0),
             expected_signature: "shift",
+            expected_op_signature: "",
             needs_second_input: false,
             build: |_| Ok(Output(Shift(1))),
+        },
+        CatalogueEntry {
+            name: "decode_temperature",
+            family: super::NAME,
+            description:
+                "decoder layer 1 self-attention scores scaled by 1.25 at decode step 1 (a temperature)",
+            default_target: "decoder.layer.1.self_attn",
+            step: Some(1),
+            expected_origin: ("audio.decoder.layer.1.self_attention.probs", 1),
+            expected_signature: "temperature",
+            expected_op_signature: "",
+            needs_second_input: false,
+            build: |c| {
+                let d = num(c, "d_model")? / num(c, "decoder_attention_heads")?;
+                Ok(Param(AttnScale((1.25 / d.sqrt()) as f32)))
+            },
+        },
+        CatalogueEntry {
+            name: "layernorm_unbiased_var",
+            family: super::NAME,
+            description:
+                "encoder final LayerNorm with the unbiased variance (divides by n-1, torch.var's default)",
+            default_target: "encoder.final_norm",
+            step: None,
+            expected_origin: ("audio.encoder.memory", 0),
+            expected_signature: "row_affine",
+            expected_op_signature: "",
+            needs_second_input: false,
+            build: |_| Ok(Kernel(LayerNormUnbiasedVar)),
+        },
+        CatalogueEntry {
+            name: "mel_clamp_floor",
+            family: super::NAME,
+            description: "log-mel dynamic-range floor at max-7 instead of max-8",
+            default_target: "audio.frontend.mel",
+            step: None,
+            expected_origin: ("audio.frontend.mel", 0),
+            expected_signature: "clamp",
+            expected_op_signature: "",
+            needs_second_input: false,
+            // y = (max(l, M - 8) + 4) / 4: a floor at M - 7 is y_max - 7/4 in y.
+            build: |_| Ok(Output(FloorBelowMax(7.0 / 4.0))),
+        },
+        CatalogueEntry {
+            name: "cross_k_wrong_layer",
+            family: super::NAME,
+            description: "decoder layer 1 cross-attention K projection reading layer 0's weight",
+            default_target: "decoder.layer.1.cross_k_proj",
+            step: None,
+            expected_origin: ("audio.decoder.layer.1.cross_k", 0),
+            expected_signature: "wiring",
+            expected_op_signature: "wiring",
+            needs_second_input: false,
+            build: |_| {
+                Ok(WeightKey {
+                    role: "weight".into(),
+                    key: "model.decoder.layers.0.encoder_attn.k_proj.weight".into(),
+                })
+            },
+        },
+        CatalogueEntry {
+            name: "gelu_tanh",
+            family: super::NAME,
+            description: "encoder layer 1 GELU computed with the tanh approximation instead of erf",
+            default_target: "encoder.layer.1.gelu",
+            step: None,
+            expected_origin: ("audio.encoder.layer.1.out", 0),
+            expected_signature: "",
+            expected_op_signature: "elementwise",
+            needs_second_input: false,
+            build: |_| Ok(Kernel(GeluTanh)),
+        },
+        CatalogueEntry {
+            name: "out_proj_int8",
+            family: super::NAME,
+            description:
+                "encoder layer 1 self-attention out_proj weight rounded to int8, one scale per row",
+            default_target: "encoder.layer.1.out_proj",
+            step: None,
+            expected_origin: ("audio.encoder.layer.1.out", 0),
+            expected_signature: "",
+            expected_op_signature: "grid_quantization",
+            needs_second_input: false,
+            build: |_| Ok(Kernel(WeightGridPerRow(8))),
         },
     ]
 }

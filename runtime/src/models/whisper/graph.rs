@@ -512,6 +512,10 @@ pub fn build(
     let t = Dim::sym("tokens");
     let ids = g.feed(names::INPUT_IDS, shape!["tokens"], Layout::Plain)?;
     let pos = g.feed(names::POSITION_IDS, shape!["tokens"], Layout::Plain)?;
+    // Feeds are checkpoints too: what each step was fed (HF: embed_tokens' input, embed_positions'
+    // `position_ids`).
+    g.checkpoint(ids, "audio.decoder.input_ids")?;
+    g.checkpoint(pos, "audio.decoder.position_ids")?;
     let embed_key = dec.pp("embed_tokens").key("weight");
     let tok_w = [(embed_key.clone(), vec![vocab, d])];
     let tok = op(
@@ -574,6 +578,8 @@ pub fn build(
             Layout::TokenMajor,
         )],
     )?[0];
+    // The logits are `proj_out`'s output whichever key holds its weight.
+    g.hf_module("decoder.proj_out", "proj_out")?;
     g.checkpoint(logits, "audio.decoder.logits")?;
     g.output(logits);
     if cfg.tie_word_embeddings {

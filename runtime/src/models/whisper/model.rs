@@ -52,6 +52,7 @@ pub fn run_ctx<'b>(hooks: &'b mut RunHooks<'_>, step: usize) -> RunCtx<'b> {
         },
         substitute: hooks.substitute,
         faults: hooks.faults,
+        points: hooks.points,
     }
 }
 
@@ -307,7 +308,14 @@ impl WhisperModel {
         }
         let mut feeds: Feeds = HashMap::new();
         feeds.insert(names::INPUT_IDS.into(), ids_tensor([token]));
-        feeds.insert(names::POSITION_IDS.into(), ids_tensor([sess.past as i64]));
+        let ahead = ctx.step >= super::decode::POSITION_AHEAD_FROM
+            && ctx
+                .faults
+                .is_some_and(|f| f.host(super::decode::POSITION_AHEAD));
+        feeds.insert(
+            names::POSITION_IDS.into(),
+            ids_tensor([sess.past as i64 + i64::from(ahead)]),
+        );
         for (i, (k, v)) in std::mem::take(&mut sess.self_kv).into_iter().enumerate() {
             feeds.insert(names::self_k_past(i), k);
             feeds.insert(names::self_v_past(i), v);

@@ -1,0 +1,224 @@
+//! Op-level localization end to end: the drill-down of `xray check`, `--ops` dumps compared by
+//! `xray compare`, and another engine's dump (the HF reference itself with int8-rounded fc2
+//! weights, dumped by `python -m xray_oracle dump --ops`) localized to the module.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{check, code, dump_to, root, stderr, xray};
+use serde_json::Value;
+
+const RAND: &str = "fixtures/build/whisper-rand-a";
+const TINY: &str = "fixtures/whisper-tiny-en";
+const FOX: &str = "fixtures/audio/fox.wav";
+
+/// Whether the fixtures are there (a missing one fails under `XRAY_REQUIRE_FIXTURES`).
+fn ready(paths: &[&str]) -> bool {
+    let missing: Vec<&&str> = paths.iter().filter(|p| !root().join(p).exists()).collect();
+    assert!(
+        missing.is_empty() || std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none(),
+        "fixtures {missing:?} missing and XRAY_REQUIRE_FIXTURES is set (run `make fixtures`)"
+    );
+    missing.is_empty()
+}
+
+/// The evidence validates against docs/evidence.schema.json (`first_divergence.op` included).
+fn assert_schema_valid(ev: &Value) {
+    let text = std::fs::read_to_string(root().join("docs/evidence.schema.json")).unwrap();
+    let schema: Value = serde_json::from_str(&text).unwrap();
+    let v = jsonschema::validator_for(&schema).expect("valid JSON Schema");
+    let errors: Vec<String> = v
+        .iter_errors(ev)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "schema errors: {errors:#?}");
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// A fault the catalogue plants elsewhere (its default is encoder layer 1's MLP norm), planted on
+/// encoder layer 0's attention norm: the drill-down follows the graph to that op, with the
+/// normalization-statistics signature.
+#[test]
+fn check_drills_down_to_an_op_the_catalogue_does_not_target() {
+    if !ready(&[RAND, FOX, ".venv"]) {
+        return;
+    }
+    let ev = check(
+        RAND,
+        FOX,
+        &["--inject", "layernorm_eps@encoder.layer.0.self_attn_norm"],
+        1,
+    );
+    let fd = &ev["first_divergence"];
+    assert_eq!(fd["checkpoint"], "audio.encoder.layer.0.out", "{fd:#}");
+    let op = &fd["op"];
+    assert_eq!(op["op"], "encoder.layer.0.self_attn_norm", "{op:#}");
+    assert_eq!(
+        op["point"], "model.encoder.layers.0.self_attn_layer_norm:out",
+        "{op:#}"
+    );
+    assert_eq!(op["inputs"][0]["status"], "pass", "{op:#}");
+    assert_eq!(op["explanation"]["signature"], "row_affine", "{op:#}");
+    assert_schema_valid(&ev);
+    // --no-drill stops at the checkpoint.
+    let ev = check(
+        RAND,
+        FOX,
+        &[
+            "--inject",
+            "layernorm_eps@encoder.layer.0.self_attn_norm",
+            "--no-drill",
+        ],
+        1,
+    );
+    assert!(ev["first_divergence"].get("op").is_none(), "{ev:#}");
+}
+
+/// A clean run with every op-level point on both sides: every point both engines emit agrees at
+/// every step (no op-level note), and the points are there in numbers.
+#[test]
+fn clean_ops_dumps_agree_at_every_point() {
+    if !ready(&[RAND, FOX, ".venv"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (r, x) = (dir.path().join("ref"), dir.path().join("rt"));
+    for (cmd, out) in [("oracle", &r), ("run", &x)] {
+        let o = dump_to(cmd, RAND, FOX, out, &["--ops"]);
+        assert_eq!(code(&o), 0, "xray {cmd}: {}", stderr(&o));
+    }
+    let count = |d: &Path| {
+        let m: Value =
+            serde_json::from_str(&std::fs::read_to_string(d.join("manifest.json")).unwrap())
+                .unwrap();
+        m["checkpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| xray_core::ops::is_point(e["name"].as_str().unwrap()))
+            .count()
+    };
+    assert!(
+        count(&r) > 100 && count(&x) > 100,
+        "{} {}",
+        count(&r),
+        count(&x)
+    );
+    let ev = dir.path().join("e.json");
+    let o = xray(&[
+        "compare",
+        s(&r),
+        s(&x),
+        "--model",
+        RAND,
+        "--evidence",
+        s(&ev),
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let ev: Value = serde_json::from_str(&std::fs::read_to_string(&ev).unwrap()).unwrap();
+    let notes = ev["notes"].to_string();
+    assert!(!notes.contains("op-level"), "{notes}");
+}
+
+/// Another engine's dump: HF Whisper tiny.en with encoder layer 3's fc2 weight rounded to a
+/// symmetric int8 grid per output row, dumped with every op-level point by the Python oracle.
+/// `xray compare` against the reference names the module, the runtime op, and the grid.
+#[test]
+fn int8_rounded_fc2_in_another_engines_dump_is_localized_to_the_module() {
+    if !ready(&[TINY, FOX, ".venv"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let patched = dir.path().join("tiny-int8-fc2");
+    std::fs::create_dir(&patched).unwrap();
+    let tiny = root().join(TINY);
+    for f in std::fs::read_dir(&tiny).unwrap() {
+        let f = f.unwrap();
+        if f.file_name() != "model.safetensors" {
+            std::os::unix::fs::symlink(f.path(), patched.join(f.file_name())).unwrap();
+        }
+    }
+    let py = root().join(".venv/bin/python");
+    let patch = "import sys\n\
+        from safetensors.numpy import load_file, save_file\n\
+        import numpy as np\n\
+        w = load_file(sys.argv[1])\n\
+        k = 'model.encoder.layers.3.fc2.weight'\n\
+        a = w[k].astype(np.float32)\n\
+        s = np.abs(a).max(axis=1, keepdims=True) / 127.0\n\
+        w[k] = (np.round(a / s) * s).astype(w[k].dtype)\n\
+        save_file(w, sys.argv[2], metadata={'format': 'pt'})\n";
+    let o = Command::new(&py)
+        .args([
+            "-c",
+            patch,
+            s(&tiny.join("model.safetensors")),
+            s(&patched.join("model.safetensors")),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let contract = dir.path().join("contract.json");
+    let o = xray(&["contract", "--model", TINY, "--out", s(&contract)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let (r, x) = (dir.path().join("ref"), dir.path().join("engine"));
+    let o = xray(&[
+        "oracle",
+        "--model",
+        TINY,
+        "--audio",
+        FOX,
+        "--out",
+        s(&r),
+        "--ops",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = Command::new(&py)
+        .current_dir(root())
+        .env("PYTHONPATH", root().join("oracle"))
+        .args([
+            "-m",
+            "xray_oracle",
+            "dump",
+            "--model",
+            s(&patched),
+            "--audio",
+            FOX,
+            "--contract",
+            s(&contract),
+            "--ops",
+            "--out",
+            s(&x),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ev = dir.path().join("e.json");
+    let o = xray(&[
+        "compare",
+        s(&r),
+        s(&x),
+        "--model",
+        TINY,
+        "--evidence",
+        s(&ev),
+    ]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    let ev: Value = serde_json::from_str(&std::fs::read_to_string(&ev).unwrap()).unwrap();
+    let fd = &ev["first_divergence"];
+    assert_eq!(fd["checkpoint"], "audio.encoder.layer.3.out", "{fd:#}");
+    assert_eq!(fd["step"], 0, "{fd:#}");
+    let op = &fd["op"];
+    assert_eq!(op["module"], "model.encoder.layers.3.fc2", "{op:#}");
+    assert_eq!(op["point"], "model.encoder.layers.3.fc2:out", "{op:#}");
+    assert_eq!(op["op"], "encoder.layer.3.fc2", "{op:#}");
+    let e = &op["explanation"];
+    assert_eq!(e["signature"], "grid_quantization", "{e:#}");
+    assert_eq!(e["evidence"]["bits"], 8, "{e:#}");
+    assert_schema_valid(&ev);
+}

@@ -1,0 +1,207 @@
+"""Op-level points on the reference side: the tensors at the boundaries of the model's modules,
+named `{module}:{in|out}` (xray-core's `ops` module; docs/dump-format.md, "Op-level points").
+
+One recorder serves every family: `OpRecorder(model, ops, step)` hooks the selected modules
+(`ops="all"`: every module that has parameters of its own; a list: exactly the named points) and
+copies each firing out, in firing order, tagged with `step()` at the time it fired. The Whisper
+recorder passes its decode-step counter; a single-pass model (granite_nar) passes nothing (step 0).
+
+Rules (each checked where it can fail):
+- `in` is the module's first positional input (forward pre-hook, `args[0]`); `out` is its output
+  (forward hook; a tuple or a transformers ModelOutput gives its element 0).
+- a leading axis of 1 (the batch of one) is dropped; a tensor HF makes without a batch axis (the
+  positions fed to Whisper's `model.encoder.embed_positions`, a Q-Former's windows) is kept whole.
+- integer and boolean tensors (token ids, positions) become float32; float16/bfloat16 become
+  float32; float32/float64 are kept as computed.
+- layout: `channel_major` for the rank-2 tensors of an `nn.Conv1d` or `nn.BatchNorm1d` (modules
+  that take [batch, channels, time]), `token_major` for any other rank-2 tensor ([tokens,
+  features]), `plain` otherwise.
+- one firing per point per step: a second one is a CaptureError naming the point and the step; an
+  explicitly named point that never fired is a CaptureError naming it ("all" simply has no point
+  for a module that never runs).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+
+from .errors import CaptureError, OracleInputError
+
+ALL = "all"
+SIDES = ("in", "out")
+
+OpsArg = Union[None, str, list, tuple]
+
+
+def parse_ops(ops: OpsArg) -> Union[None, str, list[str]]:
+    """Validate an `ops` argument without torch: None (no points), "all", or a list of point names
+    `{module}:in` / `{module}:out`. Returns None, "all", or the names (duplicates dropped, order
+    kept); an empty list is None. Anything else is an OracleInputError naming the bad value."""
+    if ops is None:
+        return None
+    if isinstance(ops, str):
+        if ops == ALL:
+            return ALL
+        raise OracleInputError(
+            f"ops {ops!r} is neither 'all' nor a list of op-level point names such as "
+            "'model.encoder.layers.0.fc2:out'"
+        )
+    if not isinstance(ops, (list, tuple)):
+        raise OracleInputError(f"ops must be None, 'all' or a list of point names, got a {type(ops).__name__}")
+    names: list[str] = []
+    for name in ops:
+        if not isinstance(name, str):
+            raise OracleInputError(f"op-level point {name!r} is a {type(name).__name__}, not a name")
+        module, sep, side = name.rpartition(":")
+        if not sep or not module or side not in SIDES:
+            raise OracleInputError(
+                f"op-level point {name!r}: not '{{module}}:in' or '{{module}}:out' (a module's dotted path "
+                "from the model root, e.g. 'model.encoder.layers.3.fc2:out')"
+            )
+        if name not in names:
+            names.append(name)
+    return names or None
+
+
+def _has_own_parameters(module) -> bool:
+    return next(module.parameters(recurse=False), None) is not None
+
+
+def layout_of(module, array: np.ndarray) -> str:
+    """The layout rule of op-level points (see the module docstring)."""
+    import torch
+
+    if array.ndim == 2:
+        return "channel_major" if isinstance(module, (torch.nn.Conv1d, torch.nn.BatchNorm1d)) else "token_major"
+    return "plain"
+
+
+class OpRecorder:
+    """Forward pre-hooks / hooks on the selected modules; `points()` after the run.
+
+    `ops` is validated by `parse_ops`; module names are checked against the model at construction
+    (before anything runs): an unknown module is an OracleInputError naming the point and the
+    nearest module paths the model has. `step` returns the current step when a hook fires."""
+
+    def __init__(self, model, ops: OpsArg, step: Optional[Callable[[], int]] = None):
+        self.model = model
+        self.selection = parse_ops(ops)
+        self.step = step or (lambda: 0)
+        self.captured: list[dict] = []
+        self._seen: set[tuple[str, int]] = set()
+        self._handles: list = []
+        # (module path, module, sides) in the model's module order
+        self.targets: list[tuple[str, Any, tuple[str, ...]]] = []
+        if self.selection is None:
+            return
+        if self.selection == ALL:
+            for path, mod in model.named_modules():
+                if path and _has_own_parameters(mod):
+                    self.targets.append((path, mod, SIDES))
+            return
+        wanted: dict[str, list[str]] = {}
+        for name in self.selection:
+            module, _, side = name.rpartition(":")
+            wanted.setdefault(module, []).append(side)
+        for path, sides in wanted.items():
+            try:
+                mod = model.get_submodule(path)
+            except AttributeError:
+                raise OracleInputError(
+                    f"op-level point {path}:{sides[0]}: the model ({type(model).__name__}) has no module {path!r}"
+                    f"{_nearby(model, path)}"
+                ) from None
+            self.targets.append((path, mod, tuple(s for s in SIDES if s in sides)))
+
+    def install(self) -> "OpRecorder":
+        for path, mod, sides in self.targets:
+            if "in" in sides:
+                self._handles.append(
+                    mod.register_forward_pre_hook(
+                        lambda m, args, kwargs, p=path: self._take(m, p, "in", args, kwargs), with_kwargs=True
+                    )
+                )
+            if "out" in sides:
+                self._handles.append(
+                    mod.register_forward_hook(lambda m, args, out, p=path: self._take(m, p, "out", out, None))
+                )
+        return self
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def __enter__(self) -> "OpRecorder":
+        return self.install()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+    def _take(self, module, path: str, side: str, value: Any, kwargs: Optional[dict]) -> None:
+        import torch
+
+        name = f"{path}:{side}"
+        step = self.step()
+        if (name, step) in self._seen:
+            raise CaptureError(
+                f"op-level point {name}: {path} ran twice at step {step}; a point is one firing per step"
+            )
+        self._seen.add((name, step))
+        if side == "in":
+            if not value:
+                raise CaptureError(
+                    f"op-level point {name}: {path} was called with no positional input "
+                    f"(keyword arguments only: {sorted(kwargs or {})}); `in` is the first positional input"
+                )
+            t = value[0]
+            what = "first positional input"
+        else:
+            t = value
+            if isinstance(value, (tuple, list)):
+                t = value[0] if len(value) else None
+            elif not torch.is_tensor(value) and hasattr(value, "to_tuple"):
+                tup = value.to_tuple()
+                t = tup[0] if tup else None
+            what = "output"
+        if not torch.is_tensor(t):
+            raise CaptureError(
+                f"op-level point {name}: {path}'s {what} is a {type(value).__name__} whose first element "
+                f"is a {type(t).__name__}, not a tensor"
+            )
+        t = t.detach()
+        if t.dim() >= 1 and t.shape[0] == 1:
+            t = t[0]
+        if not t.is_floating_point() or t.dtype in (torch.float16, torch.bfloat16):
+            t = t.to(torch.float32)
+        a = np.ascontiguousarray(t.to("cpu").numpy()).copy()
+        self.captured.append({"name": name, "step": step, "layout": layout_of(module, a), "array": a,
+                              "seq": len(self.captured)})
+
+    def points(self) -> list[dict]:
+        """The captured points [{"name", "step", "layout", "array"}] sorted by (step, firing
+        order). An explicitly named point that never fired is a CaptureError naming it."""
+        if isinstance(self.selection, list):
+            fired = {c["name"] for c in self.captured}
+            missing = [n for n in self.selection if n not in fired]
+            if missing:
+                raise CaptureError(
+                    f"op-level point(s) {missing} never fired: the module exists but the run never called it "
+                    "(a module whose weight is read directly, such as an embedding table, has no points)"
+                )
+        out = sorted(self.captured, key=lambda c: (c["step"], c["seq"]))
+        return [{k: c[k] for k in ("name", "step", "layout", "array")} for c in out]
+
+
+def _nearby(model, path: str) -> str:
+    """A hint: module paths of the model that share the longest prefix with `path`."""
+    parts = path.split(".")
+    names = [n for n, _ in model.named_modules() if n]
+    for k in range(len(parts) - 1, -1, -1):
+        prefix = ".".join(parts[:k])
+        near = [n for n in names if n.startswith(prefix + ".") and n.count(".") == prefix.count(".") + 1] if prefix else \
+            [n for n in names if "." not in n]
+        if near:
+            return f"; {prefix or 'the root'} has {near[:8]}"
+    return ""

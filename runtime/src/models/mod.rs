@@ -32,6 +32,22 @@ pub struct RunHooks<'a> {
     pub points: Option<&'a xray_core::ops::PointSelect>,
 }
 
+impl RunHooks<'_> {
+    /// A [`RunCtx`] for one formula run at `step`, reborrowing these hooks.
+    pub fn ctx(&mut self, step: usize) -> RunCtx<'_> {
+        RunCtx {
+            step,
+            observer: match self.observer.as_mut() {
+                Some(o) => Some(&mut **o),
+                None => None,
+            },
+            substitute: self.substitute,
+            faults: self.faults,
+            points: self.points,
+        }
+    }
+}
+
 /// Per-run options.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {

@@ -49,20 +49,6 @@ pub struct Encoded {
     pub bpe_logits: Tensor,
 }
 
-/// A [`RunCtx`] for one formula run at step 0, reborrowing the hooks.
-fn run_ctx<'b>(hooks: &'b mut RunHooks<'_>) -> RunCtx<'b> {
-    RunCtx {
-        step: 0,
-        observer: match hooks.observer.as_mut() {
-            Some(o) => Some(&mut **o),
-            None => None,
-        },
-        substitute: hooks.substitute,
-        faults: hooks.faults,
-        points: hooks.points,
-    }
-}
-
 fn take2(v: Vec<Tensor>) -> Result<(Tensor, Tensor)> {
     let mut it = v.into_iter();
     match (it.next(), it.next()) {
@@ -218,11 +204,11 @@ impl SpeechModel for GraniteNarModel {
     /// `hypothesis` (used), `own_hypothesis` (the runtime's CTC), `template`, `teacher_forced`.
     fn run(&self, audio: &Audio, opts: &RunOptions, hooks: &mut RunHooks) -> Result<RunOutput> {
         self.preprocessor.check_audio(audio)?;
-        let enc = self.encode(&audio.samples, &mut run_ctx(hooks))?;
+        let enc = self.encode(&audio.samples, &mut hooks.ctx(0))?;
         let own = self.hypothesis(&enc.bpe_logits)?;
         let hypothesis = opts.teacher_tokens.clone().unwrap_or_else(|| own.clone());
         let template = self.template(&hypothesis)?;
-        let logits = self.edit(enc.cat_out, &template, &mut run_ctx(hooks))?;
+        let logits = self.edit(enc.cat_out, &template, &mut hooks.ctx(0))?;
         let tokens = self.final_tokens(&logits)?;
         let transcript = self.decode_text(&tokens)?;
         let mut extra = BTreeMap::new();

@@ -42,20 +42,6 @@ impl std::fmt::Debug for WhisperModel {
     }
 }
 
-/// A [`RunCtx`] for one formula run at `step`, reborrowing the hooks.
-pub fn run_ctx<'b>(hooks: &'b mut RunHooks<'_>, step: usize) -> RunCtx<'b> {
-    RunCtx {
-        step,
-        observer: match hooks.observer.as_mut() {
-            Some(o) => Some(&mut **o),
-            None => None,
-        },
-        substitute: hooks.substitute,
-        faults: hooks.faults,
-        points: hooks.points,
-    }
-}
-
 fn ids_tensor(ids: impl IntoIterator<Item = i64>) -> Tensor {
     Array1::from_iter(ids.into_iter().map(|i| i as f32)).into_dyn()
 }
@@ -414,7 +400,7 @@ impl WhisperModel {
         let mut outputs: Vec<Tensor> = Vec::new();
         let mut predicted = Vec::new();
         let mut tokens = prefix.clone();
-        let logits = self.prefill(sess, &prefix, &mut run_ctx(hooks, 0))?;
+        let logits = self.prefill(sess, &prefix, &mut hooks.ctx(0))?;
         outputs.push(logits);
         let mut step = 0usize;
         let stop = loop {
@@ -443,7 +429,7 @@ impl WhisperModel {
                 };
             }
             step += 1;
-            let logits = self.decode_step(sess, next_tok, &mut run_ctx(hooks, step))?;
+            let logits = self.decode_step(sess, next_tok, &mut hooks.ctx(step))?;
             outputs.push(logits);
         };
         let transcript = self.decode_text(&predicted)?;
@@ -483,7 +469,7 @@ impl SpeechModel for WhisperModel {
     /// `outputs` are the logits of every step.
     fn run(&self, audio: &Audio, opts: &RunOptions, hooks: &mut RunHooks) -> Result<RunOutput> {
         self.preprocessor.check_audio(audio)?;
-        let memory = self.encode(&audio.samples, &mut run_ctx(hooks, 0))?;
+        let memory = self.encode(&audio.samples, &mut hooks.ctx(0))?;
         let mut guard = match self.session.lock() {
             Ok(g) => g,
             Err(poisoned) => {

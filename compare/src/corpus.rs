@@ -53,7 +53,7 @@ pub fn margins(c: &CheckpointEvidence) -> Vec<Margin> {
     let Some(m) = &c.metrics else {
         return vec![];
     };
-    let t = &c.tolerance;
+    let t = &c.tolerance.bounds;
     let at = c.id();
     let mut out = Vec::new();
     let logits = m.logits.as_ref();

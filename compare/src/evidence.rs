@@ -77,21 +77,13 @@ pub struct Run {
     pub contract_sha256: Option<String>,
 }
 
-/// Tolerance in force for a checkpoint and where it came from.
+/// Tolerance in force for a checkpoint and where it came from: the [`Tolerance`]'s fields
+/// (`atol`, `rtol`, `max_outlier_fraction`, `max_rel_l2`, `max_kl`) and `source`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToleranceEvidence {
-    /// Absolute tolerance.
-    pub atol: f64,
-    /// Relative tolerance.
-    pub rtol: f64,
-    /// Allowed outlier fraction.
-    pub max_outlier_fraction: f64,
-    /// `rel_l2` bound, when set.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_rel_l2: Option<f64>,
-    /// Logits KL bound (nats), when set; applies to logits checkpoints only.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_kl: Option<f64>,
+    /// The bounds (serialized inline).
+    #[serde(flatten)]
+    pub bounds: Tolerance,
     /// `default:<dtype>`, `policy:<glob>` or `calibrated:<k>x noise floor`.
     pub source: String,
 }
@@ -99,11 +91,7 @@ pub struct ToleranceEvidence {
 impl From<&ResolvedTolerance> for ToleranceEvidence {
     fn from(r: &ResolvedTolerance) -> Self {
         ToleranceEvidence {
-            atol: r.tolerance.atol,
-            rtol: r.tolerance.rtol,
-            max_outlier_fraction: r.tolerance.max_outlier_fraction,
-            max_rel_l2: r.tolerance.max_rel_l2,
-            max_kl: r.tolerance.max_kl,
+            bounds: r.tolerance,
             source: r.source.to_string(),
         }
     }
@@ -112,13 +100,7 @@ impl From<&ResolvedTolerance> for ToleranceEvidence {
 impl ToleranceEvidence {
     /// The tolerance without its source.
     pub fn tolerance(&self) -> Tolerance {
-        Tolerance {
-            atol: self.atol,
-            rtol: self.rtol,
-            max_outlier_fraction: self.max_outlier_fraction,
-            max_rel_l2: self.max_rel_l2,
-            max_kl: self.max_kl,
-        }
+        self.bounds
     }
 }
 
@@ -603,6 +585,34 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Error> {
 pub(crate) mod tests {
     use super::*;
 
+    /// A checkpoint `name@step0` with `status`, no metrics, f32 bounds `atol 1e-4, rtol 1e-3`.
+    pub(crate) fn checkpoint(name: &str, status: Status) -> CheckpointEvidence {
+        CheckpointEvidence {
+            name: name.into(),
+            step: 0,
+            producer: "op".into(),
+            consumers: vec![],
+            shape: vec![1],
+            dtype: "f32".into(),
+            layout: "plain".into(),
+            metrics: None,
+            local_metrics: None,
+            tolerance: ToleranceEvidence {
+                bounds: Tolerance {
+                    atol: 1e-4,
+                    rtol: 1e-3,
+                    max_outlier_fraction: 0.0,
+                    max_rel_l2: None,
+                    max_kl: None,
+                },
+                source: "default:f32".into(),
+            },
+            status,
+            propagated_from: vec![],
+            note: None,
+        }
+    }
+
     pub(crate) fn tiny() -> Evidence {
         Evidence {
             schema: SCHEMA.into(),
@@ -709,28 +719,7 @@ pub(crate) mod tests {
         assert_eq!(e.derive_verdict(), Verdict::Pass);
         // Unobserved and not-comparable checkpoints neither pass nor fail; none observed is an
         // error, one observed pass is a pass.
-        let cp = |status: Status| CheckpointEvidence {
-            name: "x".into(),
-            step: 0,
-            producer: "p".into(),
-            consumers: vec![],
-            shape: vec![],
-            dtype: "f32".into(),
-            layout: "plain".into(),
-            metrics: None,
-            local_metrics: None,
-            tolerance: ToleranceEvidence {
-                atol: 0.0,
-                rtol: 0.0,
-                max_outlier_fraction: 0.0,
-                max_rel_l2: None,
-                max_kl: None,
-                source: "default:f32".into(),
-            },
-            status,
-            propagated_from: vec![],
-            note: None,
-        };
+        let cp = |status: Status| checkpoint("x", status);
         e.checkpoints = vec![cp(Status::Unobserved), cp(Status::NotComparable)];
         assert_eq!(e.derive_verdict(), Verdict::Error);
         e.checkpoints.push(cp(Status::Pass));

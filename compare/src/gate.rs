@@ -377,8 +377,8 @@ pub fn junit_xml(r: &GateReport) -> Result<String, quick_junit::SerializeError> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::evidence::{Run, ToleranceEvidence, SCHEMA};
-    use crate::localize::ErrorProfile;
+    use crate::evidence::tests::checkpoint;
+    use crate::evidence::Run;
     use crate::metrics::{compare_slices, Metrics};
     use crate::tolerance::Tolerance;
 
@@ -391,32 +391,13 @@ mod tests {
 
     fn cp(name: &str, status: Status, rel: f64, max_abs: f64) -> CheckpointEvidence {
         CheckpointEvidence {
-            name: name.into(),
-            step: 0,
-            producer: "op".into(),
-            consumers: vec![],
-            shape: vec![1],
-            dtype: "f32".into(),
-            layout: "plain".into(),
             metrics: Some(metrics(rel, max_abs)),
-            local_metrics: None,
-            tolerance: ToleranceEvidence {
-                atol: 1e-4,
-                rtol: 1e-3,
-                max_outlier_fraction: 0.0,
-                max_rel_l2: None,
-                max_kl: None,
-                source: "default:f32".into(),
-            },
-            status,
-            propagated_from: vec![],
-            note: None,
+            ..checkpoint(name, status)
         }
     }
 
     fn ev(verdict: Verdict, cps: Vec<CheckpointEvidence>) -> Evidence {
         Evidence {
-            schema: SCHEMA.into(),
             verdict,
             run: Run {
                 family: "whisper".into(),
@@ -426,16 +407,7 @@ mod tests {
                 ..Default::default()
             },
             checkpoints: cps,
-            first_divergence: None,
-            independent: vec![],
-            error_profile: ErrorProfile::default(),
-            drill_down: None,
-            capture_neutral: None,
-            transcript: None,
-            notes: vec![],
-            coverage: None,
-            fed: vec![],
-            tokens: None,
+            ..crate::evidence::tests::tiny()
         }
     }
 

@@ -189,6 +189,27 @@ struct Acc {
     ratio: f64,
 }
 
+impl Acc {
+    /// Add one finite pair (`a32` the reference, `b32` the runtime) to the sums (not to
+    /// `finite`): the scalar form of [`chunk_lanes`]' per-lane arithmetic.
+    #[inline(always)]
+    fn add(&mut self, a32: f32, b32: f32, atol: f64, rtol: f64, scale: f64) {
+        let (a, b) = (a32 as f64, b32 as f64);
+        let d = b - a;
+        self.abs += d.abs();
+        self.sq += d * d;
+        self.rr += a * a;
+        self.xx += b * b;
+        self.rx += a * b;
+        self.max_abs = self.max_abs.max(d.abs());
+        self.max_ulp = self.max_ulp.max(ulp_distance(a32, b32));
+        let bound = atol + rtol * a.abs().max(scale);
+        self.beyond += (d.abs() > bound) as u64;
+        let q = d.abs() / bound;
+        self.ratio = if q > self.ratio { q } else { self.ratio };
+    }
+}
+
 /// Sign-aware ULP distance from raw `f32` bits, branch-free in `u32` (vectorizes). Never
 /// overflows: two magnitudes are at most `0x7fff_ffff` each.
 #[inline(always)]
@@ -252,21 +273,7 @@ fn chunk_lanes(r: &[f32], x: &[f32], atol: f64, rtol: f64, scale: f64) -> Option
         ratio: rat.iter().copied().fold(0.0, f64::max),
     };
     for (&a32, &b32) in rt.iter().zip(xt) {
-        let (a, b) = (a32 as f64, b32 as f64);
-        let d = b - a;
-        acc.abs += d.abs();
-        acc.sq += d * d;
-        acc.rr += a * a;
-        acc.xx += b * b;
-        acc.rx += a * b;
-        acc.max_abs = acc.max_abs.max(d.abs());
-        acc.max_ulp = acc
-            .max_ulp
-            .max(ulp_bits(a32.to_bits(), b32.to_bits()) as u64);
-        let bound = atol + rtol * a.abs().max(scale);
-        acc.beyond += (d.abs() > bound) as u64;
-        let q = d.abs() / bound;
-        acc.ratio = if q > acc.ratio { q } else { acc.ratio };
+        acc.add(a32, b32, atol, rtol, scale);
     }
     // With f64 sums of f32 inputs only a non-finite input can make a sum non-finite.
     (acc.abs.is_finite() && acc.rr.is_finite() && acc.xx.is_finite()).then_some(acc)
@@ -509,19 +516,7 @@ fn chunk_slow(
         nf.runtime_nan += b32.is_nan() as u64;
         nf.runtime_inf += b32.is_infinite() as u64;
         if fa && fb {
-            let (a, b) = (a32 as f64, b32 as f64);
-            let d = b - a;
-            acc.abs += d.abs();
-            acc.sq += d * d;
-            acc.rr += a * a;
-            acc.xx += b * b;
-            acc.rx += a * b;
-            acc.max_abs = acc.max_abs.max(d.abs());
-            acc.max_ulp = acc.max_ulp.max(ulp_distance(a32, b32));
-            let bound = atol + rtol * a.abs().max(scale);
-            acc.beyond += (d.abs() > bound) as u64;
-            let q = d.abs() / bound;
-            acc.ratio = if q > acc.ratio { q } else { acc.ratio };
+            acc.add(a32, b32, atol, rtol, scale);
             acc.finite += 1;
         } else {
             let same = (a32.is_nan() && b32.is_nan()) || (a32 == b32);

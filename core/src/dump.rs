@@ -342,17 +342,22 @@ impl DumpWriter {
     pub fn add(&mut self, name: &str, step: usize, layout: Layout, t: &Tensor) {
         let data = t.as_standard_layout();
         let slice = data.as_slice().unwrap_or(&[]);
+        let entry = Entry {
+            name: name.to_string(),
+            step,
+            shape: t.shape().to_vec(),
+            dtype: "f32".into(),
+            layout,
+            file: None,
+            sha256: None,
+            stats: None,
+            content_sha256: None,
+        };
         if self.manifest.stats_only {
             self.manifest.checkpoints.push(Entry {
-                name: name.to_string(),
-                step,
-                shape: t.shape().to_vec(),
-                dtype: "f32".into(),
-                layout,
-                file: None,
-                sha256: None,
                 stats: Some(Stats::of(slice)),
                 content_sha256: Some(content_sha256(slice)),
+                ..entry
             });
             return;
         }
@@ -365,15 +370,9 @@ impl DumpWriter {
             }
         };
         self.manifest.checkpoints.push(Entry {
-            name: name.to_string(),
-            step,
-            shape: t.shape().to_vec(),
-            dtype: "f32".into(),
-            layout,
             file: Some(file.clone()),
             sha256: Some(hex::encode(Sha256::digest(&bytes))),
-            stats: None,
-            content_sha256: None,
+            ..entry
         });
         self.files.push((file, bytes));
     }

@@ -3,18 +3,9 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
-fn xray(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_xray"))
-        .args(args)
-        .output()
-        .expect("run xray")
-}
-
-fn code(o: &Output) -> i32 {
-    o.status.code().unwrap_or(-1)
-}
+use common::{code, xray};
 
 fn write(dir: &Path, name: &str, e: &xray_compare::evidence::Evidence) -> String {
     let p = dir.join(name);
@@ -92,28 +83,19 @@ fn gate_passes_on_same_evidence_and_fails_on_regression() {
     let good = write(dir.path(), "good.json", &common::whisper_evidence(false));
     let bad = write(dir.path(), "bad.json", &common::whisper_evidence(true));
     let junit = dir.path().join("junit.xml");
-    let o = xray(&[
-        "gate",
-        "--evidence",
-        &good,
-        "--baseline",
-        &good,
-        "--junit",
-        junit.to_str().unwrap(),
-    ]);
+    let junit_arg = junit.to_str().unwrap();
+    // `xray gate --evidence NEW --baseline BASE EXTRA..`.
+    let gate = |new: &str, base: &str, extra: &[&str]| {
+        let mut args = vec!["gate", "--evidence", new, "--baseline", base];
+        args.extend_from_slice(extra);
+        xray(&args)
+    };
+    let o = gate(&good, &good, &["--junit", junit_arg]);
     assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stdout));
     assert!(!std::fs::read_to_string(&junit)
         .unwrap()
         .contains("<failure"));
-    let o = xray(&[
-        "gate",
-        "--evidence",
-        &bad,
-        "--baseline",
-        &good,
-        "--junit",
-        junit.to_str().unwrap(),
-    ]);
+    let o = gate(&bad, &good, &["--junit", junit_arg]);
     assert_eq!(code(&o), 1);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
@@ -128,15 +110,7 @@ fn gate_passes_on_same_evidence_and_fails_on_regression() {
         ty.is_some_and(|t| t.split(',').any(|k| k == "status"))
     });
     assert!(status_failure, "{x}");
-    let o = xray(&[
-        "gate",
-        "--evidence",
-        &bad,
-        "--baseline",
-        &good,
-        "--factor",
-        "0.5",
-    ]);
+    let o = gate(&bad, &good, &["--factor", "0.5"]);
     assert_eq!(code(&o), 2, "a factor below 1 is a usage error");
 }
 

@@ -21,18 +21,21 @@ fn corpus_shards_summarize_and_gate() {
         tmp.path().join("s1"),
         tmp.path().join("s2"),
     );
-    let model = "fixtures/build/whisper-rand-a";
+    // `xray check` of the committed corpus (a directory of WAVs) with `extra` arguments.
+    let corpus = |extra: &[&str]| {
+        let mut args = vec![
+            "check",
+            "--model",
+            "fixtures/build/whisper-rand-a",
+            "--audio",
+            "fixtures/audio",
+        ];
+        args.extend_from_slice(extra);
+        xray(&args)
+    };
 
-    // The whole committed corpus (a directory of WAVs), in one process.
-    let o = xray(&[
-        "check",
-        "--model",
-        model,
-        "--audio",
-        "fixtures/audio",
-        "--evidence-dir",
-        all.to_str().unwrap(),
-    ]);
+    // The whole corpus, in one process.
+    let o = corpus(&["--evidence-dir", all.to_str().unwrap()]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let s = summary(&all);
     assert_eq!(s["schema"], "xray.corpus-summary/v1");
@@ -59,37 +62,14 @@ fn corpus_shards_summarize_and_gate() {
         stderr(&o)
     );
     // Again into the same directory: refused without --force (an earlier corpus run).
-    let o = xray(&[
-        "check",
-        "--model",
-        model,
-        "--audio",
-        "fixtures/audio",
-        "--evidence-dir",
-        all.to_str().unwrap(),
-    ]);
+    let o = corpus(&["--evidence-dir", all.to_str().unwrap()]);
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     assert!(stderr(&o).contains("--force"), "{}", stderr(&o));
 
     // Two shards; the second with a planted fault, so the merge has a divergence to report.
-    let o = xray(&[
-        "check",
-        "--model",
-        model,
-        "--audio",
-        "fixtures/audio",
-        "--shard",
-        "1/2",
-        "--evidence-dir",
-        s1.to_str().unwrap(),
-    ]);
+    let o = corpus(&["--shard", "1/2", "--evidence-dir", s1.to_str().unwrap()]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let o = xray(&[
-        "check",
-        "--model",
-        model,
-        "--audio",
-        "fixtures/audio",
+    let o = corpus(&[
         "--shard",
         "2/2",
         "--inject",

@@ -3,9 +3,12 @@
 //! refusal of tampered dumps, `xray list`, and exit codes.
 
 mod common;
-use common::{check, code, root, stderr, xray};
+use common::{check, checkpoint, code, dump_to, root, stderr, xray};
 
 use std::path::Path;
+
+const RAND_A: &str = "fixtures/build/whisper-rand-a";
+const FOX: &str = "fixtures/audio/fox.wav";
 
 fn evidence(p: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
@@ -16,12 +19,12 @@ fn check_passes_on_real_tiny_en_with_equal_tokens() {
     let dir = tempfile::tempdir().unwrap();
     let html = dir.path().join("r.html");
     let report = ["--report", html.to_str().unwrap()];
-    let (o, e) = check(
+    let e = check(
         "fixtures/whisper-tiny-en",
         "fixtures/audio/fox.wav",
         &report,
+        0,
     );
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(e["verdict"], "pass");
     assert_eq!(e["capture_neutral"], true);
     assert_eq!(e["transcript"]["tokens_equal"], true);
@@ -41,12 +44,12 @@ fn planted_fault_is_localized_with_isolation() {
         "layernorm_eps@encoder.layer.2.mlp_norm",
         "--isolate",
     ];
-    let (o, e) = check(
+    let e = check(
         "fixtures/build/whisper-rand-b",
         "fixtures/audio/stella.wav",
         &fault,
+        1,
     );
-    assert_eq!(code(&o), 1, "{}", stderr(&o));
     assert_eq!(e["verdict"], "diverged");
     assert_eq!(
         e["first_divergence"]["checkpoint"],
@@ -54,12 +57,7 @@ fn planted_fault_is_localized_with_isolation() {
     );
     assert_eq!(e["run"]["isolated"], true);
     // Isolation: downstream checkpoints fed with the reference are locally clean.
-    let later = e["checkpoints"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "audio.encoder.memory")
-        .unwrap();
+    let later = checkpoint(&e, "audio.encoder.memory");
     assert_eq!(later["status"], "propagated");
     assert!(
         later["local_metrics"]["max_abs"].as_f64().unwrap() < 1e-4,
@@ -73,17 +71,8 @@ fn offline_compare_against_committed_reference_dump() {
     let refdir = root().join("fixtures/dumps/whisper-rand-a.fox");
     let dir = tempfile::tempdir().unwrap();
     let got = dir.path().join("got");
-    let o = xray(&[
-        "run",
-        "--model",
-        "fixtures/build/whisper-rand-a",
-        "--audio",
-        "fixtures/audio/fox.wav",
-        "--out",
-        got.to_str().unwrap(),
-        "--teacher",
-        &teacher(&refdir),
-    ]);
+    let teacher = teacher(&refdir);
+    let o = dump_to("run", RAND_A, FOX, &got, &["--teacher", &teacher]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let ev = dir.path().join("e.json");
     let o = xray(&[
@@ -96,31 +85,30 @@ fn offline_compare_against_committed_reference_dump() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(evidence(&ev)["verdict"], "pass");
 
-    // A flipped byte in a copy of the reference is refused, naming the file.
+    // A flipped byte in a copy of the reference is refused, naming the file; then a truncated
+    // file too.
     let bad = dir.path().join("bad");
     copy_dir(&refdir, &bad);
     let f = bad.join("audio.encoder.memory@step0.npy");
     let mut b = std::fs::read(&f).unwrap();
-    let i = b.len() - 3;
-    b[i] ^= 0x40;
-    std::fs::write(&f, &b).unwrap();
-    let o = xray(&["compare", bad.to_str().unwrap(), got.to_str().unwrap()]);
-    assert_eq!(code(&o), 2);
-    assert!(
-        stderr(&o).contains("audio.encoder.memory@step0.npy"),
-        "{}",
-        stderr(&o)
-    );
-    // A truncated file too.
-    b.truncate(b.len() - 8);
-    std::fs::write(&f, &b).unwrap();
-    let o = xray(&["compare", bad.to_str().unwrap(), got.to_str().unwrap()]);
-    assert_eq!(code(&o), 2);
-    assert!(
-        stderr(&o).contains("audio.encoder.memory@step0.npy"),
-        "{}",
-        stderr(&o)
-    );
+    let tampers: [fn(&mut Vec<u8>); 2] = [
+        |b| {
+            let i = b.len() - 3;
+            b[i] ^= 0x40;
+        },
+        |b| b.truncate(b.len() - 8),
+    ];
+    for tamper in tampers {
+        tamper(&mut b);
+        std::fs::write(&f, &b).unwrap();
+        let o = xray(&["compare", bad.to_str().unwrap(), got.to_str().unwrap()]);
+        assert_eq!(code(&o), 2);
+        assert!(
+            stderr(&o).contains("audio.encoder.memory@step0.npy"),
+            "{}",
+            stderr(&o)
+        );
+    }
 }
 
 fn teacher(refdir: &Path) -> String {
@@ -208,15 +196,7 @@ fn granite_data_dependent_shape_divergence_and_teacher_forcing() {
     assert_eq!(code(&o), 1, "{}", stderr(&o));
     let e = evidence(&ev);
     assert_eq!(e["first_divergence"]["checkpoint"], "enc.ctc_bpe_logits");
-    let status = |n: &str| {
-        e["checkpoints"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == n)
-            .unwrap()["status"]
-            .clone()
-    };
+    let status = |n: &str| checkpoint(&e, n)["status"].clone();
     assert_eq!(status("proj.out"), "pass");
     assert_eq!(status("dec.flat_embeds"), "alignment_fault");
     assert_eq!(status("dec.text_logits"), "alignment_fault");
@@ -225,15 +205,7 @@ fn granite_data_dependent_shape_divergence_and_teacher_forcing() {
     let o = xray(&args);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
     let e = evidence(&ev);
-    let status = |n: &str| {
-        e["checkpoints"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == n)
-            .unwrap()["status"]
-            .clone()
-    };
+    let status = |n: &str| checkpoint(&e, n)["status"].clone();
     assert_eq!(e["first_divergence"]["checkpoint"], "enc.ctc_bpe_logits");
     assert_eq!(status("dec.text_logits"), "pass");
     assert_eq!(e["transcript"]["tokens_equal"], true);
@@ -244,20 +216,13 @@ fn stats_only_dumps_bisect_without_tensors() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
     let run = |out: &Path, extra: &[&str]| {
-        let mut args = vec![
+        let o = dump_to(
             "run",
-            "--model",
-            "fixtures/build/whisper-rand-a",
-            "--audio",
-            "fixtures/audio/fox.wav",
-            "--max-steps",
-            "2",
-            "--stats-only",
-            "--out",
-            out.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        let o = xray(&args);
+            RAND_A,
+            FOX,
+            out,
+            &[&["--max-steps", "2", "--stats-only"], extra].concat(),
+        );
         assert_eq!(code(&o), 0, "{}", stderr(&o));
     };
     run(&a, &[]);
@@ -278,12 +243,12 @@ fn stats_only_dumps_bisect_without_tensors() {
 #[test]
 fn calibrated_mode_gates_at_the_reference_noise_floor() {
     let calibrate = ["--max-steps", "3", "--calibrate"];
-    let (o, e) = check(
+    let e = check(
         "fixtures/build/whisper-rand-a",
         "fixtures/audio/fox.wav",
         &calibrate,
+        0,
     );
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
     for c in e["checkpoints"].as_array().unwrap() {
         assert_eq!(
             c["tolerance"]["source"], "calibrated:10x noise floor",

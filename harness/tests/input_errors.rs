@@ -3,28 +3,12 @@
 //! errors and unexpected Python exceptions as one line (the traceback behind `-v`), and audio at
 //! other rates / channel counts converted once with both engines fed the same samples.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .canonicalize()
-        .unwrap()
-}
-
-fn xray(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_xray"))
-        .current_dir(root())
-        .env_remove("XRAY_TRACEBACK")
-        .args(args)
-        .output()
-        .expect("run xray")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).to_string()
-}
+use common::{root, stderr, xray};
 
 fn ready() -> bool {
     let ok = root()
@@ -62,47 +46,21 @@ fn argument_ranges_are_refused_before_anything_runs() {
     let out = tempfile::tempdir().unwrap();
     let o = out.path().join("d");
     let o = o.to_str().unwrap();
-    let cases: Vec<Vec<&str>> = vec![
-        vec!["check", "--model", RAND, "--audio", FOX, "--max-steps", "0"],
-        vec!["check", "--model", RAND, "--audio", FOX, "--threads", "0"],
-        vec![
-            "oracle",
-            "--model",
-            RAND,
-            "--audio",
-            FOX,
-            "--out",
-            o,
-            "--max-steps",
-            "0",
-        ],
-        vec![
-            "oracle",
-            "--model",
-            RAND,
-            "--audio",
-            FOX,
-            "--out",
-            o,
-            "--threads",
-            "0",
-        ],
-        vec![
-            "oracle", "--model", RAND, "--audio", FOX, "--out", o, "--dtype", "float16",
-        ],
-        vec![
-            "run",
-            "--model",
-            RAND,
-            "--audio",
-            FOX,
-            "--out",
-            o,
-            "--max-steps",
-            "0",
-        ],
+    // (subcommand, flag, refused value); `oracle` and `run` also get `--out`.
+    let cases = [
+        ("check", "--max-steps", "0"),
+        ("check", "--threads", "0"),
+        ("oracle", "--max-steps", "0"),
+        ("oracle", "--threads", "0"),
+        ("oracle", "--dtype", "float16"),
+        ("run", "--max-steps", "0"),
     ];
-    for args in cases {
+    for (cmd, flag, value) in cases {
+        let mut args = vec![cmd, "--model", RAND, "--audio", FOX];
+        if cmd != "check" {
+            args.extend(["--out", o]);
+        }
+        args.extend([flag, value]);
         let r = xray(&args);
         let e = stderr(&r);
         assert_eq!(r.status.code(), Some(2), "{args:?}: {e}");

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{check, code, root, stderr, xray};
+use common::{check, code, dump_to, root, stderr, xray};
 use serde_json::Value;
 
 const RAND: &str = "fixtures/build/whisper-rand-a";
@@ -65,12 +65,12 @@ fn check_drills_down_to_an_op_the_catalogue_does_not_target() {
     if !ready(&[RAND, FOX, ".venv"]) {
         return;
     }
-    let (o, ev) = check(
+    let ev = check(
         RAND,
         FOX,
         &["--inject", "layernorm_eps@encoder.layer.0.self_attn_norm"],
+        1,
     );
-    assert_eq!(code(&o), 1, "{}", stderr(&o));
     let fd = &ev["first_divergence"];
     assert_eq!(fd["checkpoint"], "audio.encoder.layer.0.out", "{fd:#}");
     let op = &fd["op"];
@@ -83,7 +83,7 @@ fn check_drills_down_to_an_op_the_catalogue_does_not_target() {
     assert_eq!(op["explanation"]["signature"], "row_affine", "{op:#}");
     assert_schema_valid(&ev);
     // --no-drill stops at the checkpoint.
-    let (o, ev) = check(
+    let ev = check(
         RAND,
         FOX,
         &[
@@ -91,8 +91,8 @@ fn check_drills_down_to_an_op_the_catalogue_does_not_target() {
             "layernorm_eps@encoder.layer.0.self_attn_norm",
             "--no-drill",
         ],
+        1,
     );
-    assert_eq!(code(&o), 1, "{}", stderr(&o));
     assert!(ev["first_divergence"].get("op").is_none(), "{ev:#}");
 }
 
@@ -106,16 +106,7 @@ fn clean_ops_dumps_agree_at_every_point() {
     let dir = tempfile::tempdir().unwrap();
     let (r, x) = (dir.path().join("ref"), dir.path().join("rt"));
     for (cmd, out) in [("oracle", &r), ("run", &x)] {
-        let o = xray(&[
-            cmd,
-            "--model",
-            RAND,
-            "--audio",
-            FOX,
-            "--out",
-            s(out),
-            "--ops",
-        ]);
+        let o = dump_to(cmd, RAND, FOX, out, &["--ops"]);
         assert_eq!(code(&o), 0, "xray {cmd}: {}", stderr(&o));
     }
     let count = |d: &Path| {

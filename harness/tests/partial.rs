@@ -7,7 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{code, root, stderr, xray};
+use common::{code, dump_to, root, stderr, xray};
 use serde_json::{json, Value};
 use xray_core::dump::Dump;
 
@@ -237,23 +237,22 @@ fn refusals_name_what_is_wrong() {
 fn model_dir_gives_the_runtime_graph_ops_as_suspects() {
     let dir = tempfile::tempdir().unwrap();
     let got = dir.path().join("got");
-    let o = xray(&[
+    let o = dump_to(
         "run",
-        "--model",
         "fixtures/build/whisper-rand-a",
-        "--audio",
         "fixtures/audio/fox.wav",
-        "--only",
-        "audio.frontend.mel",
-        "--only",
-        "audio.encoder.memory",
-        "--only",
-        "audio.decoder.logits",
-        "--inject",
-        "layernorm_eps",
-        "--out",
-        got.to_str().unwrap(),
-    ]);
+        &got,
+        &[
+            "--only",
+            "audio.frontend.mel",
+            "--only",
+            "audio.encoder.memory",
+            "--only",
+            "audio.decoder.logits",
+            "--inject",
+            "layernorm_eps",
+        ],
+    );
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let (c, ev, _) = compare(&got, dir.path(), &[]);
     assert_eq!(c, 1);

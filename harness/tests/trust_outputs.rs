@@ -4,7 +4,7 @@
 //! nothing is refused, and checkpoints that could not be compared are named.
 
 mod common;
-use common::{code, root, stderr, xray};
+use common::{code, dump_to, on, root, stderr, xray};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -22,19 +22,25 @@ const AUDIO: &str = "fixtures/audio/fox.wav";
 
 /// A runtime dump of the random-init fixture (two decode steps; ~0.3 s).
 fn run_dump(out: &Path, extra: &[&str]) -> Output {
-    let mut args = vec![
-        "run",
-        "--model",
-        MODEL,
-        "--audio",
-        AUDIO,
-        "--max-steps",
-        "2",
-        "--out",
-        s(out),
-    ];
-    args.extend_from_slice(extra);
-    xray(&args)
+    dump("run", out, &[&["--max-steps", "2"], extra].concat())
+}
+
+/// A temporary folder holding a runtime dump `r` ([`run_dump`]): the folder and the dump.
+fn dumped() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let r = dir.path().join("r");
+    assert_eq!(code(&run_dump(&r, &[])), 0);
+    (dir, r)
+}
+
+/// `xray CMD --model MODEL --audio AUDIO --out OUT EXTRA..` (`run` or `oracle`).
+fn dump(cmd: &str, out: &Path, extra: &[&str]) -> Output {
+    dump_to(cmd, MODEL, AUDIO, out, extra)
+}
+
+/// `xray check --model MODEL --audio AUDIO EXTRA..`.
+fn check(extra: &[&str]) -> Output {
+    on("check", MODEL, AUDIO, extra)
 }
 
 fn precious(dir: &Path) -> PathBuf {
@@ -80,16 +86,7 @@ fn run_oracle_and_check_refuse_a_directory_that_is_not_a_dump() {
             stderr(&o)
         );
         assert!(f.exists());
-        let o = xray(&[
-            "oracle",
-            "--model",
-            MODEL,
-            "--audio",
-            AUDIO,
-            "--out",
-            s(&d),
-            "--force",
-        ]);
+        let o = dump("oracle", &d, &["--force"]);
         assert_eq!(code(&o), 2, "{}", stderr(&o));
         assert!(stderr(&o).contains("not an X-Ray dump"), "{}", stderr(&o));
         assert!(f.exists());
@@ -97,12 +94,7 @@ fn run_oracle_and_check_refuse_a_directory_that_is_not_a_dump() {
     // check --dumps D writes D/reference and D/runtime: a foreign D/reference is refused before
     // anything runs.
     let g = precious(&dir.path().join("dumps/reference"));
-    let o = xray(&[
-        "check",
-        "--model",
-        MODEL,
-        "--audio",
-        AUDIO,
+    let o = check(&[
         "--max-steps",
         "1",
         "--evidence",
@@ -161,7 +153,7 @@ fn bad_output_paths_are_refused_before_the_run() {
     ];
     for (flag, p) in &cases {
         let t = std::time::Instant::now();
-        let o = xray(&["check", "--model", MODEL, "--audio", AUDIO, flag, s(p)]);
+        let o = check(&[flag, s(p)]);
         assert_eq!(code(&o), 2, "{flag} {}: {}", p.display(), stderr(&o));
         let err = stderr(&o);
         assert!(
@@ -186,26 +178,14 @@ fn bad_output_paths_are_refused_before_the_run() {
     );
     // Two outputs on one path.
     let p = dir.path().join("same");
-    let o = xray(&[
-        "check",
-        "--model",
-        MODEL,
-        "--audio",
-        AUDIO,
-        "--report",
-        s(&p),
-        "--markdown",
-        s(&p),
-    ]);
+    let o = check(&["--report", s(&p), "--markdown", s(&p)]);
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     assert!(stderr(&o).contains("two outputs"), "{}", stderr(&o));
 }
 
 #[test]
 fn missing_output_folders_are_created() {
-    let dir = tempfile::tempdir().unwrap();
-    let r = dir.path().join("r");
-    assert_eq!(code(&run_dump(&r, &[])), 0);
+    let (dir, r) = dumped();
     let ev = dir.path().join("new/deeper/e.json");
     let md = dir.path().join("new/other/r.md");
     let o = xray(&[
@@ -223,9 +203,7 @@ fn missing_output_folders_are_created() {
 
 #[test]
 fn a_write_that_fails_after_the_run_keeps_the_rest() {
-    let dir = tempfile::tempdir().unwrap();
-    let r = dir.path().join("r");
-    assert_eq!(code(&run_dump(&r, &[])), 0);
+    let (dir, r) = dumped();
     // A file name longer than the file system allows: the folder is fine before the run, the
     // write itself fails afterwards.
     let long = dir.path().join(format!("{}.html", "x".repeat(300)));
@@ -268,9 +246,7 @@ fn a_write_that_fails_after_the_run_keeps_the_rest() {
 
 #[test]
 fn report_checks_its_outputs_and_writes_what_it_can() {
-    let dir = tempfile::tempdir().unwrap();
-    let r = dir.path().join("r");
-    assert_eq!(code(&run_dump(&r, &[])), 0);
+    let (dir, r) = dumped();
     let ev = dir.path().join("e.json");
     assert_eq!(
         code(&xray(&["compare", s(&r), s(&r), "--evidence", s(&ev)])),
@@ -335,17 +311,7 @@ fn only_that_matches_nothing_is_refused() {
         &["--stats-only", "--only", "no.such.*"],
     );
     assert_eq!(code(&o), 2, "{}", stderr(&o));
-    let o = xray(&[
-        "oracle",
-        "--model",
-        MODEL,
-        "--audio",
-        AUDIO,
-        "--out",
-        s(&dir.path().join("o")),
-        "--only",
-        "no.such.*",
-    ]);
+    let o = dump("oracle", &dir.path().join("o"), &["--only", "no.such.*"]);
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     assert!(stderr(&o).contains("'no.such.*'"), "{}", stderr(&o));
 }
@@ -426,9 +392,7 @@ fn flat_map(t: &ArrayD<f32>, f: impl Fn(Vec<f32>) -> Vec<f32>) -> ArrayD<f32> {
 
 #[test]
 fn stats_only_compare_sees_order_and_writes_every_output() {
-    let dir = tempfile::tempdir().unwrap();
-    let r = dir.path().join("r");
-    assert_eq!(code(&run_dump(&r, &[])), 0);
+    let (dir, r) = dumped();
     let full = Dump::load(&r).unwrap();
     // Clean f32-sized noise (relative 1e-6 per element, rel_l2 ~ 6e-7) passes.
     let noise = dir.path().join("noise");

@@ -111,14 +111,6 @@ pub enum RuntimeError {
         /// What is wrong.
         reason: String,
     },
-    /// A dump fault (missing, tampered or truncated file, bad manifest).
-    #[error("dump {path}: {reason}")]
-    Dump {
-        /// The offending file.
-        path: PathBuf,
-        /// What is wrong.
-        reason: String,
-    },
     /// A kernel refused its inputs.
     #[error("op '{op}': {reason}")]
     Op {

@@ -10,7 +10,7 @@ use xray_runtime::audio::{load_wav, Audio};
 use xray_runtime::capture::Recorder;
 use xray_runtime::faults::{FaultKind, FaultPlan, Planted};
 use xray_runtime::graph::{RunCtx, Tensor};
-use xray_runtime::models::whisper::WhisperModel;
+use xray_runtime::models::whisper::{DecoderSession, WhisperModel};
 use xray_runtime::models::{RunHooks, RunOptions, RunOutput, SpeechModel};
 use xray_runtime::RuntimeError;
 
@@ -30,8 +30,7 @@ fn bits(t: &Tensor) -> Vec<u32> {
 
 /// A run with default options and no hooks.
 fn run(m: &WhisperModel, a: &Audio) -> RunOutput {
-    m.run(a, &RunOptions::default(), &mut RunHooks::default())
-        .expect("run")
+    run_with(m, a, RunOptions::default()).expect("run")
 }
 
 /// A run with default options, every checkpoint recorded, and `faults` planted if any.
@@ -44,6 +43,29 @@ fn run_recorded(m: &WhisperModel, a: &Audio, faults: Option<&FaultPlan>) -> (Run
     };
     let out = m.run(a, &RunOptions::default(), hooks).expect("run");
     (out, rec)
+}
+
+/// The host fault `stale_cross_cache` (the cross cache survives new encoder memory).
+fn stale_cross_cache() -> FaultPlan {
+    FaultPlan {
+        planted: vec![Planted {
+            name: "stale_cross_cache".into(),
+            kind: FaultKind::Host("stale_cross_cache".into()),
+            target: "*".into(),
+            step: None,
+            hits: Default::default(),
+        }],
+    }
+}
+
+/// The bits of a session's cross-attention K cache, per layer.
+fn cross_k_bits(s: &DecoderSession) -> Vec<Vec<u32>> {
+    s.cross_cache().iter().map(|(k, _)| bits(k)).collect()
+}
+
+/// A run with these options and no hooks.
+fn run_with(m: &WhisperModel, a: &Audio, opts: RunOptions) -> Result<RunOutput, RuntimeError> {
+    m.run(a, &opts, &mut RunHooks::default())
 }
 
 #[test]
@@ -164,21 +186,35 @@ fn run_bits(m: &WhisperModel, a: &Audio) -> (Vec<i64>, Vec<Vec<u32>>) {
     (out.tokens, out.outputs.iter().map(bits).collect())
 }
 
+/// whisper-rand-a with two clips, fox and stella (`None` when the fixtures are missing).
+fn rand_a_fox_stella() -> Option<(WhisperModel, Audio, Audio)> {
+    Some((
+        model("fixtures/build/whisper-rand-a")?,
+        clip("fox.wav")?,
+        clip("stella.wav")?,
+    ))
+}
+
+/// Two copies of a model and the fox clip (`None` when the fixtures are missing).
+fn two_copies(rel: &str) -> Option<(WhisperModel, WhisperModel, Audio)> {
+    Some((model(rel)?, model(rel)?, clip("fox.wav")?))
+}
+
+/// How many of `m`'s row-stable projection weights would get an f16 mirror, of how many.
+fn mirrorable(m: &WhisperModel) -> (usize, usize) {
+    let mut probe = m.weights().clone();
+    m.graph().mirror_f16_weights(&mut probe)
+}
+
 /// Exact f16 mirrors of the decoder projections change no bit: tiny.en (every weight is exact
 /// f16, so the loader mirrors all 33 row-stable projections, the tied logits one included) run
 /// with and without its mirrors.
 #[test]
 fn f16_mirrors_change_no_bit_tiny_en() {
-    let (Some(m), Some(plain), Some(a)) = (
-        model("fixtures/whisper-tiny-en"),
-        model("fixtures/whisper-tiny-en"),
-        clip("fox.wav"),
-    ) else {
+    let Some((m, plain, a)) = two_copies("fixtures/whisper-tiny-en") else {
         return;
     };
-    let mut probe = m.weights().clone();
-    let (mirrored, candidates) = m.graph().mirror_f16_weights(&mut probe);
-    assert_eq!((mirrored, candidates), (33, 33));
+    assert_eq!(mirrorable(&m), (33, 33));
     assert!(m
         .weights()
         .f16("model.decoder.embed_tokens.weight")
@@ -197,15 +233,10 @@ fn f16_mirrors_change_no_bit_tiny_en() {
 /// weights get no mirror), so a mirrored and an unmirrored copy of one rounded table run.
 #[test]
 fn f16_mirrors_change_no_bit_rand_a() {
-    let (Some(m), Some(m2), Some(a)) = (
-        model("fixtures/build/whisper-rand-a"),
-        model("fixtures/build/whisper-rand-a"),
-        clip("fox.wav"),
-    ) else {
+    let Some((m, m2, a)) = two_copies("fixtures/build/whisper-rand-a") else {
         return;
     };
-    let mut probe = m.weights().clone();
-    assert_eq!(m.graph().mirror_f16_weights(&mut probe).0, 0);
+    assert_eq!(mirrorable(&m).0, 0);
     let mut rounded = m.weights().clone();
     let keys: Vec<String> = rounded.keys().map(str::to_string).collect();
     for k in keys {
@@ -233,11 +264,11 @@ fn teacher_forcing_feeds_the_teacher_and_predicts_its_own() {
     let prefix = m.plan().prefix.len();
     assert_eq!(&free.predicted[..], &free.tokens[prefix..]);
     // Forcing the free-running sequence reproduces it bit for bit.
-    let opts = RunOptions {
-        teacher_tokens: Some(free.tokens.clone()),
+    let teach = |tokens: Vec<i64>| RunOptions {
+        teacher_tokens: Some(tokens),
         ..Default::default()
     };
-    let forced = m.run(&a, &opts, &mut RunHooks::default()).unwrap();
+    let forced = run_with(&m, &a, teach(free.tokens.clone())).unwrap();
     assert_eq!(forced.tokens, free.tokens);
     assert_eq!(forced.predicted, free.predicted);
     for (x, y) in forced.outputs.iter().zip(&free.outputs) {
@@ -246,11 +277,7 @@ fn teacher_forcing_feeds_the_teacher_and_predicts_its_own() {
     // Another sequence: tokens are the teacher's, predicted is the runtime's argmax per step.
     let mut teacher = m.plan().prefix.clone();
     teacher.extend([464, 2068, 7586, 21831, 50256]);
-    let opts = RunOptions {
-        teacher_tokens: Some(teacher.clone()),
-        ..Default::default()
-    };
-    let forced = m.run(&a, &opts, &mut RunHooks::default()).unwrap();
+    let forced = run_with(&m, &a, teach(teacher.clone())).unwrap();
     assert_eq!(forced.tokens, teacher);
     assert_eq!(forced.predicted.len(), teacher.len() - prefix);
     assert_eq!(forced.outputs.len(), teacher.len() - prefix);
@@ -259,12 +286,7 @@ fn teacher_forcing_feeds_the_teacher_and_predicts_its_own() {
         "step 0 sees only the prefix"
     );
     // A teacher without this model's prefix is refused.
-    let opts = RunOptions {
-        teacher_tokens: Some(vec![1, 2, 3]),
-        ..Default::default()
-    };
-    assert!(m
-        .run(&a, &opts, &mut RunHooks::default())
+    assert!(run_with(&m, &a, teach(vec![1, 2, 3]))
         .unwrap_err()
         .to_string()
         .contains("forced prefix"));
@@ -273,17 +295,13 @@ fn teacher_forcing_feeds_the_teacher_and_predicts_its_own() {
         max_new_tokens: Some(3),
         ..Default::default()
     };
-    let capped = m.run(&a, &opts, &mut RunHooks::default()).unwrap();
+    let capped = run_with(&m, &a, opts).unwrap();
     assert!(capped.predicted.len() <= 3 && capped.tokens.len() <= prefix + 3);
 }
 
 #[test]
 fn new_memory_invalidates_the_cross_cache() {
-    let (Some(m), Some(a), Some(b)) = (
-        model("fixtures/build/whisper-rand-a"),
-        clip("fox.wav"),
-        clip("stella.wav"),
-    ) else {
+    let Some((m, a, b)) = rand_a_fox_stella() else {
         return;
     };
     let mut ctx = RunCtx::default();
@@ -298,7 +316,7 @@ fn new_memory_invalidates_the_cross_cache() {
         Err(RuntimeError::StaleCache(_))
     ));
     m.prefill(&mut s, &prefix, &mut ctx).unwrap();
-    let cross_a: Vec<Vec<u32>> = s.cross_cache().iter().map(|(k, _)| bits(k)).collect();
+    let cross_a = cross_k_bits(&s);
     m.decode_step(&mut s, 383, &mut ctx).unwrap();
     // New memory: decode refuses until prefill re-projects.
     s.install_memory(mem_b.clone(), None);
@@ -308,65 +326,31 @@ fn new_memory_invalidates_the_cross_cache() {
         "{e}"
     );
     m.prefill(&mut s, &prefix, &mut ctx).unwrap();
-    let cross_b: Vec<Vec<u32>> = s.cross_cache().iter().map(|(k, _)| bits(k)).collect();
+    let cross_b = cross_k_bits(&s);
     assert_ne!(cross_a, cross_b);
     let mut fresh = m.new_session();
     fresh.install_memory(mem_b.clone(), None);
     m.prefill(&mut fresh, &prefix, &mut ctx).unwrap();
-    assert_eq!(
-        cross_b,
-        fresh
-            .cross_cache()
-            .iter()
-            .map(|(k, _)| bits(k))
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(cross_b, cross_k_bits(&fresh));
 
     // The stale_cross_cache fault skips the invalidation: prefill computes (and its step-0
     // attention uses) the new projections, but the cache keeps the previous input's, which the
     // decode steps then read.
-    let plan = FaultPlan {
-        planted: vec![Planted {
-            name: "stale_cross_cache".into(),
-            kind: FaultKind::Host("stale_cross_cache".into()),
-            target: "*".into(),
-            step: None,
-            hits: Default::default(),
-        }],
-    };
+    let plan = stale_cross_cache();
     s.install_memory(mem_a.clone(), Some(&plan));
     assert!(s.cross_valid());
     m.prefill(&mut s, &prefix, &mut ctx).unwrap();
-    assert_eq!(
-        cross_b,
-        s.cross_cache()
-            .iter()
-            .map(|(k, _)| bits(k))
-            .collect::<Vec<_>>(),
-        "stale cache kept"
-    );
+    assert_eq!(cross_b, cross_k_bits(&s), "stale cache kept");
 }
 
 #[test]
 fn stale_cross_cache_fault_through_run() {
-    let (Some(m), Some(a), Some(b)) = (
-        model("fixtures/build/whisper-rand-a"),
-        clip("fox.wav"),
-        clip("stella.wav"),
-    ) else {
+    let Some((m, a, b)) = rand_a_fox_stella() else {
         return;
     };
     let clean_b = run(&m, &b);
     let _ = run(&m, &a);
-    let plan = FaultPlan {
-        planted: vec![Planted {
-            name: "stale_cross_cache".into(),
-            kind: FaultKind::Host("stale_cross_cache".into()),
-            target: "*".into(),
-            step: None,
-            hits: Default::default(),
-        }],
-    };
+    let plan = stale_cross_cache();
     let (stale_b, rec) = run_recorded(&m, &b, Some(&plan));
     let (_, rec_clean) = run_recorded(&m, &b, None);
     let get = |r: &Recorder, name: &str, step: usize| {

@@ -62,11 +62,16 @@ fn stderr(o: &Output) -> String {
 }
 
 fn engine(out: &Path, extra: &[&str]) -> Output {
+    engine_on(MODEL, FOX, out, extra)
+}
+
+/// `xray-candle-whisper --model MODEL --audio AUDIO --out OUT EXTRA..`.
+fn engine_on(model: &str, audio: &str, out: &Path, extra: &[&str]) -> Output {
     let mut args = vec![
         "--model",
-        MODEL,
+        model,
         "--audio",
-        FOX,
+        audio,
         "--out",
         out.to_str().unwrap(),
     ];
@@ -388,20 +393,9 @@ fn candle_whisper_under_xray_on_real_tiny_en() {
 
 #[test]
 fn bad_input_is_refused_before_any_work() {
-    let bin = Path::new(env!("CARGO_BIN_EXE_xray-candle-whisper"));
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let o = run(
-        bin,
-        &[
-            "--model",
-            "no/such/dir",
-            "--audio",
-            FOX,
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
+    let o = engine_on("no/such/dir", FOX, &out, &[]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("no/such/dir"), "{}", stderr(&o));
     if !root().join(MODEL).is_dir() || !root().join("fixtures/build/audio/fox-stereo.wav").is_file()
@@ -417,50 +411,21 @@ fn bad_input_is_refused_before_any_work() {
         ("fixtures/build/audio/fox-44k.wav", "sample rate"),
         ("fixtures/build/audio/long-35s.wav", "window"),
     ] {
-        let o = run(
-            bin,
-            &[
-                "--model",
-                MODEL,
-                "--audio",
-                wav,
-                "--out",
-                out.to_str().unwrap(),
-            ],
-        );
+        let o = engine_on(MODEL, wav, &out, &[]);
         assert_eq!(o.status.code(), Some(2), "{wav}: {}", stderr(&o));
         assert!(stderr(&o).contains(says), "{wav}: {}", stderr(&o));
     }
     assert!(!out.exists(), "nothing written on refusal");
     // A reference dump of another clip is refused for feeding (its tensors would measure nothing).
     let other = dir.path().join("other");
-    let o = run(
-        bin,
-        &[
-            "--model",
-            MODEL,
-            "--audio",
-            "fixtures/audio/stella.wav",
-            "--out",
-            other.to_str().unwrap(),
-            "--max-new-tokens",
-            "1",
-        ],
+    let o = engine_on(
+        MODEL,
+        "fixtures/audio/stella.wav",
+        &other,
+        &["--max-new-tokens", "1"],
     );
     assert!(o.status.success(), "{}", stderr(&o));
-    let o = run(
-        bin,
-        &[
-            "--model",
-            MODEL,
-            "--audio",
-            FOX,
-            "--out",
-            out.to_str().unwrap(),
-            "--mel-from",
-            other.to_str().unwrap(),
-        ],
-    );
+    let o = engine_on(MODEL, FOX, &out, &["--mel-from", other.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("other audio"), "{}", stderr(&o));
     assert!(!out.exists());

@@ -2,7 +2,7 @@
 //! small synthetic tensors, a tiny hand-made decoder graph, and the snapshot helpers.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use ndarray::{ArrayD, IxDyn};
 use serde_json::Value;
@@ -278,10 +278,12 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// Runs the `xray` binary built for these tests from the repository root.
+/// Runs the `xray` binary built for these tests from the repository root (without
+/// `XRAY_TRACEBACK` from the caller's environment: errors are one line unless a test asks).
 pub fn xray(args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_xray"))
         .current_dir(root())
+        .env_remove("XRAY_TRACEBACK")
         .args(args)
         .output()
         .expect("run xray")
@@ -292,21 +294,50 @@ pub fn code(o: &std::process::Output) -> i32 {
     o.status.code().unwrap_or(-1)
 }
 
-/// `xray check --model MODEL --audio AUDIO EXTRA.. --evidence <temp>/e.json`: the process
-/// output and the evidence it wrote (`Null` when it wrote none).
-pub fn check(model: &str, audio: &str, extra: &[&str]) -> (std::process::Output, Value) {
+/// `xray check --model MODEL --audio AUDIO EXTRA.. --evidence <temp>/e.json`, which must exit
+/// with `want` (else a panic showing its stderr): the evidence it wrote (`Null` when none).
+pub fn check(model: &str, audio: &str, extra: &[&str], want: i32) -> Value {
     let dir = tempfile::tempdir().expect("tempdir");
     let ev = dir.path().join("e.json");
     let ev_arg = ev.to_str().expect("utf-8 temp path");
-    let mut args = vec!["check", "--model", model, "--audio", audio];
-    args.extend_from_slice(extra);
-    args.extend(["--evidence", ev_arg]);
-    let o = xray(&args);
-    let e = match std::fs::read_to_string(&ev) {
+    let o = on(
+        "check",
+        model,
+        audio,
+        &[extra, &["--evidence", ev_arg]].concat(),
+    );
+    assert_eq!(code(&o), want, "{}", stderr(&o));
+    match std::fs::read_to_string(&ev) {
         Ok(text) => serde_json::from_str(&text).expect("evidence is JSON"),
         Err(_) => Value::Null,
-    };
-    (o, e)
+    }
+}
+
+/// `xray CMD --model MODEL --audio AUDIO EXTRA..`.
+pub fn on(cmd: &str, model: &str, audio: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![cmd, "--model", model, "--audio", audio];
+    args.extend_from_slice(extra);
+    xray(&args)
+}
+
+/// `xray CMD --model MODEL --audio AUDIO --out OUT EXTRA..` (`run` or `oracle`: a dump).
+pub fn dump_to(
+    cmd: &str,
+    model: &str,
+    audio: &str,
+    out: &Path,
+    extra: &[&str],
+) -> std::process::Output {
+    let out = out.to_str().expect("utf-8 path");
+    on(cmd, model, audio, &[&["--out", out], extra].concat())
+}
+
+/// The first checkpoint named `name` of an evidence document (panics naming it when absent).
+pub fn checkpoint<'a>(e: &'a Value, name: &str) -> &'a Value {
+    e["checkpoints"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("no checkpoint {name} in the evidence"))
 }
 
 /// stderr as text.

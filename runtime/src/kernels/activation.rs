@@ -7,9 +7,11 @@
 
 use std::fmt;
 
+use super::add::{binary_operands, same_shapes};
+use super::dims;
 use super::layout::token_rows;
-use super::{data, dims};
-use crate::graph::{port, port_any, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::graph::{port_any, Kernel, KernelCtx, Port, Shape, Tensor};
+use crate::kernels::layout::ports;
 
 /// A unary elementwise op: `y[i] = f(x[i])` over any layout. Implementors get [`Kernel`].
 pub trait Elementwise: Send + Sync + fmt::Debug {
@@ -122,24 +124,10 @@ impl Elementwise for Scale {
 pub struct SwiGlu;
 
 impl Kernel for SwiGlu {
-    fn kind(&self) -> &'static str {
-        "swiglu"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![
-            port("gate", Layout::TokenMajor),
-            port("up", Layout::TokenMajor),
-        ]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
+    ports!("swiglu", [gate: TokenMajor, up: TokenMajor] -> [y: TokenMajor]);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         token_rows(&inputs[0], "gate")?;
-        if inputs[0] != inputs[1] {
-            return Err("gate and up shapes differ".into());
-        }
-        Ok(vec![inputs[0].clone()])
+        same_shapes(inputs, ["gate", "up"])
     }
     fn run(
         &self,
@@ -147,21 +135,9 @@ impl Kernel for SwiGlu {
         inputs: &[&Tensor],
         _weights: &[&Tensor],
     ) -> Result<Vec<Tensor>, String> {
-        if inputs[0].shape() != inputs[1].shape() {
-            return Err(format!(
-                "gate {:?} and up {:?} differ",
-                inputs[0].shape(),
-                inputs[1].shape()
-            ));
-        }
-        let up = data(inputs[1], "up")?;
-        let mut y = inputs[0].as_standard_layout().into_owned();
-        for (g, &u) in y
-            .as_slice_mut()
-            .ok_or("output not contiguous")?
-            .iter_mut()
-            .zip(up)
-        {
+        let (mut y, up) = binary_operands(inputs, ["gate", "up"])?;
+        let ys = y.as_slice_mut().ok_or("output not contiguous")?;
+        for (g, &u) in ys.iter_mut().zip(up) {
             *g = silu(*g) * u;
         }
         Ok(vec![y])
@@ -190,15 +166,7 @@ pub fn softmax_in_place(x: &mut [f32]) {
 pub struct Softmax;
 
 impl Kernel for Softmax {
-    fn kind(&self) -> &'static str {
-        "softmax"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
+    ports!("softmax", [x: TokenMajor] -> [y: TokenMajor]);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         token_rows(&inputs[0], "x")?;
         Ok(vec![inputs[0].clone()])

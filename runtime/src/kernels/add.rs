@@ -2,7 +2,8 @@
 
 use super::{data, dims, fixed, rank, simd};
 use crate::faults::ParamFault;
-use crate::graph::{port, port_any, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+use crate::kernels::layout::ports;
 
 /// `y = a + scale * b`, same shape and layout (residual connections: `a` = the residual stream,
 /// `b` = the branch; `scale` is 1 for a plain add, 0.5 for the conformer's macaron half-step,
@@ -41,24 +42,9 @@ impl Add {
 }
 
 impl Kernel for Add {
-    fn kind(&self) -> &'static str {
-        "add"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port_any("a"), port_any("b")]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port_any("y")]
-    }
+    ports!("add", [a: Any, b: Any] -> [y: Any]);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
-        if inputs[0] != inputs[1] {
-            return Err(format!(
-                "a {} and b {} differ",
-                crate::graph::fmt_shape(&inputs[0]),
-                crate::graph::fmt_shape(&inputs[1])
-            ));
-        }
-        Ok(vec![inputs[0].clone()])
+        same_shapes(inputs, ["a", "b"])
     }
     fn run(
         &self,
@@ -66,16 +52,8 @@ impl Kernel for Add {
         inputs: &[&Tensor],
         _weights: &[&Tensor],
     ) -> Result<Vec<Tensor>, String> {
-        if inputs[0].shape() != inputs[1].shape() {
-            return Err(format!(
-                "a {:?} and b {:?} differ",
-                inputs[0].shape(),
-                inputs[1].shape()
-            ));
-        }
-        let mut y = inputs[0].as_standard_layout().into_owned();
+        let (mut y, b) = binary_operands(inputs, ["a", "b"])?;
         if !self.skip_branch {
-            let b = data(inputs[1], "b")?;
             let ys = y.as_slice_mut().ok_or("add output not contiguous")?;
             if self.scale == 1.0 {
                 simd::add_inplace(ys, b);
@@ -105,6 +83,40 @@ impl Kernel for Add {
     }
 }
 
+/// Shape inference of an elementwise binary op: its two inputs (named `names`) have one shape,
+/// the output's.
+pub(crate) fn same_shapes(inputs: &[Shape], names: [&str; 2]) -> Result<Vec<Shape>, String> {
+    if inputs[0] != inputs[1] {
+        return Err(format!(
+            "{} {} and {} {} differ",
+            names[0],
+            crate::graph::fmt_shape(&inputs[0]),
+            names[1],
+            crate::graph::fmt_shape(&inputs[1])
+        ));
+    }
+    Ok(vec![inputs[0].clone()])
+}
+
+/// The operands of an elementwise binary op at run time, checked to have one shape: the output
+/// buffer (a contiguous copy of the first, to be updated in place) and the second's values.
+pub(crate) fn binary_operands<'a>(
+    inputs: &[&'a Tensor],
+    names: [&str; 2],
+) -> Result<(Tensor, &'a [f32]), String> {
+    if inputs[0].shape() != inputs[1].shape() {
+        return Err(format!(
+            "{} {:?} and {} {:?} differ",
+            names[0],
+            inputs[0].shape(),
+            names[1],
+            inputs[1].shape()
+        ));
+    }
+    let b = data(inputs[1], names[1])?;
+    Ok((inputs[0].as_standard_layout().into_owned(), b))
+}
+
 /// `y = x + table`, token-major `[rows, d]` plus a weight of the same shape (Whisper's encoder
 /// adds `embed_positions.weight`, all 1500 rows, to the conv output).
 ///
@@ -114,18 +126,7 @@ impl Kernel for Add {
 pub struct AddTable;
 
 impl Kernel for AddTable {
-    fn kind(&self) -> &'static str {
-        "add_table"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
-    fn weight_roles(&self) -> Vec<&'static str> {
-        vec!["table"]
-    }
+    ports!("add_table", [x: TokenMajor] -> [y: TokenMajor], weights ["table"]);
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         rank(&inputs[0], 2, "x")?;
         let r = fixed(&inputs[0][0], "x rows")?;

@@ -1,7 +1,8 @@
 //! 1-D convolution over channel-major `[channels, time]` input, by im2col + sgemm.
 
 use super::{data, dims, fixed, rank, sgemm, tensor};
-use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+use crate::kernels::layout::ports;
 
 /// `torch.nn.Conv1d(c_in, c_out, kernel_size, stride, padding)` with bias, zero padding.
 ///
@@ -30,21 +31,10 @@ impl Conv1d {
 }
 
 impl Kernel for Conv1d {
+    ports!("conv1d", [x: ChannelMajor] -> [y: ChannelMajor], weights ["weight", "bias"]);
     fn points(&self) -> &'static [xray_core::ops::Side] {
         use xray_core::ops::Side;
         &[Side::In, Side::Out]
-    }
-    fn kind(&self) -> &'static str {
-        "conv1d"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::ChannelMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::ChannelMajor)]
-    }
-    fn weight_roles(&self) -> Vec<&'static str> {
-        vec!["weight", "bias"]
     }
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         rank(&inputs[0], 2, "x")?;

@@ -1,7 +1,8 @@
 //! Embedding gather: integer ids (carried as f32, exact below 2^24) -> rows of a table.
 
 use super::{data, dims, rank, tensor};
-use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+use crate::kernels::layout::ports;
 
 /// `table[ids]` -> token-major `[len(ids), d]` (token embeddings; decoder positions, whose ids are
 /// `past .. past + tokens`).
@@ -13,21 +14,10 @@ use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
 pub struct Embedding;
 
 impl Kernel for Embedding {
+    ports!("embedding", [ids: Plain] -> [y: TokenMajor], weights ["table"]);
     fn points(&self) -> &'static [xray_core::ops::Side] {
         use xray_core::ops::Side;
         &[Side::Out]
-    }
-    fn kind(&self) -> &'static str {
-        "embedding"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("ids", Layout::Plain)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
-    fn weight_roles(&self) -> Vec<&'static str> {
-        vec!["table"]
     }
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         rank(&inputs[0], 1, "ids")?;

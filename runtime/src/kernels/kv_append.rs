@@ -1,7 +1,8 @@
 //! KV-cache append: scatter the new rows after the past rows, per head.
 
 use super::{data, dims, rank, same_dim, tensor};
-use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+use crate::kernels::layout::ports;
 
 /// head_major past `[H, P, D]` + new `[H, T, D]` -> `[H, P + T, D]`. The cache is a feed and
 /// this op's output is the updated cache (a formula output), never a hidden buffer.
@@ -19,18 +20,7 @@ fn sum_dim(a: &Dim, b: &Dim) -> Dim {
 }
 
 impl Kernel for KvAppend {
-    fn kind(&self) -> &'static str {
-        "kv_append"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![
-            port("past", Layout::HeadMajor),
-            port("new", Layout::HeadMajor),
-        ]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::HeadMajor)]
-    }
+    ports!("kv_append", [past: HeadMajor, new: HeadMajor] -> [y: HeadMajor]);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         rank(&inputs[0], 3, "past")?;
         rank(&inputs[1], 3, "new")?;

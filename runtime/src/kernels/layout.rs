@@ -1,7 +1,43 @@
-//! Declared layout transforms (bit-exact copies): the only way an edge changes physical layout.
+//! Declared layout transforms (bit-exact copies): the only way an edge changes physical layout;
+//! and [`ports!`](crate::kernels::layout::ports), the declaration of a kernel's ports.
 
 use super::{data, dims, fixed, rank, tensor};
-use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+
+/// The declarations of a [`Kernel`] impl, written once: its kind, input and output ports (each
+/// `name: Layout`, or `name: Any` for a layout-polymorphic port) and, when it reads weights, its
+/// weight roles in order.
+///
+/// ```ignore
+/// impl Kernel for LayerNorm {
+///     ports!("layer_norm", [x: TokenMajor] -> [y: TokenMajor], weights ["weight", "bias"]);
+///     fn infer(..) ..
+/// }
+/// ```
+macro_rules! ports {
+    ($kind:literal, [$($i:ident: $il:ident),* $(,)?] -> [$($o:ident: $ol:ident),* $(,)?]
+        $(, weights [$($w:literal),* $(,)?])? $(,)?) => {
+        fn kind(&self) -> &'static str {
+            $kind
+        }
+        fn inputs(&self) -> Vec<$crate::graph::Port> {
+            vec![$($crate::kernels::layout::ports!(@port $i $il)),*]
+        }
+        fn outputs(&self) -> Vec<$crate::graph::Port> {
+            vec![$($crate::kernels::layout::ports!(@port $o $ol)),*]
+        }
+        $(fn weight_roles(&self) -> Vec<&'static str> {
+            vec![$($w),*]
+        })?
+    };
+    (@port $n:ident Any) => {
+        $crate::graph::port_any(stringify!($n))
+    };
+    (@port $n:ident $l:ident) => {
+        $crate::graph::port(stringify!($n), $crate::graph::Layout::$l)
+    };
+}
+pub(crate) use ports;
 
 /// channel_major `[C, T]` -> token_major `[T, C]`.
 ///
@@ -11,17 +47,9 @@ use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
 pub struct ChannelToToken;
 
 impl Kernel for ChannelToToken {
+    ports!("channel_to_token_major", [x: ChannelMajor] -> [y: TokenMajor]);
     fn is_layout(&self) -> bool {
         true
-    }
-    fn kind(&self) -> &'static str {
-        "channel_to_token_major"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::ChannelMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
     }
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         rank(&inputs[0], 2, "x")?;
@@ -62,17 +90,9 @@ pub struct SplitHeads {
 }
 
 impl Kernel for SplitHeads {
+    ports!("token_to_head_major", [x: TokenMajor] -> [y: HeadMajor]);
     fn is_layout(&self) -> bool {
         true
-    }
-    fn kind(&self) -> &'static str {
-        "token_to_head_major"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::HeadMajor)]
     }
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         rank(&inputs[0], 2, "x")?;
@@ -131,17 +151,9 @@ impl Kernel for SplitHeads {
 pub struct MergeHeads;
 
 impl Kernel for MergeHeads {
+    ports!("head_to_token_major", [x: HeadMajor] -> [y: TokenMajor]);
     fn is_layout(&self) -> bool {
         true
-    }
-    fn kind(&self) -> &'static str {
-        "head_to_token_major"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::HeadMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
     }
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         rank(&inputs[0], 3, "x")?;

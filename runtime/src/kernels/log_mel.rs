@@ -1,11 +1,14 @@
-//! Whisper's log-mel frontend as an op: 16 kHz pcm samples -> `[n_mels, frames]` channel-major.
+//! Whisper's log-mel frontend as an op: 16 kHz pcm samples -> `[n_mels, frames]` channel-major;
+//! and the pieces every log-mel frontend shares ([`MelStft`], [`linspace`],
+//! [`triangular_filters`], [`hann_window`]), computed in f64.
 
 use std::sync::Arc;
 
 use realfft::RealFftPlanner;
 
 use super::{data, dims, rank, tensor};
-use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+use crate::kernels::layout::ports;
 
 /// Log-mel spectrogram exactly as `transformers.WhisperFeatureExtractor` defines it, computed in
 /// f64 (the reference's numpy path) and rounded to f32 at the end:
@@ -24,10 +27,7 @@ pub struct LogMel {
     n_samples: usize,
     n_mels: usize,
     sampling_rate: usize,
-    /// Per mel filter: first nonzero frequency bin and the weights from there.
-    filters: Vec<(usize, Vec<f64>)>,
-    window: Vec<f64>,
-    fft: Arc<dyn realfft::RealToComplex<f64>>,
+    stft: MelStft,
 }
 
 impl std::fmt::Debug for LogMel {
@@ -61,8 +61,9 @@ fn mel_to_hertz(m: f64) -> f64 {
     }
 }
 
-/// numpy.linspace(start, stop, num) with endpoint: `i * step + start`, last = stop.
-fn linspace(start: f64, stop: f64, num: usize) -> Vec<f64> {
+/// `numpy.linspace(start, stop, num)` / `torch.linspace` (f64): `start + i * step`, the last one
+/// exactly `stop`.
+pub(crate) fn linspace(start: f64, stop: f64, num: usize) -> Vec<f64> {
     if num == 1 {
         return vec![start];
     }
@@ -72,6 +73,41 @@ fn linspace(start: f64, stop: f64, num: usize) -> Vec<f64> {
         *l = stop;
     }
     v
+}
+
+/// The `[n_freq, n_mels]` triangular filters between consecutive `filter_freqs` (Hz, `n_mels + 2`
+/// of them) at the FFT bin frequencies `fft_freqs`, unnormalised: `max(0, min(down, up))`.
+///
+/// Upstream: transformers v5.24.0 src/transformers/audio_utils.py `_create_triangular_filter_bank`;
+/// torchaudio 2.11 `functional._create_triangular_fbank` (the same arithmetic).
+pub(crate) fn triangular_filters(fft_freqs: &[f64], filter_freqs: &[f64]) -> Vec<Vec<f64>> {
+    let n_mels = filter_freqs.len().saturating_sub(2);
+    let diff: Vec<f64> = filter_freqs.windows(2).map(|w| w[1] - w[0]).collect();
+    fft_freqs
+        .iter()
+        .map(|&f| {
+            (0..n_mels)
+                .map(|m| {
+                    let down = -(filter_freqs[m] - f) / diff[m];
+                    let up = (filter_freqs[m + 2] - f) / diff[m + 1];
+                    0f64.max(down.min(up))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// A periodic Hann window of `win_length` (`torch.hann_window(win_length, periodic=True)`,
+/// `0.5 - 0.5 cos(2 pi n / N)`), centred in `n_fft` zeros as `torch.stft` pads it.
+pub(crate) fn hann_window(win_length: usize, n_fft: usize) -> Vec<f64> {
+    let win = win_length.min(n_fft);
+    let left = (n_fft - win) / 2;
+    let mut window = vec![0f64; n_fft];
+    for n in 0..win {
+        window[left + n] =
+            0.5 - 0.5 * (2.0 * std::f64::consts::PI * n as f64 / win_length as f64).cos();
+    }
+    window
 }
 
 /// The `[n_freq, n_mels]` Slaney mel filter bank (f64), as
@@ -87,18 +123,79 @@ pub fn mel_filter_bank(n_freq: usize, n_mels: usize, sampling_rate: usize) -> Ve
         .map(mel_to_hertz)
         .collect();
     let fft_freqs = linspace(0.0, (sampling_rate / 2) as f64, n_freq);
-    let diff: Vec<f64> = filter_freqs.windows(2).map(|w| w[1] - w[0]).collect();
-    let mut fb = vec![vec![0f64; n_mels]; n_freq];
-    for (f, row) in fb.iter_mut().enumerate() {
+    let mut fb = triangular_filters(&fft_freqs, &filter_freqs);
+    for row in &mut fb {
         for (m, v) in row.iter_mut().enumerate() {
-            let down = -(filter_freqs[m] - fft_freqs[f]) / diff[m];
-            let up = (filter_freqs[m + 2] - fft_freqs[f]) / diff[m + 1];
-            let tri = 0f64.max(down.min(up));
             let enorm = 2.0 / (filter_freqs[m + 2] - filter_freqs[m]);
-            *v = tri * enorm;
+            *v *= enorm;
         }
     }
     fb
+}
+
+/// Windowed power-spectrum mel energies in f64: an `n_fft` window, its real FFT plan, and the mel
+/// filters kept sparse (per filter: its first nonzero frequency bin and the weights from there).
+#[derive(Clone)]
+pub(crate) struct MelStft {
+    filters: Vec<(usize, Vec<f64>)>,
+    window: Vec<f64>,
+    fft: Arc<dyn realfft::RealToComplex<f64>>,
+}
+
+impl MelStft {
+    /// For the `[n_fft / 2 + 1, n_mels]` filter bank `fb` and an `n_fft`-long `window`.
+    pub(crate) fn new(fb: &[Vec<f64>], window: Vec<f64>) -> MelStft {
+        let n_mels = fb.first().map_or(0, Vec::len);
+        let filters = (0..n_mels)
+            .map(|m| {
+                let nz: Vec<usize> = (0..fb.len()).filter(|&f| fb[f][m] != 0.0).collect();
+                match (nz.first(), nz.last()) {
+                    (Some(&a), Some(&b)) => (a, (a..=b).map(|f| fb[f][m]).collect()),
+                    _ => (0, Vec::new()),
+                }
+            })
+            .collect();
+        let fft = RealFftPlanner::<f64>::new().plan_fft_forward(window.len());
+        MelStft {
+            filters,
+            window,
+            fft,
+        }
+    }
+
+    /// Mel energies of `frames` frames: frame `t`'s `n_fft` samples are `sample(t, j)`; each is
+    /// windowed, transformed, squared to power (`re^2 + im^2`) and summed under each filter in
+    /// bin order; `put(t, m, energy)` receives the result.
+    pub(crate) fn energies(
+        &self,
+        frames: usize,
+        sample: impl Fn(usize, usize) -> f64,
+        mut put: impl FnMut(usize, usize, f64),
+    ) -> Result<(), String> {
+        let mut input = self.fft.make_input_vec();
+        let mut spec = self.fft.make_output_vec();
+        let mut scratch = self.fft.make_scratch_vec();
+        let mut power = vec![0f64; spec.len()];
+        for t in 0..frames {
+            for (j, v) in input.iter_mut().enumerate() {
+                *v = sample(t, j) * self.window[j];
+            }
+            self.fft
+                .process_with_scratch(&mut input, &mut spec, &mut scratch)
+                .map_err(|e| format!("fft: {e}"))?;
+            for (p, c) in power.iter_mut().zip(&spec) {
+                *p = c.re * c.re + c.im * c.im;
+            }
+            for (m, (f0, w)) in self.filters.iter().enumerate() {
+                let mut acc = 0f64;
+                for (i, wi) in w.iter().enumerate() {
+                    acc += wi * power[f0 + i];
+                }
+                put(t, m, acc);
+            }
+        }
+        Ok(())
+    }
 }
 
 impl LogMel {
@@ -121,31 +218,16 @@ impl LogMel {
                 "log-mel geometry n_fft {n_fft}, hop {hop}, n_samples {n_samples}, n_mels {n_mels} is not usable"
             ));
         }
-        let n_freq = n_fft / 2 + 1;
-        let fb = mel_filter_bank(n_freq, n_mels, sampling_rate);
-        let filters = (0..n_mels)
-            .map(|m| {
-                let nz: Vec<usize> = (0..n_freq).filter(|&f| fb[f][m] != 0.0).collect();
-                match (nz.first(), nz.last()) {
-                    (Some(&a), Some(&b)) => (a, (a..=b).map(|f| fb[f][m]).collect()),
-                    _ => (0, Vec::new()),
-                }
-            })
-            .collect();
+        let fb = mel_filter_bank(n_fft / 2 + 1, n_mels, sampling_rate);
         // Periodic Hann: 0.5 - 0.5 cos(2 pi n / N) (torch.hann_window / np.hanning(N + 1)[:-1]).
-        let window = (0..n_fft)
-            .map(|n| 0.5 - 0.5 * (2.0 * std::f64::consts::PI * n as f64 / n_fft as f64).cos())
-            .collect();
-        let fft = RealFftPlanner::<f64>::new().plan_fft_forward(n_fft);
+        let stft = MelStft::new(&fb, hann_window(n_fft, n_fft));
         Ok(LogMel {
             n_fft,
             hop,
             n_samples,
             n_mels,
             sampling_rate,
-            filters,
-            window,
-            fft,
+            stft,
         })
     }
 
@@ -178,32 +260,13 @@ impl LogMel {
             x[half + self.n_samples + i] = x[half + self.n_samples - 2 - i];
         }
         let frames = self.frames();
-        let n_freq = n_fft / 2 + 1;
         let mut mel = vec![0f64; self.n_mels * frames];
-        let mut inbuf = self.fft.make_input_vec();
-        let mut spec = self.fft.make_output_vec();
-        let mut scratch = self.fft.make_scratch_vec();
-        let mut power = vec![0f64; n_freq];
         // The last STFT frame (index `frames`) is dropped, so it is never computed.
-        for t in 0..frames {
-            let start = t * hop;
-            for (j, v) in inbuf.iter_mut().enumerate() {
-                *v = x[start + j] * self.window[j];
-            }
-            self.fft
-                .process_with_scratch(&mut inbuf, &mut spec, &mut scratch)
-                .map_err(|e| format!("fft: {e}"))?;
-            for (p, c) in power.iter_mut().zip(&spec) {
-                *p = c.re * c.re + c.im * c.im;
-            }
-            for (m, (f0, w)) in self.filters.iter().enumerate() {
-                let mut acc = 0f64;
-                for (i, wi) in w.iter().enumerate() {
-                    acc += wi * power[f0 + i];
-                }
-                mel[m * frames + t] = acc;
-            }
-        }
+        self.stft.energies(
+            frames,
+            |t, j| x[t * hop + j],
+            |t, m, e| mel[m * frames + t] = e,
+        )?;
         let mut mx = f64::NEG_INFINITY;
         for v in mel.iter_mut() {
             *v = v.max(1e-10).log10();
@@ -218,15 +281,7 @@ impl LogMel {
 }
 
 impl Kernel for LogMel {
-    fn kind(&self) -> &'static str {
-        "log_mel"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("pcm", Layout::Plain)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("mel", Layout::ChannelMajor)]
-    }
+    ports!("log_mel", [pcm: Plain] -> [mel: ChannelMajor]);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         rank(&inputs[0], 1, "pcm")?;
         Ok(vec![vec![

@@ -9,7 +9,7 @@
 //! that order, the order [`Graph::check_weights`](crate::graph::Graph::check_weights) reports.
 
 use std::fmt::Display;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::{Result, RuntimeError};
 use crate::graph::{Dim, EdgeId, GraphBuilder, Kernel, Layout, Out, Shape};
@@ -20,6 +20,95 @@ pub fn cfg_err(path: &Path, reason: impl Into<String>) -> RuntimeError {
     RuntimeError::Config {
         path: path.to_path_buf(),
         reason: reason.into(),
+    }
+}
+
+/// The files `names` of a model directory, in that order; each must exist, else an error naming
+/// the missing one and every file `what` (`a Whisper directory`) needs.
+pub fn model_files<const N: usize>(
+    dir: &Path,
+    what: &str,
+    names: [&str; N],
+) -> Result<[PathBuf; N]> {
+    let paths = names.map(|n| dir.join(n));
+    if let Some(missing) = paths.iter().find(|p| !p.is_file()) {
+        let needs = match names.split_last() {
+            Some((last, [])) => last.to_string(),
+            Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+            None => String::new(),
+        };
+        return Err(RuntimeError::File {
+            path: missing.clone(),
+            reason: format!("missing: {what} needs {needs}"),
+        });
+    }
+    Ok(paths)
+}
+
+/// A model's `tokenizer.json`, loaded; its errors name the file.
+pub struct Tokenizer {
+    path: PathBuf,
+    inner: tokenizers::Tokenizer,
+}
+
+impl Tokenizer {
+    /// Load `path`.
+    pub fn load(path: &Path) -> Result<Tokenizer> {
+        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| RuntimeError::File {
+            path: path.to_path_buf(),
+            reason: format!("not a readable tokenizers JSON: {e}"),
+        })?;
+        Ok(Tokenizer {
+            path: path.to_path_buf(),
+            inner,
+        })
+    }
+
+    /// Token ids to text, special tokens skipped ([`SpeechModel::decode_text`]).
+    ///
+    /// [`SpeechModel::decode_text`]: crate::models::SpeechModel::decode_text
+    pub fn decode(&self, ids: &[i64]) -> Result<String> {
+        let ids: Vec<u32> = ids
+            .iter()
+            .map(|&i| {
+                u32::try_from(i).map_err(|_| RuntimeError::Feed {
+                    edge: "token ids".into(),
+                    reason: format!("id {i} is not a token id"),
+                })
+            })
+            .collect::<Result<_>>()?;
+        self.inner
+            .decode(&ids, true)
+            .map_err(|e| RuntimeError::File {
+                path: self.path.clone(),
+                reason: format!("decoding {ids:?}: {e}"),
+            })
+    }
+}
+
+/// config.json's `model_type` must be one of `accepted` (an error naming the first otherwise).
+pub fn check_model_type(path: &Path, model_type: &str, accepted: &[&str]) -> Result<()> {
+    if accepted.contains(&model_type) {
+        return Ok(());
+    }
+    Err(cfg_err(
+        path,
+        format!(
+            "model_type is '{model_type}', expected '{}'",
+            accepted.first().copied().unwrap_or_default()
+        ),
+    ))
+}
+
+/// Every config fact of `facts` (name, value) must be positive: the first that is 0 is an error
+/// naming it, `{name} must be positive{why}, got 0`.
+pub fn check_positive(path: &Path, facts: &[(&str, usize)], why: &str) -> Result<()> {
+    match facts.iter().find(|(_, v)| *v == 0) {
+        Some((name, _)) => Err(cfg_err(
+            path,
+            format!("{name} must be positive{why}, got 0"),
+        )),
+        None => Ok(()),
     }
 }
 

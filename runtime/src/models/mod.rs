@@ -9,14 +9,14 @@ pub mod granite_nar;
 pub mod whisper;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::audio::Audio;
 use crate::capture::{Observer, Substitute};
 use crate::contract::Contract;
 use crate::error::{Result, RuntimeError};
 use crate::faults::FaultPlan;
-use crate::graph::{Graph, Tensor};
+use crate::graph::{EdgeId, Feeds, Graph, RunCtx, Tensor};
 use crate::weights::Weights;
 
 /// Per-run hooks: capture, isolation, faults. All optional; none changes the spec.
@@ -30,6 +30,22 @@ pub struct RunHooks<'a> {
     pub faults: Option<&'a FaultPlan>,
     /// Op-level points to capture ([`xray_core::ops`]); none by default.
     pub points: Option<&'a xray_core::ops::PointSelect>,
+}
+
+impl RunHooks<'_> {
+    /// A [`RunCtx`] for one formula run at `step`, reborrowing these hooks.
+    pub fn ctx(&mut self, step: usize) -> RunCtx<'_> {
+        RunCtx {
+            step,
+            observer: match self.observer.as_mut() {
+                Some(o) => Some(&mut **o),
+                None => None,
+            },
+            substitute: self.substitute,
+            faults: self.faults,
+            points: self.points,
+        }
+    }
 }
 
 /// Per-run options.
@@ -58,18 +74,74 @@ pub struct RunOutput {
     pub extra: BTreeMap<String, serde_json::Value>,
 }
 
+/// What every loaded model holds: its family, directory, graph (spec), weights (state) and
+/// contract.
+#[derive(Debug)]
+pub struct Loaded {
+    /// The family's name.
+    pub family: &'static str,
+    /// The model directory.
+    pub dir: PathBuf,
+    /// The graph (spec).
+    pub graph: Graph,
+    /// The weight table (state).
+    pub weights: Weights,
+    /// The checkpoint contract resolved against the model's config.
+    pub contract: Contract,
+}
+
+impl Loaded {
+    /// Check `weights` against `graph` (missing, mismatched and unused keys are errors), resolve
+    /// the `family`'s checkpoint contract against config.json and check it against the graph.
+    pub fn check(
+        dir: &Path,
+        family: &'static str,
+        graph: Graph,
+        weights: Weights,
+        config_json: &serde_json::Value,
+    ) -> Result<Loaded> {
+        graph.check_weights(&weights)?;
+        let contract = Contract::for_family(family, config_json)?;
+        graph.verify_contract(&contract)?;
+        Ok(Loaded {
+            family,
+            dir: dir.to_path_buf(),
+            graph,
+            weights,
+            contract,
+        })
+    }
+
+    /// Run the graph on its own weights: the edges `want` from `feeds` (see [`Graph::run`]).
+    pub fn run(&self, feeds: Feeds, want: &[EdgeId], ctx: &mut RunCtx) -> Result<Vec<Tensor>> {
+        self.graph.run(&self.weights, feeds, want, ctx)
+    }
+}
+
 /// A loaded speech model: spec (graph), state (weights), contract.
 pub trait SpeechModel {
+    /// Its family, directory, graph, weights and contract.
+    fn loaded(&self) -> &Loaded;
     /// Family name (`whisper`, `granite_nar`).
-    fn family(&self) -> &'static str;
+    fn family(&self) -> &'static str {
+        self.loaded().family
+    }
     /// The model directory.
-    fn model_dir(&self) -> &Path;
+    fn model_dir(&self) -> &Path {
+        &self.loaded().dir
+    }
     /// The graph (spec).
-    fn graph(&self) -> &Graph;
+    fn graph(&self) -> &Graph {
+        &self.loaded().graph
+    }
     /// The weight table (state).
-    fn weights(&self) -> &Weights;
+    fn weights(&self) -> &Weights {
+        &self.loaded().weights
+    }
     /// The checkpoint contract resolved against this model's config.
-    fn contract(&self) -> &Contract;
+    fn contract(&self) -> &Contract {
+        &self.loaded().contract
+    }
     /// Run on one input.
     fn run(&self, audio: &Audio, opts: &RunOptions, hooks: &mut RunHooks) -> Result<RunOutput>;
     /// Decode token ids to text.

@@ -2,15 +2,15 @@
 //! `MelSpectrogram` with the NAR framing and log10/clamp/normalise) and the 2-frame stack op.
 
 use std::path::Path;
-use std::sync::Arc;
 
-use realfft::RealFftPlanner;
 use serde::Deserialize;
 
 use super::GraniteNarConfig;
 use crate::audio::Audio;
 use crate::error::{Result, RuntimeError};
-use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+use crate::kernels::layout::ports;
+use crate::kernels::log_mel::{hann_window, linspace, triangular_filters, MelStft};
 use crate::kernels::{data, dims, fixed, rank, tensor};
 
 fn default_fe_type() -> String {
@@ -181,23 +181,6 @@ fn mel_to_hz(m: f64) -> f64 {
     700.0 * (10f64.powf(m / 2595.0) - 1.0)
 }
 
-/// `torch.linspace(start, stop, num)` (f64).
-fn linspace(start: f64, stop: f64, num: usize) -> Vec<f64> {
-    if num == 1 {
-        return vec![start];
-    }
-    let step = (stop - start) / (num - 1) as f64;
-    (0..num)
-        .map(|i| {
-            if i == num - 1 {
-                stop
-            } else {
-                start + i as f64 * step
-            }
-        })
-        .collect()
-}
-
 /// The `[n_freq, n_mels]` HTK triangular filter bank without normalisation, f_min 0, f_max
 /// `sample_rate // 2`.
 ///
@@ -207,16 +190,7 @@ pub fn htk_filter_bank(n_freq: usize, n_mels: usize, sample_rate: usize) -> Vec<
     let all_freqs = linspace(0.0, f_max, n_freq);
     let m_pts = linspace(hz_to_mel(0.0), hz_to_mel(f_max), n_mels + 2);
     let f_pts: Vec<f64> = m_pts.into_iter().map(mel_to_hz).collect();
-    let f_diff: Vec<f64> = f_pts.windows(2).map(|w| w[1] - w[0]).collect();
-    let mut fb = vec![vec![0f64; n_mels]; n_freq];
-    for (f, row) in fb.iter_mut().enumerate() {
-        for (m, v) in row.iter_mut().enumerate() {
-            let down = -(f_pts[m] - all_freqs[f]) / f_diff[m];
-            let up = (f_pts[m + 2] - all_freqs[f]) / f_diff[m + 1];
-            *v = 0f64.max(down.min(up));
-        }
-    }
-    fb
+    triangular_filters(&all_freqs, &f_pts)
 }
 
 /// pcm `[samples]` -> normalised log-mel `[mel_frames, n_mels]` (token-major: one row per mel
@@ -238,11 +212,8 @@ pub struct GraniteLogMel {
     n_mels: usize,
     sample_rate: usize,
     framing: Framing,
-    /// Per mel filter: first nonzero frequency bin and the weights from there.
-    filters: Vec<(usize, Vec<f64>)>,
-    /// The n_fft-long window (Hann(win_length) centred, zeros around).
-    window: Vec<f64>,
-    fft: Arc<dyn realfft::RealToComplex<f64>>,
+    /// Hann(win_length) centred in n_fft, the HTK filters.
+    stft: MelStft,
 }
 
 impl std::fmt::Debug for GraniteLogMel {
@@ -267,25 +238,9 @@ impl GraniteLogMel {
         sample_rate: usize,
         framing: Framing,
     ) -> Self {
-        let n_freq = n_fft / 2 + 1;
-        let fb = htk_filter_bank(n_freq, n_mels, sample_rate);
-        let filters = (0..n_mels)
-            .map(|m| {
-                let nz: Vec<usize> = (0..n_freq).filter(|&f| fb[f][m] != 0.0).collect();
-                match (nz.first(), nz.last()) {
-                    (Some(&a), Some(&b)) => (a, (a..=b).map(|f| fb[f][m]).collect()),
-                    _ => (0, Vec::new()),
-                }
-            })
-            .collect();
+        let fb = htk_filter_bank(n_fft / 2 + 1, n_mels, sample_rate);
         // torch.hann_window(win_length, periodic=True), centred in n_fft by torch.stft.
-        let left = (n_fft - win_length.min(n_fft)) / 2;
-        let mut window = vec![0f64; n_fft];
-        for n in 0..win_length.min(n_fft) {
-            window[left + n] =
-                0.5 - 0.5 * (2.0 * std::f64::consts::PI * n as f64 / win_length as f64).cos();
-        }
-        let fft = RealFftPlanner::<f64>::new().plan_fft_forward(n_fft);
+        let stft = MelStft::new(&fb, hann_window(win_length, n_fft));
         GraniteLogMel {
             n_fft,
             win_length,
@@ -293,9 +248,7 @@ impl GraniteLogMel {
             n_mels,
             sample_rate,
             framing,
-            filters,
-            window,
-            fft,
+            stft,
         }
     }
 
@@ -339,28 +292,12 @@ impl GraniteLogMel {
             };
             pcm[j as usize] as f64
         };
-        let n_freq = self.n_fft / 2 + 1;
-        let mut input = self.fft.make_input_vec();
-        let mut spec = self.fft.make_output_vec();
-        let mut scratch = self.fft.make_scratch_vec();
         let mut logmel = vec![0f64; norm_frames * self.n_mels];
-        let mut power = vec![0f64; n_freq];
-        for f in 0..norm_frames {
-            let start = (f * self.hop) as isize - half as isize;
-            for (k, v) in input.iter_mut().enumerate() {
-                *v = at(start + k as isize) * self.window[k];
-            }
-            self.fft
-                .process_with_scratch(&mut input, &mut spec, &mut scratch)
-                .map_err(|e| format!("fft: {e}"))?;
-            for (p, c) in power.iter_mut().zip(&spec) {
-                *p = c.re * c.re + c.im * c.im;
-            }
-            for (m, (first, w)) in self.filters.iter().enumerate() {
-                let s: f64 = w.iter().zip(&power[*first..]).map(|(a, b)| a * b).sum();
-                logmel[f * self.n_mels + m] = s.max(1e-10).log10();
-            }
-        }
+        self.stft.energies(
+            norm_frames,
+            |f, k| at((f * self.hop) as isize - half as isize + k as isize),
+            |f, m, e| logmel[f * self.n_mels + m] = e.max(1e-10).log10(),
+        )?;
         let mx = logmel.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         Ok(logmel[..kept * self.n_mels]
             .iter()
@@ -370,15 +307,7 @@ impl GraniteLogMel {
 }
 
 impl Kernel for GraniteLogMel {
-    fn kind(&self) -> &'static str {
-        "granite_log_mel"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("pcm", Layout::Plain)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("mel", Layout::TokenMajor)]
-    }
+    ports!("granite_log_mel", [pcm: Plain] -> [mel: TokenMajor]);
     fn infer(
         &self,
         inputs: &[Shape],
@@ -413,15 +342,7 @@ impl Kernel for GraniteLogMel {
 pub struct StackFrames;
 
 impl Kernel for StackFrames {
-    fn kind(&self) -> &'static str {
-        "stack_frames"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("mel", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
+    ports!("stack_frames", [mel: TokenMajor] -> [y: TokenMajor]);
     fn infer(
         &self,
         inputs: &[Shape],

@@ -16,7 +16,7 @@
 
 use super::frontend::{PreprocessorConfig, StackFrames};
 use super::kernels::{
-    AddWindowPositions, AudioPrefix, BatchNorm, ChannelSlice, Column, ConcatChannels, ConcatRows,
+    AddWindowPositions, AudioPrefix, ChannelSlice, Column, ConcatChannels, ConcatRows,
     DepthwiseConv, Glu, Identity, Pointwise, PosteriorPool, QueryInit, ShawBlockAttention,
     TailRows, WindowCrossAttention, WindowPad, MAX_CONCAT, SYM_BPE_FRAMES, SYM_ENC_FRAMES,
     SYM_MEL_FRAMES, SYM_N_AUDIO, SYM_N_TEXT, SYM_N_TOTAL, SYM_PROJ_ROWS, SYM_PROJ_TOKENS,
@@ -27,7 +27,7 @@ use crate::graph::{Dim, EdgeId, Graph, GraphBuilder, Kernel, Layout, Out};
 use crate::kernels::activation::Softmax;
 use crate::kernels::activation::{Scale, Silu, SwiGlu};
 use crate::kernels::gqa::GqaAttention;
-use crate::kernels::layer_norm::RmsNorm;
+use crate::kernels::layer_norm::{BatchNorm, RmsNorm};
 use crate::kernels::{Embedding, Gelu, Linear, MatmulStrategy};
 use crate::models::common::{
     add, layer_norm, linear, merge_heads, named, op, split_heads, unary, Dense, Vb,
@@ -127,7 +127,7 @@ impl B<'_> {
         let eps = self.cfg.text_config.rms_norm_eps as f32;
         self.op(
             name,
-            RmsNorm { eps },
+            RmsNorm::new(eps),
             &[x],
             &[(vb.key("weight"), vec![d])],
             rows,
@@ -261,9 +261,7 @@ impl B<'_> {
             .iter()
             .map(|r| (bn_vb.key(r), vec![conv_inner]))
             .collect();
-        let batch_norm = BatchNorm {
-            eps: ENCODER_NORM_EPS,
-        };
+        let batch_norm = BatchNorm::new(ENCODER_NORM_EPS);
         let x = self.op(
             &format!("{p}.batch_norm"),
             batch_norm,

@@ -32,8 +32,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::error::{Result, RuntimeError};
-pub(crate) use crate::models::common::{cfg_err, read_json};
+use crate::error::Result;
+pub(crate) use crate::models::common::{
+    cfg_err, check_model_type, check_positive, model_files, read_json,
+};
 
 pub use frontend::PreprocessorConfig;
 pub use model::GraniteNarModel;
@@ -327,53 +329,48 @@ impl GraniteNarConfig {
             &self.projector_config,
             &self.text_config,
         );
-        if !MODEL_TYPES.contains(&self.model_type.as_str()) {
-            return e(format!(
-                "model_type is '{}', expected 'granite_speech_nar'",
-                self.model_type
-            ));
-        }
-        for (name, v) in [
-            ("encoder_config.input_dim", enc.input_dim),
-            ("encoder_config.num_layers", enc.num_layers),
-            ("encoder_config.hidden_dim", enc.hidden_dim),
-            ("encoder_config.feedforward_mult", enc.feedforward_mult),
-            ("encoder_config.num_heads", enc.num_heads),
-            ("encoder_config.dim_head", enc.dim_head),
-            ("encoder_config.output_dim", enc.output_dim),
-            ("encoder_config.context_size", enc.context_size),
-            ("encoder_config.max_pos_emb", enc.max_pos_emb),
-            ("encoder_config.conv_kernel_size", enc.conv_kernel_size),
-            (
-                "encoder_config.conv_expansion_factor",
-                enc.conv_expansion_factor,
-            ),
-            ("encoder_config.bpe_pooling_window", enc.bpe_pooling_window),
-            ("projector_config.encoder_dim", prj.encoder_dim),
-            ("projector_config.llm_dim", prj.llm_dim),
-            ("projector_config.downsample_rate", prj.downsample_rate),
-            (
-                "projector_config.num_encoder_layers",
-                prj.num_encoder_layers,
-            ),
-            ("projector_config.hidden_size", prj.hidden_size),
-            ("projector_config.num_heads", prj.num_heads),
-            ("projector_config.num_layers", prj.num_layers),
-            ("projector_config.block_size", prj.block_size),
-            ("text_config.vocab_size", txt.vocab_size),
-            ("text_config.hidden_size", txt.hidden_size),
-            ("text_config.intermediate_size", txt.intermediate_size),
-            ("text_config.num_hidden_layers", txt.num_hidden_layers),
-            ("text_config.num_attention_heads", txt.num_attention_heads),
-            (
-                "text_config.max_position_embeddings",
-                txt.max_position_embeddings,
-            ),
-        ] {
-            if v == 0 {
-                return e(format!("{name} must be positive, got 0"));
-            }
-        }
+        check_model_type(path, &self.model_type, MODEL_TYPES)?;
+        check_positive(
+            path,
+            &[
+                ("encoder_config.input_dim", enc.input_dim),
+                ("encoder_config.num_layers", enc.num_layers),
+                ("encoder_config.hidden_dim", enc.hidden_dim),
+                ("encoder_config.feedforward_mult", enc.feedforward_mult),
+                ("encoder_config.num_heads", enc.num_heads),
+                ("encoder_config.dim_head", enc.dim_head),
+                ("encoder_config.output_dim", enc.output_dim),
+                ("encoder_config.context_size", enc.context_size),
+                ("encoder_config.max_pos_emb", enc.max_pos_emb),
+                ("encoder_config.conv_kernel_size", enc.conv_kernel_size),
+                (
+                    "encoder_config.conv_expansion_factor",
+                    enc.conv_expansion_factor,
+                ),
+                ("encoder_config.bpe_pooling_window", enc.bpe_pooling_window),
+                ("projector_config.encoder_dim", prj.encoder_dim),
+                ("projector_config.llm_dim", prj.llm_dim),
+                ("projector_config.downsample_rate", prj.downsample_rate),
+                (
+                    "projector_config.num_encoder_layers",
+                    prj.num_encoder_layers,
+                ),
+                ("projector_config.hidden_size", prj.hidden_size),
+                ("projector_config.num_heads", prj.num_heads),
+                ("projector_config.num_layers", prj.num_layers),
+                ("projector_config.block_size", prj.block_size),
+                ("text_config.vocab_size", txt.vocab_size),
+                ("text_config.hidden_size", txt.hidden_size),
+                ("text_config.intermediate_size", txt.intermediate_size),
+                ("text_config.num_hidden_layers", txt.num_hidden_layers),
+                ("text_config.num_attention_heads", txt.num_attention_heads),
+                (
+                    "text_config.max_position_embeddings",
+                    txt.max_position_embeddings,
+                ),
+            ],
+            "",
+        )?;
         // GraniteSpeechConformerAttention.__init__ raises on this.
         if enc.context_size > enc.max_pos_emb {
             return e(format!(
@@ -557,22 +554,21 @@ pub struct ModelFiles {
 impl ModelFiles {
     /// The files of `dir`; each must exist.
     pub fn of(dir: &Path) -> Result<ModelFiles> {
-        let f = ModelFiles {
-            config: dir.join("config.json"),
-            preprocessor: dir.join("preprocessor_config.json"),
-            weights: dir.join("model.safetensors"),
-            tokenizer: dir.join("tokenizer.json"),
-        };
-        for p in [&f.config, &f.preprocessor, &f.weights, &f.tokenizer] {
-            if !p.is_file() {
-                return Err(RuntimeError::File {
-                    path: p.clone(),
-                    reason: "missing: a Granite Speech NAR directory needs config.json, preprocessor_config.json, \
-                             model.safetensors and tokenizer.json"
-                        .into(),
-                });
-            }
-        }
-        Ok(f)
+        let [config, preprocessor, weights, tokenizer] = model_files(
+            dir,
+            "a Granite Speech NAR directory",
+            [
+                "config.json",
+                "preprocessor_config.json",
+                "model.safetensors",
+                "tokenizer.json",
+            ],
+        )?;
+        Ok(ModelFiles {
+            config,
+            preprocessor,
+            weights,
+            tokenizer,
+        })
     }
 }

@@ -7,7 +7,7 @@
 //! Upstream: oracle/xray_oracle/granite_nar.py `GraniteNARForConditionalGeneration.forward`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ndarray::Array1;
 
@@ -15,30 +15,26 @@ use super::graph::{self as ggraph, names, GraniteEdges};
 use super::host::{add_insertion_slots, ctc_greedy_decode};
 use super::{read_json, Derived, GraniteNarConfig, ModelFiles, PreprocessorConfig};
 use crate::audio::Audio;
-use crate::contract::Contract;
 use crate::error::{Result, RuntimeError};
-use crate::graph::{Feeds, Graph, RunCtx, Tensor};
-use crate::models::{RunHooks, RunOptions, RunOutput, SpeechModel};
+use crate::graph::{Feeds, RunCtx, Tensor};
+use crate::models::common::Tokenizer;
+use crate::models::{Loaded, RunHooks, RunOptions, RunOutput, SpeechModel};
 use crate::weights::Weights;
 
 /// A loaded Granite Speech NAR checkpoint.
 pub struct GraniteNarModel {
-    dir: PathBuf,
-    files: ModelFiles,
+    loaded: Loaded,
     config: GraniteNarConfig,
     derived: Derived,
     preprocessor: PreprocessorConfig,
-    graph: Graph,
     edges: GraniteEdges,
-    weights: Weights,
-    contract: Contract,
-    tokenizer: tokenizers::Tokenizer,
+    tokenizer: Tokenizer,
 }
 
 impl std::fmt::Debug for GraniteNarModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GraniteNarModel")
-            .field("dir", &self.dir)
+            .field("dir", &self.loaded.dir)
             .field("config", &self.config)
             .finish()
     }
@@ -51,20 +47,6 @@ pub struct Encoded {
     pub cat_out: Tensor,
     /// `enc.ctc_bpe_logits` `[bpe_frames, bpe_vocab]`.
     pub bpe_logits: Tensor,
-}
-
-/// A [`RunCtx`] for one formula run at step 0, reborrowing the hooks.
-fn run_ctx<'b>(hooks: &'b mut RunHooks<'_>) -> RunCtx<'b> {
-    RunCtx {
-        step: 0,
-        observer: match hooks.observer.as_mut() {
-            Some(o) => Some(&mut **o),
-            None => None,
-        },
-        substitute: hooks.substitute,
-        faults: hooks.faults,
-        points: hooks.points,
-    }
 }
 
 fn take2(v: Vec<Tensor>) -> Result<(Tensor, Tensor)> {
@@ -90,24 +72,14 @@ impl GraniteNarModel {
         preprocessor.check(&files.preprocessor, &config)?;
         let (graph, edges) = ggraph::build(&config, &derived, &preprocessor)?;
         let weights = Weights::load(&files.weights)?;
-        graph.check_weights(&weights)?;
-        let contract = Contract::for_family(super::NAME, &config_json)?;
-        graph.verify_contract(&contract)?;
-        let tokenizer =
-            tokenizers::Tokenizer::from_file(&files.tokenizer).map_err(|e| RuntimeError::File {
-                path: files.tokenizer.clone(),
-                reason: format!("not a readable tokenizers JSON: {e}"),
-            })?;
+        let loaded = Loaded::check(dir, super::NAME, graph, weights, &config_json)?;
+        let tokenizer = Tokenizer::load(&files.tokenizer)?;
         Ok(GraniteNarModel {
-            dir: dir.to_path_buf(),
-            files,
+            loaded,
             config,
             derived,
             preprocessor,
-            graph,
             edges,
-            weights,
-            contract,
             tokenizer,
         })
     }
@@ -139,8 +111,7 @@ impl GraniteNarModel {
             names::PCM.to_string(),
             Array1::from_vec(pcm.to_vec()).into_dyn(),
         )]);
-        let (cat_out, bpe_logits) = take2(self.graph.run(
-            &self.weights,
+        let (cat_out, bpe_logits) = take2(self.loaded.run(
             feeds,
             &[self.edges.cat_out, self.edges.bpe_logits],
             ctx,
@@ -202,8 +173,8 @@ impl GraniteNarModel {
             (names::CAT_OUT.to_string(), cat_out),
             (names::TEMPLATE_IDS.to_string(), ids),
         ]);
-        self.graph
-            .run(&self.weights, feeds, &[self.edges.text_logits], ctx)?
+        self.loaded
+            .run(feeds, &[self.edges.text_logits], ctx)?
             .into_iter()
             .next()
             .ok_or_else(|| RuntimeError::Graph("formula returned nothing".into()))
@@ -224,20 +195,8 @@ impl GraniteNarModel {
 }
 
 impl SpeechModel for GraniteNarModel {
-    fn family(&self) -> &'static str {
-        super::NAME
-    }
-    fn model_dir(&self) -> &Path {
-        &self.dir
-    }
-    fn graph(&self) -> &Graph {
-        &self.graph
-    }
-    fn weights(&self) -> &Weights {
-        &self.weights
-    }
-    fn contract(&self) -> &Contract {
-        &self.contract
+    fn loaded(&self) -> &Loaded {
+        &self.loaded
     }
     /// Encode, CTC-decode the BPE head (or take `opts.teacher_tokens` as the hypothesis), build
     /// the template, one bidirectional LM pass, argmax-collapse-drop-blank. Everything is step 0.
@@ -245,11 +204,11 @@ impl SpeechModel for GraniteNarModel {
     /// `hypothesis` (used), `own_hypothesis` (the runtime's CTC), `template`, `teacher_forced`.
     fn run(&self, audio: &Audio, opts: &RunOptions, hooks: &mut RunHooks) -> Result<RunOutput> {
         self.preprocessor.check_audio(audio)?;
-        let enc = self.encode(&audio.samples, &mut run_ctx(hooks))?;
+        let enc = self.encode(&audio.samples, &mut hooks.ctx(0))?;
         let own = self.hypothesis(&enc.bpe_logits)?;
         let hypothesis = opts.teacher_tokens.clone().unwrap_or_else(|| own.clone());
         let template = self.template(&hypothesis)?;
-        let logits = self.edit(enc.cat_out, &template, &mut run_ctx(hooks))?;
+        let logits = self.edit(enc.cat_out, &template, &mut hooks.ctx(0))?;
         let tokens = self.final_tokens(&logits)?;
         let transcript = self.decode_text(&tokens)?;
         let mut extra = BTreeMap::new();
@@ -269,20 +228,6 @@ impl SpeechModel for GraniteNarModel {
         })
     }
     fn decode_text(&self, ids: &[i64]) -> Result<String> {
-        let ids: Vec<u32> = ids
-            .iter()
-            .map(|&i| {
-                u32::try_from(i).map_err(|_| RuntimeError::Feed {
-                    edge: "token ids".into(),
-                    reason: format!("id {i} is not a token id"),
-                })
-            })
-            .collect::<Result<_>>()?;
-        self.tokenizer
-            .decode(&ids, true)
-            .map_err(|e| RuntimeError::File {
-                path: self.files.tokenizer.clone(),
-                reason: format!("decoding {ids:?}: {e}"),
-            })
+        self.tokenizer.decode(ids)
     }
 }

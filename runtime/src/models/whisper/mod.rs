@@ -25,8 +25,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::error::{Result, RuntimeError};
-pub(crate) use crate::models::common::{cfg_err, read_json};
+use crate::error::Result;
+pub(crate) use crate::models::common::{
+    cfg_err, check_model_type, check_positive, model_files, read_json,
+};
 
 pub use decode::DecoderSession;
 pub use frontend::PreprocessorConfig;
@@ -189,29 +191,24 @@ impl WhisperConfig {
     /// Fail-closed geometry checks (the ones HF makes and the ones it would only hit later).
     pub fn check(&self, path: &Path) -> Result<()> {
         let e = |r: String| Err(cfg_err(path, r));
-        if self.model_type != NAME {
-            return e(format!(
-                "model_type is '{}', expected 'whisper'",
-                self.model_type
-            ));
-        }
-        for (name, v) in [
-            ("d_model", self.d_model),
-            ("encoder_layers", self.encoder_layers),
-            ("decoder_layers", self.decoder_layers),
-            ("encoder_attention_heads", self.encoder_attention_heads),
-            ("decoder_attention_heads", self.decoder_attention_heads),
-            ("encoder_ffn_dim", self.encoder_ffn_dim),
-            ("decoder_ffn_dim", self.decoder_ffn_dim),
-            ("num_mel_bins", self.num_mel_bins),
-            ("max_source_positions", self.max_source_positions),
-            ("max_target_positions", self.max_target_positions),
-            ("vocab_size", self.vocab_size),
-        ] {
-            if v == 0 {
-                return e(format!("{name} must be positive (an encoder-decoder graph needs every geometry fact), got 0"));
-            }
-        }
+        check_model_type(path, &self.model_type, &[NAME])?;
+        check_positive(
+            path,
+            &[
+                ("d_model", self.d_model),
+                ("encoder_layers", self.encoder_layers),
+                ("decoder_layers", self.decoder_layers),
+                ("encoder_attention_heads", self.encoder_attention_heads),
+                ("decoder_attention_heads", self.decoder_attention_heads),
+                ("encoder_ffn_dim", self.encoder_ffn_dim),
+                ("decoder_ffn_dim", self.decoder_ffn_dim),
+                ("num_mel_bins", self.num_mel_bins),
+                ("max_source_positions", self.max_source_positions),
+                ("max_target_positions", self.max_target_positions),
+                ("vocab_size", self.vocab_size),
+            ],
+            " (an encoder-decoder graph needs every geometry fact)",
+        )?;
         for (name, h) in [
             ("encoder_attention_heads", self.encoder_attention_heads),
             ("decoder_attention_heads", self.decoder_attention_heads),
@@ -267,30 +264,23 @@ pub struct ModelFiles {
 impl ModelFiles {
     /// The files of `dir`; each must exist.
     pub fn of(dir: &Path) -> Result<ModelFiles> {
-        let f = ModelFiles {
-            config: dir.join("config.json"),
-            generation: dir.join("generation_config.json"),
-            preprocessor: dir.join("preprocessor_config.json"),
-            weights: dir.join("model.safetensors"),
-            tokenizer: dir.join("tokenizer.json"),
-        };
-        for p in [
-            &f.config,
-            &f.generation,
-            &f.preprocessor,
-            &f.weights,
-            &f.tokenizer,
-        ] {
-            if !p.is_file() {
-                return Err(RuntimeError::File {
-                    path: p.clone(),
-                    reason:
-                        "missing: a Whisper directory needs config.json, generation_config.json, \
-                             preprocessor_config.json, model.safetensors and tokenizer.json"
-                            .into(),
-                });
-            }
-        }
-        Ok(f)
+        let [config, generation, preprocessor, weights, tokenizer] = model_files(
+            dir,
+            "a Whisper directory",
+            [
+                "config.json",
+                "generation_config.json",
+                "preprocessor_config.json",
+                "model.safetensors",
+                "tokenizer.json",
+            ],
+        )?;
+        Ok(ModelFiles {
+            config,
+            generation,
+            preprocessor,
+            weights,
+            tokenizer,
+        })
     }
 }

@@ -3,7 +3,7 @@
 //! ([`SpeechModel::run`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Mutex;
 
 use ndarray::{Array1, Array3, Axis};
@@ -12,25 +12,22 @@ use super::decode::{DecoderSession, GenerationPlan};
 use super::graph::{self as wgraph, names, WhisperEdges};
 use super::{read_json, GenerationConfig, ModelFiles, PreprocessorConfig, WhisperConfig};
 use crate::audio::Audio;
-use crate::contract::Contract;
 use crate::error::{Result, RuntimeError};
-use crate::graph::{Feeds, Graph, RunCtx, Tensor};
-use crate::models::{RunHooks, RunOptions, RunOutput, SpeechModel};
+use crate::graph::{Feeds, RunCtx, Tensor};
+use crate::models::common::Tokenizer;
+use crate::models::{Loaded, RunHooks, RunOptions, RunOutput, SpeechModel};
 use crate::weights::Weights;
 
 /// A loaded Whisper checkpoint.
 pub struct WhisperModel {
-    dir: PathBuf,
+    loaded: Loaded,
     files: ModelFiles,
     config: WhisperConfig,
     generation: GenerationConfig,
     preprocessor: PreprocessorConfig,
     plan: GenerationPlan,
-    graph: Graph,
     edges: WhisperEdges,
-    weights: Weights,
-    contract: Contract,
-    tokenizer: tokenizers::Tokenizer,
+    tokenizer: Tokenizer,
     /// The session [`SpeechModel::run`] uses: it persists across runs like a serving worker's
     /// decoder state, so installing the next input's memory is what invalidates its cross cache.
     session: Mutex<DecoderSession>,
@@ -39,23 +36,9 @@ pub struct WhisperModel {
 impl std::fmt::Debug for WhisperModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WhisperModel")
-            .field("dir", &self.dir)
+            .field("dir", &self.loaded.dir)
             .field("config", &self.config)
             .finish()
-    }
-}
-
-/// A [`RunCtx`] for one formula run at `step`, reborrowing the hooks.
-pub fn run_ctx<'b>(hooks: &'b mut RunHooks<'_>, step: usize) -> RunCtx<'b> {
-    RunCtx {
-        step,
-        observer: match hooks.observer.as_mut() {
-            Some(o) => Some(&mut **o),
-            None => None,
-        },
-        substitute: hooks.substitute,
-        faults: hooks.faults,
-        points: hooks.points,
     }
 }
 
@@ -76,7 +59,7 @@ impl WhisperModel {
         preprocessor.check(&files.preprocessor, &config)?;
         let (generation, _): (GenerationConfig, _) = read_json(&files.generation)?;
         let plan = GenerationPlan::new(&generation, &config, &files.generation)?;
-        let mut weights = Weights::load(&files.weights)?;
+        let weights = Weights::load(&files.weights)?;
         // The layer counts decide the graph's size: checked against the checkpoint before the
         // graph is built (a config claiming a million layers is refused, not built).
         for (key, prefix, n) in [
@@ -103,27 +86,18 @@ impl WhisperModel {
             }
         }
         let (graph, edges) = wgraph::build(&config, &preprocessor, &files.preprocessor)?;
-        graph.check_weights(&weights)?;
+        let mut loaded = Loaded::check(dir, super::NAME, graph, weights, &config_json)?;
         // Exact f16 mirrors for the row-stable (decoder) projections: same bits, half the bytes.
-        graph.mirror_f16_weights(&mut weights);
-        let contract = Contract::for_family(super::NAME, &config_json)?;
-        graph.verify_contract(&contract)?;
-        let tokenizer =
-            tokenizers::Tokenizer::from_file(&files.tokenizer).map_err(|e| RuntimeError::File {
-                path: files.tokenizer.clone(),
-                reason: format!("not a readable tokenizers JSON: {e}"),
-            })?;
+        loaded.graph.mirror_f16_weights(&mut loaded.weights);
+        let tokenizer = Tokenizer::load(&files.tokenizer)?;
         Ok(WhisperModel {
-            dir: dir.to_path_buf(),
+            loaded,
             files,
             config,
             generation,
             preprocessor,
             plan,
-            graph,
             edges,
-            weights,
-            contract,
             tokenizer,
             session: Mutex::new(DecoderSession::new()),
         })
@@ -134,8 +108,8 @@ impl WhisperModel {
     /// used as given: its f16 mirrors, if any, are used, and none are added (see
     /// [`Graph::mirror_f16_weights`]). The session's caches are dropped.
     pub fn with_weights(mut self, weights: Weights) -> Result<WhisperModel> {
-        self.graph.check_weights(&weights)?;
-        self.weights = weights;
+        self.loaded.graph.check_weights(&weights)?;
+        self.loaded.weights = weights;
         self.session = Mutex::new(DecoderSession::new());
         Ok(self)
     }
@@ -194,9 +168,7 @@ impl WhisperModel {
             names::PCM.to_string(),
             Array1::from_vec(pcm.to_vec()).into_dyn(),
         )]);
-        one(self
-            .graph
-            .run(&self.weights, feeds, &[self.edges.mel], ctx)?)
+        one(self.loaded.run(feeds, &[self.edges.mel], ctx)?)
     }
 
     /// Formula `encode`: pcm samples (at most one window) -> encoder memory `[enc_tokens, d_model]`.
@@ -205,18 +177,14 @@ impl WhisperModel {
             names::PCM.to_string(),
             Array1::from_vec(pcm.to_vec()).into_dyn(),
         )]);
-        one(self
-            .graph
-            .run(&self.weights, feeds, &[self.edges.memory], ctx)?)
+        one(self.loaded.run(feeds, &[self.edges.memory], ctx)?)
     }
 
     /// Formula `encode` from features: log-mel `[mel_bins, frames]` -> encoder memory (the
     /// frontend op does not run).
     pub fn encode_mel(&self, mel: Tensor, ctx: &mut RunCtx) -> Result<Tensor> {
         let feeds: Feeds = HashMap::from([(names::MEL.to_string(), mel)]);
-        one(self
-            .graph
-            .run(&self.weights, feeds, &[self.edges.memory], ctx)?)
+        one(self.loaded.run(feeds, &[self.edges.memory], ctx)?)
     }
 
     /// Formula `prefill` (the populate phase of the cross-attention projection cache): encoder
@@ -272,10 +240,7 @@ impl WhisperModel {
         for c in &self.edges.cross {
             want.extend([c[0], c[1]]);
         }
-        let mut outs = self
-            .graph
-            .run(&self.weights, feeds, &want, ctx)?
-            .into_iter();
+        let mut outs = self.loaded.run(feeds, &want, ctx)?.into_iter();
         let logits = next(&mut outs)?;
         let mut self_kv = Vec::with_capacity(l);
         for _ in 0..l {
@@ -353,7 +318,7 @@ impl WhisperModel {
         for c in &self.edges.cross {
             want.extend([c[0], c[1]]);
         }
-        let mut outs = match self.graph.run(&self.weights, feeds, &want, ctx) {
+        let mut outs = match self.loaded.run(feeds, &want, ctx) {
             Ok(o) => o.into_iter(),
             Err(e) => {
                 sess.cross_valid = false;
@@ -398,9 +363,7 @@ impl WhisperModel {
             feeds.insert(names::self_k_past(i), self.empty_cache());
             feeds.insert(names::self_v_past(i), self.empty_cache());
         }
-        one(self
-            .graph
-            .run(&self.weights, feeds, &[self.edges.logits], ctx)?)
+        one(self.loaded.run(feeds, &[self.edges.logits], ctx)?)
     }
 
     /// Greedy decode (or teacher-force) from installed state; shared by [`SpeechModel::run`].
@@ -437,7 +400,7 @@ impl WhisperModel {
         let mut outputs: Vec<Tensor> = Vec::new();
         let mut predicted = Vec::new();
         let mut tokens = prefix.clone();
-        let logits = self.prefill(sess, &prefix, &mut run_ctx(hooks, 0))?;
+        let logits = self.prefill(sess, &prefix, &mut hooks.ctx(0))?;
         outputs.push(logits);
         let mut step = 0usize;
         let stop = loop {
@@ -466,7 +429,7 @@ impl WhisperModel {
                 };
             }
             step += 1;
-            let logits = self.decode_step(sess, next_tok, &mut run_ctx(hooks, step))?;
+            let logits = self.decode_step(sess, next_tok, &mut hooks.ctx(step))?;
             outputs.push(logits);
         };
         let transcript = self.decode_text(&predicted)?;
@@ -497,20 +460,8 @@ fn next(it: &mut std::vec::IntoIter<Tensor>) -> Result<Tensor> {
 }
 
 impl SpeechModel for WhisperModel {
-    fn family(&self) -> &'static str {
-        super::NAME
-    }
-    fn model_dir(&self) -> &Path {
-        &self.dir
-    }
-    fn graph(&self) -> &Graph {
-        &self.graph
-    }
-    fn weights(&self) -> &Weights {
-        &self.weights
-    }
-    fn contract(&self) -> &Contract {
-        &self.contract
+    fn loaded(&self) -> &Loaded {
+        &self.loaded
     }
     /// Step 0: frontend + encoder + prefill of the forced prefix; step K: the K-th single-token
     /// decode step. Greedy per generation_config.json, or teacher-forced on
@@ -518,7 +469,7 @@ impl SpeechModel for WhisperModel {
     /// `outputs` are the logits of every step.
     fn run(&self, audio: &Audio, opts: &RunOptions, hooks: &mut RunHooks) -> Result<RunOutput> {
         self.preprocessor.check_audio(audio)?;
-        let memory = self.encode(&audio.samples, &mut run_ctx(hooks, 0))?;
+        let memory = self.encode(&audio.samples, &mut hooks.ctx(0))?;
         let mut guard = match self.session.lock() {
             Ok(g) => g,
             Err(poisoned) => {
@@ -532,20 +483,6 @@ impl SpeechModel for WhisperModel {
         self.generate(&mut guard, opts, hooks)
     }
     fn decode_text(&self, ids: &[i64]) -> Result<String> {
-        let ids: Vec<u32> = ids
-            .iter()
-            .map(|&i| {
-                u32::try_from(i).map_err(|_| RuntimeError::Feed {
-                    edge: "token ids".into(),
-                    reason: format!("id {i} is not a token id"),
-                })
-            })
-            .collect::<Result<_>>()?;
-        self.tokenizer
-            .decode(&ids, true)
-            .map_err(|e| RuntimeError::File {
-                path: self.files.tokenizer.clone(),
-                reason: format!("decoding {ids:?}: {e}"),
-            })
+        self.tokenizer.decode(ids)
     }
 }

@@ -1,9 +1,9 @@
-//! Conformer block kernels: 1x1 conv, GLU, depthwise conv, BatchNorm (inference), block-local
-//! Shaw relative-position attention.
+//! Conformer block kernels: 1x1 conv, GLU, depthwise conv, block-local Shaw relative-position
+//! attention (the conv module's BatchNorm is a generic channel norm, `crate::kernels::layer_norm`).
 
 use crate::faults::ParamFault;
-use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
-use crate::kernels::layer_norm::{channel_norm_infer, channel_params};
+use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+use crate::kernels::layout::ports;
 use crate::kernels::{data, dims, par_ranges, same_dim, sgemm, simd, tensor};
 
 use super::{sigmoid, softmax_in_place, token_rows};
@@ -21,15 +21,7 @@ pub struct Pointwise {
 }
 
 impl Kernel for Pointwise {
-    fn kind(&self) -> &'static str {
-        "pointwise_conv"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
+    ports!("pointwise_conv", [x: TokenMajor] -> [y: TokenMajor]);
     fn weight_roles(&self) -> Vec<&'static str> {
         if self.bias {
             vec!["weight", "bias"]
@@ -91,15 +83,7 @@ impl Kernel for Pointwise {
 pub struct Glu;
 
 impl Kernel for Glu {
-    fn kind(&self) -> &'static str {
-        "glu"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
+    ports!("glu", [x: TokenMajor] -> [y: TokenMajor]);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         let (rows, c2) = token_rows(&inputs[0], "x")?;
         if c2 % 2 != 0 {
@@ -150,18 +134,7 @@ impl DepthwiseConv {
 }
 
 impl Kernel for DepthwiseConv {
-    fn kind(&self) -> &'static str {
-        "depthwise_conv"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
-    fn weight_roles(&self) -> Vec<&'static str> {
-        vec!["weight"]
-    }
+    ports!("depthwise_conv", [x: TokenMajor] -> [y: TokenMajor], weights ["weight"]);
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         let (_, c) = token_rows(&inputs[0], "x")?;
         if weights[0] != [c, 1, self.kernel] {
@@ -213,71 +186,6 @@ impl Kernel for DepthwiseConv {
     }
 }
 
-/// `nn.BatchNorm1d` in inference form over the channels of token-major rows:
-/// `alpha = weight / sqrt(running_var + eps)`, `y = x * alpha + (bias - running_mean * alpha)`.
-/// Fault seam: [`ParamFault::Eps`].
-///
-/// Upstream: transformers v5.24.0 src/transformers/models/granite_speech/modeling_granite_speech.py
-/// `GraniteSpeechConformerConvModule` (`self.batch_norm`); pytorch v2.11.0
-/// aten/src/ATen/native/cpu/batch_norm_kernel.cpp `batch_norm_cpu_collect_linear_and_constant_terms`.
-#[derive(Debug, Clone)]
-pub struct BatchNorm {
-    /// Added to the running variance.
-    pub eps: f32,
-}
-
-impl Kernel for BatchNorm {
-    fn kind(&self) -> &'static str {
-        "batch_norm"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
-    fn weight_roles(&self) -> Vec<&'static str> {
-        vec!["weight", "bias", "running_mean", "running_var"]
-    }
-    fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
-        channel_norm_infer(inputs, weights, &self.weight_roles())
-    }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
-        let s = dims(inputs[0], 2, "x")?;
-        let c = s[1];
-        let p = channel_params(weights, &self.weight_roles(), c)?;
-        if p.len() != 4 {
-            return Err("batch norm takes weight, bias, running_mean and running_var".into());
-        }
-        let alpha: Vec<f32> = (0..c)
-            .map(|j| p[0][j] / (p[3][j] + self.eps).sqrt())
-            .collect();
-        let beta: Vec<f32> = (0..c).map(|j| p[1][j] - p[2][j] * alpha[j]).collect();
-        let mut y = inputs[0].as_standard_layout().into_owned();
-        let ys = y.as_slice_mut().ok_or("output not contiguous")?;
-        for row in ys.chunks_exact_mut(c) {
-            for j in 0..c {
-                row[j] = row[j] * alpha[j] + beta[j];
-            }
-        }
-        Ok(vec![y])
-    }
-    fn params(&self) -> serde_json::Value {
-        serde_json::json!({"eps": self.eps})
-    }
-    fn with_param_fault(&self, fault: &ParamFault) -> Option<Box<dyn Kernel>> {
-        match fault {
-            ParamFault::Eps(e) => Some(Box::new(BatchNorm { eps: *e })),
-            _ => None,
-        }
-    }
-}
-
 /// Block-local self-attention with Shaw relative positions. Inputs: `q` `[T, H*D]` (the
 /// pre-normed, unpadded `to_q` output) and `kv` `[T, 2*H*D]` (`to_kv`: k is the first half);
 /// weight `rel_pos_emb` `[2 * max_pos_emb + 1, D]`. Rows are cut into blocks of `context`; per
@@ -307,21 +215,7 @@ pub struct ShawBlockAttention {
 }
 
 impl Kernel for ShawBlockAttention {
-    fn kind(&self) -> &'static str {
-        "shaw_block_attention"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![
-            port("q", Layout::TokenMajor),
-            port("kv", Layout::TokenMajor),
-        ]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
-    fn weight_roles(&self) -> Vec<&'static str> {
-        vec!["rel_pos_emb"]
-    }
+    ports!("shaw_block_attention", [q: TokenMajor, kv: TokenMajor] -> [y: TokenMajor], weights ["rel_pos_emb"]);
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         let inner = self.heads * self.dim_head;
         let (rows, qf) = token_rows(&inputs[0], "q")?;

@@ -1,7 +1,8 @@
 //! Self-conditioning and BPE-CTC kernels: row softmax, a channel column, posterior-weighted
 //! pooling.
 
-use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+use crate::kernels::layout::ports;
 use crate::kernels::{data, dims, rank, same_dim, tensor};
 
 use super::{token_rows, SYM_BPE_FRAMES};
@@ -17,15 +18,7 @@ pub struct Column {
 }
 
 impl Kernel for Column {
-    fn kind(&self) -> &'static str {
-        "column"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::Plain)]
-    }
+    ports!("column", [x: TokenMajor] -> [y: Plain]);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         let (rows, c) = token_rows(&inputs[0], "x")?;
         if self.index >= c {
@@ -65,15 +58,7 @@ pub struct PosteriorPool {
 }
 
 impl Kernel for PosteriorPool {
-    fn kind(&self) -> &'static str {
-        "posterior_weighted_pool"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("h", Layout::TokenMajor), port("blank", Layout::Plain)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
+    ports!("posterior_weighted_pool", [h: TokenMajor, blank: Plain] -> [y: TokenMajor]);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         let (rows, hdim) = token_rows(&inputs[0], "h")?;
         rank(&inputs[1], 1, "blank")?;

@@ -1,8 +1,8 @@
 //! Granite-NAR-specific kernels: block-local Shaw attention, the conformer conv module pieces
-//! (pointwise conv, GLU, depthwise conv, BatchNorm), the self-conditioning and BPE-CTC pieces,
+//! (pointwise conv, GLU, depthwise conv), the self-conditioning and BPE-CTC pieces,
 //! the projector's window ops and windowed cross-attention, and row plumbing. The generic ones
 //! the family also uses live in `crate::kernels`: SiLU, scale, SwiGLU and row softmax
-//! (`activation`), RMSNorm (`layer_norm`), GQA attention with RoPE (`gqa`), the scaled
+//! (`activation`), RMSNorm and BatchNorm (`layer_norm`), GQA attention with RoPE (`gqa`), the scaled
 //! residual add (`add`).
 //!
 //! Files: `conformer.rs`, `ctc.rs`, `rows.rs`, `projector.rs`.
@@ -16,7 +16,7 @@ mod ctc;
 mod projector;
 mod rows;
 
-pub use conformer::{BatchNorm, DepthwiseConv, Glu, Pointwise, ShawBlockAttention};
+pub use conformer::{DepthwiseConv, Glu, Pointwise, ShawBlockAttention};
 pub use ctc::{Column, PosteriorPool};
 pub use projector::{AddWindowPositions, QueryInit, WindowCrossAttention, WindowPad};
 pub use rows::{

@@ -2,7 +2,8 @@
 //! initialisation, windowed multi-head cross-attention.
 
 use crate::faults::ParamFault;
-use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+use crate::kernels::layout::ports;
 use crate::kernels::{data, dims, same_dim, simd, tensor};
 
 use super::{softmax_in_place, token_rows, SYM_PROJ_ROWS, SYM_PROJ_TOKENS};
@@ -17,15 +18,7 @@ pub struct WindowPad {
 }
 
 impl Kernel for WindowPad {
-    fn kind(&self) -> &'static str {
-        "window_pad"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
+    ports!("window_pad", [x: TokenMajor] -> [y: TokenMajor]);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         let (_, c) = token_rows(&inputs[0], "x")?;
         if self.block == 0 {
@@ -62,18 +55,7 @@ impl Kernel for WindowPad {
 pub struct AddWindowPositions;
 
 impl Kernel for AddWindowPositions {
-    fn kind(&self) -> &'static str {
-        "add_window_positions"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
-    fn weight_roles(&self) -> Vec<&'static str> {
-        vec!["window_positions"]
-    }
+    ports!("add_window_positions", [x: TokenMajor] -> [y: TokenMajor], weights ["window_positions"]);
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         let (_, c) = token_rows(&inputs[0], "x")?;
         let w = &weights[0];
@@ -125,18 +107,7 @@ pub struct QueryInit {
 }
 
 impl Kernel for QueryInit {
-    fn kind(&self) -> &'static str {
-        "query_init"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
-    fn weight_roles(&self) -> Vec<&'static str> {
-        vec!["query"]
-    }
+    ports!("query_init", [x: TokenMajor] -> [y: TokenMajor], weights ["query"]);
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         let (_, c) = token_rows(&inputs[0], "x")?;
         let w = &weights[0];
@@ -208,19 +179,7 @@ pub struct WindowCrossAttention {
 }
 
 impl Kernel for WindowCrossAttention {
-    fn kind(&self) -> &'static str {
-        "window_cross_attention"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![
-            port("q", Layout::TokenMajor),
-            port("k", Layout::TokenMajor),
-            port("v", Layout::TokenMajor),
-        ]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
+    ports!("window_cross_attention", [q: TokenMajor, k: TokenMajor, v: TokenMajor] -> [y: TokenMajor]);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         let (qr, qc) = token_rows(&inputs[0], "q")?;
         let (kr, kc) = token_rows(&inputs[1], "k")?;

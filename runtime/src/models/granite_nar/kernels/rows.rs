@@ -2,6 +2,7 @@
 //! LM input rows (audio prefix, row concat) and output rows (text tail), and an identity marker.
 
 use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::kernels::layout::ports;
 use crate::kernels::{data, dims, rank, same_dim, tensor};
 
 use super::{token_rows, SYM_N_AUDIO, SYM_N_TOTAL};
@@ -96,15 +97,7 @@ pub struct ChannelSlice {
 }
 
 impl Kernel for ChannelSlice {
-    fn kind(&self) -> &'static str {
-        "channel_slice"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
+    ports!("channel_slice", [x: TokenMajor] -> [y: TokenMajor]);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         let (rows, c) = token_rows(&inputs[0], "x")?;
         if self.start + self.len > c {
@@ -160,18 +153,7 @@ pub struct AudioPrefix {
 }
 
 impl Kernel for AudioPrefix {
-    fn kind(&self) -> &'static str {
-        "audio_prefix"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![
-            port("x", Layout::TokenMajor),
-            port("frames", Layout::TokenMajor),
-        ]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
+    ports!("audio_prefix", [x: TokenMajor, frames: TokenMajor] -> [y: TokenMajor]);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         let (_, c) = token_rows(&inputs[0], "x")?;
         rank(&inputs[1], 2, "frames")?;
@@ -218,15 +200,7 @@ impl Kernel for AudioPrefix {
 pub struct ConcatRows;
 
 impl Kernel for ConcatRows {
-    fn kind(&self) -> &'static str {
-        "concat_rows"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("a", Layout::TokenMajor), port("b", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
+    ports!("concat_rows", [a: TokenMajor, b: TokenMajor] -> [y: TokenMajor]);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         let (_, a) = token_rows(&inputs[0], "a")?;
         let (_, b) = token_rows(&inputs[1], "b")?;
@@ -261,15 +235,7 @@ impl Kernel for ConcatRows {
 pub struct TailRows;
 
 impl Kernel for TailRows {
-    fn kind(&self) -> &'static str {
-        "tail_rows"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor), port("ids", Layout::Plain)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
+    ports!("tail_rows", [x: TokenMajor, ids: Plain] -> [y: TokenMajor]);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         let (_, c) = token_rows(&inputs[0], "x")?;
         rank(&inputs[1], 1, "ids")?;
@@ -297,15 +263,7 @@ impl Kernel for TailRows {
 pub struct Identity;
 
 impl Kernel for Identity {
-    fn kind(&self) -> &'static str {
-        "identity"
-    }
-    fn inputs(&self) -> Vec<Port> {
-        vec![port("x", Layout::TokenMajor)]
-    }
-    fn outputs(&self) -> Vec<Port> {
-        vec![port("y", Layout::TokenMajor)]
-    }
+    ports!("identity", [x: TokenMajor] -> [y: TokenMajor]);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         Ok(vec![inputs[0].clone()])
     }

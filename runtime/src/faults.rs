@@ -10,7 +10,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::graph::{Dim, Edge, Graph, Kernel, KernelCtx, Layout, Op, Port, Shape, Tensor};
+use crate::graph::{
+    Dim, Edge, Graph, Kernel, KernelCtx, KernelOut, Layout, Op, Port, Shape, Tensor,
+};
 
 /// A parameter fault: the op runs with a wrong parameter.
 #[derive(Debug, Clone, PartialEq)]
@@ -567,12 +569,7 @@ struct Borrowed<'a>(&'a dyn Kernel);
 
 impl Kernel for Borrowed<'_> {
     wrapped_interface!(0);
-    fn run(
-        &self,
-        ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> KernelOut {
         self.0.run(ctx, inputs, weights)
     }
     fn f16_weight_roles(&self) -> Vec<usize> {
@@ -594,12 +591,7 @@ struct AtStep<'a> {
 
 impl Kernel for AtStep<'_> {
     wrapped_interface!(base);
-    fn run(
-        &self,
-        ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> KernelOut {
         if ctx.step == self.step {
             self.hits.fetch_add(1, Ordering::Relaxed);
             self.faulted.run(ctx, inputs, weights)
@@ -628,12 +620,7 @@ struct Replaced<'a> {
 
 impl Kernel for Replaced<'_> {
     wrapped_interface!(inner);
-    fn run(
-        &self,
-        ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> KernelOut {
         match &self.fault {
             KernelFault::LayerNormUnbiasedVar => {
                 let eps = self.inner.params()["eps"].as_f64().ok_or_else(|| {

@@ -81,6 +81,10 @@ impl KernelCtx<'_> {
     }
 }
 
+/// What [`Kernel::run`] returns: the output tensors, one per output port, or why it could not
+/// compute them (the executor names the op).
+pub type KernelOut = std::result::Result<Vec<Tensor>, String>;
+
 /// An op's computation. Kernels are pure: outputs depend on inputs, weights and parameters only.
 pub trait Kernel: Send + Sync + fmt::Debug {
     /// Kind name (`linear`, `layer_norm`, `attention`...).
@@ -100,12 +104,7 @@ pub trait Kernel: Send + Sync + fmt::Debug {
         weights: &[Vec<usize>],
     ) -> std::result::Result<Vec<Shape>, String>;
     /// Compute.
-    fn run(
-        &self,
-        ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        weights: &[&Tensor],
-    ) -> std::result::Result<Vec<Tensor>, String>;
+    fn run(&self, ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> KernelOut;
     /// Parameters for the JSON export.
     fn params(&self) -> serde_json::Value {
         serde_json::Value::Null

@@ -10,7 +10,7 @@ use std::fmt;
 use super::add::{binary_operands, same_shapes};
 use super::dims;
 use super::layout::token_rows;
-use crate::graph::{port_any, Kernel, KernelCtx, Port, Shape, Tensor};
+use crate::graph::{port_any, Kernel, KernelCtx, KernelOut, Port, Shape, Tensor};
 use crate::kernels::layout::ports;
 
 /// A unary elementwise op: `y[i] = f(x[i])` over any layout. Implementors get [`Kernel`].
@@ -45,12 +45,7 @@ impl<T: Elementwise> Kernel for T {
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         Ok(vec![inputs[0].clone()])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         if let Some(x) = inputs[0].as_slice() {
             return Ok(vec![super::tensor(inputs[0].shape(), self.map(x))?]);
         }
@@ -129,12 +124,7 @@ impl Kernel for SwiGlu {
         token_rows(&inputs[0], "gate")?;
         same_shapes(inputs, ["gate", "up"])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         let (mut y, up) = binary_operands(inputs, ["gate", "up"])?;
         let ys = y.as_slice_mut().ok_or("output not contiguous")?;
         for (g, &u) in ys.iter_mut().zip(up) {
@@ -171,12 +161,7 @@ impl Kernel for Softmax {
         token_rows(&inputs[0], "x")?;
         Ok(vec![inputs[0].clone()])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         let s = dims(inputs[0], 2, "x")?;
         let mut y = inputs[0].as_standard_layout().into_owned();
         if s[1] > 0 {

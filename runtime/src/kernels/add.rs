@@ -2,7 +2,7 @@
 
 use super::{data, dims, fixed, rank, simd};
 use crate::faults::ParamFault;
-use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};
 use crate::kernels::layout::ports;
 
 /// `y = a + scale * b`, same shape and layout (residual connections: `a` = the residual stream,
@@ -46,12 +46,7 @@ impl Kernel for Add {
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         same_shapes(inputs, ["a", "b"])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         let (mut y, b) = binary_operands(inputs, ["a", "b"])?;
         if !self.skip_branch {
             let ys = y.as_slice_mut().ok_or("add output not contiguous")?;
@@ -136,12 +131,7 @@ impl Kernel for AddTable {
         }
         Ok(vec![vec![Dim::Fixed(r), Dim::Fixed(d)]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> KernelOut {
         let s = dims(inputs[0], 2, "x")?;
         if weights[0].shape() != s.as_slice() {
             return Err(format!(

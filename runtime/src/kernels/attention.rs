@@ -5,7 +5,7 @@ use super::{
     data, dims, flash, par_ranges, rank, same_dim, sgemm_serial, simd, tensor, MatmulStrategy,
 };
 use crate::faults::ParamFault;
-use crate::graph::{port, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::graph::{port, Kernel, KernelCtx, KernelOut, Layout, Port, Shape, Tensor};
 
 /// Query rows per task in the `gemm` strategy: a block's score rows (64 x 1500 keys = 384 KB for
 /// Whisper's encoder) stay in L2 with the head's K and V between the two products.
@@ -88,12 +88,7 @@ impl Kernel for Attention {
         }
         Ok(o)
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         let qs = dims(inputs[0], 3, "q")?;
         let ks = dims(inputs[1], 3, "k")?;
         let vs = dims(inputs[2], 3, "v")?;

@@ -1,7 +1,7 @@
 //! 1-D convolution over channel-major `[channels, time]` input, by im2col + sgemm.
 
 use super::{data, dims, fixed, rank, sgemm, tensor};
-use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};
 use crate::kernels::layout::ports;
 
 /// `torch.nn.Conv1d(c_in, c_out, kernel_size, stride, padding)` with bias, zero padding.
@@ -52,12 +52,7 @@ impl Kernel for Conv1d {
         }
         Ok(vec![vec![Dim::Fixed(w[0]), Dim::Fixed(self.out_len(l)?)]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> KernelOut {
         let s = dims(inputs[0], 2, "x")?;
         let (c, l) = (s[0], s[1]);
         let ws = dims(weights[0], 3, "weight")?;

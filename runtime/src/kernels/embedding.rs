@@ -1,7 +1,7 @@
 //! Embedding gather: integer ids (carried as f32, exact below 2^24) -> rows of a table.
 
 use super::{data, dims, rank, tensor};
-use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};
 use crate::kernels::layout::ports;
 
 /// `table[ids]` -> token-major `[len(ids), d]` (token embeddings; decoder positions, whose ids are
@@ -26,12 +26,7 @@ impl Kernel for Embedding {
         }
         Ok(vec![vec![inputs[0][0].clone(), Dim::Fixed(weights[0][1])]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> KernelOut {
         let n = dims(inputs[0], 1, "ids")?[0];
         let ts = dims(weights[0], 2, "table")?;
         let (rows, d) = (ts[0], ts[1]);

@@ -3,7 +3,7 @@
 
 use super::activation::softmax_in_place;
 use crate::faults::ParamFault;
-use crate::graph::{port, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::graph::{port, Kernel, KernelCtx, KernelOut, Layout, Port, Shape, Tensor};
 use crate::kernels::{data, dims, fixed, par_ranges, rank, same_dim, simd, tensor};
 
 /// Default (non-interleaved, "rotate_half") RoPE in place on head-major `[h, t, d]` rows,
@@ -115,12 +115,7 @@ impl Kernel for GqaAttention {
             ],
         ])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         let qs = dims(inputs[0], 3, "q")?;
         let ks = dims(inputs[1], 3, "k")?;
         let vs = dims(inputs[2], 3, "v")?;

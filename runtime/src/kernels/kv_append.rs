@@ -1,7 +1,7 @@
 //! KV-cache append: scatter the new rows after the past rows, per head.
 
 use super::{data, dims, rank, same_dim, tensor};
-use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};
 use crate::kernels::layout::ports;
 
 /// head_major past `[H, P, D]` + new `[H, T, D]` -> `[H, P + T, D]`. The cache is a feed and
@@ -32,12 +32,7 @@ impl Kernel for KvAppend {
             inputs[0][2].clone(),
         ]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         let ps = dims(inputs[0], 3, "past")?;
         let ns = dims(inputs[1], 3, "new")?;
         if ps[0] != ns[0] || ps[2] != ns[2] {

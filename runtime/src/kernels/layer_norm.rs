@@ -9,7 +9,7 @@ use std::marker::PhantomData;
 use super::layout::token_rows;
 use super::{data, dims, par_rows, tensor};
 use crate::faults::ParamFault;
-use crate::graph::{port, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::graph::{port, Kernel, KernelCtx, KernelOut, Layout, Port, Shape, Tensor};
 use xray_core::ops::Side;
 
 /// What differs between channel norms.
@@ -65,12 +65,7 @@ impl<N: Norm> Kernel for ChannelNorm<N> {
         }
         Ok(vec![inputs[0].clone()])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> KernelOut {
         let s = dims(inputs[0], 2, "x")?;
         let (m, c) = (s[0], s[1]);
         let x = data(inputs[0], "x")?;

@@ -2,7 +2,7 @@
 //! and [`ports!`](crate::kernels::layout::ports), the declaration of a kernel's ports.
 
 use super::{data, dims, fixed, rank, tensor};
-use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};
 
 /// The declarations of a [`Kernel`] impl, written once: its kind, input and output ports (each
 /// `name: Layout`, or `name: Any` for a layout-polymorphic port) and, when it reads weights, its
@@ -55,12 +55,7 @@ impl Kernel for ChannelToToken {
         rank(&inputs[0], 2, "x")?;
         Ok(vec![vec![inputs[0][1].clone(), inputs[0][0].clone()]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         let s = dims(inputs[0], 2, "x")?;
         let (c, t) = (s[0], s[1]);
         let x = data(inputs[0], "x")?;
@@ -109,12 +104,7 @@ impl Kernel for SplitHeads {
             Dim::Fixed(f / self.heads),
         ]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         let s = dims(inputs[0], 2, "x")?;
         let (t, f) = (s[0], s[1]);
         if self.heads == 0 || f % self.heads != 0 {
@@ -161,12 +151,7 @@ impl Kernel for MergeHeads {
         let d = fixed(&inputs[0][2], "head_dim")?;
         Ok(vec![vec![inputs[0][1].clone(), Dim::Fixed(h * d)]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         let s = dims(inputs[0], 3, "x")?;
         let (h, t, d) = (s[0], s[1], s[2]);
         let x = data(inputs[0], "x")?;

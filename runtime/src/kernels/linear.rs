@@ -1,7 +1,7 @@
 //! `y = x W^T + b` over token-major rows, W in HF's `[out_features, in_features]` layout.
 
 use super::{data, dims, fixed, par_ranges, rank, sgemm, simd, tensor, MatmulStrategy};
-use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::graph::{port, Dim, Kernel, KernelCtx, KernelOut, Layout, Port, Shape, Tensor};
 
 /// A linear projection (`torch.nn.Linear`).
 ///
@@ -58,12 +58,7 @@ impl Kernel for Linear {
         }
         Ok(vec![vec![inputs[0][0].clone(), Dim::Fixed(w[0])]])
     }
-    fn run(
-        &self,
-        ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> KernelOut {
         let xs = dims(inputs[0], 2, "x")?;
         let ws = dims(weights[0], 2, "weight")?;
         let (m, k, n) = (xs[0], xs[1], ws[0]);

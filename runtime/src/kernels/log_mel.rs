@@ -7,7 +7,7 @@ use std::sync::Arc;
 use realfft::RealFftPlanner;
 
 use super::{data, dims, rank, tensor};
-use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};
 use crate::kernels::layout::ports;
 
 /// Log-mel spectrogram exactly as `transformers.WhisperFeatureExtractor` defines it, computed in
@@ -289,12 +289,7 @@ impl Kernel for LogMel {
             Dim::Fixed(self.frames()),
         ]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         dims(inputs[0], 1, "pcm")?;
         let mel = self.compute(data(inputs[0], "pcm")?)?;
         Ok(vec![tensor(&[self.n_mels, self.frames()], mel)?])

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use super::GraniteNarConfig;
 use crate::audio::Audio;
 use crate::error::{Result, RuntimeError};
-use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};
 use crate::kernels::layout::ports;
 use crate::kernels::log_mel::{hann_window, linspace, triangular_filters, MelStft};
 use crate::kernels::{data, dims, fixed, rank, tensor};
@@ -316,12 +316,7 @@ impl Kernel for GraniteLogMel {
         rank(&inputs[0], 1, "pcm")?;
         Ok(vec![vec![Dim::sym("mel_frames"), Dim::Fixed(self.n_mels)]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> std::result::Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         let n = dims(inputs[0], 1, "pcm")?[0];
         let v = self.compute(data(inputs[0], "pcm")?)?;
         tensor(&[self.kept_frames(n), self.n_mels], v).map(|t| vec![t])
@@ -352,12 +347,7 @@ impl Kernel for StackFrames {
         let m = fixed(&inputs[0][1], "mel bins")?;
         Ok(vec![vec![Dim::sym("enc_frames"), Dim::Fixed(2 * m)]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> std::result::Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         let s = dims(inputs[0], 2, "mel")?;
         if s[0] % 2 != 0 {
             return Err(format!(

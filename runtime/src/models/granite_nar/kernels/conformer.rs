@@ -2,7 +2,7 @@
 //! attention (the conv module's BatchNorm is a generic channel norm, `crate::kernels::layer_norm`).
 
 use crate::faults::ParamFault;
-use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};
 use crate::kernels::layout::ports;
 use crate::kernels::{data, dims, par_ranges, same_dim, sgemm, simd, tensor};
 
@@ -40,12 +40,7 @@ impl Kernel for Pointwise {
         }
         Ok(vec![vec![rows, Dim::Fixed(w[0])]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> KernelOut {
         let xs = dims(inputs[0], 2, "x")?;
         let ws = dims(weights[0], 3, "weight")?;
         let (m, k, n) = (xs[0], xs[1], ws[0]);
@@ -91,12 +86,7 @@ impl Kernel for Glu {
         }
         Ok(vec![vec![rows, Dim::Fixed(c2 / 2)]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         let s = dims(inputs[0], 2, "x")?;
         let (t, c2) = (s[0], s[1]);
         if c2 % 2 != 0 {
@@ -145,12 +135,7 @@ impl Kernel for DepthwiseConv {
         }
         Ok(vec![inputs[0].clone()])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> KernelOut {
         let s = dims(inputs[0], 2, "x")?;
         let (t, c) = (s[0], s[1]);
         let k = self.kernel;
@@ -243,12 +228,7 @@ impl Kernel for ShawBlockAttention {
         }
         Ok(vec![vec![rows, Dim::Fixed(inner)]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> KernelOut {
         let (h, d, c) = (self.heads, self.dim_head, self.context);
         let inner = h * d;
         let qs = dims(inputs[0], 2, "q")?;

@@ -1,7 +1,7 @@
 //! Self-conditioning and BPE-CTC kernels: row softmax, a channel column, posterior-weighted
 //! pooling.
 
-use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};
 use crate::kernels::layout::ports;
 use crate::kernels::{data, dims, rank, same_dim, tensor};
 
@@ -26,12 +26,7 @@ impl Kernel for Column {
         }
         Ok(vec![vec![rows]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         let s = dims(inputs[0], 2, "x")?;
         if self.index >= s[1] {
             return Err(format!("channel {} of {}", self.index, s[1]));
@@ -68,12 +63,7 @@ impl Kernel for PosteriorPool {
         }
         Ok(vec![vec![Dim::sym(SYM_BPE_FRAMES), Dim::Fixed(hdim)]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         let s = dims(inputs[0], 2, "h")?;
         let (t, hd) = (s[0], s[1]);
         let bs = dims(inputs[1], 1, "blank")?;

@@ -2,7 +2,7 @@
 //! initialisation, windowed multi-head cross-attention.
 
 use crate::faults::ParamFault;
-use crate::graph::{Dim, Kernel, KernelCtx, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};
 use crate::kernels::layout::ports;
 use crate::kernels::{data, dims, same_dim, simd, tensor};
 
@@ -26,12 +26,7 @@ impl Kernel for WindowPad {
         }
         Ok(vec![vec![Dim::sym(SYM_PROJ_ROWS), Dim::Fixed(c)]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         let s = dims(inputs[0], 2, "x")?;
         if self.block == 0 {
             return Err("block must be positive".into());
@@ -66,12 +61,7 @@ impl Kernel for AddWindowPositions {
         }
         Ok(vec![inputs[0].clone()])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> KernelOut {
         let s = dims(inputs[0], 2, "x")?;
         let ws = dims(weights[0], 3, "window_positions")?;
         let (block, c) = (ws[1], ws[2]);
@@ -119,12 +109,7 @@ impl Kernel for QueryInit {
         }
         Ok(vec![vec![Dim::sym(SYM_PROJ_TOKENS), Dim::Fixed(c)]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> KernelOut {
         let s = dims(inputs[0], 2, "x")?;
         let ws = dims(weights[0], 3, "query")?;
         let (nq, c, ds) = (ws[1], ws[2], self.downsample);
@@ -193,12 +178,7 @@ impl Kernel for WindowCrossAttention {
         }
         Ok(vec![vec![qr, Dim::Fixed(qc)]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         let qs = dims(inputs[0], 2, "q")?;
         let ks = dims(inputs[1], 2, "k")?;
         let vs = dims(inputs[2], 2, "v")?;

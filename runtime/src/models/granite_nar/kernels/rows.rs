@@ -1,7 +1,7 @@
 //! Row / channel plumbing: channel concat and slice (capture fan-out, per-slice LayerNorm), the
 //! LM input rows (audio prefix, row concat) and output rows (text tail), and an identity marker.
 
-use crate::graph::{port, Dim, Kernel, KernelCtx, Layout, Port, Shape, Tensor};
+use crate::graph::{port, Dim, Kernel, KernelCtx, KernelOut, Layout, Port, Shape, Tensor};
 use crate::kernels::layout::ports;
 use crate::kernels::{data, dims, rank, same_dim, tensor};
 
@@ -52,12 +52,7 @@ impl Kernel for ConcatChannels {
         }
         Ok(vec![vec![rows, Dim::Fixed(total)]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         let shapes: Vec<Vec<usize>> = inputs
             .iter()
             .map(|t| dims(t, 2, "x"))
@@ -109,12 +104,7 @@ impl Kernel for ChannelSlice {
         }
         Ok(vec![vec![rows, Dim::Fixed(self.len)]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         let s = dims(inputs[0], 2, "x")?;
         if self.start + self.len > s[1] {
             return Err(format!(
@@ -162,12 +152,7 @@ impl Kernel for AudioPrefix {
         }
         Ok(vec![vec![Dim::sym(SYM_N_AUDIO), Dim::Fixed(c)]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         let s = dims(inputs[0], 2, "x")?;
         let frames = dims(inputs[1], 2, "frames")?[0];
         if self.downsample == 0 {
@@ -209,12 +194,7 @@ impl Kernel for ConcatRows {
         }
         Ok(vec![vec![Dim::sym(SYM_N_TOTAL), Dim::Fixed(a)]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         let a = dims(inputs[0], 2, "a")?;
         let b = dims(inputs[1], 2, "b")?;
         if a[1] != b[1] {
@@ -241,12 +221,7 @@ impl Kernel for TailRows {
         rank(&inputs[1], 1, "ids")?;
         Ok(vec![vec![inputs[1][0].clone(), Dim::Fixed(c)]])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         let s = dims(inputs[0], 2, "x")?;
         let n = dims(inputs[1], 1, "ids")?[0];
         if n > s[0] {
@@ -267,12 +242,7 @@ impl Kernel for Identity {
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         Ok(vec![inputs[0].clone()])
     }
-    fn run(
-        &self,
-        _ctx: &KernelCtx,
-        inputs: &[&Tensor],
-        _weights: &[&Tensor],
-    ) -> Result<Vec<Tensor>, String> {
+    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         Ok(vec![inputs[0].to_owned()])
     }
 }

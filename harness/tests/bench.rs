@@ -27,12 +27,10 @@ fn positive(v: &serde_json::Value, key: &str) -> f64 {
     x
 }
 
-#[test]
-fn bench_json_has_every_anchor_and_says_why_ct2_is_absent() {
-    if !ready() {
-        return;
-    }
-    let o = xray(&[
+/// `xray bench --model RAND --audio FOX --reps 1 --threads 1 --json EXTRA..`: exit 0 asserted,
+/// the process output and its JSON.
+fn bench(extra: &[&str]) -> (std::process::Output, serde_json::Value) {
+    let mut args = vec![
         "bench",
         "--model",
         RAND,
@@ -43,9 +41,20 @@ fn bench_json_has_every_anchor_and_says_why_ct2_is_absent() {
         "--threads",
         "1",
         "--json",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let o = xray(&args);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("bench JSON");
+    let v = serde_json::from_slice(&o.stdout).expect("bench JSON");
+    (o, v)
+}
+
+#[test]
+fn bench_json_has_every_anchor_and_says_why_ct2_is_absent() {
+    if !ready() {
+        return;
+    }
+    let (o, v) = bench(&[]);
     assert_eq!(v["threads"], 1, "{v:#}");
     assert!(
         v["cpu_model"].as_str().is_some_and(|s| !s.is_empty()),
@@ -90,23 +99,7 @@ fn bench_corpus_times_one_process_against_one_per_clip() {
     if !ready() {
         return;
     }
-    let o = xray(&[
-        "bench",
-        "--model",
-        RAND,
-        "--audio",
-        FOX,
-        "--reps",
-        "1",
-        "--threads",
-        "1",
-        "--json",
-        "--corpus",
-        FOX,
-        "fixtures/audio/weather.wav",
-    ]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("bench JSON");
+    let (_, v) = bench(&["--corpus", FOX, "fixtures/audio/weather.wav"]);
     assert_eq!(v["corpus"]["clips"], 2, "{v:#}");
     assert_eq!(v["corpus"]["single_clip"], FOX, "{v:#}");
     for k in [

@@ -67,43 +67,36 @@ fn wrong_op_kind_is_refused() {
     };
     let model = models::load(&dir).expect("load");
     let cfg = config(&dir);
-    let err = plan_of("layernorm_eps@decoder.layer.0.self_attn", "whisper", &cfg)
-        .validate(model.graph())
-        .expect_err("wrong op kind")
-        .to_string();
+    // The one-line refusal of planting `spec` (`why` names the case if it is accepted).
+    let refusal = |spec: &str, why: &str| {
+        plan_of(spec, "whisper", &cfg)
+            .validate(model.graph())
+            .expect_err(why)
+            .to_string()
+    };
+    let err = refusal("layernorm_eps@decoder.layer.0.self_attn", "wrong op kind");
     assert!(err.contains("wrong op kind"), "{err}");
     assert!(err.contains("nearest ops that do"), "{err}");
     // A head-major leak on a token-major edge changes nothing.
-    let err = plan_of(
+    let err = refusal(
         "cross_k_token_major@audio.decoder.layer.1.out",
-        "whisper",
-        &cfg,
-    )
-    .validate(model.graph())
-    .expect_err("layout leak on a token-major edge")
-    .to_string();
+        "layout leak on a token-major edge",
+    );
     assert!(err.contains("head_major"), "{err}");
     // A replacement kernel needs an op of its kind; a weight rewiring an op with that role.
-    let err = plan_of("gelu_tanh@encoder.layer.1.fc1", "whisper", &cfg)
-        .validate(model.graph())
-        .expect_err("tanh gelu on a linear")
-        .to_string();
+    let err = refusal("gelu_tanh@encoder.layer.1.fc1", "tanh gelu on a linear");
     assert!(err.contains("none has a 'gelu' kernel"), "{err}");
     assert!(err.contains("encoder.layer.1.gelu"), "{err}");
-    let err = plan_of(
+    let err = refusal(
         "cross_k_wrong_layer@decoder.layer.1.cross_attn",
-        "whisper",
-        &cfg,
-    )
-    .validate(model.graph())
-    .expect_err("weight rewiring of a weightless op")
-    .to_string();
+        "weight rewiring of a weightless op",
+    );
     assert!(err.contains("none has a weight role 'weight'"), "{err}");
     // A host fault takes no target.
-    let err = plan_of("stale_cross_cache@decoder.layer.0", "whisper", &cfg)
-        .validate(model.graph())
-        .expect_err("host fault with a target")
-        .to_string();
+    let err = refusal(
+        "stale_cross_cache@decoder.layer.0",
+        "host fault with a target",
+    );
     assert!(err.contains("takes no target"), "{err}");
 }
 

@@ -74,6 +74,7 @@ fn main() {
         causal: false,
         strategy: MatmulStrategy::Gemm,
         probs: false,
+        heads: None,
     };
     time("attention 6x1500x64", reps, &att, &[&q, &k, &v], &[]);
     let x = rand_tensor(&[t, d], 4);

@@ -1029,6 +1029,7 @@ mod tests {
                 causal: false,
                 strategy: MatmulStrategy::RowStable,
                 probs: false,
+                heads: None,
             }),
             &[],
         );
@@ -1054,6 +1055,7 @@ mod tests {
             causal: false,
             strategy: MatmulStrategy::RowStable,
             probs: false,
+            heads: None,
         };
         assert_eq!(at1, run_at(&scaled, 1, &[&q, &kk, &v], &[]));
     }

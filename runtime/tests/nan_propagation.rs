@@ -22,6 +22,7 @@ fn probs(strategy: MatmulStrategy, causal: bool) -> Tensor {
                 causal,
                 strategy,
                 probs: true,
+                heads: None,
             }),
             &[q, k, v],
             &[],

@@ -44,6 +44,7 @@ fn cross_graph(with_transform: bool) -> Result<xray_runtime::Graph, RuntimeError
             causal: false,
             strategy: MatmulStrategy::RowStable,
             probs: false,
+            heads: None,
         }),
         &[q, k, v],
         &[],

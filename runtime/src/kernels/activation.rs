@@ -125,7 +125,8 @@ impl Kernel for SwiGlu {
         same_shapes(inputs, ["gate", "up"])
     }
     fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
-        let (mut y, up) = binary_operands(inputs, ["gate", "up"])?;
+        let (gate, up) = binary_operands(inputs, ["gate", "up"])?;
+        let mut y = gate.into_owned();
         let ys = y.as_slice_mut().ok_or("output not contiguous")?;
         for (g, &u) in ys.iter_mut().zip(up) {
             *g = silu(*g) * u;

@@ -1,6 +1,6 @@
 //! Elementwise additions: the residual add and the add of a learned table (positional embedding).
 
-use super::{data, dims, fixed, rank, simd};
+use super::{data, dims, fixed, par_zip_map, rank, simd, tensor};
 use crate::faults::ParamFault;
 use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};
 use crate::kernels::layout::ports;
@@ -47,18 +47,18 @@ impl Kernel for Add {
         same_shapes(inputs, ["a", "b"])
     }
     fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
-        let (mut y, b) = binary_operands(inputs, ["a", "b"])?;
-        if !self.skip_branch {
-            let ys = y.as_slice_mut().ok_or("add output not contiguous")?;
-            if self.scale == 1.0 {
-                simd::add_inplace(ys, b);
-            } else {
-                for (o, &v) in ys.iter_mut().zip(b) {
-                    *o += v * self.scale;
-                }
-            }
+        let (a, b) = binary_operands(inputs, ["a", "b"])?;
+        if self.skip_branch {
+            return Ok(vec![a.into_owned()]);
         }
-        Ok(vec![y])
+        let a = a.as_slice().ok_or("add input not contiguous")?;
+        let scale = self.scale;
+        let y = if scale == 1.0 {
+            par_zip_map(a, b, |x, z| x + z)
+        } else {
+            par_zip_map(a, b, |x, z| x + z * scale)
+        };
+        Ok(vec![tensor(inputs[0].shape(), y)?])
     }
     fn params(&self) -> serde_json::Value {
         match (self.scale == 1.0, self.skip_branch) {
@@ -98,7 +98,7 @@ pub(crate) fn same_shapes(inputs: &[Shape], names: [&str; 2]) -> Result<Vec<Shap
 pub(crate) fn binary_operands<'a>(
     inputs: &[&'a Tensor],
     names: [&str; 2],
-) -> Result<(Tensor, &'a [f32]), String> {
+) -> Result<(ndarray::CowArray<'a, f32, ndarray::IxDyn>, &'a [f32]), String> {
     if inputs[0].shape() != inputs[1].shape() {
         return Err(format!(
             "{} {:?} and {} {:?} differ",
@@ -109,7 +109,7 @@ pub(crate) fn binary_operands<'a>(
         ));
     }
     let b = data(inputs[1], names[1])?;
-    Ok((inputs[0].as_standard_layout().into_owned(), b))
+    Ok((inputs[0].as_standard_layout(), b))
 }
 
 /// `y = x + table`, token-major `[rows, d]` plus a weight of the same shape (Whisper's encoder

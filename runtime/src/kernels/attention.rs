@@ -1,11 +1,13 @@
 //! Scaled dot-product attention over head-major q/k/v, with an optional causal mask that accounts
 //! for cached keys (`past = keys - queries`).
 
+use super::layout::{MergeHeads, SplitHeads};
 use super::{
-    data, dims, flash, par_ranges, rank, same_dim, sgemm_serial, simd, tensor, MatmulStrategy,
+    data, dims, fixed, flash, par_ranges, rank, same_dim, sgemm_serial, simd, tensor,
+    MatmulStrategy,
 };
 use crate::faults::ParamFault;
-use crate::graph::{port, Kernel, KernelCtx, KernelOut, Layout, Port, Shape, Tensor};
+use crate::graph::{port, Dim, Kernel, KernelCtx, KernelOut, Layout, Port, Shape, Tensor};
 
 /// Query rows per task in the `gemm` strategy: a block's score rows (64 x 1500 keys = 384 KB for
 /// Whisper's encoder) stay in L2 with the head's K and V between the two products.
@@ -34,6 +36,10 @@ pub struct Attention {
     /// are exactly 0), HF eager attention's `attn_weights`. The decoder's self-attention exposes
     /// them as a checkpoint, where a mask bug shows as the `mask` signature.
     pub probs: bool,
+    /// `Some(h)`: q, k, v and the context are token-major (`[T, h * D]`, the projections' own
+    /// layout: the encoder, whose head split and merge would be two copies of every operand);
+    /// `None`: head-major as above. The probabilities are head-major either way.
+    pub heads: Option<usize>,
 }
 
 /// Probability of a masked key after the softmax of `row` (the visible keys): `0`, or NaN when the
@@ -48,25 +54,118 @@ fn masked_prob(row: &[f32]) -> f32 {
     }
 }
 
+impl Attention {
+    /// The layout of q, k, v and the context.
+    fn operand_layout(&self) -> Layout {
+        if self.heads.is_some() {
+            Layout::TokenMajor
+        } else {
+            Layout::HeadMajor
+        }
+    }
+
+    /// The same attention over head-major operands.
+    fn head_major(&self) -> Attention {
+        Attention {
+            heads: None,
+            ..self.clone()
+        }
+    }
+
+    /// Token-major operands: the fused kernel reads and writes them in place (AVX-512); other
+    /// CPUs and strategies split the heads, run the head-major path and merge the context
+    /// (exact copies, so the same result as the split/attention/merge ops).
+    fn run_token_major(
+        &self,
+        h: usize,
+        ctx: &KernelCtx,
+        inputs: &[&Tensor],
+        weights: &[&Tensor],
+    ) -> KernelOut {
+        let qs = dims(inputs[0], 2, "q")?;
+        let ks = dims(inputs[1], 2, "k")?;
+        let vs = dims(inputs[2], 2, "v")?;
+        if h == 0 || qs[1] % h != 0 || vs[1] % h != 0 || ks[1] != qs[1] || vs[0] != ks[0] {
+            return Err(format!(
+                "q {qs:?}, k {ks:?}, v {vs:?} do not fit together as {h} token-major heads"
+            ));
+        }
+        let (t, s, d, dv) = (qs[0], ks[0], qs[1] / h, vs[1] / h);
+        if self.strategy == MatmulStrategy::Gemm && flash::available(dv) {
+            if self.causal && s < t {
+                return Err(format!(
+                    "causal attention with {t} queries needs at least {t} keys, got {s}"
+                ));
+            }
+            let call = flash::Call {
+                q: data(inputs[0], "q")?,
+                k: data(inputs[1], "k")?,
+                v: data(inputs[2], "v")?,
+                h,
+                t,
+                s,
+                d,
+                scale: self.scale,
+                causal: self.causal,
+                token_major: true,
+            };
+            let mut out = vec![0f32; t * h * dv];
+            let mut probs = vec![0f32; if self.probs { h * t * s } else { 0 }];
+            let p = self.probs.then_some(&mut probs[..]);
+            flash::attention(&call, &mut out, p)?;
+            let mut outs = vec![tensor(&[t, h * dv], out)?];
+            if self.probs {
+                outs.push(tensor(&[h, t, s], probs)?);
+            }
+            return Ok(outs);
+        }
+        let split = SplitHeads { heads: h };
+        let mut hm = Vec::with_capacity(3);
+        for x in inputs.iter().take(3) {
+            hm.push(split.run(ctx, &[x], &[])?.remove(0));
+        }
+        let mut outs = self
+            .head_major()
+            .run(ctx, &[&hm[0], &hm[1], &hm[2]], weights)?;
+        outs[0] = MergeHeads.run(ctx, &[&outs[0]], &[])?.remove(0);
+        Ok(outs)
+    }
+}
+
 impl Kernel for Attention {
     fn kind(&self) -> &'static str {
         "attention"
     }
     fn inputs(&self) -> Vec<Port> {
-        vec![
-            port("q", Layout::HeadMajor),
-            port("k", Layout::HeadMajor),
-            port("v", Layout::HeadMajor),
-        ]
+        let l = self.operand_layout();
+        vec![port("q", l), port("k", l), port("v", l)]
     }
     fn outputs(&self) -> Vec<Port> {
-        let mut o = vec![port("y", Layout::HeadMajor)];
+        let mut o = vec![port("y", self.operand_layout())];
         if self.probs {
             o.push(port("probs", Layout::HeadMajor));
         }
         o
     }
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        if let Some(h) = self.heads {
+            // The head-major shapes these token-major operands stand for, inferred as such.
+            let mut hm = Vec::with_capacity(3);
+            for (s, n) in inputs.iter().zip(["q", "k", "v"]) {
+                rank(s, 2, n)?;
+                let f = fixed(&s[1], &format!("{n} features"))?;
+                if h == 0 || f % h != 0 {
+                    return Err(format!("{n}: {f} features do not split into {h} heads"));
+                }
+                hm.push(vec![Dim::Fixed(h), s[0].clone(), Dim::Fixed(f / h)]);
+            }
+            let mut o = self.head_major().infer(&hm, &[])?;
+            o[0] = vec![
+                o[0][1].clone(),
+                Dim::Fixed(h * fixed(&o[0][2], "v head_dim")?),
+            ];
+            return Ok(o);
+        }
         for (s, n) in inputs.iter().zip(["q", "k", "v"]) {
             rank(s, 3, n)?;
         }
@@ -88,7 +187,10 @@ impl Kernel for Attention {
         }
         Ok(o)
     }
-    fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
+    fn run(&self, ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> KernelOut {
+        if let Some(h) = self.heads {
+            return self.run_token_major(h, ctx, inputs, weights);
+        }
         let qs = dims(inputs[0], 3, "q")?;
         let ks = dims(inputs[1], 3, "k")?;
         let vs = dims(inputs[2], 3, "v")?;
@@ -125,6 +227,7 @@ impl Kernel for Attention {
                     d,
                     scale: self.scale,
                     causal: self.causal,
+                    token_major: false,
                 };
                 let p = if self.probs {
                     Some(&mut probs[..])
@@ -223,7 +326,11 @@ impl Kernel for Attention {
         Ok(outs)
     }
     fn params(&self) -> serde_json::Value {
-        serde_json::json!({"scale": self.scale, "causal": self.causal, "strategy": self.strategy, "probs": self.probs})
+        let mut p = serde_json::json!({"scale": self.scale, "causal": self.causal, "strategy": self.strategy, "probs": self.probs});
+        if let Some(h) = self.heads {
+            p["token_major_heads"] = h.into();
+        }
+        p
     }
     fn with_param_fault(&self, fault: &ParamFault) -> Option<Box<dyn Kernel>> {
         match fault {
@@ -238,5 +345,100 @@ impl Kernel for Attention {
             })),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rand(shape: &[usize], seed: u32) -> Tensor {
+        let n: usize = shape.iter().product();
+        let mut x = seed.wrapping_mul(2_654_435_761).max(1);
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as f32 / u32::MAX as f32 - 0.5
+            })
+            .collect();
+        tensor(shape, v).expect("shape")
+    }
+
+    /// Token-major operands give the split -> head-major attention -> merge result, on both
+    /// strategies (the fused kernel where the CPU has it, the split/merge fallback otherwise),
+    /// with the same probabilities.
+    #[test]
+    fn token_major_equals_split_attend_merge() {
+        let (h, t, s, d) = (3usize, 70usize, 70usize, 64usize);
+        let f16: Vec<Option<&[u16]>> = Vec::new();
+        let ctx = KernelCtx {
+            op: "t",
+            step: 0,
+            weights_f16: &f16,
+        };
+        let (q, k, v) = (
+            rand(&[t, h * d], 1),
+            rand(&[s, h * d], 2),
+            rand(&[s, h * d], 3),
+        );
+        for strategy in [MatmulStrategy::Gemm, MatmulStrategy::RowStable] {
+            for causal in [false, true] {
+                let hm = Attention {
+                    scale: 0.125,
+                    causal,
+                    strategy,
+                    probs: true,
+                    heads: None,
+                };
+                let tm = Attention {
+                    heads: Some(h),
+                    ..hm.clone()
+                };
+                let split = SplitHeads { heads: h };
+                let sp: Vec<Tensor> = [&q, &k, &v]
+                    .iter()
+                    .map(|x| split.run(&ctx, &[x], &[]).expect("split").remove(0))
+                    .collect();
+                let want = hm
+                    .run(&ctx, &[&sp[0], &sp[1], &sp[2]], &[])
+                    .expect("head-major");
+                let merged = MergeHeads
+                    .run(&ctx, &[&want[0]], &[])
+                    .expect("merge")
+                    .remove(0);
+                let got = tm.run(&ctx, &[&q, &k, &v], &[]).expect("token-major");
+                assert_eq!(got[0].shape(), merged.shape());
+                assert_eq!(got[0], merged, "{strategy:?} causal {causal}: context");
+                assert_eq!(got[1], want[1], "{strategy:?} causal {causal}: probs");
+                let inferred = tm
+                    .infer(
+                        &[
+                            vec![Dim::Fixed(t), Dim::Fixed(h * d)],
+                            vec![Dim::Fixed(s), Dim::Fixed(h * d)],
+                            vec![Dim::Fixed(s), Dim::Fixed(h * d)],
+                        ],
+                        &[],
+                    )
+                    .expect("infer");
+                assert_eq!(inferred[0], vec![Dim::Fixed(t), Dim::Fixed(h * d)]);
+                assert_eq!(
+                    inferred[1],
+                    vec![Dim::Fixed(h), Dim::Fixed(t), Dim::Fixed(s)]
+                );
+            }
+        }
+        let bad = Attention {
+            scale: 1.0,
+            causal: false,
+            strategy: MatmulStrategy::Gemm,
+            probs: false,
+            heads: Some(5),
+        };
+        let e = bad
+            .run(&ctx, &[&q, &k, &v], &[])
+            .expect_err("192 features in 5 heads");
+        assert!(e.contains("5 token-major heads"), "{e}");
     }
 }

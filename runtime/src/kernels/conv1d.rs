@@ -1,6 +1,6 @@
 //! 1-D convolution over channel-major `[channels, time]` input, by im2col + sgemm.
 
-use super::{data, dims, fixed, rank, sgemm, tensor};
+use super::{data, dims, fixed, par_init_rows, par_rows, rank, sgemm, tensor, RowInit};
 use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};
 use crate::kernels::layout::ports;
 
@@ -73,10 +73,10 @@ impl Kernel for Conv1d {
         // im2col: cols[(ci * k + j), t] = x[ci, t * stride + j - padding] (0 outside).
         let kk = c * kw;
         let mut cols = vec![0f32; kk * lo];
-        for ci in 0..c {
-            let xr = &x[ci * l..(ci + 1) * l];
-            for j in 0..kw {
-                let row = &mut cols[(ci * kw + j) * lo..(ci * kw + j + 1) * lo];
+        par_rows(&mut cols, lo, lo, |r0, part| {
+            for (i, row) in part.chunks_exact_mut(lo).enumerate() {
+                let (ci, j) = ((r0 + i) / kw, (r0 + i) % kw);
+                let xr = &x[ci * l..(ci + 1) * l];
                 for (t, v) in row.iter_mut().enumerate() {
                     let p = (t * self.stride + j) as isize - self.padding as isize;
                     if p >= 0 && (p as usize) < l {
@@ -84,11 +84,8 @@ impl Kernel for Conv1d {
                     }
                 }
             }
-        }
-        let mut y = vec![0f32; co * lo];
-        for (o, row) in y.chunks_exact_mut(lo).enumerate() {
-            row.fill(b[o]);
-        }
+        });
+        let mut y = par_init_rows(co, lo, RowInit::Splat(b));
         sgemm(co, kk, lo, w, (kk, 1), &cols, (lo, 1), 1.0, &mut y, (lo, 1))?;
         Ok(vec![tensor(&[co, lo], y)?])
     }

@@ -55,7 +55,28 @@ pub(crate) struct Call<'a> {
     pub d: usize,
     pub scale: f32,
     pub causal: bool,
+    /// q, k, v and the context token-major (`[T, H * D]`, `[S, H * D]`, `[S, H * NR]`,
+    /// `[T, H * NR]`: the projections' own layout, no head split or merge copies) instead of
+    /// head-major. The probabilities are head-major either way.
+    pub token_major: bool,
 }
+
+impl Call<'_> {
+    /// Element strides `(row, head)` of an operand with `rows` rows of `width` values per head.
+    fn strides(&self, rows: usize, width: usize) -> (usize, usize) {
+        if self.token_major {
+            (self.h * width, width)
+        } else {
+            (width, rows * width)
+        }
+    }
+}
+
+/// The context's base pointer, shared by the tasks: each task writes only its own (head, rows)
+/// elements, which no other task touches.
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint elements (see `attention_with`); the pointer outlives them.
+unsafe impl Sync for OutPtr {}
 
 thread_local! {
     /// Per-thread scratch (query block, scores, context), reused across tasks and calls: no
@@ -101,30 +122,41 @@ fn attention_with(
     // Keys padded to whole panels; the packed K^T of every head: `[H, D, SP]`.
     let sp = s.div_ceil(NR) * NR;
     let mut kt = vec![0f32; h * d * sp];
+    let (k_rs, k_hs) = c.strides(s, d);
     let pack = |hi: usize, dst: &mut [f32]| {
-        let kh = &c.k[hi * s * d..(hi + 1) * s * d];
-        for (j, row) in kh.chunks_exact(d).enumerate() {
+        for j in 0..s {
+            let row = &c.k[j * k_rs + hi * k_hs..j * k_rs + hi * k_hs + d];
             for (kk, &x) in row.iter().enumerate() {
                 dst[kk * sp + j] = x;
             }
         }
     };
-    // Tasks: (head, first row, its context rows, its probability rows).
-    type Task<'b> = (usize, usize, &'b mut [f32], Option<&'b mut [f32]>);
+    // Tasks: (head, first row, rows, its probability rows).
+    type Task<'b> = (usize, usize, usize, Option<&'b mut [f32]>);
     let mut tasks: Vec<Task> = Vec::with_capacity(h * t.div_ceil(BQ));
     let mut prob_heads = probs.map(|p| p.chunks_mut(t * s));
-    for (hi, oh) in out.chunks_mut(t * NR).enumerate() {
+    for hi in 0..h {
         let mut pbs = prob_heads
             .as_mut()
             .and_then(|it| it.next())
             .map(|ph| ph.chunks_mut(BQ * s));
-        for (bi, ob) in oh.chunks_mut(BQ * NR).enumerate() {
+        for t0 in (0..t).step_by(BQ) {
             let pb = pbs.as_mut().and_then(|it| it.next());
-            tasks.push((hi, bi * BQ, ob, pb));
+            tasks.push((hi, t0, BQ.min(t - t0), pb));
         }
     }
-    let run = |(hi, t0, ob, pb): Task, kt: &[f32]| -> Result<(), String> {
-        block(c, &kt[hi * d * sp..(hi + 1) * d * sp], sp, hi, t0, ob, pb)
+    let base = OutPtr(out.as_mut_ptr());
+    let run = |(hi, t0, rows, pb): Task, kt: &[f32]| -> Result<(), String> {
+        block(
+            c,
+            &kt[hi * d * sp..(hi + 1) * d * sp],
+            sp,
+            hi,
+            t0,
+            rows,
+            &base,
+            pb,
+        )
     };
     let work = h.saturating_mul(t).saturating_mul(s).saturating_mul(d + NR);
     match super::pool().filter(|_| parallel && work >= super::PAR_MIN_WORK) {
@@ -148,19 +180,24 @@ fn attention_with(
     }
 }
 
-/// One task: rows `t0 .. t0 + ob.len() / NR` of head `hi` (`kt` the head's packed K^T).
+/// One task: rows `t0 .. t0 + rows` of head `hi` (`kt` the head's packed K^T), the context
+/// written through `out`.
+#[allow(clippy::too_many_arguments)]
 fn block(
     c: &Call,
     kt: &[f32],
     sp: usize,
     hi: usize,
     t0: usize,
-    ob: &mut [f32],
+    rows: usize,
+    out: &OutPtr,
     pb: Option<&mut [f32]>,
 ) -> Result<(), String> {
     let (t, s, d) = (c.t, c.s, c.d);
-    let rows = ob.len() / NR;
     let rp = rows.div_ceil(MR) * MR;
+    let (q_rs, q_hs) = c.strides(t, d);
+    let (v_rs, v_hs) = c.strides(s, NR);
+    let (o_rs, o_hs) = c.strides(t, NR);
     SCRATCH.with(|cell| {
         let mut buf = cell.borrow_mut();
         let need = rp * d + rp * sp + rp * NR;
@@ -171,9 +208,11 @@ fn block(
         let (sc, rest) = rest.split_at_mut(rp * sp);
         let ot = &mut rest[..rp * NR];
         // The block's query rows, scaled (padding rows zero: their results are dropped).
-        let qsrc = &c.q[(hi * t + t0) * d..(hi * t + t0 + rows) * d];
-        for (dst, &x) in qb.iter_mut().zip(qsrc) {
-            *dst = x * c.scale;
+        for (i, qr) in qb.chunks_exact_mut(d).take(rows).enumerate() {
+            let at = (t0 + i) * q_rs + hi * q_hs;
+            for (dst, &x) in qr.iter_mut().zip(&c.q[at..at + d]) {
+                *dst = x * c.scale;
+            }
         }
         qb[rows * d..].fill(0.0);
         // Scores, panel by panel (a 64-key panel of K^T stays in L1 across the microtiles).
@@ -230,7 +269,7 @@ fn block(
         // The context in blocks of KC keys: each block's products summed from 0, then added to
         // the running sum (a chain of 1500 fused multiply-adds per element loses more to
         // rounding than blocks of KC do; the order is fixed, the bits the same for every split).
-        let vh = &c.v[hi * s * NR..(hi + 1) * s * NR];
+        let vh = &c.v[hi * v_hs..];
         let mut tile = [0f32; MR * NR];
         for r0 in (0..rp).step_by(MR) {
             let acc = &mut ot[r0 * NR..(r0 + MR) * NR];
@@ -238,17 +277,21 @@ fn block(
                 let kn = KC.min(s - k0);
                 let a = &sc[r0 * sp + k0..];
                 if k0 == 0 {
-                    microkernel(kn, a, sp, &vh[k0 * NR..], NR, acc, NR)?;
+                    microkernel(kn, a, sp, &vh[k0 * v_rs..], v_rs, acc, NR)?;
                 } else {
-                    microkernel(kn, a, sp, &vh[k0 * NR..], NR, &mut tile, NR)?;
+                    microkernel(kn, a, sp, &vh[k0 * v_rs..], v_rs, &mut tile, NR)?;
                     for (o, x) in acc.iter_mut().zip(&tile) {
                         *o += x;
                     }
                 }
             }
         }
-        for (i, (dst, src)) in ob.chunks_exact_mut(NR).zip(ot.chunks_exact(NR)).enumerate() {
+        for (i, src) in ot.chunks_exact(NR).take(rows).enumerate() {
             let f = inv[i];
+            let at = (t0 + i) * o_rs + hi * o_hs;
+            // SAFETY: `at + NR <= out.len()` (row t0 + i < t, head hi < h, checked sizes), and
+            // (head hi, row t0 + i) belongs to this task alone.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(at), NR) };
             for (o, &x) in dst.iter_mut().zip(src) {
                 *o = x * f;
             }
@@ -503,6 +546,7 @@ mod tests {
                 d,
                 scale: (d as f32).powf(-0.5),
                 causal,
+                token_major: false,
             };
             let (want_o, want_p) = reference(&c);
             for with_probs in [false, true] {
@@ -548,6 +592,7 @@ mod tests {
             d,
             scale: 0.125,
             causal: false,
+            token_major: false,
         };
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         let (par_o, par_p) = run(&c, true, true);
@@ -598,6 +643,7 @@ mod tests {
                 d,
                 scale: 0.125,
                 causal,
+                token_major: false,
             };
             let (o, p) = run(&c, false, true);
             for ti in 0..t {
@@ -611,6 +657,70 @@ mod tests {
                     assert!(orow.iter().all(|x| x.is_finite()));
                 }
             }
+        }
+    }
+
+    /// `[H, R, W]` head-major to `[R, H * W]` token-major.
+    fn to_token_major(x: &[f32], h: usize, r: usize, w: usize) -> Vec<f32> {
+        let mut y = vec![0f32; x.len()];
+        for hi in 0..h {
+            for ri in 0..r {
+                y[ri * h * w + hi * w..ri * h * w + (hi + 1) * w]
+                    .copy_from_slice(&x[(hi * r + ri) * w..(hi * r + ri + 1) * w]);
+            }
+        }
+        y
+    }
+
+    /// Token-major operands (the encoder's projections as they are) give the head-major call's
+    /// context bits, merged, and the same probabilities.
+    #[test]
+    fn token_major_is_the_merged_head_major_result() {
+        if !available(NR) {
+            return;
+        }
+        for &(h, t, s, d, causal) in &[
+            (3usize, 100usize, 130usize, 64usize, false),
+            (2, 61, 77, 64, true),
+        ] {
+            let (q, k, v) = (
+                data(h * t * d, 10, 4.0),
+                data(h * s * d, 11, 4.0),
+                data(h * s * NR, 12, 2.0),
+            );
+            let hm = Call {
+                q: &q,
+                k: &k,
+                v: &v,
+                h,
+                t,
+                s,
+                d,
+                scale: 0.125,
+                causal,
+                token_major: false,
+            };
+            let (qt, kt, vt) = (
+                to_token_major(&q, h, t, d),
+                to_token_major(&k, h, s, d),
+                to_token_major(&v, h, s, NR),
+            );
+            let tm = Call {
+                q: &qt,
+                k: &kt,
+                v: &vt,
+                token_major: true,
+                ..hm
+            };
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let (ho, hp) = run(&hm, true, true);
+            let (to, tp) = run(&tm, true, true);
+            assert_eq!(
+                bits(&to),
+                bits(&to_token_major(&ho, h, t, NR)),
+                "{h}x{t}x{s}"
+            );
+            assert_eq!(bits(&tp), bits(&hp));
         }
     }
 }

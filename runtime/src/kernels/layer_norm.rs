@@ -123,12 +123,8 @@ impl Norm for Layer {
         par_rows(y, d, 8 * d, |r0, out| {
             for (i, yr) in out.chunks_exact_mut(d).enumerate() {
                 let xr = &x[(r0 + i) * d..(r0 + i + 1) * d];
-                let mean = xr.iter().map(|&v| v as f64).sum::<f64>() / d as f64;
-                let var = xr
-                    .iter()
-                    .map(|&v| (v as f64 - mean) * (v as f64 - mean))
-                    .sum::<f64>()
-                    / d as f64;
+                let mean = sum_f64(xr, |v| v) / d as f64;
+                let var = sum_f64(xr, |v| (v - mean) * (v - mean)) / d as f64;
                 let rstd = 1.0 / (var + eps).sqrt();
                 let scale = rstd as f32;
                 let shift = (-rstd * mean) as f32;
@@ -138,6 +134,22 @@ impl Norm for Layer {
             }
         });
     }
+}
+
+/// `sum(f(x as f64))` over a row in eight interleaved f64 partial sums (lane `i % 8`), added
+/// pairwise at the end: vectorizes, and in f64 the order changes no f32 result in practice.
+fn sum_f64(x: &[f32], f: impl Fn(f64) -> f64) -> f64 {
+    let mut acc = [0f64; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += f(v as f64);
+        }
+    }
+    for (a, &v) in acc.iter_mut().zip(chunks.remainder()) {
+        *a += f(v as f64);
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
 }
 
 /// RMSNorm over token-major rows: `x * rsqrt(mean(x^2) + eps) * weight` (mean in f64, the rest in

@@ -1,6 +1,9 @@
 //! `y = x W^T + b` over token-major rows, W in HF's `[out_features, in_features]` layout.
 
-use super::{data, dims, fixed, par_ranges, rank, sgemm, simd, tensor, MatmulStrategy};
+use super::{
+    data, dims, fixed, par_init_rows, par_ranges, rank, sgemm, simd, tensor, MatmulStrategy,
+    RowInit,
+};
 use crate::graph::{port, Dim, Kernel, KernelCtx, KernelOut, Layout, Port, Shape, Tensor};
 
 /// A linear projection (`torch.nn.Linear`).
@@ -81,13 +84,7 @@ impl Kernel for Linear {
             MatmulStrategy::Gemm => {
                 // The bias rows, then `y += x W^T` (no zero fill first).
                 y = match b {
-                    Some(b) => {
-                        let mut y = Vec::with_capacity(m * n);
-                        for _ in 0..m {
-                            y.extend_from_slice(b);
-                        }
-                        y
-                    }
+                    Some(b) => par_init_rows(m, n, RowInit::Repeat(b)),
                     None => vec![0f32; m * n],
                 };
                 let beta = if b.is_some() { 1.0 } else { 0.0 };

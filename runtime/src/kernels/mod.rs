@@ -194,6 +194,106 @@ pub(crate) fn par_rows(
     });
 }
 
+/// How [`par_init_rows`] fills each row of a fresh buffer.
+pub(crate) enum RowInit<'a> {
+    /// Every row is a copy of this slice (a linear's bias rows).
+    Repeat(&'a [f32]),
+    /// Row `r` is `v[r]` in every element (a channel-major bias).
+    Splat(&'a [f32]),
+}
+
+/// A fresh `rows x row_len` buffer filled as `init` says, the rows split across the pool like
+/// [`par_rows`] (no zero fill first: each element is written once, by the thread that later
+/// reads it first in a GEMM's row split).
+#[allow(unsafe_code)] // writes into the spare capacity, then sets the length it filled.
+pub(crate) fn par_init_rows(rows: usize, row_len: usize, init: RowInit<'_>) -> Vec<f32> {
+    use std::mem::MaybeUninit;
+    let len = rows * row_len;
+    let mut y: Vec<f32> = Vec::with_capacity(len);
+    let fill = |r0: usize, part: &mut [MaybeUninit<f32>]| {
+        for (i, row) in part.chunks_exact_mut(row_len).enumerate() {
+            match init {
+                RowInit::Repeat(v) => {
+                    for (o, &x) in row.iter_mut().zip(v) {
+                        o.write(x);
+                    }
+                }
+                RowInit::Splat(v) => {
+                    let x = v[r0 + i];
+                    for o in row.iter_mut() {
+                        o.write(x);
+                    }
+                }
+            }
+        }
+    };
+    if let RowInit::Repeat(v) = init {
+        assert_eq!(v.len(), row_len, "a repeated row must be row_len long");
+    }
+    if let RowInit::Splat(v) = init {
+        assert!(v.len() >= rows, "a splat needs one value per row");
+    }
+    if row_len > 0 {
+        let spare = &mut y.spare_capacity_mut()[..len];
+        let nt = threads().min(rows.max(1));
+        match pool().filter(|_| nt > 1 && len >= PAR_MIN_WORK * 4) {
+            Some(pool) => {
+                use rayon::prelude::*;
+                let rows_per = rows.div_ceil(nt * CHUNKS_PER_THREAD);
+                pool.install(|| {
+                    spare
+                        .par_chunks_mut(rows_per * row_len)
+                        .with_max_len(1)
+                        .enumerate()
+                        .for_each(|(i, c)| fill(i * rows_per, c))
+                });
+            }
+            None => fill(0, spare),
+        }
+    }
+    // SAFETY: `fill` wrote every element of the first `len` (whole rows of `row_len`; the
+    // asserts above make every write in bounds of its source).
+    unsafe { y.set_len(len) };
+    y
+}
+
+/// `f(a[i], b[i])` of two equal-length slices into a fresh vector, in chunks across the pool
+/// (elementwise: any split gives the same bits; no copy of `a` first).
+#[allow(unsafe_code)] // writes into the spare capacity, then sets the length it filled.
+pub(crate) fn par_zip_map(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Sync) -> Vec<f32> {
+    use std::mem::MaybeUninit;
+    const CHUNK: usize = 1 << 14;
+    let n = a.len().min(b.len());
+    let mut y: Vec<f32> = Vec::with_capacity(n);
+    let fill = |i: usize, dst: &mut [MaybeUninit<f32>]| {
+        let (a, b) = (&a[i * CHUNK..], &b[i * CHUNK..]);
+        for ((o, &x), &z) in dst.iter_mut().zip(a).zip(b) {
+            o.write(f(x, z));
+        }
+    };
+    let spare = &mut y.spare_capacity_mut()[..n];
+    match pool().filter(|_| threads() > 1 && n >= PAR_MIN_WORK * 4) {
+        Some(pool) => {
+            use rayon::prelude::*;
+            pool.install(|| {
+                spare
+                    .par_chunks_mut(CHUNK)
+                    .enumerate()
+                    .for_each(|(i, c)| fill(i, c))
+            });
+        }
+        None => {
+            for (i, c) in spare.chunks_mut(CHUNK).enumerate() {
+                fill(i, c);
+            }
+        }
+    }
+    // SAFETY: every chunk of the first `n` elements was written by `fill` (a and b hold at
+    // least `n` values).
+    unsafe { y.set_len(n) };
+    y
+}
+
 /// Below this many multiply-adds a GEMM runs on one thread.
 const GEMM_PAR_MIN_WORK: usize = 1 << 20;
 
@@ -359,4 +459,31 @@ pub(crate) fn data<'a>(t: &'a crate::graph::Tensor, what: &str) -> Result<&'a [f
 /// Build an output tensor from a shape and a buffer.
 pub(crate) fn tensor(shape: &[usize], v: Vec<f32>) -> Result<crate::graph::Tensor, String> {
     ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), v).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{par_init_rows, RowInit};
+
+    /// Every element written, in its row, at sizes below and above the parallel threshold.
+    #[test]
+    fn par_init_rows_fills_every_row() {
+        for (rows, len) in [(0usize, 5usize), (3, 7), (1500, 384), (384, 3000)] {
+            let rep: Vec<f32> = (0..len).map(|i| i as f32 + 0.5).collect();
+            let got = par_init_rows(rows, len, RowInit::Repeat(&rep));
+            assert_eq!(got.len(), rows * len);
+            assert!(
+                got.chunks_exact(len).all(|r| r == rep.as_slice()),
+                "repeat {rows}x{len}"
+            );
+            let col: Vec<f32> = (0..rows).map(|r| -(r as f32)).collect();
+            let got = par_init_rows(rows, len, RowInit::Splat(&col));
+            for (r, row) in got.chunks_exact(len).enumerate() {
+                assert!(
+                    row.iter().all(|&v| v == col[r]),
+                    "splat {rows}x{len} row {r}"
+                );
+            }
+        }
+    }
 }

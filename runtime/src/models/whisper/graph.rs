@@ -103,9 +103,9 @@ fn ln(g: &mut GraphBuilder, name: &str, vb: &Vb, x: EdgeId, geo: &Geo) -> Result
     layer_norm(g, name, vb, x, geo.d, LAYER_NORM_EPS, &geo.rows)
 }
 
-/// `WhisperAttention`'s q/k/v projections (k without bias) under `vb`, each split to head-major.
-/// Op names: `{p}.{side}q_proj` .. and `{p}.{side}q_to_head_major` ..
-fn qkv_heads(
+/// `WhisperAttention`'s q/k/v projections (k without bias) under `vb`, token-major.
+/// Op names: `{p}.{side}q_proj` ..
+fn qkv_proj(
     g: &mut GraphBuilder,
     p: &str,
     side: &str,
@@ -125,6 +125,20 @@ fn qkv_heads(
             &geo.rows,
         )?);
     }
+    Ok(proj)
+}
+
+/// [`qkv_proj`], each projection split to head-major.
+/// Op names: `{p}.{side}q_proj` .. and `{p}.{side}q_to_head_major` ..
+fn qkv_heads(
+    g: &mut GraphBuilder,
+    p: &str,
+    side: &str,
+    vb: &Vb,
+    x: EdgeId,
+    geo: &Geo,
+) -> Result<Vec<EdgeId>> {
+    let proj = qkv_proj(g, p, side, vb, x, geo)?;
     let mut heads = Vec::with_capacity(3);
     for (n, e) in ["q", "k", "v"].into_iter().zip(proj) {
         let name = format!("{p}.{side}{n}_to_head_major");
@@ -150,6 +164,18 @@ fn attn_out(
     geo: &Geo,
 ) -> Result<EdgeId> {
     let merged = merge_heads(g, &format!("{p}.{side}merge_heads"), att, &geo.rows, geo.d)?;
+    out_proj(g, p, side, vb, merged, geo)
+}
+
+/// `WhisperAttention`'s `out_proj` under `vb` over the token-major context.
+fn out_proj(
+    g: &mut GraphBuilder,
+    p: &str,
+    side: &str,
+    vb: &Vb,
+    merged: EdgeId,
+    geo: &Geo,
+) -> Result<EdgeId> {
     let name = format!("{p}.{side}out_proj");
     linear(
         g,
@@ -192,23 +218,26 @@ fn encoder_layer(g: &mut GraphBuilder, i: usize, h: EdgeId, geo: &Geo) -> Result
         h,
         geo,
     )?;
-    let heads = qkv_heads(g, &p, "", &sa, x, geo)?;
+    // Token-major q/k/v and context: the fused attention reads the projections as they are
+    // (the split and merge of 1500 x 384 operands were copies on every layer).
+    let qkv = qkv_proj(g, &p, "", &sa, x, geo)?;
     let attention = Attention {
         scale: (geo.head_dim as f32).powf(-0.5),
         causal: false,
         strategy: geo.strategy,
         probs: false,
+        heads: Some(geo.heads),
     };
-    let shape = vec![geo.heads.into(), geo.rows.clone(), geo.head_dim.into()];
+    let shape = vec![geo.rows.clone(), geo.d.into()];
     let att = g.op1(
         &format!("{p}.self_attn"),
         Box::new(attention),
-        &heads,
+        &qkv,
         &[],
         shape,
-        Layout::HeadMajor,
+        Layout::TokenMajor,
     )?;
-    let o = attn_out(g, &p, "", &sa, att, geo)?;
+    let o = out_proj(g, &p, "", &sa, att, geo)?;
     let r = add(
         g,
         &format!("{p}.residual_attn"),
@@ -289,6 +318,7 @@ fn decoder_layer(
             causal: true,
             strategy: geo.strategy,
             probs: true,
+            heads: None,
         }),
         &[hm[0], k_all, v_all],
         &[],
@@ -372,6 +402,7 @@ fn decoder_layer(
             causal: false,
             strategy: geo.strategy,
             probs: false,
+            heads: None,
         }),
         &[cqh, ckh, cvh],
         &[],

@@ -555,7 +555,7 @@ impl Oracle {
             if let Some(h) = &req.audio_sha256 {
                 kw.set_item("audio_sha256", h.as_str()).map_err(e)?;
             }
-            let summaries: Arc<Mutex<Vec<(Stats, String)>>> = Arc::default();
+            let summaries: Summaries = Arc::default();
             if req.stats_only {
                 if req.dtype != "float32" || !req.ops.is_none() {
                     return Err(OracleError::Data(
@@ -639,13 +639,14 @@ fn get<'py>(py: Python<'py>, d: &Bound<'py, PyAny>, key: &str) -> Result<Bound<'
         .map_err(|e| OracleError::Data(format!("result has no '{key}': {}", py_err(py, e))))
 }
 
+/// What a stats-only run's summarizer collects: each captured array's [`Stats`] and content sha256,
+/// in call order.
+type Summaries = Arc<Mutex<Vec<(Stats, String)>>>;
+
 /// The Python callable a stats-only run summarizes each captured array with: `summarize(array)`
 /// takes a C-contiguous float32 numpy array, pushes its [`Stats::of`] and [`content_sha256`] onto
 /// `sink` and returns their index (the array is not kept).
-fn summarizer<'py>(
-    py: Python<'py>,
-    sink: Arc<Mutex<Vec<(Stats, String)>>>,
-) -> PyResult<Bound<'py, PyCFunction>> {
+fn summarizer<'py>(py: Python<'py>, sink: Summaries) -> PyResult<Bound<'py, PyCFunction>> {
     PyCFunction::new_closure(
         py,
         Some(c"summarize"),
@@ -728,7 +729,7 @@ fn extract_run(
     py: Python<'_>,
     res: &Bound<'_, PyAny>,
     ops: &PointSelect,
-    summaries: Option<&Arc<Mutex<Vec<(Stats, String)>>>>,
+    summaries: Option<&Summaries>,
 ) -> Result<OracleRun> {
     let data = |e: PyErr| OracleError::Data(py_err(py, e).to_string());
     let tokens: Vec<i64> = get(py, res, "tokens")?.extract().map_err(data)?;

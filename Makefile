@@ -89,8 +89,9 @@ corpus: venv fixtures
 # `xray bench`: the runtime against torch (SDPA, eager) and CTranslate2 (installed here from
 # oracle/requirements-bench.txt), at 2 and 1 threads on tiny.en; then the cost growth on a
 # whisper-small-geometry fixture (random-init, f16-rounded weights, ~1 GB, built on demand) with
-# `xray check` (it prints its peak RSS; getrusage; the bench JSON has peak_rss_bytes). `check`
-# has no stats-only capture yet (`xray run --stats-only` has).
+# `xray check --stats-only` (summaries instead of tensors on both sides; it prints its peak RSS,
+# getrusage; the bench JSON has peak_rss_bytes). The clean check must pass: a divergence fails
+# the target.
 BENCH_AUDIO ?= fixtures/audio/stella.wav
 BENCH_OUT ?= reports/bench
 # Clips for the corpus-mode timing (`xray check` over all of them in one process vs one clip alone).
@@ -105,8 +106,8 @@ bench: build fixtures $(VENV)/.bench-stamp
 	  --corpus $(BENCH_CORPUS) | tee $(BENCH_OUT)/tiny-2t.json
 	set -o pipefail; $(XRAY) bench --model fixtures/whisper-tiny-en --audio $(BENCH_AUDIO) --threads 1 --json | tee $(BENCH_OUT)/tiny-1t.json
 	set -o pipefail; $(XRAY) bench --model fixtures/build/whisper-small-f16 --audio $(BENCH_AUDIO) --threads 2 --reps 3 --json | tee $(BENCH_OUT)/small-2t.json
-	$(XRAY) check --model fixtures/build/whisper-small-f16 --audio $(BENCH_AUDIO) \
-	  --evidence $(BENCH_OUT)/small-check.json; test $$? -le 1
+	$(XRAY) check --model fixtures/build/whisper-small-f16 --audio $(BENCH_AUDIO) --stats-only \
+	  --evidence $(BENCH_OUT)/small-check.json
 
 # candle-transformers' Whisper under X-Ray: reference dump, candle's dump as it is and fed the
 # reference's log-mel (its encoder isolated) and memory + tokens (its decoder isolated), one offline

@@ -52,6 +52,10 @@ pub struct OracleVersions {
     pub transformers: Option<String>,
 }
 
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 /// What was run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Run {
@@ -70,6 +74,11 @@ pub struct Run {
     /// Whether the run used isolated mode (`local_metrics` present).
     #[serde(default)]
     pub isolated: bool,
+    /// Whether the comparison was made from per-checkpoint summaries (stats-only capture or
+    /// dumps: metrics `null`, each checkpoint judged by the estimated rel_l2 in its note).
+    /// Written only when true.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub stats_only: bool,
     /// sha256 of the checkpoint contract the comparison was made through (the gate refuses to
     /// compare evidence made through different contracts). `None` in evidence written before it
     /// was recorded.

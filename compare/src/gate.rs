@@ -97,6 +97,10 @@ pub enum FindingKind {
     },
     /// The runs differ in weights or audio, allowed by `allow_different_input` (informational).
     DifferentInput,
+    /// One side is stats-only evidence (`run.stats_only`, metrics `null`): statuses are gated,
+    /// error growth is not (informational, so the gate never passes silently on what it could
+    /// not compare).
+    StatsOnly,
 }
 
 /// One gate finding.
@@ -214,6 +218,22 @@ pub fn gate(new: &Evidence, baseline: &Evidence, opts: &GateOptions) -> Result<G
             kind: FindingKind::DifferentInput,
             failing: false,
             message: format!("different input (allowed): {d}"),
+        });
+    }
+    let stats_only: Vec<&str> = [(new, "new"), (baseline, "baseline")]
+        .iter()
+        .filter(|(e, _)| e.run.stats_only)
+        .map(|(_, w)| *w)
+        .collect();
+    if !stats_only.is_empty() {
+        findings.push(Finding {
+            checkpoint: None,
+            kind: FindingKind::StatsOnly,
+            failing: false,
+            message: format!(
+                "stats-only evidence ({}): checkpoint statuses compared, error growth not (no metrics)",
+                stats_only.join(" and ")
+            ),
         });
     }
     let rank = |v: Verdict| match v {
@@ -582,6 +602,33 @@ mod tests {
             .findings
             .iter()
             .any(|f| f.kind == FindingKind::Added && !f.failing));
+    }
+
+    #[test]
+    fn stats_only_evidence_is_gated_by_status_and_says_growth_was_not_compared() {
+        let b = ev(Verdict::Pass, vec![cp("a", Status::Pass, 1e-6, 1e-6)]);
+        let mut n = ev(Verdict::Pass, vec![cp("a", Status::Pass, 1e-6, 1e-6)]);
+        n.run.stats_only = true;
+        n.checkpoints[0].metrics = None;
+        let r = gate(&n, &b, &GateOptions::default()).expect("same run");
+        assert!(r.passed());
+        let f: Vec<&Finding> = r
+            .findings
+            .iter()
+            .filter(|f| f.kind == FindingKind::StatsOnly)
+            .collect();
+        assert_eq!(f.len(), 1);
+        assert!(
+            !f[0].failing && f[0].message.contains("(new)"),
+            "{}",
+            f[0].message
+        );
+        // A status that worsens still fails.
+        n.checkpoints[0].status = Status::Origin;
+        assert!(!gate(&n, &b, &GateOptions::default()).unwrap().passed());
+        // Two full runs carry no such finding.
+        let r = gate(&b, &b, &GateOptions::default()).unwrap();
+        assert!(!r.findings.iter().any(|f| f.kind == FindingKind::StatsOnly));
     }
 
     #[test]

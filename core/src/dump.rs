@@ -607,8 +607,24 @@ impl Dump {
         }
     }
 
-    /// A writer holding the same content (to save an in-memory dump).
+    /// An in-memory stats-only dump: `manifest.stats_only` is set and its entries carry `stats`
+    /// and `content_sha256`; no tensor.
+    pub fn stats_only(mut manifest: Manifest) -> Dump {
+        manifest.stats_only = true;
+        Dump {
+            dir: PathBuf::new(),
+            manifest,
+            tensors: BTreeMap::new(),
+            unlisted: Vec::new(),
+        }
+    }
+
+    /// A writer holding the same content (to save an in-memory dump; a stats-only dump's
+    /// summaries as they are).
     pub fn to_writer(&self) -> DumpWriter {
+        if self.manifest.stats_only {
+            return DumpWriter::new(self.manifest.clone());
+        }
         let mut m = self.manifest.clone();
         m.checkpoints.clear();
         let mut w = DumpWriter::new(m);

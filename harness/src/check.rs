@@ -12,6 +12,14 @@
 //! 7. Drill-down (unless `--no-drill`): when more than one runtime op lies between the origin's
 //!    passing inputs and the origin, both engines re-run capturing only the op-level points of
 //!    that region (`xray_core::ops`), and `first_divergence.op` names the first that differs.
+//!
+//! With `stats_only` both engines summarize each checkpoint as it is produced (`Stats::of`: the
+//! moments and the order-sensitive sketch, and the content sha256; the oracle calls the same Rust
+//! function through pyo3) and keep no tensor, so the peak memory is the two models plus one
+//! step's activations; the comparison is `compare_stats_dumps` (each checkpoint judged by its
+//! estimated rel_l2), localized along the same graph. Isolated mode, calibration and `--ops` need
+//! full tensors and are refused; the drill-down still runs (it captures only the origin region's
+//! op-level points, in full).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -29,11 +37,13 @@ use xray_compare::evidence::{DivergenceKind, Evidence, Run, Transcript};
 use xray_compare::localize::Status;
 use xray_compare::metrics::compare as metrics_compare;
 use xray_compare::ops::localize_op;
-use xray_compare::pipeline::{compare_dumps, oracle_versions, to_canonical};
+use xray_compare::pipeline::{compare_dumps, compare_stats_dumps, oracle_versions, to_canonical};
 use xray_compare::tolerance::{NoiseFloor, Policy, Tolerance};
 use xray_core::ops::PointSelect;
 
-pub use crate::runs::{runtime_dump, runtime_dump_audio, Capture, DumpSubstitute};
+pub use crate::runs::{
+    runtime_dump, runtime_dump_audio, runtime_stats_dump_audio, Capture, DumpSubstitute,
+};
 
 /// Options of one check.
 #[derive(Debug, Clone, Default)]
@@ -64,6 +74,8 @@ pub struct CheckOptions {
     pub ops: bool,
     /// Do not drill down from the origin checkpoint to the op (`--no-drill`).
     pub no_drill: bool,
+    /// Summaries instead of tensors on both sides (`--stats-only`, module docs).
+    pub stats_only: bool,
 }
 
 /// Everything a check produced.
@@ -76,7 +88,7 @@ pub struct CheckOutput {
     pub runtime: Dump,
 }
 
-/// The reference run as an in-memory dump.
+/// The reference run as an in-memory dump (stats-only when the run was: its summaries).
 pub fn reference_dump(run: &OracleRun, family: &str, model_id: &str) -> Dump {
     let m = Manifest {
         schema: xray_core::dump::SCHEMA.into(),
@@ -93,7 +105,41 @@ pub fn reference_dump(run: &OracleRun, family: &str, model_id: &str) -> Dump {
         checkpoints: vec![],
         extra: run.extra.clone(),
     };
+    if !run.summaries.is_empty() {
+        return Dump::stats_only(Manifest {
+            checkpoints: run.summaries.clone(),
+            ..m
+        });
+    }
     Dump::from_captured(m, run.checkpoints.clone())
+}
+
+/// Options a stats-only check cannot honour, refused before anything runs (one line each).
+fn check_stats_only(opts: &CheckOptions, family: &str) -> anyhow::Result<()> {
+    if !opts.stats_only {
+        return Ok(());
+    }
+    for (given, flag, why) in [
+        (
+            opts.isolate,
+            "--isolate",
+            "substitutes the reference's tensors",
+        ),
+        (
+            opts.calibrate,
+            "--calibrate",
+            "measures the f32-vs-f64 noise floor on full tensors",
+        ),
+        (opts.ops, "--ops", "captures op-level points in full"),
+    ] {
+        if given {
+            anyhow::bail!("--stats-only keeps no tensors and {flag} {why}: drop one of them");
+        }
+    }
+    if family != "whisper" {
+        anyhow::bail!("--stats-only is implemented for whisper; a {family} model is checked with full capture (drop --stats-only)");
+    }
+    Ok(())
 }
 
 fn bits_equal(a: &[Tensor], b: &[Tensor]) -> bool {
@@ -143,6 +189,7 @@ fn load_checked(
             .map(|c| (c.name.as_str(), None)),
     )?;
     opts.faults.validate(model.graph())?;
+    check_stats_only(opts, model.family())?;
     Ok(model)
 }
 
@@ -215,6 +262,7 @@ pub fn reference_request(
     );
     req.max_new_tokens = opts.max_steps;
     req.threads = opts.threads;
+    req.stats_only = opts.stats_only;
     if opts.ops {
         req = req.with_ops(PointSelect::All);
     }
@@ -269,15 +317,38 @@ pub fn check_against(
         ));
     }
     opts.faults.validate(model.graph())?;
+    check_stats_only(opts, family)?;
+    if opts.stats_only != reference.manifest.stats_only {
+        return Err(anyhow!(
+            "the reference run is {} but the check asks for {} capture",
+            if reference.manifest.stats_only {
+                "stats-only"
+            } else {
+                "full"
+            },
+            if opts.stats_only {
+                "stats-only"
+            } else {
+                "full"
+            }
+        ));
+    }
     opts.faults.reset_hits();
     let all_points = PointSelect::All;
     let capture = Capture {
         only: None,
         points: opts.ops.then_some(&all_points),
     };
-    progress("running the runtime with capture (teacher-forced on the reference tokens)");
-    let (runtime, out_on) =
-        runtime_dump_audio(model, &a, &run_opts, Some(&opts.faults), None, capture)?;
+    progress(if opts.stats_only {
+        "running the runtime with stats-only capture (teacher-forced on the reference tokens)"
+    } else {
+        "running the runtime with capture (teacher-forced on the reference tokens)"
+    });
+    let (runtime, out_on) = if opts.stats_only {
+        runtime_stats_dump_audio(model, &a, &run_opts, Some(&opts.faults))?
+    } else {
+        runtime_dump_audio(model, &a, &run_opts, Some(&opts.faults), None, capture)?
+    };
     // The evidence says these faults were planted: they must have changed something.
     opts.faults.confirm_fired()?;
     progress("running the runtime with capture off (neutrality)");
@@ -366,6 +437,9 @@ pub fn check_against(
             a.conversion.to_json()
         ));
     }
+    if opts.stats_only {
+        notes.push("stats-only comparison: both engines kept per-checkpoint summaries (count, moments, range, the 32-projection order-sensitive sketch, content sha256), no tensors; each checkpoint is judged by its estimated rel_l2 (its note); metrics are null and the origin has no signature: re-run without --stats-only, or `xray run --only`, for full tensors".into());
+    }
     if !opts.fault_names.is_empty() {
         notes.push(format!(
             "faults planted in the runtime: {}",
@@ -402,7 +476,11 @@ pub fn check_against(
         ));
     }
     progress("comparing");
-    let cmp = compare_dumps(&contract, &reference, &runtime, isolated.as_ref(), &copts)?;
+    let cmp = if opts.stats_only {
+        compare_stats_dumps(&contract, &reference, &runtime, &copts)?
+    } else {
+        compare_dumps(&contract, &reference, &runtime, isolated.as_ref(), &copts)?
+    };
     let run = Run {
         family: family.into(),
         model_path: opts.model.display().to_string(),
@@ -411,6 +489,7 @@ pub fn check_against(
         runtime_version: xray_runtime::version(),
         oracle: Some(oracle_versions(&ref_run.tools)),
         isolated: opts.isolate,
+        stats_only: opts.stats_only,
         contract_sha256: Some(contract.sha256()),
     };
     if model.weights().sha256() != ref_run.weights_sha256 {
@@ -589,7 +668,13 @@ impl Drill<'_> {
                 reference.clone()
             } else {
                 let sel = PointSelect::Only(names.iter().cloned().collect());
-                let run = self.oracle.run(&self.req.clone().with_ops(sel))?;
+                let mut req = self.req.clone().with_ops(sel);
+                if req.stats_only {
+                    // Only the region's points, in full: no contract checkpoint is captured.
+                    req.stats_only = false;
+                    req.only = Some(Vec::new());
+                }
+                let run = self.oracle.run(&req)?;
                 reference_dump(
                     &run,
                     self.model.family(),

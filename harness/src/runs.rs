@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::anyhow;
-use xray_core::capture::{Recorder, Substitute};
+use xray_core::capture::{Recorder, StatsRecorder, Substitute};
 use xray_core::dump::{Dump, Manifest};
 use xray_core::ops::PointSelect;
 use xray_core::Tensor;
@@ -96,4 +96,32 @@ pub fn runtime_dump_audio(
     m.extra = out.extra.clone();
     m.extra.insert("audio".into(), a.conversion.to_json());
     Ok((Dump::from_captured(m, rec.captured), out))
+}
+
+/// [`runtime_dump_audio`] with stats-only capture: every checkpoint summarized as it is produced
+/// ([`StatsRecorder`]) and dropped, so the dump (`stats_only`) holds no tensor.
+pub fn runtime_stats_dump_audio(
+    model: &dyn SpeechModel,
+    a: &Audio,
+    opts: &RunOptions,
+    faults: Option<&FaultPlan>,
+) -> anyhow::Result<(Dump, RunOutput)> {
+    let mut rec = StatsRecorder::new(&[]).map_err(|e| anyhow!("stats recorder: {e}"))?;
+    let out = {
+        let mut hooks = RunHooks {
+            observer: Some(&mut rec),
+            substitute: None,
+            faults,
+            points: None,
+        };
+        model.run(a, opts, &mut hooks)?
+    };
+    let mut m = manifest_for(model, "runtime", model.weights().sha256(), &a.sha256);
+    m.tokens = out.tokens.clone();
+    m.transcript = out.transcript.clone();
+    m.extra = out.extra.clone();
+    m.extra.insert("audio".into(), a.conversion.to_json());
+    m.stats_only = true;
+    m.checkpoints = rec.entries;
+    Ok((Dump::stats_only(m), out))
 }

@@ -12,13 +12,14 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use numpy::PyReadonlyArrayDyn;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyCFunction, PyDict, PyList, PyTuple};
 use xray_core::capture::Captured;
 use xray_core::contract::Contract;
-use xray_core::dump::{DumpWriter, Manifest};
+use xray_core::dump::{content_sha256, DumpWriter, Entry, Manifest, Stats};
 use xray_core::ops::{is_point, PointSelect};
 use xray_core::Layout;
 
@@ -182,6 +183,11 @@ pub struct OracleRequest {
     /// Op-level points to capture besides the contract's checkpoints (`xray_core::ops`):
     /// [`PointSelect::None`] (default) captures none.
     pub ops: PointSelect,
+    /// Summarize each checkpoint as it is captured ([`Stats::of`] and [`content_sha256`], the
+    /// functions the runtime's `StatsRecorder` uses, called from Python through a Rust
+    /// callable) and keep no tensor: [`OracleRun::summaries`] instead of
+    /// [`OracleRun::checkpoints`]. Whisper only; float32 only; no op-level points.
+    pub stats_only: bool,
 }
 
 impl OracleRequest {
@@ -223,6 +229,7 @@ impl OracleRequest {
             only: None,
             threads: None,
             ops: PointSelect::None,
+            stats_only: false,
         }
     }
 }
@@ -245,6 +252,9 @@ pub struct OracleRun {
     pub audio_sha256: String,
     /// Family extras (e.g. `hypothesis`).
     pub extra: BTreeMap<String, serde_json::Value>,
+    /// A stats-only run's checkpoints ([`OracleRequest::stats_only`]): manifest entries with
+    /// `stats` and `content_sha256`, no tensor, in the contract's order.
+    pub summaries: Vec<Entry>,
 }
 
 impl OracleRun {
@@ -545,6 +555,16 @@ impl Oracle {
             if let Some(h) = &req.audio_sha256 {
                 kw.set_item("audio_sha256", h.as_str()).map_err(e)?;
             }
+            let summaries: Summaries = Arc::default();
+            if req.stats_only {
+                if req.dtype != "float32" || !req.ops.is_none() {
+                    return Err(OracleError::Data(
+                        "a stats-only reference run is float32 with no op-level points".into(),
+                    ));
+                }
+                kw.set_item("summarize", summarizer(py, summaries.clone()).map_err(e)?)
+                    .map_err(e)?;
+            }
             let res = m
                 .call_method(
                     "run",
@@ -557,14 +577,19 @@ impl Oracle {
                     Some(&kw),
                 )
                 .map_err(|e| py_err(py, e))?;
-            let mut run = extract_run(py, &res, &req.ops)?;
+            let mut run = extract_run(py, &res, &req.ops, req.stats_only.then_some(&summaries))?;
             // Op-level points have no contract entry: their shapes are HF's own.
             req.contract
                 .check_shapes(
                     run.checkpoints
                         .iter()
                         .filter(|c| !is_point(&c.name))
-                        .map(|c| (c.name.as_str(), c.step, c.data.shape())),
+                        .map(|c| (c.name.as_str(), c.step, c.data.shape()))
+                        .chain(
+                            run.summaries
+                                .iter()
+                                .map(|s| (s.name.as_str(), s.step, s.shape.as_slice())),
+                        ),
                 )
                 .map_err(|e| OracleError::Data(format!("the reference's checkpoints: {e}")))?;
             // What the reference computed on, hashed by Python: it must be what was sent.
@@ -614,7 +639,98 @@ fn get<'py>(py: Python<'py>, d: &Bound<'py, PyAny>, key: &str) -> Result<Bound<'
         .map_err(|e| OracleError::Data(format!("result has no '{key}': {}", py_err(py, e))))
 }
 
-fn extract_run(py: Python<'_>, res: &Bound<'_, PyAny>, ops: &PointSelect) -> Result<OracleRun> {
+/// What a stats-only run's summarizer collects: each captured array's [`Stats`] and content sha256,
+/// in call order.
+type Summaries = Arc<Mutex<Vec<(Stats, String)>>>;
+
+/// The Python callable a stats-only run summarizes each captured array with: `summarize(array)`
+/// takes a C-contiguous float32 numpy array, pushes its [`Stats::of`] and [`content_sha256`] onto
+/// `sink` and returns their index (the array is not kept).
+fn summarizer<'py>(py: Python<'py>, sink: Summaries) -> PyResult<Bound<'py, PyCFunction>> {
+    PyCFunction::new_closure(
+        py,
+        Some(c"summarize"),
+        Some(c"X-Ray stats-only capture: summarize(float32 array) -> index"),
+        move |args: &Bound<'_, PyTuple>, _kw: Option<&Bound<'_, PyDict>>| -> PyResult<usize> {
+            let arr = args.get_item(0)?;
+            let ro = arr.extract::<PyReadonlyArrayDyn<f32>>()?;
+            let view = ro.as_array();
+            let std = view.as_standard_layout();
+            let slice = std.as_slice().ok_or_else(|| {
+                pyo3::exceptions::PyValueError::new_err("summarize: array is not contiguous")
+            })?;
+            let summary = (Stats::of(slice), content_sha256(slice));
+            let mut v = sink
+                .lock()
+                .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("summarize: poisoned"))?;
+            v.push(summary);
+            Ok(v.len() - 1)
+        },
+    )
+}
+
+/// A stats-only run's `checkpoints`: `{name, step, layout, shape, summary}` dicts, `summary`
+/// an index into what [`summarizer`] collected (each used once).
+fn extract_summaries(
+    py: Python<'_>,
+    list: &Bound<'_, PyAny>,
+    collected: &Mutex<Vec<(Stats, String)>>,
+) -> Result<Vec<Entry>> {
+    let data = |e: PyErr| OracleError::Data(py_err(py, e).to_string());
+    let collected = collected
+        .lock()
+        .map_err(|_| OracleError::Data("stats-only summaries: lock poisoned".into()))?;
+    let mut used = vec![false; collected.len()];
+    let mut out = Vec::new();
+    for item in list.try_iter().map_err(data)? {
+        let item = item.map_err(data)?;
+        let name: String = get(py, &item, "name")?.extract().map_err(data)?;
+        let step: usize = get(py, &item, "step")?.extract().map_err(data)?;
+        let layout_s: String = get(py, &item, "layout")?.extract().map_err(data)?;
+        let layout: Layout = serde_json::from_value(serde_json::Value::String(layout_s.clone()))
+            .map_err(|_| {
+                OracleError::Data(format!("{name}@step{step}: unknown layout '{layout_s}'"))
+            })?;
+        let shape: Vec<usize> = get(py, &item, "shape")?.extract().map_err(data)?;
+        let i: usize = get(py, &item, "summary")?.extract().map_err(data)?;
+        let (stats, sha) = collected.get(i).ok_or_else(|| {
+            OracleError::Data(format!(
+                "{name}@step{step}: summary {i} was never made ({} were)",
+                collected.len()
+            ))
+        })?;
+        if std::mem::replace(&mut used[i], true) {
+            return Err(OracleError::Data(format!(
+                "{name}@step{step}: summary {i} is claimed by two checkpoints"
+            )));
+        }
+        if stats.count != shape.iter().product::<usize>() {
+            return Err(OracleError::Data(format!(
+                "{name}@step{step}: summary of {} values for shape {shape:?}",
+                stats.count
+            )));
+        }
+        out.push(Entry {
+            name,
+            step,
+            shape,
+            dtype: "f32".into(),
+            layout,
+            file: None,
+            sha256: None,
+            stats: Some(stats.clone()),
+            content_sha256: Some(sha.clone()),
+        });
+    }
+    Ok(out)
+}
+
+fn extract_run(
+    py: Python<'_>,
+    res: &Bound<'_, PyAny>,
+    ops: &PointSelect,
+    summaries: Option<&Summaries>,
+) -> Result<OracleRun> {
     let data = |e: PyErr| OracleError::Data(py_err(py, e).to_string());
     let tokens: Vec<i64> = get(py, res, "tokens")?.extract().map_err(data)?;
     let transcript: String = get(py, res, "transcript")?.extract().map_err(data)?;
@@ -626,6 +742,25 @@ fn extract_run(py: Python<'_>, res: &Bound<'_, PyAny>, ops: &PointSelect) -> Res
         if let Ok(v) = h.extract::<Vec<i64>>() {
             extra.insert("hypothesis".to_string(), serde_json::json!(v));
         }
+    }
+    if let Some(collected) = summaries {
+        let summaries = extract_summaries(py, &get(py, res, "checkpoints")?, collected)?;
+        if let Some(bad) = summaries.iter().find(|c| is_point(&c.name)) {
+            return Err(OracleError::Data(format!(
+                "contract checkpoint list holds the op-level point {}@step{}",
+                bad.name, bad.step
+            )));
+        }
+        return Ok(OracleRun {
+            tokens,
+            transcript,
+            checkpoints: Vec::new(),
+            tools,
+            weights_sha256,
+            audio_sha256,
+            extra,
+            summaries,
+        });
     }
     let mut checkpoints = extract_entries(py, &get(py, res, "checkpoints")?)?;
     if let Some(bad) = checkpoints.iter().find(|c| is_point(&c.name)) {
@@ -668,6 +803,7 @@ fn extract_run(py: Python<'_>, res: &Bound<'_, PyAny>, ops: &PointSelect) -> Res
         weights_sha256,
         audio_sha256,
         extra,
+        summaries: Vec::new(),
     })
 }
 

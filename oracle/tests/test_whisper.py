@@ -256,3 +256,30 @@ def test_dump_cli_round_trip(tmp_path):
     assert len(d.checkpoints) == (4 + 3) + 2 * 2 + 2 * (2 + 5 * 2 + 1)
     assert d.get("audio.decoder.layer.1.cross_attention.output", 1).array.shape == (3, 1, 32)
     assert main(argv) == 2  # exists, no --force
+
+
+def test_summarize_keeps_no_array_and_sees_what_the_full_run_captures():
+    """Stats-only capture (`xray check --stats-only`): `summarize` is handed each checkpoint as it
+    is captured, the entries carry its shape and the index it returned and no array, and what it
+    was handed is what a full run returns, checkpoint by checkpoint."""
+    from xray_oracle.dump import content_sha256
+
+    handed = []
+
+    def summarize(a):
+        assert a.dtype == np.float32 and a.flags["C_CONTIGUOUS"]
+        handed.append(content_sha256(a))
+        return len(handed) - 1
+
+    res = run_whisper(str(RAND_A), str(AUDIO / "fox.wav"), resolved_contract(RAND_A), max_new_tokens=3,
+                      summarize=summarize)
+    full = run(RAND_A, AUDIO / "fox.wav", max_new_tokens=3)
+    assert res["tokens"] == full["tokens"]
+    assert [(c["name"], c["step"]) for c in res["checkpoints"]] == [(c["name"], c["step"]) for c in full["checkpoints"]]
+    assert sorted(c["summary"] for c in res["checkpoints"]) == list(range(len(handed)))
+    for s, f in zip(res["checkpoints"], full["checkpoints"], strict=True):
+        assert "array" not in s and s["shape"] == list(f["array"].shape)
+        assert handed[s["summary"]] == content_sha256(f["array"]), (s["name"], s["step"])
+    for kw in ({"dtype": "float64"}, {"ops": "all"}):
+        with pytest.raises(OracleInputError, match="stats-only"):
+            run_whisper(str(RAND_A), str(AUDIO / "fox.wav"), resolved_contract(RAND_A), summarize=summarize, **kw)

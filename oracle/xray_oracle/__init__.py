@@ -22,7 +22,7 @@ __all__ = [
 
 def run(family: str, model_dir: str, audio_path: str, contract_json: str, *, dtype: str = "float32",
         max_new_tokens=None, teacher=None, only=None, threads=None, samples=None, audio_sha256=None,
-        ops=None) -> dict:
+        ops=None, summarize=None) -> dict:
     """One entry for the Rust side: dispatch on the family name with the common options.
 
     `teacher` is the granite CTC hypothesis to force; Whisper's reference is never teacher-forced
@@ -30,6 +30,7 @@ def run(family: str, model_dir: str, audio_path: str, contract_json: str, *, dty
     `audio_sha256` are the audio as the runtime's reader decoded and converted it: the reference
     is fed the same samples and never reads `audio_path`. `ops` selects op-level points
     (`xray_oracle.ops`: None, "all" or a list of point names), returned as `op_points`.
+    `summarize` (Whisper only) makes the run stats-only: see `xray_oracle.whisper.run_whisper`.
     Arguments, the model directory and the audio are checked here, before torch is imported (one
     check for every family).
     """
@@ -58,8 +59,12 @@ def run(family: str, model_dir: str, audio_path: str, contract_json: str, *, dty
             raise OracleError("whisper: the reference is not teacher-forced; teacher must be None")
         kw = {} if threads is None else {"threads": threads}
         return run_whisper(model_dir, audio_path, contract_json, max_new_tokens=max_new_tokens,
-                           dtype=dtype, only=only, samples=samples, audio_sha256=audio_sha256, ops=ops, **kw)
+                           dtype=dtype, only=only, samples=samples, audio_sha256=audio_sha256, ops=ops,
+                           summarize=summarize, **kw)
     if family == "granite_nar":
+        if summarize is not None:
+            raise OracleInputError("stats-only capture is implemented for whisper; a granite_nar model is "
+                                   "checked with full capture (drop --stats-only)")
         if threads is not None:
             import torch
             torch.set_num_threads(int(threads))

@@ -110,17 +110,29 @@ def log_mel_float64(feature_extractor, samples: np.ndarray):
     return log_spec.unsqueeze(0)
 
 
-class _Recorder:
-    """Forward hooks / pre-hooks that copy the contract's checkpoints out, per decode step."""
+class _Summary:
+    """A stats-only capture: the tensor's shape and the index `summarize` returned for it."""
 
-    def __init__(self, model, contract: Contract, selected: list[Checkpoint]):
+    __slots__ = ("shape", "index")
+
+    def __init__(self, shape: tuple, index: int):
+        self.shape = shape
+        self.index = index
+
+
+class _Recorder:
+    """Forward hooks / pre-hooks that copy the contract's checkpoints out, per decode step (or,
+    with `summarize`, hand each to it as it is produced and keep only its shape and summary)."""
+
+    def __init__(self, model, contract: Contract, selected: list[Checkpoint], summarize=None):
         self.model = model
         self.contract = contract
         self.selected = selected
+        self.summarize = summarize
         self.step = 0
         self.decoder_calls = 0
         self.step_input_ids: list[list[int]] = []
-        self.captured: dict[tuple[str, int], np.ndarray] = {}
+        self.captured: dict[tuple[str, int], np.ndarray | _Summary] = {}
         self.handles: list = []
 
     def _module(self, path: str):
@@ -218,7 +230,13 @@ class _Recorder:
             raise CaptureError(
                 f"checkpoint {ckpt.name}: {ref.module} ran twice at step {self.step}; the contract expects one call per step"
             )
-        self.captured[key] = np.ascontiguousarray(t.to("cpu").numpy()).copy()
+        a = np.ascontiguousarray(t.to("cpu").numpy())
+        if self.summarize is None:
+            self.captured[key] = a.copy()
+            return
+        if a.dtype != np.float32:
+            raise CaptureError(f"checkpoint {ckpt.name}: stats-only capture summarizes float32, got {a.dtype}")
+        self.captured[key] = _Summary(tuple(a.shape), int(self.summarize(a)))
 
 
 def run_whisper(
@@ -233,6 +251,7 @@ def run_whisper(
     samples=None,
     audio_sha256: Optional[str] = None,
     ops=None,
+    summarize=None,
 ) -> dict:
     """Run the HF Whisper reference on one WAV and capture the contract's checkpoints.
 
@@ -256,6 +275,10 @@ def run_whisper(
       exactly those. Points are captured per decode step like the checkpoints (the encoder's at
       step 0, cross-attention k/v_proj at step 0 only, decoder modules every step). An unknown
       module is an OracleInputError raised before generate runs.
+    - summarize: stats-only capture (`xray check --stats-only`): a callable taking each captured
+      float32 array as it is produced and returning an int (the caller keeps the summary); the
+      array is not kept, and each checkpoint entry carries "shape" and "summary" (that int)
+      instead of "array". float32 only, no op-level points.
 
     Returns {"family", "tokens", "transcript", "checkpoints": [{"name", "step", "layout",
     "array"}], "op_points": [same keys, in firing order; [] without ops], "tools",
@@ -272,6 +295,8 @@ def run_whisper(
     if attn_implementation not in ("eager", "sdpa"):
         raise OracleInputError(f"attn_implementation {attn_implementation!r} is not 'eager' or 'sdpa'")
     ops = parse_ops(ops)
+    if summarize is not None and (dtype != "float32" or ops is not None):
+        raise OracleInputError("stats-only capture (summarize) is float32 with no op-level points")
     d, config, weights_sha = check_model_dir(model_dir)
     contract = load_resolved(contract_json, "whisper")
     selected = _select(contract, only)
@@ -289,7 +314,8 @@ def run_whisper(
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _run(d, config, weights_sha, contract, selected, audio, max_new_tokens, dtype, attn_implementation, ops)
+        return _run(d, config, weights_sha, contract, selected, audio, max_new_tokens, dtype, attn_implementation, ops,
+                    summarize)
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -331,14 +357,14 @@ def _load(d: Path, weights_sha: str, dtype: str, attn_implementation: str):
 
 
 def _run(d: Path, config: dict, weights_sha: str, contract: Contract, selected: list[Checkpoint], audio,
-         max_new_tokens: Optional[int], dtype: str, attn_implementation: str, ops=None) -> dict:
+         max_new_tokens: Optional[int], dtype: str, attn_implementation: str, ops=None, summarize=None) -> dict:
     with _run_lock:
         return _run_locked(d, config, weights_sha, contract, selected, audio, max_new_tokens, dtype,
-                           attn_implementation, ops)
+                           attn_implementation, ops, summarize)
 
 
 def _run_locked(d: Path, config: dict, weights_sha: str, contract: Contract, selected: list[Checkpoint], audio,
-                max_new_tokens: Optional[int], dtype: str, attn_implementation: str, ops) -> dict:
+                max_new_tokens: Optional[int], dtype: str, attn_implementation: str, ops, summarize) -> dict:
     import torch
     import transformers
 
@@ -362,7 +388,7 @@ def _run_locked(d: Path, config: dict, weights_sha: str, contract: Contract, sel
         feats = fe(audio.samples, sampling_rate=audio.sample_rate, return_tensors="pt").input_features
     feats = feats.to(tdtype)
 
-    rec = _Recorder(model, contract, selected)
+    rec = _Recorder(model, contract, selected, summarize)
     # Module names are checked here, before generate: the module tree exists once loaded.
     oprec = OpRecorder(model, ops, step=lambda: rec.step)
     rec.install()
@@ -467,7 +493,11 @@ def _verify_and_collect(rec: _Recorder, contract: Contract, selected: list[Check
                     f"checkpoint {ckpt.name}@step{s}: HF gives shape {list(a.shape)}, the contract says "
                     f"{ckpt.shape} = {expected} (tokens = {tokens})"
                 )
-            out.append({"name": ckpt.name, "step": s, "layout": ckpt.layout, "array": a, "order": ckpt.order})
+            if isinstance(a, _Summary):
+                out.append({"name": ckpt.name, "step": s, "layout": ckpt.layout, "shape": list(a.shape),
+                            "summary": a.index, "order": ckpt.order})
+            else:
+                out.append({"name": ckpt.name, "step": s, "layout": ckpt.layout, "array": a, "order": ckpt.order})
     out.sort(key=lambda c: (c["step"], c["order"]))
     for c in out:
         del c["order"]

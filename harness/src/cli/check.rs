@@ -73,6 +73,12 @@ pub struct Args {
     /// Stop at the origin checkpoint: no re-run capturing the op-level points of its region.
     #[arg(long)]
     pub no_drill: bool,
+    /// Keep per-checkpoint summaries (moments, order-sensitive sketch, content hash) instead of
+    /// tensors on both sides, for models whose full capture does not fit in memory; checkpoints
+    /// are judged by their estimated rel_l2. Not with --isolate, --calibrate or --ops; --dumps
+    /// writes stats-only dumps.
+    #[arg(long)]
+    pub stats_only: bool,
 }
 
 /// Runs the check. Exit 0 pass, 1 divergence, 2 input error.
@@ -125,6 +131,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         warmup_audio: None,
         ops: a.ops,
         no_drill: a.no_drill,
+        stats_only: a.stats_only,
     };
     let t0 = std::time::Instant::now();
     let out = check(&opts, &|m| {
@@ -309,6 +316,7 @@ fn run_corpus(a: Args) -> anyhow::Result<ExitCode> {
         warmup_audio: None,
         ops: a.ops,
         no_drill: a.no_drill,
+        stats_only: a.stats_only,
     };
     let t0 = std::time::Instant::now();
     let progress =

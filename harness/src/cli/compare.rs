@@ -189,6 +189,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             .unwrap_or_else(|| got.manifest.producer.clone()),
         oracle: Some(oracle_versions(&reference.manifest.tools)),
         isolated: !isolated.is_empty(),
+        stats_only,
         contract_sha256: Some(contract.sha256()),
     };
     if let Some(t) = tokens.as_ref().filter(|t| t.teacher_forced) {

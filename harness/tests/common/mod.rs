@@ -119,6 +119,7 @@ pub fn run_info() -> Run {
             transformers: Some("5.24.0".into()),
         }),
         isolated: false,
+        stats_only: false,
         contract_sha256: Some("ef".repeat(32)),
     }
 }

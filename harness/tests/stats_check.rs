@@ -1,0 +1,230 @@
+//! `xray check --stats-only` end to end on whisper-rand-a: both engines keep per-checkpoint
+//! summaries instead of tensors. A clean check passes and says it was stats-only; its `--dumps`
+//! are stats-only dumps that `xray compare` re-judges offline; a planted fault is localized to the
+//! same origin (and the drill-down to the same op) as the full check, with an estimated rel_l2
+//! close to the measured one; options that need full tensors are refused before anything runs.
+
+mod common;
+
+use std::path::Path;
+
+use common::{check, checkpoint, code, on, root, stderr, xray};
+use serde_json::Value;
+
+const RAND_A: &str = "fixtures/build/whisper-rand-a";
+const GRANITE: &str = "fixtures/build/granite-nar-tiny";
+const FOX: &str = "fixtures/audio/fox.wav";
+
+/// Whether the fixtures are there (a missing one fails under `XRAY_REQUIRE_FIXTURES`).
+fn ready(paths: &[&str]) -> bool {
+    let missing: Vec<&&str> = paths.iter().filter(|p| !root().join(p).exists()).collect();
+    assert!(
+        missing.is_empty() || std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none(),
+        "fixtures {missing:?} missing and XRAY_REQUIRE_FIXTURES is set (run `make fixtures`)"
+    );
+    missing.is_empty()
+}
+
+fn assert_schema_valid(ev: &Value) {
+    let text = std::fs::read_to_string(root().join("docs/evidence.schema.json")).unwrap();
+    let schema: Value = serde_json::from_str(&text).unwrap();
+    let v = jsonschema::validator_for(&schema).expect("valid JSON Schema");
+    let errors: Vec<String> = v
+        .iter_errors(ev)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "schema errors: {errors:#?}");
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// The estimated rel_l2 a stats-only checkpoint was judged by (from its note).
+fn estimated_rel_l2(c: &Value) -> f64 {
+    let note = c["note"]
+        .as_str()
+        .expect("a stats-only checkpoint has a note");
+    let rest = note
+        .split("rel_l2 ~ ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no estimate in {note:?}"));
+    rest.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn clean_stats_only_check_passes_and_its_dumps_compare_offline() {
+    if !ready(&[RAND_A]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let dumps = dir.path().join("dumps");
+    let e = check(RAND_A, FOX, &["--stats-only", "--dumps", s(&dumps)], 0);
+    assert_schema_valid(&e);
+    assert_eq!(e["verdict"], "pass");
+    assert_eq!(e["run"]["stats_only"], true);
+    assert_eq!(e["capture_neutral"], true);
+    assert_eq!(e["transcript"]["tokens_equal"], true);
+    assert!(
+        e["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().starts_with("stats-only comparison")),
+        "{}",
+        e["notes"]
+    );
+    let cps = e["checkpoints"].as_array().unwrap();
+    assert!(cps.len() > 100, "{} checkpoints", cps.len());
+    for c in cps {
+        assert!(c["metrics"].is_null(), "{c}");
+        assert!(c["note"].as_str().unwrap().starts_with("stats-only"), "{c}");
+    }
+    // Both dumps are stats-only: summaries in the manifest, not one tensor file.
+    for side in ["reference", "runtime"] {
+        let d = dumps.join(side);
+        let m: Value =
+            serde_json::from_str(&std::fs::read_to_string(d.join("manifest.json")).unwrap())
+                .unwrap();
+        assert_eq!(m["stats_only"], true, "{side}");
+        assert_eq!(
+            m["checkpoints"].as_array().unwrap().len(),
+            cps.len(),
+            "{side}"
+        );
+        let npy = std::fs::read_dir(&d)
+            .unwrap()
+            .filter(|f| {
+                f.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == "npy")
+            })
+            .count();
+        assert_eq!(npy, 0, "{side} holds .npy files");
+    }
+    // ... and `xray compare` judges them offline to the same verdict.
+    let ev = dir.path().join("offline.json");
+    let o = xray(&[
+        "compare",
+        s(&dumps.join("reference")),
+        s(&dumps.join("runtime")),
+        "--model",
+        RAND_A,
+        "--evidence",
+        s(&ev),
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let off: Value = serde_json::from_str(&std::fs::read_to_string(&ev).unwrap()).unwrap();
+    assert_eq!(off["run"]["stats_only"], true);
+    assert_eq!(off["checkpoints"].as_array().unwrap().len(), cps.len());
+}
+
+#[test]
+fn planted_fault_has_the_same_origin_and_op_as_the_full_check() {
+    if !ready(&[RAND_A]) {
+        return;
+    }
+    // An encoder fault the drill-down names the op of, and a decoder mask fault (step 0 probs).
+    for (fault, op) in [
+        ("gelu_tanh", Some("encoder.layer.1.gelu")),
+        ("causal_mask_dropped", None),
+    ] {
+        let full = check(RAND_A, FOX, &["--inject", fault], 1);
+        let stats = check(RAND_A, FOX, &["--inject", fault, "--stats-only"], 1);
+        assert_schema_valid(&stats);
+        assert_eq!(stats["verdict"], "diverged", "{fault}");
+        let (f, x) = (&full["first_divergence"], &stats["first_divergence"]);
+        assert_eq!(x["checkpoint"], f["checkpoint"], "{fault}");
+        assert_eq!(x["step"], f["step"], "{fault}");
+        assert_eq!(x["explanation"]["evidence"]["stats_only"], true, "{fault}");
+        if let Some(op) = op {
+            assert_eq!(f["op"]["op"], op, "{fault}: full check's drill-down");
+            assert_eq!(x["op"]["op"], op, "{fault}: stats-only check's drill-down");
+        }
+        // The origin's estimate is the measured rel_l2 within the sketch's spread (25 % rms).
+        let name = f["checkpoint"].as_str().unwrap();
+        let step = f["step"].as_u64().unwrap();
+        let at = |e: &Value| -> Value {
+            e["checkpoints"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["name"] == name && c["step"] == step)
+                .cloned()
+                .unwrap()
+        };
+        let measured = at(&full)["metrics"]["rel_l2"].as_f64().unwrap();
+        let estimated = estimated_rel_l2(&at(&stats));
+        assert!(
+            estimated > 0.5 * measured && estimated < 2.0 * measured,
+            "{fault}: {name}@step{step} rel_l2 {measured:.3e} measured, {estimated:.3e} estimated"
+        );
+        // The same checkpoints, and the stats-only check passes none that the full check does
+        // not (same tensors: both engines are deterministic). It may pass fewer: logits are
+        // judged by their estimated rel_l2 alone, without the full check's KL and argmax.
+        let statuses = |e: &Value| -> Vec<(String, u64, String)> {
+            e["checkpoints"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| {
+                    (
+                        c["name"].as_str().unwrap().to_string(),
+                        c["step"].as_u64().unwrap(),
+                        c["status"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect()
+        };
+        let (x, f) = (statuses(&stats), statuses(&full));
+        assert_eq!(x.len(), f.len(), "{fault}");
+        for (a, b) in x.iter().zip(&f) {
+            assert_eq!((&a.0, a.1), (&b.0, b.1), "{fault}");
+            if a.2 == "pass" {
+                assert_eq!(
+                    b.2, "pass",
+                    "{fault}: {}@step{} passes stats-only only",
+                    a.0, a.1
+                );
+            } else if b.2 == "pass" {
+                assert!(
+                    a.0.ends_with(".logits"),
+                    "{fault}: {}@step{} {} stats-only, pass in full",
+                    a.0,
+                    a.1,
+                    a.2
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn stats_only_refuses_what_needs_full_tensors() {
+    if !ready(&[RAND_A, GRANITE]) {
+        return;
+    }
+    for flag in ["--isolate", "--calibrate", "--ops"] {
+        let o = on("check", RAND_A, FOX, &["--stats-only", flag]);
+        assert_eq!(code(&o), 2, "{flag}: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains("--stats-only") && err.contains(flag),
+            "{flag}: {err}"
+        );
+        assert!(!err.contains("running the HF reference"), "{flag}: {err}");
+    }
+    let o = on("check", GRANITE, FOX, &["--stats-only"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("implemented for whisper"),
+        "{}",
+        stderr(&o)
+    );
+    // The check itself is unchanged without the flag.
+    let e = check(RAND_A, FOX, &["--no-drill"], 0);
+    assert!(e["run"].get("stats_only").is_none(), "{}", e["run"]);
+    assert!(!checkpoint(&e, "audio.encoder.memory")["metrics"].is_null());
+}

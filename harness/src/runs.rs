@@ -90,12 +90,19 @@ pub fn runtime_dump_audio(
         };
         model.run(a, opts, &mut hooks)?
     };
+    let m = run_manifest(model, a, &out);
+    Ok((Dump::from_captured(m, rec.captured), out))
+}
+
+/// The runtime dump's manifest for one run on `a`: tokens, transcript, the run's extras and the
+/// audio conversion.
+fn run_manifest(model: &dyn SpeechModel, a: &Audio, out: &RunOutput) -> Manifest {
     let mut m = manifest_for(model, "runtime", model.weights().sha256(), &a.sha256);
     m.tokens = out.tokens.clone();
     m.transcript = out.transcript.clone();
     m.extra = out.extra.clone();
     m.extra.insert("audio".into(), a.conversion.to_json());
-    Ok((Dump::from_captured(m, rec.captured), out))
+    m
 }
 
 /// [`runtime_dump_audio`] with stats-only capture: every checkpoint summarized as it is produced
@@ -116,11 +123,7 @@ pub fn runtime_stats_dump_audio(
         };
         model.run(a, opts, &mut hooks)?
     };
-    let mut m = manifest_for(model, "runtime", model.weights().sha256(), &a.sha256);
-    m.tokens = out.tokens.clone();
-    m.transcript = out.transcript.clone();
-    m.extra = out.extra.clone();
-    m.extra.insert("audio".into(), a.conversion.to_json());
+    let mut m = run_manifest(model, a, &out);
     m.stats_only = true;
     m.checkpoints = rec.entries;
     Ok((Dump::stats_only(m), out))

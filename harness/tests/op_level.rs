@@ -7,34 +7,12 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{check, code, dump_to, root, stderr, xray};
+use common::{assert_schema_valid, check, code, dump_to, ready, root, stderr, xray};
 use serde_json::Value;
 
 const RAND: &str = "fixtures/build/whisper-rand-a";
 const TINY: &str = "fixtures/whisper-tiny-en";
 const FOX: &str = "fixtures/audio/fox.wav";
-
-/// Whether the fixtures are there (a missing one fails under `XRAY_REQUIRE_FIXTURES`).
-fn ready(paths: &[&str]) -> bool {
-    let missing: Vec<&&str> = paths.iter().filter(|p| !root().join(p).exists()).collect();
-    assert!(
-        missing.is_empty() || std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none(),
-        "fixtures {missing:?} missing and XRAY_REQUIRE_FIXTURES is set (run `make fixtures`)"
-    );
-    missing.is_empty()
-}
-
-/// The evidence validates against docs/evidence.schema.json (`first_divergence.op` included).
-fn assert_schema_valid(ev: &Value) {
-    let text = std::fs::read_to_string(root().join("docs/evidence.schema.json")).unwrap();
-    let schema: Value = serde_json::from_str(&text).unwrap();
-    let v = jsonschema::validator_for(&schema).expect("valid JSON Schema");
-    let errors: Vec<String> = v
-        .iter_errors(ev)
-        .map(|e| format!("{} at {}", e, e.instance_path()))
-        .collect();
-    assert!(errors.is_empty(), "schema errors: {errors:#?}");
-}
 
 /// `xray compare REF GOT --model MODEL`: asserts the exit code, returns the evidence.
 fn compare(r: &Path, x: &Path, model: &str, want: i32) -> Value {

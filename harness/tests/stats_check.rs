@@ -8,33 +8,12 @@ mod common;
 
 use std::path::Path;
 
-use common::{check, checkpoint, code, on, root, stderr, xray};
+use common::{assert_schema_valid, check, checkpoint, code, on, ready, stderr, xray};
 use serde_json::Value;
 
 const RAND_A: &str = "fixtures/build/whisper-rand-a";
 const GRANITE: &str = "fixtures/build/granite-nar-tiny";
 const FOX: &str = "fixtures/audio/fox.wav";
-
-/// Whether the fixtures are there (a missing one fails under `XRAY_REQUIRE_FIXTURES`).
-fn ready(paths: &[&str]) -> bool {
-    let missing: Vec<&&str> = paths.iter().filter(|p| !root().join(p).exists()).collect();
-    assert!(
-        missing.is_empty() || std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none(),
-        "fixtures {missing:?} missing and XRAY_REQUIRE_FIXTURES is set (run `make fixtures`)"
-    );
-    missing.is_empty()
-}
-
-fn assert_schema_valid(ev: &Value) {
-    let text = std::fs::read_to_string(root().join("docs/evidence.schema.json")).unwrap();
-    let schema: Value = serde_json::from_str(&text).unwrap();
-    let v = jsonschema::validator_for(&schema).expect("valid JSON Schema");
-    let errors: Vec<String> = v
-        .iter_errors(ev)
-        .map(|e| format!("{} at {}", e, e.instance_path()))
-        .collect();
-    assert!(errors.is_empty(), "schema errors: {errors:#?}");
-}
 
 fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")

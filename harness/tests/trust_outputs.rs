@@ -4,7 +4,7 @@
 //! nothing is refused, and checkpoints that could not be compared are named.
 
 mod common;
-use common::{code, dump_to, on, root, stderr, xray};
+use common::{assert_schema_valid, code, dump_to, on, root, stderr, xray};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -52,17 +52,6 @@ fn precious(dir: &Path) -> PathBuf {
 
 fn evidence(p: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
-fn assert_schema_valid(v: &Value) {
-    let p = root().join("docs/evidence.schema.json");
-    let schema: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
-    let val = jsonschema::validator_for(&schema).unwrap();
-    let errors: Vec<String> = val
-        .iter_errors(v)
-        .map(|e| format!("{e} at {}", e.instance_path()))
-        .collect();
-    assert!(errors.is_empty(), "schema errors: {errors:#?}");
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -669,6 +669,19 @@ fn summarizer<'py>(py: Python<'py>, sink: Summaries) -> PyResult<Bound<'py, PyCF
     )
 }
 
+/// A checkpoint dict's `name`, `step` and `layout` (a known [`Layout`]).
+fn entry_head(py: Python<'_>, item: &Bound<'_, PyAny>) -> Result<(String, usize, Layout)> {
+    let data = |e: PyErr| OracleError::Data(py_err(py, e).to_string());
+    let name: String = get(py, item, "name")?.extract().map_err(data)?;
+    let step: usize = get(py, item, "step")?.extract().map_err(data)?;
+    let layout_s: String = get(py, item, "layout")?.extract().map_err(data)?;
+    let layout: Layout = serde_json::from_value(serde_json::Value::String(layout_s.clone()))
+        .map_err(|_| {
+            OracleError::Data(format!("{name}@step{step}: unknown layout '{layout_s}'"))
+        })?;
+    Ok((name, step, layout))
+}
+
 /// A stats-only run's `checkpoints`: `{name, step, layout, shape, summary}` dicts, `summary`
 /// an index into what [`summarizer`] collected (each used once).
 fn extract_summaries(
@@ -684,13 +697,7 @@ fn extract_summaries(
     let mut out = Vec::new();
     for item in list.try_iter().map_err(data)? {
         let item = item.map_err(data)?;
-        let name: String = get(py, &item, "name")?.extract().map_err(data)?;
-        let step: usize = get(py, &item, "step")?.extract().map_err(data)?;
-        let layout_s: String = get(py, &item, "layout")?.extract().map_err(data)?;
-        let layout: Layout = serde_json::from_value(serde_json::Value::String(layout_s.clone()))
-            .map_err(|_| {
-                OracleError::Data(format!("{name}@step{step}: unknown layout '{layout_s}'"))
-            })?;
+        let (name, step, layout) = entry_head(py, &item)?;
         let shape: Vec<usize> = get(py, &item, "shape")?.extract().map_err(data)?;
         let i: usize = get(py, &item, "summary")?.extract().map_err(data)?;
         let (stats, sha) = collected.get(i).ok_or_else(|| {
@@ -813,13 +820,7 @@ fn extract_entries(py: Python<'_>, list: &Bound<'_, PyAny>) -> Result<Vec<Captur
     let mut checkpoints = Vec::new();
     for item in list.try_iter().map_err(data)? {
         let item = item.map_err(data)?;
-        let name: String = get(py, &item, "name")?.extract().map_err(data)?;
-        let step: usize = get(py, &item, "step")?.extract().map_err(data)?;
-        let layout_s: String = get(py, &item, "layout")?.extract().map_err(data)?;
-        let layout: Layout = serde_json::from_value(serde_json::Value::String(layout_s.clone()))
-            .map_err(|_| {
-                OracleError::Data(format!("{name}@step{step}: unknown layout '{layout_s}'"))
-            })?;
+        let (name, step, layout) = entry_head(py, &item)?;
         let arr = get(py, &item, "array")?;
         // One copy out of the interpreter; comparison code never touches Python. A float64 run
         // (calibration) is narrowed to f32 here: that rounding is half an f32 ULP, far below the

@@ -345,3 +345,26 @@ pub fn checkpoint<'a>(e: &'a Value, name: &str) -> &'a Value {
 pub fn stderr(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).to_string()
 }
+
+/// Whether the fixtures under the repository root are there (a missing one fails under
+/// `XRAY_REQUIRE_FIXTURES`, as CI sets it).
+pub fn ready(paths: &[&str]) -> bool {
+    let missing: Vec<&&str> = paths.iter().filter(|p| !root().join(p).exists()).collect();
+    assert!(
+        missing.is_empty() || std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none(),
+        "fixtures {missing:?} missing and XRAY_REQUIRE_FIXTURES is set (run `make fixtures`)"
+    );
+    missing.is_empty()
+}
+
+/// The evidence validates against docs/evidence.schema.json.
+pub fn assert_schema_valid(ev: &Value) {
+    let text = std::fs::read_to_string(root().join("docs/evidence.schema.json")).unwrap();
+    let schema: Value = serde_json::from_str(&text).unwrap();
+    let v = jsonschema::validator_for(&schema).expect("valid JSON Schema");
+    let errors: Vec<String> = v
+        .iter_errors(ev)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "schema errors: {errors:#?}");
+}

@@ -9,14 +9,19 @@
 //! value that does not round-trip gets no mirror; replacing a tensor drops its mirror.
 
 use std::collections::HashMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use ndarray::{ArrayD, IxDyn};
-use safetensors::{Dtype, SafeTensors};
+use safetensors::tensor::Metadata;
+use safetensors::Dtype;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Result, RuntimeError};
 use crate::graph::Tensor;
+
+/// The largest safetensors header accepted (the format's own limit, 100 MB).
+const HEADER_MAX: u64 = 100_000_000;
 
 /// A table of named f32 tensors loaded from one safetensors file.
 #[derive(Debug, Clone)]
@@ -32,46 +37,86 @@ impl Weights {
     /// Load a safetensors file. Truncated or corrupt files, and dtypes other than
     /// f32/f16/bf16, are errors naming the file (and the key).
     pub fn load(path: &Path) -> Result<Weights> {
-        let bytes = std::fs::read(path).map_err(|e| RuntimeError::io(path, e))?;
-        let sha256 = hex::encode(Sha256::digest(&bytes));
-        let st = SafeTensors::deserialize(&bytes).map_err(|e| RuntimeError::File {
+        // One streaming pass: the header (parsed and validated by the safetensors crate's own
+        // `Metadata`), then each tensor's bytes in file order into one reused buffer, converted
+        // and hashed as they come. The peak is the f32 table plus the largest tensor's bytes,
+        // not the file plus the table (a whisper-small fixture: 1.9 -> ~1.1 GB).
+        let bad = |reason: String| RuntimeError::File {
             path: path.to_path_buf(),
-            reason: format!("not a valid safetensors file (truncated or corrupt?): {e}"),
-        })?;
+            reason: format!("not a valid safetensors file (truncated or corrupt?): {reason}"),
+        };
+        let file = std::fs::File::open(path).map_err(|e| RuntimeError::io(path, e))?;
+        let file_len = file
+            .metadata()
+            .map_err(|e| RuntimeError::io(path, e))?
+            .len();
+        // Unbuffered: every read is one whole piece (length, header, a tensor).
+        let mut r = file;
+        let mut sha = Sha256::new();
+        let mut n8 = [0u8; 8];
+        r.read_exact(&mut n8)
+            .map_err(|e| bad(format!("header length: {e}")))?;
+        sha.update(n8);
+        let n = u64::from_le_bytes(n8);
+        if n > HEADER_MAX || n + 8 > file_len {
+            return Err(bad(format!("header of {n} bytes in a file of {file_len}")));
+        }
+        let mut header = vec![0u8; n as usize];
+        r.read_exact(&mut header)
+            .map_err(|e| bad(format!("header: {e}")))?;
+        sha.update(&header);
+        let meta: Metadata = serde_json::from_slice(&header).map_err(|e| bad(e.to_string()))?;
+        if 8 + n + meta.data_len() as u64 != file_len {
+            return Err(bad(format!(
+                "the header describes {} data bytes, the file holds {}",
+                meta.data_len(),
+                file_len - 8 - n
+            )));
+        }
         let mut tensors = HashMap::new();
-        for (name, view) in st.tensors() {
-            let shape = view.shape().to_vec();
-            let data = view.data();
-            let vals: Vec<f32> = match view.dtype() {
-                Dtype::F32 => data
+        let mut buf = Vec::new();
+        for name in meta.offset_keys() {
+            let info = meta
+                .info(&name)
+                .ok_or_else(|| bad(format!("tensor '{name}' has no entry")))?;
+            let (start, end) = info.data_offsets;
+            buf.resize(end - start, 0);
+            r.read_exact(&mut buf)
+                .map_err(|e| bad(format!("tensor '{name}': {e}")))?;
+            sha.update(&buf);
+            let vals: Vec<f32> = match info.dtype {
+                Dtype::F32 => buf
                     .chunks_exact(4)
                     .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                     .collect(),
-                Dtype::F16 => data
+                Dtype::F16 => buf
                     .chunks_exact(2)
                     .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
                     .collect(),
-                Dtype::BF16 => data
+                Dtype::BF16 => buf
                     .chunks_exact(2)
                     .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
                     .collect(),
-                other => return Err(RuntimeError::File {
-                    path: path.to_path_buf(),
-                    reason: format!(
-                        "tensor '{name}' has dtype {other:?}; only F32, F16, BF16 (and integer buffers) are supported"
+                other => {
+                    return Err(RuntimeError::File {
+                        path: path.to_path_buf(),
+                        reason: format!(
+                        "tensor '{name}' has dtype {other:?}; only F32, F16 and BF16 are supported"
                     ),
-                }),
+                    })
+                }
             };
-            let t =
-                ArrayD::from_shape_vec(IxDyn(&shape), vals).map_err(|e| RuntimeError::File {
+            let t = ArrayD::from_shape_vec(IxDyn(&info.shape), vals).map_err(|e| {
+                RuntimeError::File {
                     path: path.to_path_buf(),
                     reason: format!("tensor '{name}': {e}"),
-                })?;
+                }
+            })?;
             tensors.insert(name, t);
         }
         Ok(Weights {
             path: path.to_path_buf(),
-            sha256,
+            sha256: hex::encode(sha.finalize()),
             tensors,
             f16: HashMap::new(),
         })

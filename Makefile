@@ -114,7 +114,7 @@ bench: build fixtures $(VENV)/.bench-stamp
 # comparison with per-stage local errors. `xray compare` exits 1 on a divergence (the finding,
 # reported), 2 on an error (fails the target).
 CANDLE_OUT ?= reports/candle
-CANDLE = target/release/xray-candle-whisper --model fixtures/whisper-tiny-en --audio $(AUDIO)
+CANDLE = target/release/xray-candle-whisper --model fixtures/whisper-tiny-en --audio $(AUDIO) --force
 candle: build fixtures
 	$(CARGO) build --release -p xray-candle-whisper
 	mkdir -p $(CANDLE_OUT)

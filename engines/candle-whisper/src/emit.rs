@@ -52,6 +52,10 @@ pub const MEL: &str = "audio.frontend.mel";
 pub const MEMORY: &str = "audio.encoder.memory";
 /// Contract name of the decoder logits (`[tokens, vocab]`, token-major, every step).
 pub const LOGITS: &str = "audio.decoder.logits";
+/// Contract name of the token ids the decoder consumed at a step (`[tokens]`, plain, f32).
+pub const INPUT_IDS: &str = "audio.decoder.input_ids";
+/// Contract name of their positions (`[tokens]`, plain, f32).
+pub const POSITION_IDS: &str = "audio.decoder.position_ids";
 /// The producer recorded in the manifest.
 pub const PRODUCER: &str = "candle";
 /// The candle-transformers release this binary was built with (from Cargo.lock).
@@ -227,7 +231,10 @@ pub fn dump(
     let mut extra = BTreeMap::new();
     extra.insert("config".to_string(), md.config_json.clone());
     extra.insert("dtype".to_string(), json!("float32"));
-    extra.insert("observed".to_string(), json!([MEL, MEMORY, LOGITS]));
+    extra.insert(
+        "observed".to_string(),
+        json!([MEL, MEMORY, INPUT_IDS, POSITION_IDS, LOGITS]),
+    );
     extra.insert("unobserved_reason".to_string(), json!(UNOBSERVED));
     extra.insert("fed".to_string(), json!(prov.fed));
     extra.insert(
@@ -252,14 +259,21 @@ pub fn dump(
     w.add(MEL, 0, Layout::ChannelMajor, &array(&obs.mel)?);
     w.add(MEMORY, 0, Layout::TokenMajor, &array(&obs.memory)?);
     for (k, s) in obs.steps.iter().enumerate() {
+        // The fed ids and positions, in the run dtype as the contract stores them.
+        for (name, v) in [(INPUT_IDS, &s.ids), (POSITION_IDS, &s.positions)] {
+            let a =
+                ArrayD::from_shape_vec(IxDyn(&[v.len()]), v.iter().map(|&x| x as f32).collect())
+                    .map_err(|e| Error::Engine(format!("{name}@step{k}: {e}")))?;
+            w.add(name, k, Layout::Plain, &a);
+        }
         w.add(LOGITS, k, Layout::TokenMajor, &array(&s.logits)?);
     }
     Ok(w)
 }
 
-/// Writes the dump atomically.
-pub fn write(w: &DumpWriter, out: &Path) -> Result<(), Error> {
-    w.write(out)
+/// Writes the dump atomically; an existing dump at `out` is replaced only when `replace` is set.
+pub fn write(w: &DumpWriter, out: &Path, replace: bool) -> Result<(), Error> {
+    w.write_to(out, replace)
         .map_err(|e| Error::Engine(format!("writing {}: {e}", out.display())))
 }
 

@@ -62,6 +62,11 @@ pub struct Step {
     pub logits: Dense,
     /// candle's greedy choice at this step (after suppression).
     pub argmax: u32,
+    /// The token ids of the kept rows (`audio.decoder.input_ids`): the prompt at step 0, the
+    /// newest token after (candle re-runs the whole sequence; the other rows are dropped).
+    pub ids: Vec<u32>,
+    /// Their positions (`audio.decoder.position_ids`): `0 .. prompt` at step 0, `len - 1` after.
+    pub positions: Vec<u32>,
 }
 
 /// What candle computed.
@@ -183,6 +188,8 @@ pub fn decode(
                 }
             },
             argmax: choice,
+            ids: history[len - n..].to_vec(),
+            positions: (len - n..len).map(|p| p as u32).collect(),
         });
         match teacher {
             Some(t) => {

@@ -1,5 +1,5 @@
 //! `xray-candle-whisper --model DIR --audio WAV --out DIR [--max-new-tokens N]
-//! [--mel-from REF] [--memory-from REF] [--tokens-from REF]`: run candle-transformers' Whisper on
+//! [--mel-from REF] [--memory-from REF] [--tokens-from REF] [--force]`: run candle-transformers' Whisper on
 //! one WAV and write an X-Ray dump (`xray.dump` v1) for `xray compare`.
 
 #![forbid(unsafe_code)]
@@ -44,6 +44,9 @@ struct Args {
     /// candle's own argmax per step goes to extra.step_argmax, its free-running tokens to tokens.
     #[arg(long, value_name = "REF_DUMP")]
     tokens_from: Option<PathBuf>,
+    /// Replace the X-Ray dump already at --out (only a dump: any other directory is refused).
+    #[arg(long)]
+    force: bool,
 }
 
 fn note(msg: &str) {
@@ -58,6 +61,12 @@ fn run(a: &Args) -> Result<(), Error> {
     if a.out.exists() && !a.out.join("manifest.json").is_file() {
         return Err(Error::Input(format!(
             "{} exists and is not a dump directory; refusing to replace it",
+            a.out.display()
+        )));
+    }
+    if a.out.exists() && !a.force {
+        return Err(Error::Input(format!(
+            "{} already holds an X-Ray dump; pass --force to replace it",
             a.out.display()
         )));
     }
@@ -116,7 +125,7 @@ fn run(a: &Args) -> Result<(), Error> {
         fed,
     };
     let w = emit::dump(&md, &prov, &obs, &text)?;
-    emit::write(&w, &a.out)?;
+    emit::write(&w, &a.out, a.force)?;
     note(&format!(
         "{} checkpoints ({} decoder steps) -> {}",
         w.manifest.checkpoints.len(),

@@ -244,7 +244,7 @@ fn candle_whisper_under_xray_on_real_tiny_en() {
         mem_local < 0.01 && mem_local > mem_tol && mem_local < mem_rel / 5.0,
         "encoder local rel_l2 {mem_local}, end to end {mem_rel}"
     );
-    // Partial coverage: only mel, memory and logits are observed; everything else is
+    // Partial coverage: only mel, memory, the fed ids/positions and logits are observed; the rest is
     // unobserved (neither pass nor fail), named compactly in the coverage block.
     let cov = &e["coverage"];
     for c in e["checkpoints"].as_array().unwrap() {
@@ -252,6 +252,8 @@ fn candle_whisper_under_xray_on_real_tiny_en() {
         let observed = [
             "audio.frontend.mel",
             "audio.encoder.memory",
+            "audio.decoder.input_ids",
+            "audio.decoder.position_ids",
             "audio.decoder.logits",
         ]
         .contains(&name);
@@ -264,6 +266,14 @@ fn candle_whisper_under_xray_on_real_tiny_en() {
                 "{name}@{}: {st}",
                 c["step"]
             );
+        }
+    }
+    // The fed ids and positions agree up to the step where the token streams part (candle
+    // keeps the newest row of its re-run sequence: one id and one position per step after 0).
+    for k in 0..=3u64 {
+        for name in ["audio.decoder.input_ids", "audio.decoder.position_ids"] {
+            let c = checkpoint(&e, name, k);
+            assert_eq!(c["status"], "pass", "{name}@{k}: {c}");
         }
     }
     let names = strings(&cov["unobserved_names"]);
@@ -429,4 +439,19 @@ fn bad_input_is_refused_before_any_work() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("other audio"), "{}", stderr(&o));
     assert!(!out.exists());
+    // An existing dump is replaced only with --force (refused before the model is read, and the
+    // refusal names the flag that exists).
+    let manifest = std::fs::read(other.join("manifest.json")).unwrap();
+    let again = ["--max-new-tokens", "1"];
+    let o = engine_on(MODEL, "fixtures/audio/stella.wav", &other, &again);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--force"), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read(other.join("manifest.json")).unwrap(),
+        manifest
+    );
+    let forced = ["--max-new-tokens", "1", "--force"];
+    let o = engine_on(MODEL, "fixtures/audio/stella.wav", &other, &forced);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(other.join("manifest.json").is_file());
 }

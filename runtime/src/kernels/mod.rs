@@ -203,8 +203,8 @@ pub(crate) enum RowInit<'a> {
 }
 
 /// A fresh `rows x row_len` buffer filled as `init` says, the rows split across the pool like
-/// [`par_rows`] (no zero fill first: each element is written once, by the thread that later
-/// reads it first in a GEMM's row split).
+/// [`par_rows`] (no zero fill first: each element is written once). The callers have checked
+/// the lengths; the asserts guard the unchecked length set at the end.
 #[allow(unsafe_code)] // writes into the spare capacity, then sets the length it filled.
 pub(crate) fn par_init_rows(rows: usize, row_len: usize, init: RowInit<'_>) -> Vec<f32> {
     use std::mem::MaybeUninit;

@@ -66,7 +66,7 @@ impl Weights {
             .map_err(|e| bad(format!("header: {e}")))?;
         sha.update(&header);
         let meta: Metadata = serde_json::from_slice(&header).map_err(|e| bad(e.to_string()))?;
-        if 8 + n + meta.data_len() as u64 != file_len {
+        if (meta.data_len() as u64).checked_add(8 + n) != Some(file_len) {
             return Err(bad(format!(
                 "the header describes {} data bytes, the file holds {}",
                 meta.data_len(),

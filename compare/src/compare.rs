@@ -735,6 +735,7 @@ impl Comparison {
             coverage: Some(coverage),
             fed,
             tokens,
+            op_points: None,
         };
         e.verdict = e.derive_verdict();
         if e.verdict == Verdict::Diverged && e.first_divergence.is_none() {

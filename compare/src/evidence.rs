@@ -331,6 +331,10 @@ pub struct Evidence {
     /// Where the token streams part and which steps were compared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<TokenAlignment>,
+    /// Every op-level point both dumps hold, compared, with the alignment faults (absent when
+    /// either dump holds no op-level point).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op_points: Option<crate::ops::OpPoints>,
 }
 
 impl Evidence {
@@ -643,6 +647,7 @@ pub(crate) mod tests {
             coverage: None,
             fed: vec![],
             tokens: None,
+            op_points: None,
         }
     }
 

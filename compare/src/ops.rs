@@ -60,7 +60,9 @@ pub struct OpDivergence {
     pub metrics: Option<Metrics>,
     /// The tolerance it was judged by.
     pub tolerance: ToleranceEvidence,
-    /// Shapes when they differ (`reference`, `runtime`).
+    /// Shapes when they differ (`reference`, `runtime`): never set since op-level points are
+    /// aligned by declaration (a shared point whose shapes differ is a [`PointAlignment`] fault,
+    /// not an origin); read in older evidence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shapes: Option<(Vec<usize>, Vec<usize>)>,
     /// Its signature.
@@ -76,6 +78,20 @@ impl OpDivergence {
         let who = match &self.op {
             Some(op) => format!("op {op} ({})", self.point),
             None => format!("{} (one of: {})", self.point, self.suspects.join(", ")),
+        };
+        let misaligned: Vec<&str> = self
+            .inputs
+            .iter()
+            .filter(|i| i.status == Status::AlignmentFault)
+            .map(|i| i.point.as_str())
+            .collect();
+        let who = if misaligned.is_empty() {
+            who
+        } else {
+            format!(
+                "{who} [input point(s) not aligned, so not cleared: {}]",
+                misaligned.join(", ")
+            )
         };
         let sig = self
             .explanation
@@ -100,6 +116,14 @@ pub fn dump_points(d: &Dump, step: u32) -> Vec<String> {
         }
     }
     v
+}
+
+/// Whether a dump carries any op-level point.
+pub fn has_points(d: &Dump) -> bool {
+    d.manifest
+        .checkpoints
+        .iter()
+        .any(|e| parse_point(&e.name).is_some())
 }
 
 /// Whether both dumps carry op-level points at `step`.
@@ -141,6 +165,8 @@ pub fn localize_op(
         })
         .collect();
     let mut compared = 0;
+    // Nodes whose shared point could not be aligned: no evidence either way.
+    let mut misaligned = vec![false; nodes.len()];
     for (i, node) in nodes.iter().enumerate() {
         let Some(name) = held[i] else { continue };
         let Some((module, point_side)) = parse_point(name) else {
@@ -151,8 +177,15 @@ pub fn localize_op(
             side(reference, name, step, layout),
             side(candidate, name, step, layout),
         ) else {
+            misaligned[i] = true;
             continue;
         };
+        // A shape disagreement is an alignment fault (`compare_points` reports it), never the
+        // op-level origin: the op may compute correctly on a tensor held in another form.
+        if r.shape() != x.shape() {
+            misaligned[i] = true;
+            continue;
+        }
         compared += 1;
         let tol = policy.resolve_kind(name, step, Dtype::F32, None, false);
         // Every input held by both dumps came earlier in graph order and agreed.
@@ -161,6 +194,10 @@ pub fn localize_op(
             .iter()
             .filter(|&&u| u < nodes.len())
             .map(|&u| match held[u] {
+                Some(p) if misaligned[u] => PointInput {
+                    point: p.clone(),
+                    status: Status::AlignmentFault,
+                },
                 Some(p) => PointInput {
                     point: p.clone(),
                     status: Status::Pass,
@@ -171,8 +208,10 @@ pub fn localize_op(
                 },
             })
             .collect();
+        // An input that could not be aligned was not seen to agree: the op is not named alone.
+        let cleared = inputs.iter().all(|p| p.status != Status::AlignmentFault);
         let (op, suspects) = match node.ops.as_slice() {
-            [one] => (Some(one.clone()), vec![one.clone()]),
+            [one] if cleared => (Some(one.clone()), vec![one.clone()]),
             many => (None, many.to_vec()),
         };
         let mut out = OpDivergence {
@@ -190,10 +229,6 @@ pub fn localize_op(
             explanation: None,
             compared,
         };
-        if r.shape() != x.shape() {
-            out.shapes = Some((r.shape().to_vec(), x.shape().to_vec()));
-            return Some(out);
-        }
         // A reference holding a NaN or Inf at a point is no op-level evidence: the next one is.
         let Ok(m) = compare(&r.view(), &x.view(), &tol.tolerance) else {
             continue;
@@ -204,7 +239,7 @@ pub fn localize_op(
         // The op's input in the reference: the one upstream point (an elementwise op's input,
         // a linear op's `x`).
         let input: Option<ArrayD<f32>> = match node.inputs.as_slice() {
-            [u] => held[*u].and_then(|p| {
+            [u] if !misaligned[*u] => held[*u].and_then(|p| {
                 let l = reference.entry(p, step as usize)?.layout;
                 side(reference, p, step, l).map(|(t, _)| t)
             }),
@@ -243,4 +278,127 @@ pub fn localize_op(
         return Some(out);
     }
     None
+}
+
+/// A point both dumps hold at one step, in forms that cannot be compared element for element
+/// after the reference was brought to the engine's form by the contract's declared rules: an
+/// alignment fault, reported, never a divergence and never passed over.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PointAlignment {
+    /// Point name.
+    pub point: String,
+    /// Step.
+    pub step: u32,
+    /// The reference's shape and layout (after its declared transforms).
+    pub reference: (Vec<usize>, Layout),
+    /// The engine's.
+    pub engine: (Vec<usize>, Layout),
+    /// What does not fit.
+    pub reason: String,
+}
+
+/// Every op-level point both dumps hold, compared (`op_points` in the evidence).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OpPoints {
+    /// (point, step) pairs both dumps hold.
+    pub shared: usize,
+    /// Of those, compared element for element.
+    pub compared: usize,
+    /// Within tolerance.
+    pub pass: usize,
+    /// Beyond tolerance (ids `name@stepN`, the first 20; `failed_count` has them all).
+    pub failed: Vec<String>,
+    /// How many failed.
+    pub failed_count: usize,
+    /// Shared points that could not be aligned.
+    pub alignment_faults: Vec<PointAlignment>,
+    /// Points only the reference holds (the engine does not observe them).
+    pub reference_only: usize,
+    /// Points only the engine holds.
+    pub engine_only: usize,
+}
+
+impl OpPoints {
+    /// One line: `op-level points: 207 shared, 207 pass, 0 alignment faults`.
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "op-level points: {} shared, {} pass, {} fail, {} alignment fault(s)",
+            self.shared,
+            self.pass,
+            self.failed_count,
+            self.alignment_faults.len()
+        );
+        if let Some(a) = self.alignment_faults.first() {
+            s.push_str(&format!(
+                " (first: {}@step{}: {})",
+                a.point, a.step, a.reason
+            ));
+        }
+        s
+    }
+}
+
+/// Compare every op-level point both dumps hold, at every step. A point whose shapes or layouts
+/// cannot be brought together is a [`PointAlignment`] fault; a non-finite reference value is
+/// counted as neither pass nor fail (the checkpoint level reports non-finite references).
+pub fn compare_points(reference: &Dump, candidate: &Dump, policy: &Policy) -> OpPoints {
+    let mut out = OpPoints::default();
+    for e in &reference.manifest.checkpoints {
+        if parse_point(&e.name).is_none() {
+            continue;
+        }
+        let step = e.step as u32;
+        let Some(c) = candidate.entry(&e.name, e.step) else {
+            out.reference_only += 1;
+            continue;
+        };
+        out.shared += 1;
+        let fault = |reason: String| PointAlignment {
+            point: e.name.clone(),
+            step,
+            reference: (e.shape.clone(), e.layout),
+            engine: (c.shape.clone(), c.layout),
+            reason,
+        };
+        let (Some(r), Some(x)) = (
+            reference.get(&e.name, e.step),
+            side(candidate, &e.name, step, e.layout),
+        ) else {
+            out.alignment_faults.push(fault(format!(
+                "the engine's {} {:?} has no {} form",
+                c.layout, c.shape, e.layout
+            )));
+            continue;
+        };
+        let x = x.0;
+        if r.shape() != x.shape() {
+            out.alignment_faults.push(fault(format!(
+                "shapes differ: reference {:?} vs engine {:?} ({})",
+                r.shape(),
+                x.shape(),
+                e.layout
+            )));
+            continue;
+        }
+        let tol = policy.resolve_kind(&e.name, step, Dtype::F32, None, false);
+        let Ok(m) = compare(&r.view(), &x.view(), &tol.tolerance) else {
+            continue;
+        };
+        out.compared += 1;
+        if m.passes(&tol.tolerance) {
+            out.pass += 1;
+        } else {
+            out.failed_count += 1;
+            if out.failed.len() < 20 {
+                out.failed.push(format!("{}@step{step}", e.name));
+            }
+        }
+    }
+    out.engine_only = candidate
+        .manifest
+        .checkpoints
+        .iter()
+        .filter(|c| parse_point(&c.name).is_some() && reference.entry(&c.name, c.step).is_none())
+        .count();
+    out
 }

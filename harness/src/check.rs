@@ -36,7 +36,7 @@ use xray_compare::compare::CompareOptions;
 use xray_compare::evidence::{DivergenceKind, Evidence, Run, Transcript};
 use xray_compare::localize::Status;
 use xray_compare::metrics::compare as metrics_compare;
-use xray_compare::ops::localize_op;
+use xray_compare::ops::{compare_points, has_points, localize_op};
 use xray_compare::pipeline::{compare_dumps, compare_stats_dumps, oracle_versions, to_canonical};
 use xray_compare::tolerance::{NoiseFloor, Policy, Tolerance};
 use xray_core::ops::PointSelect;
@@ -506,6 +506,9 @@ pub fn check_against(
         first_divergent_step: None,
     };
     let mut evidence = cmp.into_evidence(run, Some(transcript), Some(capture_neutral), notes);
+    if has_points(&reference) && has_points(&runtime) {
+        evidence.op_points = Some(compare_points(&reference, &runtime, &opts.policy));
+    }
     if !opts.no_drill {
         let drill = Drill {
             model,
@@ -685,6 +688,13 @@ impl Drill<'_> {
             (&r_ops, &x_ops)
         };
         fd.op = localize_op(&nodes, r, x, step, &self.opts.policy, Some(&lookup));
+        if ev.op_points.is_none() {
+            // The drill-down's own points: their alignment is reported like a full `--ops` run's.
+            ev.op_points = Some(compare_points(r, x, &self.opts.policy));
+        }
+        let Some(fd) = ev.first_divergence.as_mut() else {
+            return Ok(());
+        };
         if let Some(op) = fd.op.as_mut() {
             if let Some(note) = self.exonerate_layout_ops(op)? {
                 ev.notes.push(note);

@@ -12,6 +12,7 @@ use serde_json::Value;
 
 const RAND: &str = "fixtures/build/whisper-rand-a";
 const TINY: &str = "fixtures/whisper-tiny-en";
+const GRANITE: &str = "fixtures/build/granite-nar-tiny";
 const FOX: &str = "fixtures/audio/fox.wav";
 
 /// `xray compare REF GOT --model MODEL`: asserts the exit code, returns the evidence.
@@ -74,39 +75,129 @@ fn check_drills_down_to_an_op_the_catalogue_does_not_target() {
     assert!(ev["first_divergence"].get("op").is_none(), "{ev:#}");
 }
 
-/// A clean run with every op-level point on both sides: every point both engines emit agrees at
-/// every step (no op-level note), and the points are there in numbers.
+/// `xray oracle --ops` and `xray run --ops` of `model` on fox.wav into `dir/ref`, `dir/rt`.
+fn ops_pair(model: &str, dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (r, x) = (dir.join("ref"), dir.join("rt"));
+    for (cmd, out) in [("oracle", &r), ("run", &x)] {
+        let o = dump_to(cmd, model, FOX, out, &["--ops"]);
+        assert_eq!(code(&o), 0, "xray {cmd} {model}: {}", stderr(&o));
+    }
+    (r, x)
+}
+
+fn point_count(d: &Path) -> usize {
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("manifest.json")).unwrap()).unwrap();
+    m["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| xray_core::ops::is_point(e["name"].as_str().unwrap()))
+        .count()
+}
+
+/// A clean run with every op-level point on both sides, for every bundled model of both
+/// families: the points are aligned by the contract's declared rules (0 alignment faults) and
+/// every point both engines hold agrees at every step, in numbers.
 #[test]
-fn clean_ops_dumps_agree_at_every_point() {
+fn clean_ops_pairs_align_and_agree_on_every_bundled_model() {
+    for (model, min_shared) in [
+        (RAND, 100),
+        ("fixtures/build/whisper-rand-b", 100),
+        (GRANITE, 150),
+        (TINY, 300),
+    ] {
+        if !ready(&[model, FOX, ".venv"]) {
+            continue;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (r, x) = ops_pair(model, dir.path());
+        assert!(
+            point_count(&r) >= min_shared && point_count(&x) >= min_shared,
+            "{model}"
+        );
+        let ev = compare(&r, &x, model, 0);
+        let p = &ev["op_points"];
+        assert_eq!(
+            p["alignment_faults"],
+            serde_json::json!([]),
+            "{model}: {p:#}"
+        );
+        assert_eq!(p["failed_count"], 0, "{model}: {p:#}");
+        let shared = p["shared"].as_u64().unwrap();
+        assert!(shared >= min_shared as u64, "{model}: {p:#}");
+        assert_eq!(
+            p["pass"], shared,
+            "{model}: every shared point compared and passing: {p:#}"
+        );
+        assert_eq!(
+            p["engine_only"], 0,
+            "{model}: the runtime names no point HF lacks: {p:#}"
+        );
+        let notes = ev["notes"].to_string();
+        assert!(
+            !notes.contains("differs while every checkpoint agrees"),
+            "{model}: {notes}"
+        );
+        assert_schema_valid(&ev);
+    }
+}
+
+/// A point the engine holds in another shape than the reference's declared form (here the
+/// runtime's `fc1:in` one row short) is an alignment fault: in the evidence, on the console,
+/// never the divergence, and the verdict is the checkpoints'.
+#[test]
+fn a_deliberately_unaligned_point_is_an_alignment_fault() {
     if !ready(&[RAND, FOX, ".venv"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (r, x) = (dir.path().join("ref"), dir.path().join("rt"));
-    for (cmd, out) in [("oracle", &r), ("run", &x)] {
-        let o = dump_to(cmd, RAND, FOX, out, &["--ops"]);
-        assert_eq!(code(&o), 0, "xray {cmd}: {}", stderr(&o));
+    let (r, x) = ops_pair(RAND, dir.path());
+    let point = "model.encoder.layers.0.fc1:in";
+    let d = xray_core::dump::Dump::load(&x).unwrap();
+    let mut m = d.manifest.clone();
+    m.checkpoints.clear();
+    let mut w = xray_core::dump::DumpWriter::new(m);
+    for e in &d.manifest.checkpoints {
+        let t = d.get(&e.name, e.step).unwrap();
+        if e.name == point {
+            let short = t
+                .slice(ndarray::s![..t.shape()[0] - 1, ..])
+                .to_owned()
+                .into_dyn();
+            w.add(&e.name, e.step, e.layout, &short);
+        } else {
+            w.add(&e.name, e.step, e.layout, t);
+        }
     }
-    let count = |d: &Path| {
-        let m: Value =
-            serde_json::from_str(&std::fs::read_to_string(d.join("manifest.json")).unwrap())
-                .unwrap();
-        m["checkpoints"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|e| xray_core::ops::is_point(e["name"].as_str().unwrap()))
-            .count()
-    };
+    let bad = dir.path().join("bad");
+    w.write(&bad).unwrap();
+    let ev_path = dir.path().join("e.json");
+    let o = xray(&[
+        "compare",
+        s(&r),
+        s(&bad),
+        "--model",
+        RAND,
+        "--evidence",
+        s(&ev_path),
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let ev: Value = serde_json::from_str(&std::fs::read_to_string(&ev_path).unwrap()).unwrap();
+    let faults = ev["op_points"]["alignment_faults"].as_array().unwrap();
+    assert_eq!(faults.len(), 1, "{ev:#}");
+    assert_eq!(faults[0]["point"], point);
+    assert_eq!(faults[0]["reference"][0], serde_json::json!([250, 64]));
+    assert_eq!(faults[0]["engine"][0], serde_json::json!([249, 64]));
+    assert!(ev["first_divergence"].is_null(), "{ev:#}");
+    let err = stderr(&o);
     assert!(
-        count(&r) > 100 && count(&x) > 100,
-        "{} {}",
-        count(&r),
-        count(&x)
+        err.contains(
+            "1 alignment fault(s) (first: model.encoder.layers.0.fc1:in@step0: shapes differ"
+        ),
+        "{err}"
     );
-    let ev = compare(&r, &x, RAND, 0);
-    let notes = ev["notes"].to_string();
-    assert!(!notes.contains("op-level"), "{notes}");
+    assert_schema_valid(&ev);
 }
 
 /// Another engine's dump: HF Whisper tiny.en with encoder layer 3's fc2 weight rounded to a

@@ -13,7 +13,8 @@ import torch
 from conftest import AUDIO, RAND_A, REPO, XRAY_BINS, resolved_contract
 
 from xray_oracle import run_whisper
-from xray_oracle.errors import CaptureError, OracleInputError
+from xray_oracle.contract import Contract, PointRule
+from xray_oracle.errors import CaptureError, ContractError, OracleInputError
 from xray_oracle.ops import OpRecorder, parse_ops
 
 _cache: dict = {}
@@ -151,30 +152,77 @@ class Twice(torch.nn.Module):
         return self.lin(y) if twice else y
 
 
+def _rules(*rules) -> Contract:
+    return Contract(family="toy", hf_class=None, dims={"five": 5}, repeats={},
+                    points=[PointRule(m, list(sides), layout, list(tr)) for m, sides, layout, tr in rules])
+
+
+TOY = _rules(
+    ("conv", ("in", "out"), "channel_major", ["squeeze_batch"]),
+    ("norm", ("in", "out"), "channel_major", ["squeeze_batch"]),
+    ("emb", ("in", "out"), "plain", []),  # ids without a batch axis: [T] -> [T, 5]
+    ("lin", ("in", "out"), "token_major", ["squeeze_batch", {"crop": {"axis": 0, "to": "frames"}}]),
+)
+
+
 def test_recorder_rules_on_a_small_module():
     m = Twice().eval()
     x, ids = torch.randn(1, 3, 6), torch.arange(6) % 10
-    with OpRecorder(m, "all") as rec:
+    with OpRecorder(m, "all", TOY, symbols=lambda: {"frames": 4}) as rec:
         m(x, ids)
     got = {p["name"]: p for p in rec.points()}
     assert "unused:in" not in got and len(got) == 8  # conv, norm, lin, emb; unused never ran
     assert got["conv:in"]["layout"] == "channel_major" and got["conv:in"]["array"].shape == (3, 6)
     assert got["norm:out"]["layout"] == "channel_major"
-    assert got["lin:out"]["layout"] == "token_major" and got["lin:out"]["array"].shape == (6, 5)
+    # The declared crop keeps the first `frames` rows: [1, 6, 5] -> [4, 5].
+    assert got["lin:out"]["layout"] == "token_major" and got["lin:out"]["array"].shape == (4, 5)
     assert got["emb:in"]["array"].dtype == np.float32 and got["emb:in"]["array"].tolist() == list(range(6))
-    assert got["emb:out"]["array"].shape == (6, 5)  # no batch axis in HF: kept whole
+    assert got["emb:out"]["array"].shape == (6, 5)  # the rule declares no batch axis: kept whole
     with pytest.raises(CaptureError, match=r"op-level point\(s\) \['unused:out'\] never fired"):
-        with OpRecorder(m, ["lin:out", "unused:out"]) as rec:
+        with OpRecorder(m, ["lin:out", "unused:out"], TOY) as rec:
             m(x, ids)
         rec.points()
     with pytest.raises(CaptureError, match=r"lin:in: lin ran twice at step 0"):
-        with OpRecorder(m, ["lin:in"]):
+        with OpRecorder(m, ["lin:in"], TOY):
             m(x, ids, twice=True)
     steps = iter(range(10))
-    with OpRecorder(m, ["lin:in"], step=lambda: next(steps)) as rec:
+    with OpRecorder(m, ["lin:in"], TOY, step=lambda: next(steps), symbols=lambda: {"frames": 6}) as rec:
         m(x, ids, twice=True)
     assert [(p["name"], p["step"]) for p in rec.points()] == [("lin:in", 0), ("lin:in", 1)]
     assert not m.lin._forward_hooks and not m.lin._forward_pre_hooks  # removed
+
+
+def test_points_without_a_rule_or_that_a_rule_does_not_fit_are_refused():
+    m = Twice().eval()
+    x, ids = torch.randn(1, 3, 6), torch.arange(6) % 10
+    partial = _rules(("conv", ("in", "out"), "channel_major", ["squeeze_batch"]))
+    with OpRecorder(m, ["conv:out", "lin:out"], partial) as rec:
+        m(x, ids)
+    with pytest.raises(ContractError, match=r"op-level point 'lin:out': no rule of the contract's 'points'"):
+        rec.points()
+    # A batch axis the rule does not declare is not dropped by guess: emb's [T] is refused.
+    bad = _rules(("emb", ("out",), "token_major", ["squeeze_batch"]))
+    with OpRecorder(m, ["emb:out"], bad) as rec:
+        m(x, ids)
+    with pytest.raises(CaptureError, match=r"emb:out@step0 .*squeeze_batch needs a leading batch axis of 1"):
+        rec.points()
+    # A crop longer than the tensor, or to a symbol the run did not bind.
+    for symbols, msg in (({"frames": 7}, r"crop axis 0 to frames = 7"), ({}, r"crop to 'frames', which this run did not bind")):
+        with OpRecorder(m, ["lin:out"], TOY, symbols=lambda s=symbols: s) as rec:
+            m(x, ids)
+        with pytest.raises(CaptureError, match=msg):
+            rec.points()
+
+
+def test_rule_globs_match_segments():
+    r = PointRule("encoder.layers.*.attn.to_q", ["in", "out"], "token_major", [])
+    assert r.matches("encoder.layers.3.attn.to_q:in") and r.matches("encoder.layers.10.attn.to_q:out")
+    assert not r.matches("encoder.layers.3.x.attn.to_q:in") and not r.matches("encoder.layers.3.attn.to_qq:in")
+    assert not r.matches("encoder.layers.3.attn.to_q")
+    r = PointRule("projector.qformer.**", ["out"], "token_major", [])
+    assert r.matches("projector.qformer.layers.0.mlp.fc1:out") and not r.matches("projector.qformer.layers.0.mlp.fc1:in")
+    assert not r.matches("projector.qformer:out")
+    assert PointRule("**", ["in"], "plain", []).matches("proj_out:in")
 
 
 def test_dump_cli_ops_loads_in_the_rust_harness(tmp_path):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from . import transforms as _transforms
 from .errors import ContractError
 
 SCHEMA = "xray.contract.resolved/v1"
@@ -22,7 +23,8 @@ STEPS = ("once", "prefill", "every")
 STEP_REFS = ("same", "prefill", "previous")
 LAYOUTS = ("token_major", "head_major", "channel_major", "plain")
 HOOKS = ("forward", "pre")
-TRANSFORMS = ("squeeze_batch", "split_heads", "flatten_windows")
+TRANSFORMS = _transforms.NAMES + _transforms.KEYED
+SIDES = ("in", "out")
 
 
 @dataclass
@@ -54,6 +56,30 @@ class Checkpoint:
 
 
 @dataclass
+class PointRule:
+    """How the reference's op-level points of matching modules map to the engine's layout
+    (xray-core's `contract::PointRule`): `module` is a dotted pattern, `*` one segment, `**` one
+    or more segments."""
+
+    module: str
+    sides: list[str]
+    layout: str
+    transform: list
+
+    def matches(self, point: str) -> bool:
+        module, sep, side = point.rpartition(":")
+        return bool(sep) and side in self.sides and _glob(self.module.split("."), module.split("."))
+
+
+def _glob(p: list[str], m: list[str]) -> bool:
+    if not p:
+        return not m
+    if p[0] == "**":
+        return any(_glob(p[1:], m[k:]) for k in range(1, len(m) + 1))
+    return bool(m) and (p[0] == "*" or p[0] == m[0]) and _glob(p[1:], m[1:])
+
+
+@dataclass
 class Contract:
     """A contract resolved against one config."""
 
@@ -65,6 +91,15 @@ class Contract:
     symbols: dict[str, str] = field(default_factory=dict)
     checkpoints: list[Checkpoint] = field(default_factory=list)
     sha256: str = ""
+    points: list[PointRule] = field(default_factory=list)
+
+    def point_rule(self, point: str) -> PointRule:
+        """The first rule declaring op-level point `point`; a ContractError naming it when none
+        does (a point's layout is declared, never guessed)."""
+        for r in self.points:
+            if r.matches(point):
+                return r
+        raise ContractError(f"op-level point {point!r}: no rule of the contract's 'points' declares its layout")
 
     def by_name(self) -> dict[str, Checkpoint]:
         return {c.name: c for c in self.checkpoints}
@@ -109,8 +144,7 @@ def _reference(raw: dict, where: str) -> Reference:
         raise ContractError(f"{where}: reference hook {hook!r} is not one of {HOOKS}")
     transforms = list(ref.get("transform") or [])
     for t in transforms:
-        if t not in TRANSFORMS:
-            raise ContractError(f"{where}: unknown reference transform {t!r} (known: {TRANSFORMS})")
+        _transforms.check(t, where)
     index = ref.get("index", 0)
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise ContractError(f"{where}: reference index {index!r} must be a non-negative integer")
@@ -188,4 +222,23 @@ def load_resolved(contract_json: str | os.PathLike | dict, family: Optional[str]
         symbols=dict(data.get("symbols") or {}),
         checkpoints=cks,
         sha256=str(data.get("contract_sha256", "")),
+        points=[_point_rule(r, i) for i, r in enumerate(data.get("points") or [])],
     )
+
+
+def _point_rule(raw: Any, i: int) -> PointRule:
+    where = f"resolved contract points rule {i}"
+    if not isinstance(raw, dict):
+        raise ContractError(f"{where} is not an object")
+    module = _field(raw, "module", str, where)
+    where = f"resolved contract points rule {module!r}"
+    sides = _field(raw, "sides", list, where)
+    if not sides or any(s not in SIDES for s in sides):
+        raise ContractError(f"{where}: sides {sides!r} are not a non-empty list of {SIDES}")
+    layout = _field(raw, "layout", str, where)
+    if layout not in LAYOUTS:
+        raise ContractError(f"{where}: layout {layout!r} is not one of {LAYOUTS}")
+    transforms = list(raw.get("transform") or [])
+    for t in transforms:
+        _transforms.check(t, where)
+    return PointRule(module, list(sides), layout, transforms)

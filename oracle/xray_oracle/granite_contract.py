@@ -11,9 +11,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import transforms
 from .contract import Checkpoint, Contract, ContractError, load_resolved
 
-__all__ = ["Checkpoint", "Contract", "ContractError", "Recorder", "apply_transforms", "check_shapes",
+__all__ = ["Checkpoint", "Contract", "ContractError", "Recorder", "check_shapes",
            "load_resolved"]
 
 
@@ -27,28 +28,13 @@ def _to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().to(device="cpu", dtype=torch.float32).clone().numpy()
 
 
-def apply_transforms(a: np.ndarray, transforms: list[str], name: str) -> np.ndarray:
-    """Apply the contract's reference transforms to a captured array."""
-    for t in transforms:
-        if t == "squeeze_batch":
-            if a.ndim == 0 or a.shape[0] != 1:
-                raise ContractError(f"{name}: squeeze_batch on shape {list(a.shape)} (batch must be 1)")
-            a = a[0]
-        elif t == "flatten_windows":
-            if a.ndim != 3:
-                raise ContractError(f"{name}: flatten_windows needs 3 axes, got {list(a.shape)}")
-            a = a.reshape(a.shape[0] * a.shape[1], a.shape[2])
-        else:
-            raise ContractError(f"{name}: unknown reference transform '{t}'")
-    return np.ascontiguousarray(a, dtype=np.float32)
-
-
 class Recorder:
     """Installs one hook per contract checkpoint and collects the transformed arrays."""
 
-    def __init__(self, model: torch.nn.Module, checkpoints: list[Checkpoint]):
+    def __init__(self, model: torch.nn.Module, checkpoints: list[Checkpoint], dims: dict[str, int]):
         self.model = model
         self.checkpoints = checkpoints
+        self.dims = dims
         self.captured: dict[str, np.ndarray] = {}
         self._handles: list[Any] = []
 
@@ -57,7 +43,8 @@ class Recorder:
             raise ContractError(f"{ck.name}: hook on '{ck.reference.module}' fired more than once")
         if not isinstance(tensor, torch.Tensor):
             raise ContractError(f"{ck.name}: hook captured {type(tensor).__name__}, not a tensor")
-        self.captured[ck.name] = apply_transforms(_to_numpy(tensor), ck.reference.transform, ck.name)
+        a = transforms.apply(_to_numpy(tensor), ck.reference.transform, ck.name, self.dims)
+        self.captured[ck.name] = np.ascontiguousarray(a, dtype=np.float32)
 
     def __enter__(self) -> "Recorder":
         for ck in self.checkpoints:

@@ -692,8 +692,10 @@ def run_granite_nar(
     checkpoints = _select(resolved.checkpoints, only)
 
     features = frontend(audio).to(next(model.parameters()).dtype)
-    oprec = OpRecorder(model, ops)  # unknown modules are refused here, before the forward pass
-    with gc.Recorder(model, checkpoints) as rec, oprec:
+    # Unknown modules are refused here, before the forward pass. The conformer attention pads its
+    # input to whole context blocks; its points are cropped back to the encoder's frames.
+    oprec = OpRecorder(model, ops, resolved, symbols=lambda: {"enc_frames": int(features.shape[1])})
+    with gc.Recorder(model, checkpoints, resolved.dims) as rec, oprec:
         out = model(features, teacher_hypothesis=teacher_hypothesis)
     gc.check_shapes(resolved, checkpoints, rec.captured)
     op_points = oprec.points()

@@ -9,13 +9,13 @@ recorder passes its decode-step counter; a single-pass model (granite_nar) passe
 Rules (each checked where it can fail):
 - `in` is the module's first positional input (forward pre-hook, `args[0]`); `out` is its output
   (forward hook; a tuple or a transformers ModelOutput gives its element 0).
-- a leading axis of 1 (the batch of one) is dropped; a tensor HF makes without a batch axis (the
-  positions fed to Whisper's `model.encoder.embed_positions`, a Q-Former's windows) is kept whole.
 - integer and boolean tensors (token ids, positions) become float32; float16/bfloat16 become
   float32; float32/float64 are kept as computed.
-- layout: `channel_major` for the rank-2 tensors of an `nn.Conv1d` or `nn.BatchNorm1d` (modules
-  that take [batch, channels, time]), `token_major` for any other rank-2 tensor ([tokens,
-  features]), `plain` otherwise.
+- shape and layout are declared, never guessed: each point is brought to the engine's form by the
+  first rule of the contract's `points` that matches it (`contract.PointRule`: its layout and its
+  transforms, `xray_oracle.transforms`, the same vocabulary and code as the checkpoints'; a batch
+  axis of 1 is dropped only where a rule says `squeeze_batch`). A captured point no rule declares
+  is a ContractError naming it; a tensor its rule's transforms do not fit is a CaptureError.
 - one firing per point per step: a second one is a CaptureError naming the point and the step; an
   explicitly named point that never fired is a CaptureError naming it ("all" simply has no point
   for a module that never runs).
@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
+from . import transforms
 from .errors import CaptureError, OracleInputError
 
 ALL = "all"
@@ -68,26 +69,22 @@ def _has_own_parameters(module) -> bool:
     return next(module.parameters(recurse=False), None) is not None
 
 
-def layout_of(module, array: np.ndarray) -> str:
-    """The layout rule of op-level points (see the module docstring)."""
-    import torch
-
-    if array.ndim == 2:
-        return "channel_major" if isinstance(module, (torch.nn.Conv1d, torch.nn.BatchNorm1d)) else "token_major"
-    return "plain"
-
-
 class OpRecorder:
     """Forward pre-hooks / hooks on the selected modules; `points()` after the run.
 
     `ops` is validated by `parse_ops`; module names are checked against the model at construction
     (before anything runs): an unknown module is an OracleInputError naming the point and the
-    nearest module paths the model has. `step` returns the current step when a hook fires."""
+    nearest module paths the model has. `step` returns the current step when a hook fires.
+    `contract` is the resolved contract (`contract.Contract`: its `points` rules and dims);
+    `symbols` returns the run-time symbols a rule's `crop` names, called once by `points()`."""
 
-    def __init__(self, model, ops: OpsArg, step: Optional[Callable[[], int]] = None):
+    def __init__(self, model, ops: OpsArg, contract, step: Optional[Callable[[], int]] = None,
+                 symbols: Optional[Callable[[], dict]] = None):
         self.model = model
+        self.contract = contract
         self.selection = parse_ops(ops)
         self.step = step or (lambda: 0)
+        self.symbols = symbols or dict
         self.captured: list[dict] = []
         self._seen: set[tuple[str, int]] = set()
         self._handles: list = []
@@ -171,17 +168,15 @@ class OpRecorder:
                 f"is a {type(t).__name__}, not a tensor"
             )
         t = t.detach()
-        if t.dim() >= 1 and t.shape[0] == 1:
-            t = t[0]
         if not t.is_floating_point() or t.dtype in (torch.float16, torch.bfloat16):
             t = t.to(torch.float32)
         a = np.ascontiguousarray(t.to("cpu").numpy()).copy()
-        self.captured.append({"name": name, "step": step, "layout": layout_of(module, a), "array": a,
-                              "seq": len(self.captured)})
+        self.captured.append({"name": name, "step": step, "array": a, "seq": len(self.captured)})
 
     def points(self) -> list[dict]:
         """The captured points [{"name", "step", "layout", "array"}] sorted by (step, firing
-        order). An explicitly named point that never fired is a CaptureError naming it."""
+        order), each brought to the engine's form by its rule. An explicitly named point that never
+        fired is a CaptureError naming it; a point no rule declares is a ContractError."""
         if isinstance(self.selection, list):
             fired = {c["name"] for c in self.captured}
             missing = [n for n in self.selection if n not in fired]
@@ -191,7 +186,14 @@ class OpRecorder:
                     "(a module whose weight is read directly, such as an embedding table, has no points)"
                 )
         out = sorted(self.captured, key=lambda c: (c["step"], c["seq"]))
-        return [{k: c[k] for k in ("name", "step", "layout", "array")} for c in out]
+        symbols = self.symbols() if out else {}
+        aligned = []
+        for c in out:
+            rule = self.contract.point_rule(c["name"])
+            where = f"op-level point {c['name']}@step{c['step']} (rule {rule.module!r})"
+            a = transforms.apply(c["array"], rule.transform, where, self.contract.dims, symbols)
+            aligned.append({"name": c["name"], "step": c["step"], "layout": rule.layout, "array": a})
+        return aligned
 
 
 def _nearby(model, path: str) -> str:

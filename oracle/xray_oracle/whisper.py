@@ -26,6 +26,7 @@ from .contract import Checkpoint, Contract, load_resolved
 from .errors import CaptureError, ContractError, OracleInputError
 from .modeldir import PICKLE_SUFFIXES  # noqa: F401  (re-exported)
 from .modeldir import check_model_dir as _shared_check
+from . import transforms
 from .ops import OpRecorder, parse_ops
 
 DTYPES = ("float32", "float64")
@@ -211,26 +212,12 @@ class _Recorder:
         if not t.is_floating_point():
             # Ids and positions are compared as floats, in the run's dtype like every checkpoint.
             t = t.to(next(self.model.parameters()).dtype)
-        for tr in ref.transform:
-            if tr == "squeeze_batch":
-                if t.dim() == 0 or t.shape[0] != 1:
-                    raise CaptureError(f"checkpoint {ckpt.name}: squeeze_batch needs a leading batch axis of 1, got shape {list(t.shape)}")
-                t = t[0]
-            elif tr == "split_heads":
-                h, hd = self.contract.dims.get("heads"), self.contract.dims.get("head_dim")
-                if h is None or hd is None:
-                    raise ContractError(f"checkpoint {ckpt.name}: split_heads needs dims 'heads' and 'head_dim' in the contract")
-                if t.dim() != 2 or t.shape[1] != h * hd:
-                    raise CaptureError(
-                        f"checkpoint {ckpt.name}: split_heads expects [T, {h}*{hd}], got shape {list(t.shape)} from {ref.module}"
-                    )
-                t = t.reshape(t.shape[0], h, hd).transpose(0, 1)
         key = (ckpt.name, self.step)
         if key in self.captured:
             raise CaptureError(
                 f"checkpoint {ckpt.name}: {ref.module} ran twice at step {self.step}; the contract expects one call per step"
             )
-        a = np.ascontiguousarray(t.to("cpu").numpy())
+        a = transforms.apply(t.to("cpu").numpy(), ref.transform, f"checkpoint {ckpt.name}", self.contract.dims)
         if self.summarize is None:
             self.captured[key] = a.copy()
             return
@@ -390,7 +377,7 @@ def _run_locked(d: Path, config: dict, weights_sha: str, contract: Contract, sel
 
     rec = _Recorder(model, contract, selected, summarize)
     # Module names are checked here, before generate: the module tree exists once loaded.
-    oprec = OpRecorder(model, ops, step=lambda: rec.step)
+    oprec = OpRecorder(model, ops, contract, step=lambda: rec.step)
     rec.install()
     # After the contract recorder: the decoder's pre-hook sets the step before any op hook of a
     # decode step fires.

@@ -15,7 +15,7 @@ use crate::faults::FaultPlan;
 use crate::weights::Weights;
 use xray_core::capture::{Observer, Substitute};
 use xray_core::contract::Contract;
-use xray_core::ops::{module_of_weight_key, point_name, PointNode, PointSelect, Side};
+use xray_core::ops::{module_of_weight_key, parse_point, point_name, PointNode, PointSelect, Side};
 
 /// Index of an edge in its graph.
 pub type EdgeId = usize;
@@ -452,13 +452,20 @@ impl GraphBuilder {
                 }
             }
         }
-        // A module two ops mirror (a weight shared by two ops) names no point: which call a
-        // reference hook saw would be ambiguous.
-        let mut count: HashMap<&str, usize> = HashMap::new();
+        // A module two ops mirror (a weight shared by two ops) names no point on either side:
+        // which call a reference hook saw would be ambiguous, and one op's input is not the
+        // other's (a tied head's input is no embedding's ids).
+        let module = |n: &str| parse_point(n).map_or(String::new(), |(m, _)| m.to_string());
+        let mut count: HashMap<String, usize> = HashMap::new();
         for (_, n) in &named {
-            *count.entry(n.as_str()).or_default() += 1;
+            if n.ends_with(":out") {
+                *count.entry(module(n)).or_default() += 1;
+            }
         }
-        let once: Vec<bool> = named.iter().map(|(_, n)| count[n.as_str()] == 1).collect();
+        let once: Vec<bool> = named
+            .iter()
+            .map(|(_, n)| count.get(&module(n)).copied().unwrap_or(0) <= 1)
+            .collect();
         for ((e, name), once) in named.into_iter().zip(once) {
             if !once {
                 continue;

@@ -11,7 +11,9 @@ use crate::error::{CoreError, Result};
 use crate::Layout;
 
 mod expr;
+mod points;
 pub use expr::eval_expr;
+pub use points::{rule_for, PointRule};
 
 include!(concat!(env!("OUT_DIR"), "/contracts.rs"));
 
@@ -106,7 +108,7 @@ pub enum Hook {
 }
 
 /// A transform the oracle applies to a captured reference tensor, in order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Transform {
     /// Drop a leading batch axis of 1.
@@ -115,6 +117,15 @@ pub enum Transform {
     FlattenWindows,
     /// `[T, heads * head_dim]` -> `[heads, T, head_dim]` (needs dims `heads` and `head_dim`).
     SplitHeads,
+    /// Keep the first `to` entries along `axis` (`{"crop": {"axis": 0, "to": "enc_frames"}}`):
+    /// the reference padded that axis (a conformer attention's right padding to whole context
+    /// blocks). `to` names a dim or a run-time symbol; the tensor must be at least that long.
+    Crop {
+        /// Axis (after the transforms before it).
+        axis: usize,
+        /// A dim or symbol of the contract.
+        to: String,
+    },
 }
 
 /// How the HF reference captures a checkpoint: a hook on a module, which element of its output
@@ -163,6 +174,9 @@ pub struct ContractFile {
     pub symbols: BTreeMap<String, String>,
     /// Checkpoint templates in graph order.
     pub checkpoints: Vec<RawCheckpoint>,
+    /// How the reference's op-level points map to the engine's layout ([`PointRule`]).
+    #[serde(default)]
+    pub points: Vec<PointRule>,
 }
 
 /// An integer list from the config, wrapped Python-style into `[0, wrap)`.
@@ -257,6 +271,8 @@ pub struct Contract {
     pub checkpoints: Vec<CheckpointSpec>,
     /// Data-dependent symbols and their relations (from the contract file).
     pub symbols: BTreeMap<String, String>,
+    /// The op-level point rules, in file order ([`PointRule`]).
+    pub points: Vec<PointRule>,
     /// The raw contract text (handed to the oracle).
     pub text: String,
 }
@@ -644,9 +660,11 @@ impl Contract {
             lists,
             checkpoints,
             symbols: file.symbols.clone(),
+            points: file.points.clone(),
             text: text.to_string(),
         };
         contract.check_relations_parse()?;
+        contract.check_point_rules()?;
         Ok(contract)
     }
 
@@ -664,7 +682,42 @@ impl Contract {
             "lists": self.lists,
             "symbols": self.symbols,
             "checkpoints": self.checkpoints,
+            "points": self.points,
         })
+    }
+
+    /// The rule declaring op-level point `name` (the first that matches), or an error naming the
+    /// point: a point no rule declares has no known layout.
+    pub fn point_rule(&self, name: &str) -> Result<&PointRule> {
+        rule_for(&self.points, name).ok_or_else(|| {
+            cerr(
+                &self.family,
+                format!(
+                    "op-level point '{name}': no rule of the contract's 'points' declares its layout"
+                ),
+            )
+        })
+    }
+
+    /// Point rules: valid patterns, and every `crop` names a dim or a symbol.
+    fn check_point_rules(&self) -> Result<()> {
+        for r in &self.points {
+            r.check().map_err(|e| cerr(&self.family, e))?;
+            for t in &r.transform {
+                if let Transform::Crop { to, .. } = t {
+                    if !self.dims.contains_key(to) && !self.symbols.contains_key(to) {
+                        return Err(cerr(
+                            &self.family,
+                            format!(
+                                "points rule '{}': crop to '{to}', which is neither a dim nor a symbol",
+                                r.module
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// A name written in the contract's template syntax (`enc.block.{sc_layer}.out`,

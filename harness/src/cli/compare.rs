@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use anyhow::{anyhow, Context};
 use xray_compare::compare::CompareOptions;
 use xray_compare::evidence::{Run, Transcript, Verdict};
-use xray_compare::ops::{both_have_points, dump_points, localize_op};
+use xray_compare::ops::{both_have_points, compare_points, dump_points, has_points, localize_op};
 use xray_compare::pipeline::{compare_dumps_isolated, compare_stats_dumps, oracle_versions};
 use xray_compare::report;
 use xray_compare::tolerance::Policy;
@@ -284,6 +284,9 @@ fn op_level(
     model: Option<&dyn SpeechModel>,
     policy: &Policy,
 ) {
+    if has_points(reference) && has_points(got) {
+        ev.op_points = Some(compare_points(reference, got, policy));
+    }
     let lookup =
         |module: &str| model.and_then(|m| m.weights().get(&format!("{module}.weight")).cloned());
     let nodes = |step: u32| match model {

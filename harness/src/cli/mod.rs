@@ -165,6 +165,9 @@ pub fn summary(e: &xray_compare::evidence::Evidence) -> String {
     if let Some(n) = not_compared(e) {
         s.push_str(&format!("\nxray: {n}"));
     }
+    if let Some(p) = &e.op_points {
+        s.push_str(&format!("\nxray: {}", p.summary()));
+    }
     if let Some(f) = &e.first_divergence {
         s.push_str(&format!(
             "\nxray: first divergence: {}@step{} (producer {})",

@@ -762,6 +762,8 @@ pub fn build(
     b.g.checkpoint(text_logits, "dec.text_logits")?;
 
     let mut g = b.g;
+    // The tied head reads the embedding table's key but mirrors HF's `language_model.lm_head`.
+    g.hf_module("dec.lm_head", "language_model.lm_head")?;
     for e in [cat_out, bpe_logits, text_logits] {
         g.output(e);
     }

@@ -1,0 +1,161 @@
+//! How the reference's op-level points map to the engine's layout, declared once per family in
+//! the contract file's `points` section (doc: docs/checkpoint-contracts.md, "Op-level points").
+//!
+//! An op-level point (`{module}:{in|out}`, [`crate::ops`]) has no contract entry of its own: its
+//! shape is the HF module's. Where the reference computes a module on a tensor the engine holds in
+//! another form (a conformer attention pads its input to whole context blocks; a Q-Former keeps
+//! its windows as an axis; a batch axis of 1), a rule says so, with the same transform vocabulary
+//! the checkpoints use ([`Transform`]), so both dumps hold the point in one layout. Every point the
+//! reference captures must match a rule (the first, in file order); a point no rule declares is
+//! an error naming it, never a guessed layout.
+//!
+//! A rule's `module` is a dotted path whose segments match literally, `*` one segment and `**`
+//! one or more segments: `encoder.layers.*.attn.to_q`, `projector.qformer.**` (not
+//! `projector.qformer` itself), `**` (every module).
+
+use serde::{Deserialize, Serialize};
+
+use super::Transform;
+use crate::ops::{parse_point, Side};
+use crate::Layout;
+
+/// One rule of the contract's `points` section.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PointRule {
+    /// Module path pattern (`*` one segment, `**` one or more).
+    pub module: String,
+    /// The sides it declares (both when absent).
+    #[serde(default = "both_sides")]
+    pub sides: Vec<Side>,
+    /// The layout of the point once transformed (the engine's, as the checkpoints' canonical one).
+    pub layout: Layout,
+    /// Applied to the reference's tensor, in order (the batch axis included: a rule that keeps a
+    /// batch axis of 1 says `squeeze_batch` like a checkpoint does).
+    #[serde(default)]
+    pub transform: Vec<Transform>,
+    /// Why the rule is there (free text for the reader: the HF code it follows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+}
+
+fn both_sides() -> Vec<Side> {
+    vec![Side::In, Side::Out]
+}
+
+impl PointRule {
+    /// Whether this rule declares point `name` (`{module}:{side}`).
+    pub fn matches(&self, name: &str) -> bool {
+        let Some((module, side)) = parse_point(name) else {
+            return false;
+        };
+        self.sides.contains(&side) && glob_segments(&self.module, module)
+    }
+
+    /// A pattern's syntax: non-empty segments, `**` not doubled.
+    pub(crate) fn check(&self) -> std::result::Result<(), String> {
+        let segs: Vec<&str> = self.module.split('.').collect();
+        if self.module.is_empty() || segs.iter().any(|s| s.is_empty()) {
+            return Err(format!(
+                "points rule '{}': an empty module path segment",
+                self.module
+            ));
+        }
+        if let Some(seg) = segs
+            .iter()
+            .find(|s| s.contains('*') && **s != "*" && **s != "**")
+        {
+            return Err(format!(
+                "points rule '{}': '{seg}' (a wildcard is a whole segment: '*' or '**')",
+                self.module
+            ));
+        }
+        if segs.windows(2).any(|w| w[0] == "**" && w[1] == "**") {
+            return Err(format!("points rule '{}': '**.**'", self.module));
+        }
+        if self.sides.is_empty() {
+            return Err(format!("points rule '{}': no sides", self.module));
+        }
+        Ok(())
+    }
+}
+
+/// `pattern` (dotted, `*` one segment, `**` one or more) against a dotted module path.
+fn glob_segments(pattern: &str, module: &str) -> bool {
+    fn go(p: &[&str], m: &[&str]) -> bool {
+        match p.split_first() {
+            None => m.is_empty(),
+            Some((&"**", rest)) => (1..=m.len()).any(|k| go(rest, &m[k..])),
+            Some((&seg, rest)) => match m.split_first() {
+                Some((&first, mrest)) => (seg == "*" || seg == first) && go(rest, mrest),
+                None => false,
+            },
+        }
+    }
+    let p: Vec<&str> = pattern.split('.').collect();
+    let m: Vec<&str> = module.split('.').collect();
+    go(&p, &m)
+}
+
+/// The first rule declaring `name`.
+pub fn rule_for<'a>(rules: &'a [PointRule], name: &str) -> Option<&'a PointRule> {
+    rules.iter().find(|r| r.matches(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(module: &str, sides: Vec<Side>) -> PointRule {
+        PointRule {
+            module: module.into(),
+            sides,
+            layout: Layout::TokenMajor,
+            transform: vec![],
+            why: None,
+        }
+    }
+
+    #[test]
+    fn globs_match_segments_not_characters() {
+        let r = rule("encoder.layers.*.attn.to_q", both_sides());
+        assert!(r.matches("encoder.layers.3.attn.to_q:in"));
+        assert!(r.matches("encoder.layers.10.attn.to_q:out"));
+        assert!(!r.matches("encoder.layers.3.x.attn.to_q:in"));
+        assert!(!r.matches("encoder.layers.3.attn.to_qq:in"));
+        assert!(!r.matches("encoder.layers.3.attn.to_q"));
+        let r = rule("projector.qformer.**", vec![Side::Out]);
+        assert!(r.matches("projector.qformer.layers.0.mlp.fc1:out"));
+        assert!(!r.matches("projector.qformer.layers.0.mlp.fc1:in"));
+        assert!(
+            !r.matches("projector.qformer:out"),
+            "** is one segment or more"
+        );
+        let r = rule("**", both_sides());
+        assert!(r.matches("proj_out:in"));
+        let r = rule("**.fc1", both_sides());
+        assert!(!r.matches("fc1:in") && r.matches("a.b.fc1:out") && !r.matches("a.fc1x:in"));
+    }
+
+    #[test]
+    fn first_rule_wins_and_bad_patterns_are_refused() {
+        let rules = vec![
+            rule("a.*.q", vec![Side::In]),
+            PointRule {
+                layout: Layout::Plain,
+                ..rule("**", both_sides())
+            },
+        ];
+        assert_eq!(
+            rule_for(&rules, "a.1.q:in").unwrap().layout,
+            Layout::TokenMajor
+        );
+        assert_eq!(rule_for(&rules, "a.1.q:out").unwrap().layout, Layout::Plain);
+        assert!(rule("a..b", both_sides()).check().is_err());
+        assert!(rule("", both_sides()).check().is_err());
+        assert!(rule("a.**.**", both_sides()).check().is_err());
+        assert!(rule("a", vec![]).check().is_err());
+        assert!(rule("a.conv*", both_sides()).check().is_err());
+        assert!(rule("a.**.b", both_sides()).check().is_ok());
+    }
+}

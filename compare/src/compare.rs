@@ -684,6 +684,57 @@ pub fn compare_graph(
     })
 }
 
+/// Why the token streams part while every observed checkpoint passes, in words that hold for
+/// what is known: a stream that ends (a reference dump with fewer steps, or truncated: no
+/// numerical divergence), a near tie only when the logits metrics show one, and no step number
+/// when none is known (e.g. a stats-only comparison without the token alignment).
+fn tokens_part_detail(
+    e: &Evidence,
+    step: Option<u32>,
+    logits: usize,
+    logits_id: &str,
+    status: Status,
+) -> String {
+    let at = step.map_or(
+        "at a step not known (no logits metrics to find it)".to_string(),
+        |k| format!("at step {k}"),
+    );
+    if let Some(t) = e.tokens.as_ref().filter(|t| t.parted_at_step.is_some()) {
+        match (t.reference_token, t.candidate_token) {
+            (None, Some(c)) => {
+                return format!(
+                    "the reference's tokens end {at} where the candidate's go on (candidate token {c}): the reference dump holds fewer steps (made with a lower --max-steps, or truncated); no numerical divergence was observed, re-make the reference with as many steps"
+                )
+            }
+            (Some(r), None) => {
+                return format!(
+                    "the candidate's tokens end {at} where the reference's go on (reference token {r}): the candidate stopped early (a lower step cap, or its own end-of-text); every observed checkpoint passes"
+                )
+            }
+            _ => {}
+        }
+    }
+    let why = if !status.is_observed() {
+        " (unobserved)".to_string()
+    } else {
+        match e
+            .checkpoints
+            .get(logits)
+            .and_then(|c| c.metrics.as_ref())
+            .and_then(|m| m.logits.as_ref())
+        {
+            Some(l) if l.argmax_near_ties > 0 => {
+                " within tolerance (a near tie of the reference's top logits)".to_string()
+            }
+            Some(_) => " within tolerance".to_string(),
+            None => " within tolerance (judged without the logits themselves)".to_string(),
+        }
+    };
+    format!(
+        "the token streams part {at} while every observed checkpoint passes: the argmax of {logits_id} differs{why}"
+    )
+}
+
 impl Comparison {
     /// Assembles the evidence document; the verdict is derived from the content
     /// ([`Evidence::derive_verdict`]). `transcript.first_divergent_step` is filled from the logits
@@ -765,16 +816,12 @@ impl Comparison {
                 let node = &nodes[o];
                 let (detail, own) = match kind {
                     DivergenceKind::Tokens => (
-                        format!(
-                            "the token streams part at step {} while every observed checkpoint passes: the argmax of {} differs{}",
-                            token_step.map_or("?".into(), |k| k.to_string()),
-                            node.id(),
-                            if status[o].is_observed() { " within tolerance (a near tie)" } else { " (unobserved)" }
-                        ),
+                        tokens_part_detail(&e, token_step, o, &node.id(), status[o]),
                         "tokens differ",
                     ),
                     _ => (
-                        "capture changed the runtime's outputs: the observers are not neutral".to_string(),
+                        "capture changed the runtime's outputs: the observers are not neutral"
+                            .to_string(),
                         "capture",
                     ),
                 };

@@ -156,6 +156,16 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A document X-Ray reads (evidence, a corpus summary) contradicts itself or what it points
+    /// to (a verdict its checkpoints do not support, a summary row without its evidence), or a
+    /// gate has nothing to compare: refused, never read as a pass.
+    #[error("{path}: {reason}")]
+    Invalid {
+        /// File or directory path.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 /// Result alias of the harness library.

@@ -340,11 +340,11 @@ pub struct Evidence {
 impl Evidence {
     /// The verdict implied by the content: `diverged` if any observed checkpoint is not `pass`
     /// (`unobserved` and `not_comparable` are neither), capture is not neutral, or the token
-    /// sequences differ; `error` when there are checkpoints and none was observed; otherwise
-    /// `pass`. (`error` is also set by the caller when the run did not complete.)
+    /// sequences differ; `error` when no checkpoint was observed (none at all included: a pass
+    /// needs one); otherwise `pass`. (`error` is also set by the caller when the run did not
+    /// complete.)
     pub fn derive_verdict(&self) -> Verdict {
-        if !self.checkpoints.is_empty() && !self.checkpoints.iter().any(|c| c.status.is_observed())
-        {
+        if !self.checkpoints.iter().any(|c| c.status.is_observed()) {
             return Verdict::Error;
         }
         let diverged = self
@@ -360,6 +360,60 @@ impl Evidence {
         }
     }
 
+    /// The verdict every reader acts on (summary rows, reports, the gate): the one the content
+    /// implies ([`Evidence::derive_verdict`]), or `error` when the producer recorded that the
+    /// run did not complete. Never the recorded `pass` of content that does not pass.
+    pub fn effective_verdict(&self) -> Verdict {
+        match self.verdict {
+            Verdict::Error => Verdict::Error,
+            _ => self.derive_verdict(),
+        }
+    }
+
+    /// Why the recorded verdict cannot be believed (`None` when it is the content's, or
+    /// `error`): e.g. `verdict "pass" disagrees with its content (1 origin, 113 propagated:
+    /// diverged)`.
+    pub fn verdict_disagreement(&self) -> Option<String> {
+        let derived = self.effective_verdict();
+        if derived == self.verdict {
+            return None;
+        }
+        let mut why: Vec<String> = Vec::new();
+        let mut counts: Vec<(Status, usize)> = Vec::new();
+        for c in self
+            .checkpoints
+            .iter()
+            .filter(|c| c.status.is_observed() && c.status != Status::Pass)
+        {
+            match counts.iter_mut().find(|(s, _)| *s == c.status) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((c.status, 1)),
+            }
+        }
+        why.extend(counts.iter().map(|(s, n)| format!("{n} {}", s.as_str())));
+        if self.capture_neutral == Some(false) {
+            why.push("capture not neutral".into());
+        }
+        if self.transcript.as_ref().is_some_and(|t| !t.tokens_equal) {
+            why.push("tokens differ".into());
+        }
+        if derived == Verdict::Error {
+            why.push(format!(
+                "no observed checkpoint among {}",
+                self.checkpoints.len()
+            ));
+        }
+        if why.is_empty() {
+            why.push("every observed checkpoint passes".into());
+        }
+        Some(format!(
+            "verdict \"{}\" disagrees with its content ({}: {})",
+            self.verdict.as_str(),
+            why.join(", "),
+            derived.as_str()
+        ))
+    }
+
     /// Pretty JSON text (with a trailing newline).
     pub fn to_json(&self) -> Result<String, Error> {
         let mut s = serde_json::to_string_pretty(self).map_err(|source| Error::Json {
@@ -370,7 +424,9 @@ impl Evidence {
         Ok(s)
     }
 
-    /// Parses evidence text, checking the schema identifier.
+    /// Parses evidence text, checking the schema identifier, that no checkpoint appears twice
+    /// (the gate matches them by id) and that the recorded verdict is the one its checkpoints
+    /// imply ([`Evidence::verdict_disagreement`]).
     pub fn from_json(text: &str, path: &str) -> Result<Evidence, Error> {
         let v: serde_json::Value = serde_json::from_str(text).map_err(|source| Error::Json {
             path: path.into(),
@@ -384,10 +440,31 @@ impl Evidence {
                 expected: SCHEMA.into(),
             });
         }
-        serde_json::from_value(v).map_err(|source| Error::Json {
+        let e: Evidence = serde_json::from_value(v).map_err(|source| Error::Json {
             path: path.into(),
             source,
-        })
+        })?;
+        let mut ids = std::collections::HashSet::new();
+        if let Some(c) = e
+            .checkpoints
+            .iter()
+            .find(|c| !ids.insert((&c.name, c.step)))
+        {
+            return Err(Error::Invalid {
+                path: path.into(),
+                reason: format!(
+                    "checkpoint {} appears twice; edited or not written by X-Ray, refused",
+                    c.id()
+                ),
+            });
+        }
+        if let Some(why) = e.verdict_disagreement() {
+            return Err(Error::Invalid {
+                path: path.into(),
+                reason: format!("{why}; edited or not written by X-Ray, refused"),
+            });
+        }
+        Ok(e)
     }
 
     /// Reads and parses an evidence file.
@@ -696,7 +773,8 @@ pub(crate) mod tests {
     fn round_trip_and_atomic_write() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("e.json");
-        let e = tiny();
+        let mut e = tiny();
+        e.checkpoints = vec![checkpoint("x", Status::Pass)];
         e.save(&p).unwrap();
         e.save(&p).unwrap();
         assert_eq!(Evidence::load(&p).unwrap(), e);
@@ -708,6 +786,44 @@ pub(crate) mod tests {
             let mode = std::fs::metadata(&p).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o644);
         }
+    }
+
+    /// Issue 24 item 4: a recorded verdict its checkpoints do not support is refused on read,
+    /// naming the file; `error` (a run that did not complete) is believed.
+    #[test]
+    fn a_verdict_the_content_does_not_support_is_refused() {
+        let mut e = tiny();
+        e.checkpoints = vec![
+            checkpoint("a", Status::Origin),
+            checkpoint("b", Status::Propagated),
+            checkpoint("c", Status::Propagated),
+        ];
+        e.verdict = Verdict::Pass;
+        let err = Evidence::from_json(&e.to_json().unwrap(), "d/e.json")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("d/e.json: verdict \"pass\" disagrees with its content (1 origin, 2 propagated: diverged)"),
+            "{err}"
+        );
+        for ok in [Verdict::Diverged, Verdict::Error] {
+            e.verdict = ok;
+            let back = Evidence::from_json(&e.to_json().unwrap(), "e.json").unwrap();
+            assert_eq!(back.effective_verdict(), ok);
+        }
+        // Diverged recorded over passing content, and pass over nothing observed: refused too.
+        e.checkpoints = vec![checkpoint("a", Status::Pass)];
+        e.verdict = Verdict::Diverged;
+        assert!(Evidence::from_json(&e.to_json().unwrap(), "e.json").is_err());
+        e.checkpoints = vec![checkpoint("a", Status::Unobserved)];
+        e.verdict = Verdict::Pass;
+        let err = Evidence::from_json(&e.to_json().unwrap(), "e.json")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("no observed checkpoint among 1: error"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -730,7 +846,8 @@ pub(crate) mod tests {
     #[test]
     fn verdict_from_content() {
         let mut e = tiny();
-        assert_eq!(e.derive_verdict(), Verdict::Pass);
+        // No checkpoint at all is no pass.
+        assert_eq!(e.derive_verdict(), Verdict::Error);
         // Unobserved and not-comparable checkpoints neither pass nor fail; none observed is an
         // error, one observed pass is a pass.
         let cp = |status: Status| checkpoint("x", status);
@@ -740,7 +857,7 @@ pub(crate) mod tests {
         assert_eq!(e.derive_verdict(), Verdict::Pass);
         e.checkpoints.push(cp(Status::Missing));
         assert_eq!(e.derive_verdict(), Verdict::Diverged);
-        e.checkpoints.clear();
+        e.checkpoints = vec![cp(Status::Pass)];
         e.capture_neutral = Some(false);
         assert_eq!(e.derive_verdict(), Verdict::Diverged);
         e.capture_neutral = Some(true);

@@ -199,9 +199,32 @@ fn identity_differences(new: &Evidence, baseline: &Evidence) -> (Vec<String>, Ve
     (fixed, input)
 }
 
+/// Two corpora are of one model: the family, contract and (unless `allow_different_input`)
+/// weights of a clip of each agree (their audio differs by design).
+pub(crate) fn same_model(
+    new: &Evidence,
+    baseline: &Evidence,
+    opts: &GateOptions,
+) -> Result<(), Error> {
+    let (fixed, input) = identity_differences(new, baseline);
+    let input: Vec<String> = input
+        .into_iter()
+        .filter(|d| !d.starts_with("audio"))
+        .collect();
+    if !fixed.is_empty() || (!input.is_empty() && !opts.allow_different_input) {
+        let overridable = fixed.is_empty();
+        return Err(Error::IdentityMismatch {
+            differences: fixed.into_iter().chain(input).collect(),
+            overridable,
+        });
+    }
+    Ok(())
+}
+
 /// Compares `new` evidence with `baseline`. Refused with [`Error::IdentityMismatch`] when they
 /// describe different runs (family, contract, and unless `opts.allow_different_input`, weights
-/// and audio).
+/// and audio), and with [`Error::Invalid`] when either observed no checkpoint: an empty gate
+/// never passes. Verdicts are the content's ([`Evidence::effective_verdict`]).
 pub fn gate(new: &Evidence, baseline: &Evidence, opts: &GateOptions) -> Result<GateReport, Error> {
     let mut findings = Vec::new();
     let (fixed, input) = identity_differences(new, baseline);
@@ -211,6 +234,17 @@ pub fn gate(new: &Evidence, baseline: &Evidence, opts: &GateOptions) -> Result<G
             differences: fixed.into_iter().chain(input).collect(),
             overridable,
         });
+    }
+    for (e, side) in [(new, "the new evidence"), (baseline, "the baseline")] {
+        if !e.checkpoints.iter().any(|c| c.status.is_observed()) {
+            return Err(Error::Invalid {
+                path: side.into(),
+                reason: format!(
+                    "no observed checkpoint (of {}): nothing to gate, and an empty gate never passes",
+                    e.checkpoints.len()
+                ),
+            });
+        }
     }
     for d in input {
         findings.push(Finding {
@@ -240,19 +274,13 @@ pub fn gate(new: &Evidence, baseline: &Evidence, opts: &GateOptions) -> Result<G
         Verdict::Pass => 0,
         Verdict::Diverged | Verdict::Error => 1,
     };
-    if rank(new.verdict) > rank(baseline.verdict) {
+    let (nv, bv) = (new.effective_verdict(), baseline.effective_verdict());
+    if rank(nv) > rank(bv) {
         findings.push(Finding {
             checkpoint: None,
-            kind: FindingKind::VerdictWorsened {
-                from: baseline.verdict,
-                to: new.verdict,
-            },
+            kind: FindingKind::VerdictWorsened { from: bv, to: nv },
             failing: true,
-            message: format!(
-                "verdict worsened: {} -> {}",
-                baseline.verdict.as_str(),
-                new.verdict.as_str()
-            ),
+            message: format!("verdict worsened: {} -> {}", bv.as_str(), nv.as_str()),
         });
     }
     let base: HashMap<String, &CheckpointEvidence> =
@@ -443,13 +471,17 @@ mod tests {
                 cp("a", Status::Pass, 1e-6, 1e-5),
                 cp("b", Status::Origin, 1e-1, 1e-1),
                 unobserved.clone(),
+                cp("d", Status::Pass, 1e-6, 1e-5),
             ],
         );
         let mut a = cp("a", Status::Unobserved, 0.0, 0.0);
         a.metrics = None;
         let mut b = cp("b", Status::NotComparable, 0.0, 0.0);
         b.metrics = None;
-        let new = ev(Verdict::Pass, vec![a, b, unobserved]);
+        let new = ev(
+            Verdict::Pass,
+            vec![a, b, unobserved, cp("d", Status::Pass, 1e-6, 1e-5)],
+        );
         let r = gate(&new, &base, &GateOptions::default()).unwrap();
         let dropped: Vec<_> = r
             .failures()
@@ -509,6 +541,30 @@ mod tests {
                 other => panic!("family/contract difference was gated: {other:?}"),
             }
         }
+    }
+
+    /// Issue 24 item 13: evidence that observed nothing is no gate input (it used to pass as
+    /// "0 checkpoints checked"); a recorded verdict is not believed over the checkpoints.
+    #[test]
+    fn an_empty_gate_is_refused_and_verdicts_come_from_the_checkpoints() {
+        let full = ev(Verdict::Pass, vec![cp("a", Status::Pass, 1e-6, 1e-5)]);
+        let mut empty = ev(Verdict::Error, vec![]);
+        for (n, b) in [(&empty, &full), (&full, &empty), (&empty, &empty)] {
+            match gate(n, b, &GateOptions::default()) {
+                Err(e @ Error::Invalid { .. }) => {
+                    assert!(e.to_string().contains("nothing to gate"), "{e}")
+                }
+                other => panic!("an empty gate was computed: {other:?}"),
+            }
+        }
+        empty.checkpoints = vec![cp("a", Status::Unobserved, 0.0, 0.0)];
+        assert!(gate(&empty, &full, &GateOptions::default()).is_err());
+        // Recorded "pass" over an origin: the verdict finding is still there.
+        let lying = ev(Verdict::Pass, vec![cp("a", Status::Origin, 1e-6, 1e-5)]);
+        let r = gate(&lying, &full, &GateOptions::default()).unwrap();
+        assert!(r
+            .failures()
+            .any(|f| matches!(f.kind, FindingKind::VerdictWorsened { .. })));
     }
 
     #[test]
@@ -649,22 +705,24 @@ mod tests {
         );
         let x =
             junit_xml(&gate(&n, &b, &GateOptions::default()).expect("same run")).expect("junit");
+        // The verdict worsened too: a propagated checkpoint does not pass, whatever the
+        // recorded verdict says.
         assert_eq!(x.matches("<testcase ").count(), 3);
-        assert_eq!(x.matches("<failure ").count(), 1);
+        assert_eq!(x.matches("<failure ").count(), 2);
         assert!(x.contains("name=\"a&lt;&amp;&gt;&quot;&apos;@step0\""));
-        assert!(x.contains("tests=\"3\" skipped=\"0\" failures=\"1\""));
+        assert!(x.contains("tests=\"3\" skipped=\"0\" failures=\"2\""));
         assert!(!x.contains("a<&"));
         // What a CI reads back: the same cases, the failure on the checkpoint that worsened.
         let back = Report::deserialize_from_str(&x).expect("well-formed JUnit");
         let suite = &back.test_suites[0];
-        assert_eq!((suite.tests, suite.failures), (3, 1));
+        assert_eq!((suite.tests, suite.failures), (3, 2));
         let failed: Vec<&str> = suite
             .test_cases
             .iter()
             .filter(|c| !matches!(c.status, TestCaseStatus::Success { .. }))
             .map(|c| c.name.as_str())
             .collect();
-        assert_eq!(failed, ["a<&>\"'@step0"]);
+        assert_eq!(failed, ["verdict", "a<&>\"'@step0"]);
     }
 
     #[test]

@@ -37,24 +37,54 @@ fn esc_html(s: &str) -> String {
     o
 }
 
-/// Escapes text for a Markdown table cell or line (pipes, backticks, newlines, HTML).
-fn esc_md(s: &str) -> String {
+/// Escapes untrusted text for a Markdown table cell or line: pipes, backticks, emphasis, links,
+/// headings and strike-through backslash-escaped, HTML's `<`, `>` and `&` as entities, newlines
+/// as spaces. Nothing in it can open a code span, a link, an image or an HTML tag.
+pub(crate) fn esc_md(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
-            '|' => o.push_str("\\|"),
-            '`' => o.push_str("\\`"),
-            '*' | '_' | '[' | ']' | '\\' => {
+            '|' | '`' | '*' | '_' | '[' | ']' | '\\' | '~' | '#' => {
                 o.push('\\');
                 o.push(c);
             }
             '<' => o.push_str("&lt;"),
             '>' => o.push_str("&gt;"),
+            '&' => o.push_str("&amp;"),
             '\n' | '\r' => o.push(' '),
             c => o.push(c),
         }
     }
     o
+}
+
+/// Untrusted text as a Markdown code span nothing in it can close: fenced by one backtick more
+/// than its longest run of backticks, padded with a space when it starts or ends with a backtick
+/// (or with a space at both ends), newlines as spaces; in a table `cell`, `|` escaped (GFM
+/// splits a row into cells before it reads code spans). Inside a code span HTML is text.
+pub(crate) fn md_code(s: &str, cell: bool) -> String {
+    let mut t: String = s
+        .chars()
+        .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
+        .collect();
+    if cell {
+        t = t.replace('|', "\\|");
+    }
+    let (mut longest, mut run) = (0usize, 0usize);
+    for c in t.chars() {
+        run = if c == '`' { run + 1 } else { 0 };
+        longest = longest.max(run);
+    }
+    let fence = "`".repeat(longest + 1);
+    let pad = t.is_empty()
+        || t.starts_with('`')
+        || t.ends_with('`')
+        || (t.starts_with(' ') && t.ends_with(' ') && !t.trim().is_empty());
+    if pad {
+        format!("{fence} {t} {fence}")
+    } else {
+        format!("{fence}{t}{fence}")
+    }
 }
 
 fn status_colour(s: Status) -> &'static str {
@@ -124,16 +154,23 @@ pub fn partial_lines(e: &Evidence) -> Vec<String> {
         } else {
             "free-running"
         };
-        out.push(match t.parted_at_step {
-            Some(k) => format!(
-                "Tokens ({forced}): part at step {k} (reference {}, candidate {}){}",
-                t.reference_token.map_or("-".into(), |x| x.to_string()),
-                t.candidate_token.map_or("-".into(), |x| x.to_string()),
-                t.not_comparable_steps
-                    .as_ref()
-                    .map_or(String::new(), |r| format!("; steps {r} not comparable"))
+        let tail = t
+            .not_comparable_steps
+            .as_ref()
+            .map_or(String::new(), |r| format!("; steps {r} not comparable"));
+        out.push(match (t.parted_at_step, t.reference_token, t.candidate_token) {
+            (Some(k), None, Some(c)) => format!(
+                "Tokens ({forced}): part at step {k}: the reference's tokens end there (candidate {c} goes on): a reference dump with fewer steps, or truncated{tail}"
             ),
-            None => format!("Tokens ({forced}): equal"),
+            (Some(k), Some(r), None) => format!(
+                "Tokens ({forced}): part at step {k}: the candidate's tokens end there (reference {r} goes on){tail}"
+            ),
+            (Some(k), r, c) => format!(
+                "Tokens ({forced}): part at step {k} (reference {}, candidate {}){tail}",
+                r.map_or("-".into(), |x| x.to_string()),
+                c.map_or("-".into(), |x| x.to_string()),
+            ),
+            (None, _, _) => format!("Tokens ({forced}): equal"),
         });
     }
     for f in &e.fed {
@@ -199,13 +236,13 @@ fn oracle_line(e: &Evidence) -> String {
 /// Markdown for a pull-request comment.
 pub fn markdown(e: &Evidence) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "## X-Ray: {}\n", verdict_badge(e.verdict));
+    let _ = writeln!(s, "## X-Ray: {}\n", verdict_badge(e.effective_verdict()));
     let _ = writeln!(
         s,
-        "**{}** · `{}` · runtime `{}` · oracle {}\n",
+        "**{}** · {} · runtime {} · oracle {}\n",
         esc_md(&e.run.family),
-        e.run.model_path.replace('`', "'"),
-        e.run.runtime_version.replace('`', "'"),
+        md_code(&e.run.model_path, false),
+        md_code(&e.run.runtime_version, false),
         esc_md(&oracle_line(e))
     );
     let _ = writeln!(
@@ -237,17 +274,17 @@ pub fn markdown(e: &Evidence) -> String {
         let _ = writeln!(s, "### First divergence\n");
         let _ = writeln!(
             s,
-            "`{}@step{}`, produced by `{}`.\n",
-            fd.checkpoint, fd.step, fd.producer
+            "{}, produced by {}.\n",
+            md_code(&format!("{}@step{}", fd.checkpoint, fd.step), false),
+            md_code(&fd.producer, false)
         );
         if !fd.inputs.is_empty() {
             let _ = writeln!(s, "| input | status |\n|---|---|");
             for i in &fd.inputs {
                 let _ = writeln!(
                     s,
-                    "| `{}@step{}` | {} |",
-                    i.checkpoint,
-                    i.step,
+                    "| {} | {} |",
+                    md_code(&format!("{}@step{}", i.checkpoint, i.step), true),
                     i.status.as_str()
                 );
             }
@@ -256,19 +293,19 @@ pub fn markdown(e: &Evidence) -> String {
         if let Some(x) = &fd.explanation {
             let _ = writeln!(
                 s,
-                "**Signature:** `{}`: {}\n",
-                x.signature,
+                "**Signature:** {}: {}\n",
+                md_code(&x.signature, false),
                 esc_md(&x.detail)
             );
         }
-    } else if e.verdict != Verdict::Pass {
+    } else if e.effective_verdict() != Verdict::Pass {
         let _ = writeln!(
             s,
             "### First divergence\n\nNot localized: no failing checkpoint has all its inputs passing (see missing or alignment-fault checkpoints).\n"
         );
     }
     if let Some(d) = &e.drill_down {
-        let opt = |o: &Option<String>| o.as_ref().map_or("none".into(), |x| format!("`{x}`"));
+        let opt = |o: &Option<String>| o.as_ref().map_or("none".into(), |x| md_code(x, false));
         let _ = writeln!(
             s,
             "**Token drill-down:** first divergent token at step {}; first divergent checkpoint at that step {}; earliest up to it {}; cause {}.\n",
@@ -314,8 +351,8 @@ pub fn markdown(e: &Evidence) -> String {
             };
             let _ = writeln!(
                 s,
-                "| `{}` | {} | {ma} | {rl} | {co} | {ou} | {} |",
-                c.id(),
+                "| {} | {} | {ma} | {rl} | {co} | {ou} | {} |",
+                md_code(&c.id(), true),
                 c.status.as_str(),
                 esc_md(&c.tolerance.source)
             );
@@ -332,11 +369,11 @@ pub fn markdown(e: &Evidence) -> String {
         for p in steps.iter().take(MARKDOWN_MAX_STEPS) {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | `{}` | {} |",
+                "| {} | {} | {} | {} | {} |",
                 p.step,
                 num(p.max_rel_l2),
                 num(p.max_abs),
-                p.worst_checkpoint,
+                md_code(&p.worst_checkpoint, true),
                 p.divergent
             );
         }
@@ -501,18 +538,19 @@ pub fn svg_plot(e: &Evidence) -> String {
 
 /// The self-contained HTML report.
 pub fn html(e: &Evidence) -> String {
+    let verdict = e.effective_verdict();
     let mut s = String::with_capacity(4096 + 400 * e.checkpoints.len());
     let _ = write!(
         s,
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><title>X-Ray: {} — {}</title><style>{CSS}</style></head><body>",
-        e.verdict.as_str(),
+        verdict.as_str(),
         esc_html(&e.run.family)
     );
     let _ = write!(
         s,
         "<div class=\"banner {}\">X-Ray verdict: {}<small>{} · {} · runtime {} · oracle {} · {}</small></div><main>",
-        e.verdict.as_str(),
-        e.verdict.as_str().to_uppercase(),
+        verdict.as_str(),
+        verdict.as_str().to_uppercase(),
         esc_html(&e.run.family),
         esc_html(&e.run.model_path),
         esc_html(&e.run.runtime_version),
@@ -559,7 +597,7 @@ pub fn html(e: &Evidence) -> String {
             );
         }
         s.push_str("</section>");
-    } else if e.verdict != Verdict::Pass {
+    } else if verdict != Verdict::Pass {
         s.push_str("<section class=\"box origin\"><h2>First divergence: not localized</h2><p>No failing checkpoint has all its inputs passing; see missing or alignment-fault checkpoints below.</p></section>");
     }
     if let Some(d) = &e.drill_down {
@@ -729,6 +767,132 @@ mod tests {
             "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
         );
         assert_eq!(esc_md("a|b`c\nd_e"), "a\\|b\\`c d\\_e");
+    }
+
+    /// What a CommonMark reader sees outside code spans (backslash escapes and code spans per
+    /// the spec: a run of N backticks opens, the next run of exactly N closes, else it is text).
+    fn outside_code_spans(line: &str) -> String {
+        let c: Vec<char> = line.chars().collect();
+        let (mut i, mut out) = (0, String::new());
+        while i < c.len() {
+            if c[i] == '\\' && i + 1 < c.len() && c[i + 1].is_ascii_punctuation() {
+                // An escaped character is text: kept as a placeholder.
+                out.push('.');
+                i += 2;
+                continue;
+            }
+            if c[i] == '`' {
+                let n = c[i..].iter().take_while(|&&x| x == '`').count();
+                let mut j = i + n;
+                let mut close = None;
+                while j < c.len() {
+                    if c[j] == '`' {
+                        let m = c[j..].iter().take_while(|&&x| x == '`').count();
+                        if m == n {
+                            close = Some(j);
+                            break;
+                        }
+                        j += m;
+                    } else {
+                        j += 1;
+                    }
+                }
+                match close {
+                    Some(j) => i = j + n,
+                    None => {
+                        out.extend(std::iter::repeat_n('`', n));
+                        i += n;
+                    }
+                }
+                continue;
+            }
+            out.push(c[i]);
+            i += 1;
+        }
+        out
+    }
+
+    /// Issue 24 item 11: a checkpoint name, producer, signature, note or model path holding
+    /// backticks, pipes and HTML cannot leave raw HTML or a link in the PR comment, nor break a
+    /// table row.
+    #[test]
+    fn hostile_strings_stay_text_in_markdown() {
+        use crate::evidence::{FirstDivergence, InputEvidence};
+        use crate::localize::{ErrorProfile, StepProfile};
+        let evil = "x`<img src=x onerror=alert(1)>`[a](javascript:alert(1))``|`";
+        let mut e = crate::evidence::tests::tiny();
+        e.run.model_path = evil.into();
+        e.run.runtime_version = evil.into();
+        e.run.family = evil.into();
+        let mut c = crate::evidence::tests::checkpoint(evil, Status::Origin);
+        c.producer = evil.into();
+        c.tolerance.source = evil.into();
+        e.checkpoints = vec![c];
+        e.verdict = Verdict::Diverged;
+        e.first_divergence = Some(FirstDivergence {
+            checkpoint: evil.into(),
+            step: 0,
+            producer: evil.into(),
+            inputs: vec![InputEvidence {
+                checkpoint: evil.into(),
+                step: 0,
+                status: Status::Pass,
+            }],
+            explanation: Some(crate::signatures::Explanation {
+                signature: evil.into(),
+                detail: evil.into(),
+                evidence: serde_json::json!({}),
+            }),
+            kind: Default::default(),
+            region: None,
+            suspects: vec![],
+            op: None,
+        });
+        e.error_profile = ErrorProfile {
+            by_layer: vec![],
+            by_step: vec![StepProfile {
+                step: 0,
+                max_rel_l2: 1.0,
+                max_abs: 1.0,
+                worst_checkpoint: evil.into(),
+                divergent: 1,
+            }],
+        };
+        e.notes = vec![evil.into()];
+        let md = markdown(&e);
+        for line in md.lines() {
+            let text = outside_code_spans(line);
+            // Raw HTML, a link or an image: none outside a code span (escaped `\[`, `\]` and
+            // `&lt;` are text).
+            for bad in ["<", "](", "!["] {
+                assert!(!text.contains(bad), "{bad:?} outside a code span: {line}");
+            }
+            // Table rows keep their columns: every unescaped pipe (GFM splits on those, inside
+            // code spans too) is a cell border.
+            if line.starts_with('|') {
+                let pipes = line.len() - line.replace('|', "").len();
+                let escaped = line.matches("\\|").count();
+                let header = md
+                    .lines()
+                    .rev()
+                    .skip_while(|l| *l != line)
+                    .take_while(|l| l.starts_with('|'))
+                    .last()
+                    .unwrap();
+                assert_eq!(
+                    pipes - escaped,
+                    header.matches('|').count(),
+                    "row split differently from its header: {line}"
+                );
+            }
+        }
+        assert_eq!(
+            md_code("a``b", false),
+            "```a``b```",
+            "fence longer than any run"
+        );
+        assert_eq!(md_code("`x", false), "`` `x ``");
+        assert_eq!(md_code("a|b", true), "`a\\|b`");
     }
 
     #[test]

@@ -196,3 +196,174 @@ fn corpus_inputs_are_checked_before_any_run() {
     }
     assert!(!std::path::Path::new(out).exists(), "nothing written");
 }
+
+// ----------------------------------------------------------------------------------------------
+// Issue 24: --evidence-dir replaces only X-Ray's own outputs, every clip's output is checked
+// before the run, and a link among the clips that cannot be followed is refused by name.
+
+/// `xray check --model whisper-rand-a ARGS`.
+fn check_corpus(args: &[&str]) -> std::process::Output {
+    let mut a = vec!["check", "--model", "fixtures/build/whisper-rand-a"];
+    a.extend_from_slice(args);
+    xray(&a)
+}
+
+/// An X-Ray corpus summary of one clip (its evidence `old.evidence.json`) in `dir`.
+fn xray_corpus(dir: &std::path::Path, summary: bool) {
+    std::fs::create_dir_all(dir).unwrap();
+    let e = common::whisper_evidence(false);
+    e.save(&dir.join("old.evidence.json")).unwrap();
+    if summary {
+        let row = xray_compare::corpus::ClipSummary::of("old.wav", "old.evidence.json", &e, 1.0);
+        let s = xray_compare::corpus::Summary::new("m", None, None, vec![row]);
+        std::fs::write(dir.join("summary.json"), serde_json::to_string(&s).unwrap()).unwrap();
+    }
+}
+
+/// Item 6: with `OUT/fox.evidence.json` and `OUT/stella.evidence.json` directories, `--force`
+/// ran the corpus and both clips' evidence went to one fallback file. Refused before the run now.
+#[test]
+fn every_clip_output_is_checked_before_the_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    xray_corpus(&out, true);
+    for clip in ["fox", "stella"] {
+        std::fs::create_dir_all(out.join(format!("{clip}.evidence.json"))).unwrap();
+    }
+    let o = check_corpus(&[
+        "--audio",
+        "fixtures/audio",
+        "--evidence-dir",
+        out.to_str().unwrap(),
+        "--force",
+    ]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains(".evidence.json") && !err.contains("clip 1/"),
+        "{err}"
+    );
+    assert!(!err.contains("saved to"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+/// Item 7 and item 13: `--force` replaced a foreign summary.json and left the earlier run's
+/// evidence beside the new summary; X-Ray's own directory of a run killed before its summary was
+/// refused even with --force. Now X-Ray's outputs are recognized by content: anything else is
+/// refused by name, an unfinished run of X-Ray's is replaced with --force, and the earlier run's
+/// evidence that this run did not write is removed.
+#[test]
+fn force_replaces_only_what_xray_wrote() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = |n: &str| tmp.path().join(n);
+    let dir_arg = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let run = |dir: &std::path::Path, force: bool| {
+        let d = dir_arg(dir);
+        let mut a = vec![
+            "--audio",
+            "fixtures/audio/fox.wav",
+            "--max-steps",
+            "1",
+            "--evidence-dir",
+            d.as_str(),
+        ];
+        if force {
+            a.push("--force");
+        }
+        check_corpus(&a)
+    };
+    // A foreign summary.json, and an X-Ray corpus with a foreign file beside it.
+    let foreign = t("foreign");
+    std::fs::create_dir_all(&foreign).unwrap();
+    std::fs::write(foreign.join("summary.json"), br#"{"my":"own summary"}"#).unwrap();
+    let mixed = t("mixed");
+    xray_corpus(&mixed, true);
+    std::fs::write(mixed.join("notes.txt"), b"mine").unwrap();
+    for (dir, name) in [(&foreign, "summary.json"), (&mixed, "notes.txt")] {
+        for force in [false, true] {
+            let o = run(dir, force);
+            assert_eq!(code(&o), 2, "{}", stderr(&o));
+            let err = stderr(&o);
+            assert!(
+                err.contains(&format!("holds {name}, which is not an output of X-Ray")),
+                "{err}"
+            );
+            assert!(!err.contains("clip 1/"), "{err}");
+        }
+    }
+    assert_eq!(
+        std::fs::read(foreign.join("summary.json")).unwrap(),
+        br#"{"my":"own summary"}"#
+    );
+    // A run killed before its summary: X-Ray's evidence only.
+    let partial = t("partial");
+    xray_corpus(&partial, false);
+    let o = run(&partial, false);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("unfinished") && stderr(&o).contains("--force"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&partial, true);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(
+        stderr(&o)
+            .contains("removed the earlier run's evidence not in this one: old.evidence.json"),
+        "{}",
+        stderr(&o)
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&partial)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["fox.evidence.json", "summary.json", "summary.md"]);
+    // And again over its own complete output, with --force.
+    let o = run(&partial, true);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+}
+
+/// Item 12: a dangling link and a link loop among the clips ran "1 clips" (skipped silently);
+/// an empty or text .wav was already refused by name. Both are refused by name now.
+#[test]
+fn dangling_links_and_loops_among_the_clips_are_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let audio = tmp.path().join("audio");
+    std::fs::create_dir_all(&audio).unwrap();
+    std::os::unix::fs::symlink(
+        common::root()
+            .join("fixtures/audio/fox.wav")
+            .canonicalize()
+            .unwrap(),
+        audio.join("fox.wav"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(audio.join("missing.wav"), audio.join("gone.wav")).unwrap();
+    let out = tmp.path().join("out");
+    let args = |audio: &std::path::Path| {
+        check_corpus(&[
+            "--audio",
+            audio.to_str().unwrap(),
+            "--evidence-dir",
+            out.to_str().unwrap(),
+        ])
+    };
+    let o = args(&audio);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("gone.wav: a dangling symbolic link"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_file(audio.join("gone.wav")).unwrap();
+    std::os::unix::fs::symlink(audio.join("loop.wav"), audio.join("loop.wav")).unwrap();
+    let o = args(&audio);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("loop.wav: a symbolic link that cannot be followed"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!out.exists(), "nothing written");
+}

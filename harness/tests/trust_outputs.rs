@@ -551,3 +551,166 @@ fn rust_and_python_stats_agree_on_the_same_array() {
         xray_runtime::dump::content_sha256(&v)
     );
 }
+
+// ----------------------------------------------------------------------------------------------
+// Issue 24 item 8: an output that is an input is refused before anything runs, whether given
+// as the same path, another spelling, a symbolic link or a hard link.
+
+/// `xray ARGS` (from the repository root): it must exit 2 naming `want`, and leave `kept` with
+/// the bytes it had.
+fn refused(args: &[&str], want: &str, kept: &Path) {
+    let before = std::fs::read(kept).unwrap();
+    let o = xray(args);
+    assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains(want) && err.contains("an input of this command"),
+        "{args:?}: {err}"
+    );
+    assert_eq!(err.lines().count(), 1, "one-line error: {err}");
+    assert_eq!(
+        std::fs::read(kept).unwrap(),
+        before,
+        "{args:?} replaced its input"
+    );
+}
+
+#[test]
+fn an_output_that_is_an_input_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |n: &str| dir.path().join(n);
+    let (ev, base) = (d("e.json"), d("b.json"));
+    common::whisper_evidence(false).save(&ev).unwrap();
+    common::whisper_evidence(false).save(&base).unwrap();
+    std::os::unix::fs::symlink(&ev, d("link.json")).unwrap();
+    std::fs::hard_link(&ev, d("hard.json")).unwrap();
+    let dotted = format!("{}/./e.json", dir.path().display());
+
+    // report: its evidence as --html or --markdown, by any name.
+    for out in [
+        s(&ev),
+        dotted.as_str(),
+        s(&d("link.json")),
+        s(&d("hard.json")),
+    ] {
+        refused(&["report", s(&ev), "--html", out], "--html", &ev);
+        refused(&["report", s(&ev), "--markdown", out], "--markdown", &ev);
+    }
+    // gate: --junit onto either input.
+    for out in [s(&ev), s(&base), s(&d("hard.json"))] {
+        refused(
+            &[
+                "gate",
+                "--evidence",
+                s(&ev),
+                "--baseline",
+                s(&base),
+                "--junit",
+                out,
+            ],
+            "--junit",
+            &ev,
+        );
+    }
+    // A --junit that is a directory is refused before the gate reads anything.
+    let o = xray(&[
+        "gate",
+        "--evidence",
+        "/nonexistent/new.json",
+        "--baseline",
+        "/nonexistent/old.json",
+        "--junit",
+        s(dir.path()),
+    ]);
+    assert_eq!(code(&o), 2);
+    assert!(
+        stderr(&o).contains("--junit") && stderr(&o).contains("is a directory"),
+        "{}",
+        stderr(&o)
+    );
+
+    // summarize: into one of the corpus directories' own files.
+    let c1 = d("c1");
+    std::fs::create_dir_all(&c1).unwrap();
+    let e = common::whisper_evidence(false);
+    e.save(&c1.join("fox.evidence.json")).unwrap();
+    let row = xray_compare::corpus::ClipSummary::of("fox.wav", "fox.evidence.json", &e, 1.0);
+    let sum = xray_compare::corpus::Summary::new("m", None, None, vec![row]);
+    std::fs::write(
+        c1.join("summary.json"),
+        serde_json::to_string(&sum).unwrap(),
+    )
+    .unwrap();
+    let fox = c1.join("fox.evidence.json");
+    refused(&["summarize", s(&c1), "--out", s(&fox)], "--out", &fox);
+    refused(
+        &[
+            "summarize",
+            s(&c1),
+            "--markdown",
+            s(&c1.join("summary.json")),
+        ],
+        "--markdown",
+        &c1.join("summary.json"),
+    );
+
+    // compare: onto a file of a dump it reads.
+    let (_k, r) = dumped();
+    let manifest = r.join("manifest.json");
+    refused(
+        &["compare", s(&r), s(&r), "--evidence", s(&manifest)],
+        "--evidence",
+        &manifest,
+    );
+
+    // check: onto its audio (a hard link of the clip), before the oracle starts.
+    let clip = d("clip.wav");
+    std::fs::copy(root().join(AUDIO), &clip).unwrap();
+    std::fs::hard_link(&clip, d("clip-link.wav")).unwrap();
+    let o = on(
+        "check",
+        MODEL,
+        s(&clip),
+        &["--report", s(&d("clip-link.wav"))],
+    );
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the audio") && !stderr(&o).contains("running"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+// ----------------------------------------------------------------------------------------------
+// Issue 24 item 13: where the tokens part, said as it is.
+
+/// A reference dump with fewer steps than the dump under test used to read "tokens part at step
+/// 3 (reference -, ...)" and blame "a near tie"; against a stats-only dump the step was "?".
+#[test]
+fn a_shorter_reference_is_named_and_a_stats_only_parting_has_its_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let (r3, g, gs) = (
+        dir.path().join("r3"),
+        dir.path().join("g"),
+        dir.path().join("gs"),
+    );
+    assert_eq!(code(&dump("oracle", &r3, &["--max-steps", "3"])), 0);
+    assert_eq!(code(&dump("run", &g, &["--max-steps", "6"])), 0);
+    assert_eq!(
+        code(&dump("run", &gs, &["--max-steps", "6", "--stats-only"])),
+        0
+    );
+    for got in [&g, &gs] {
+        let o = xray(&["compare", s(&r3), s(got)]);
+        assert_eq!(code(&o), 1, "{}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains("tokens part at step 3: the reference's tokens end there")
+                && err.contains("the reference's tokens end at step 3 where the candidate's go on"),
+            "{err}"
+        );
+        for wrong in ["near tie", "step ?", "reference -"] {
+            assert!(!err.contains(wrong), "{wrong:?} in {err}");
+        }
+    }
+}

@@ -111,6 +111,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         outputs.dump("dumps", &d.join("reference"), a.force);
         outputs.dump("dumps", &d.join("runtime"), a.force);
     }
+    plan_inputs(&mut outputs, &a, &a.audio);
     outputs.check()?;
     let policy = match &a.policy {
         Some(p) => Policy::load(p)?,
@@ -179,6 +180,17 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// The files a check reads: the model directory, the audio and the policy (no output may be one).
+fn plan_inputs(outputs: &mut super::Outputs, a: &Args, clips: &[PathBuf]) {
+    outputs.input("model directory", &a.model);
+    for c in clips {
+        outputs.input("audio", c);
+    }
+    if let Some(p) = &a.policy {
+        outputs.input("policy", p);
+    }
+}
+
 /// `reports/<model>.<audio>.evidence.json` (the `reports/` folder is created when writing).
 fn default_evidence_path(a: &Args) -> PathBuf {
     let name = |p: Option<&std::ffi::OsStr>| {
@@ -199,13 +211,41 @@ fn corpus_clips(a: &Args) -> anyhow::Result<Vec<PathBuf>> {
     let mut clips = Vec::new();
     for p in &a.audio {
         if p.is_dir() {
-            let mut found: Vec<PathBuf> = std::fs::read_dir(p)
-                .map_err(|e| anyhow::anyhow!("--audio {}: {e}", p.display()))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|f| {
-                    f.is_file() && f.extension().is_some_and(|x| x.eq_ignore_ascii_case("wav"))
-                })
-                .collect();
+            let mut found: Vec<PathBuf> = Vec::new();
+            for e in
+                std::fs::read_dir(p).map_err(|e| anyhow::anyhow!("--audio {}: {e}", p.display()))?
+            {
+                let f = e
+                    .map_err(|e| anyhow::anyhow!("--audio {}: {e}", p.display()))?
+                    .path();
+                if !f.extension().is_some_and(|x| x.eq_ignore_ascii_case("wav")) {
+                    continue;
+                }
+                // A .wav entry that is not a readable regular file is refused by name, never
+                // skipped: a dangling link or a link loop would otherwise shrink the corpus.
+                match std::fs::metadata(&f) {
+                    Ok(m) if m.is_file() => found.push(f),
+                    Ok(_) => anyhow::bail!(
+                        "--audio {}: not a regular file; a clip must be a .wav file",
+                        f.display()
+                    ),
+                    Err(e) => {
+                        let link = std::fs::read_link(&f).ok();
+                        anyhow::bail!(
+                            "--audio {}: {}",
+                            f.display(),
+                            match link {
+                                Some(t) if e.kind() == std::io::ErrorKind::NotFound => format!(
+                                    "a dangling symbolic link (its target {} does not exist)",
+                                    t.display()
+                                ),
+                                Some(_) => format!("a symbolic link that cannot be followed ({e})"),
+                                None => e.to_string(),
+                            }
+                        )
+                    }
+                }
+            }
             if found.is_empty() {
                 anyhow::bail!("--audio {}: the directory has no .wav files", p.display());
             }
@@ -243,36 +283,83 @@ fn clip_stem(p: &std::path::Path) -> String {
         .unwrap_or_default()
 }
 
-/// `--evidence-dir` must be new, empty, or (with --force) an earlier corpus directory (it holds
-/// summary.json): X-Ray never writes into a folder it did not make.
-fn check_corpus_dir(dir: &std::path::Path, force: bool) -> anyhow::Result<()> {
-    if dir.exists() {
-        if !dir.is_dir() {
+/// The X-Ray evidence files an existing `--evidence-dir` holds.
+///
+/// The directory must be new, empty, or (with --force) an earlier corpus directory: every entry
+/// recognized by content as X-Ray's own (`summary.json` of the corpus-summary schema,
+/// `summary.md` of its rendering, `*.evidence.json` of the evidence schema; leftovers of an
+/// interrupted atomic write, `.xray-*.tmp`, are left alone). A run killed before its summary
+/// (no `summary.json`, evidence files only) is X-Ray's too. Anything else is named and refused,
+/// with or without --force: X-Ray never replaces what it did not write.
+fn check_corpus_dir(dir: &std::path::Path, force: bool) -> anyhow::Result<Vec<PathBuf>> {
+    if !dir.exists() && dir.symlink_metadata().is_err() {
+        return Ok(vec![]);
+    }
+    if !dir.is_dir() {
+        anyhow::bail!(
+            "--evidence-dir {}: exists and is not a directory",
+            dir.display()
+        );
+    }
+    let mut evidence = Vec::new();
+    let mut summary = false;
+    let mut any = false;
+    for e in std::fs::read_dir(dir)
+        .map_err(|e| anyhow::anyhow!("--evidence-dir {}: {e}", dir.display()))?
+    {
+        let e = e.map_err(|e| anyhow::anyhow!("--evidence-dir {}: {e}", dir.display()))?;
+        let (path, name) = (e.path(), e.file_name().to_string_lossy().to_string());
+        if name.starts_with(".xray-") && name.ends_with(".tmp") {
+            continue;
+        }
+        any = true;
+        let regular = e.file_type().is_ok_and(|t| t.is_file());
+        let ours = regular
+            && match name.as_str() {
+                "summary.json" => {
+                    summary = json_schema_is(&path, corpus::SUMMARY_SCHEMA);
+                    summary
+                }
+                "summary.md" => {
+                    std::fs::read(&path).is_ok_and(|b| b.starts_with(b"# X-Ray corpus: "))
+                }
+                n if n.ends_with(".evidence.json") => {
+                    let ok = json_schema_is(&path, xray_compare::evidence::SCHEMA);
+                    if ok {
+                        evidence.push(path.clone());
+                    }
+                    ok
+                }
+                _ => false,
+            };
+        if !ours {
             anyhow::bail!(
-                "--evidence-dir {}: exists and is not a directory",
+                "--evidence-dir {}: holds {name}, which is not an output of X-Ray (recognized by content); X-Ray replaces only its own files: move it away or give a new or empty directory",
                 dir.display()
             );
         }
-        let empty = std::fs::read_dir(dir)
-            .map_err(|e| anyhow::anyhow!("--evidence-dir {}: {e}", dir.display()))?
-            .next()
-            .is_none();
-        if !empty {
-            if !dir.join("summary.json").is_file() {
-                anyhow::bail!(
-                    "--evidence-dir {}: not empty and not an X-Ray corpus directory (no summary.json); give a new or empty directory",
-                    dir.display()
-                );
-            }
-            if !force {
-                anyhow::bail!(
-                    "--evidence-dir {}: holds an earlier corpus run; pass --force to replace it",
-                    dir.display()
-                );
-            }
-        }
     }
-    Ok(())
+    if any && !force {
+        anyhow::bail!(
+            "--evidence-dir {}: holds an earlier corpus run ({}{} evidence file(s)); pass --force to replace it",
+            dir.display(),
+            if summary { "summary.json, " } else { "unfinished: no summary.json, " },
+            evidence.len()
+        );
+    }
+    Ok(evidence)
+}
+
+/// Whether `path` is a JSON object whose `schema` is `schema` (the whole file parsed).
+fn json_schema_is(path: &std::path::Path, schema: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Marker {
+        schema: String,
+    }
+    std::fs::File::open(path)
+        .ok()
+        .and_then(|f| serde_json::from_reader::<_, Marker>(std::io::BufReader::new(f)).ok())
+        .is_some_and(|m| m.schema == schema)
 }
 
 /// Corpus mode: one process, every clip, one evidence file each, summary.json; exit 1 if any
@@ -292,10 +379,19 @@ fn run_corpus(a: Args) -> anyhow::Result<ExitCode> {
             anyhow::bail!("{flag} is for one clip; a corpus writes DIR/<clip>.evidence.json and DIR/summary.json|md");
         }
     }
-    check_corpus_dir(&dir, a.force)?;
+    let earlier = check_corpus_dir(&dir, a.force)?;
     let clips = corpus_clips(&a)?;
+    // Every output of the run, each clip's evidence included, is checked before it starts.
     let mut outputs = super::Outputs::default();
     outputs.file("evidence-dir", &dir.join("summary.json"));
+    outputs.file("evidence-dir", &dir.join("summary.md"));
+    for c in &clips {
+        outputs.file(
+            "evidence-dir",
+            &dir.join(format!("{}.evidence.json", clip_stem(c))),
+        );
+    }
+    plan_inputs(&mut outputs, &a, &clips);
     outputs.check()?;
     let policy = match &a.policy {
         Some(p) => Policy::load(p)?,
@@ -322,13 +418,27 @@ fn run_corpus(a: Args) -> anyhow::Result<ExitCode> {
     let progress =
         |m: &str| super::note(&format!("xray: {m} [{:.1}s]", t0.elapsed().as_secs_f64()));
     let mut rows = Vec::new();
+    let mut written: Vec<PathBuf> = Vec::new();
     let load = check_corpus(&opts, &clips, &progress, &mut |clip, r, secs| {
         let shown = clip.display().to_string();
         let row = match r {
             Ok(out) => {
                 let name = format!("{}.evidence.json", clip_stem(clip));
-                outputs.write_evidence(&dir.join(&name), &out.evidence.to_json()?);
-                corpus::ClipSummary::of(&shown, &name, &out.evidence, secs)
+                if outputs.write_evidence(&dir.join(&name), &out.evidence.to_json()?) {
+                    written.push(dir.join(&name));
+                    corpus::ClipSummary::of(&shown, &name, &out.evidence, secs)
+                } else {
+                    // The summary never names a file that does not hold this run's evidence.
+                    corpus::ClipSummary::failed(
+                        &shown,
+                        &format!(
+                            "its evidence (verdict {}) could not be written to {}",
+                            out.evidence.effective_verdict().as_str(),
+                            dir.join(&name).display()
+                        ),
+                        secs,
+                    )
+                }
             }
             Err(e) => corpus::ClipSummary::failed(&shown, &format!("{e:#}"), secs),
         };
@@ -361,6 +471,34 @@ fn run_corpus(a: Args) -> anyhow::Result<ExitCode> {
         &dir.join("summary.json"),
         format!("{}\n", serde_json::to_string_pretty(&summary)?).as_bytes(),
     );
+    // The earlier run's evidence this run did not replace (clips no longer in the corpus, or
+    // that could not be checked now) would sit beside a summary that does not list it: removed,
+    // if it is still X-Ray's evidence.
+    let stale: Vec<&PathBuf> = earlier
+        .iter()
+        .filter(|p| !written.contains(p) && json_schema_is(p, xray_compare::evidence::SCHEMA))
+        .collect();
+    let mut removed = Vec::new();
+    for p in stale {
+        match std::fs::remove_file(p) {
+            Ok(()) => removed.push(
+                p.file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .to_string(),
+            ),
+            Err(e) => super::note(&format!(
+                "xray: error: could not remove {} of the earlier run: {e}",
+                p.display()
+            )),
+        }
+    }
+    if !removed.is_empty() {
+        super::note(&format!(
+            "xray: removed the earlier run's evidence not in this one: {}",
+            removed.join(", ")
+        ));
+    }
     super::note(&super::corpus_line(&summary));
     super::note(&format!(
         "xray: summary {}",

@@ -11,7 +11,9 @@ use anyhow::{anyhow, Context};
 use xray_compare::compare::CompareOptions;
 use xray_compare::evidence::{Run, Transcript, Verdict};
 use xray_compare::ops::{both_have_points, compare_points, dump_points, has_points, localize_op};
-use xray_compare::pipeline::{compare_dumps_isolated, compare_stats_dumps, oracle_versions};
+use xray_compare::pipeline::{
+    compare_dumps_isolated, compare_stats_dumps, oracle_versions, token_alignment,
+};
 use xray_compare::report;
 use xray_compare::tolerance::Policy;
 use xray_core::contract::Contract;
@@ -68,6 +70,18 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         if let Some(p) = p {
             outputs.file(what, p);
         }
+    }
+    outputs
+        .input("reference dump", &a.reference)
+        .input("dump under test", &a.got);
+    for d in &a.isolated {
+        outputs.input("isolated dump", d);
+    }
+    if let Some(m) = &a.model {
+        outputs.input("model directory", m);
+    }
+    if let Some(p) = &a.policy {
+        outputs.input("policy", p);
     }
     outputs.check()?;
     let reference = Dump::load(&a.reference)?;
@@ -134,10 +148,18 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let (cmp, fed, tokens) = if stats_only {
         // Stats-only (large-model) dumps: each checkpoint judged from its summaries (order-
         // sensitive sketch, mean, rms, counts), localized along the same graph.
+        // The token alignment from the manifests, so a parting is placed at its step; the
+        // stats-only comparison judges every step, so none is claimed not comparable.
+        let tokens = token_alignment(&contract, &reference, &got)
+            .context("comparing")?
+            .map(|mut t| {
+                t.not_comparable_steps = None;
+                t
+            });
         (
             compare_stats_dumps(&contract, &reference, &got, &opts).context("comparing")?,
             vec![],
-            None,
+            tokens,
         )
     } else {
         compare_dumps_isolated(

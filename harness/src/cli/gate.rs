@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
-use xray_compare::evidence::{write_atomic, Evidence};
+use xray_compare::corpus::{gate_corpus, Corpus};
+use xray_compare::evidence::Evidence;
 use xray_compare::gate::{gate, junit_xml, GateOptions};
 
 use super::exit_fail;
@@ -37,12 +38,22 @@ pub struct Args {
     pub allow_different_input: bool,
 }
 
-/// Runs the gate: prints findings, writes JUnit, exit 0 pass / 1 failure / 2 input error.
+/// Runs the gate: prints findings, writes JUnit, exit 0 pass / 1 failure / 2 input error
+/// (including evidence that observed no checkpoint, or an empty corpus: an empty gate never
+/// passes). The JUnit path is checked before anything is read.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ok = |v: f64| v.is_finite() && v >= 0.0;
     if !(ok(a.factor) && a.factor >= 1.0 && ok(a.rel_l2_floor) && ok(a.max_abs_floor)) {
         bail!("--factor must be >= 1 and the floors finite and >= 0");
     }
+    let mut outputs = super::Outputs::default();
+    if let Some(p) = &a.junit {
+        outputs.file("junit", p);
+    }
+    outputs
+        .input("evidence", &a.evidence)
+        .input("baseline", &a.baseline);
+    outputs.check()?;
     let opts = GateOptions {
         factor: a.factor,
         rel_l2_floor: a.rel_l2_floor,
@@ -51,12 +62,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     };
     let r = match (a.evidence.is_dir(), a.baseline.is_dir()) {
         (true, true) => {
-            let new = super::summarize::load_summary(&a.evidence)?;
-            let base = super::summarize::load_summary(&a.baseline)?;
-            let (nd, bd) = (a.evidence.clone(), a.baseline.clone());
-            xray_compare::corpus::gate_corpus(&new, &base, &opts, &mut |is_new, f| {
-                Evidence::load(&if is_new { &nd } else { &bd }.join(f))
-            })
+            let new = Corpus::load(&a.evidence)?;
+            let base = Corpus::load(&a.baseline)?;
+            for f in new.files().chain(base.files()) {
+                outputs.input("evidence", f);
+            }
+            outputs.check()?;
+            gate_corpus(&new, &base, &opts)
         }
         (false, false) => {
             let new = Evidence::load(&a.evidence)?;
@@ -88,9 +100,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     super::say(&out)?;
     if let Some(p) = &a.junit {
         let xml = junit_xml(&r).with_context(|| format!("writing JUnit XML {}", p.display()))?;
-        write_atomic(p, xml.as_bytes())
-            .with_context(|| format!("writing JUnit XML {}", p.display()))?;
+        outputs.write_file("junit", p, xml.as_bytes());
     }
+    outputs.finish()?;
     Ok(if r.passed() {
         ExitCode::SUCCESS
     } else {

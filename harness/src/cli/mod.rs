@@ -141,19 +141,28 @@ pub fn summary(e: &xray_compare::evidence::Evidence) -> String {
     }
     if let Some(t) = &e.tokens {
         if let Some(k) = t.parted_at_step {
-            s.push_str(&format!(
-                "\nxray: tokens part at step {k} (reference {}, {} {}){}",
-                t.reference_token.map_or("-".into(), |x| x.to_string()),
-                if t.teacher_forced {
-                    "own argmax"
-                } else {
-                    "runtime"
-                },
-                t.candidate_token.map_or("-".into(), |x| x.to_string()),
-                t.not_comparable_steps
-                    .as_ref()
-                    .map_or(String::new(), |r| format!("; steps {r} not comparable"))
-            ));
+            let who = if t.teacher_forced {
+                "own argmax"
+            } else {
+                "runtime"
+            };
+            let tail = t
+                .not_comparable_steps
+                .as_ref()
+                .map_or(String::new(), |r| format!("; steps {r} not comparable"));
+            s.push_str(&match (t.reference_token, t.candidate_token) {
+                (None, Some(c)) => format!(
+                    "\nxray: tokens part at step {k}: the reference's tokens end there ({who} {c} goes on): a reference dump with fewer steps, or truncated{tail}"
+                ),
+                (Some(r), None) => format!(
+                    "\nxray: tokens part at step {k}: the {who}'s tokens end there (reference {r} goes on){tail}"
+                ),
+                (r, c) => format!(
+                    "\nxray: tokens part at step {k} (reference {}, {who} {}){tail}",
+                    r.map_or("-".into(), |x| x.to_string()),
+                    c.map_or("-".into(), |x| x.to_string()),
+                ),
+            });
         }
     }
     if let Some(t) = &e.transcript {
@@ -210,12 +219,67 @@ pub fn summary(e: &xray_compare::evidence::Evidence) -> String {
 
 /// Output locations of one command, checked before any expensive work ([`Outputs::check`]) and
 /// written in order afterwards ([`Outputs::write_file`]): a failed write does not stop the
-/// others, and each failure is named ([`Outputs::finish`]).
+/// others, and each failure is named ([`Outputs::finish`]). The command's inputs are planned
+/// too ([`Outputs::input`]): an output never replaces one.
 #[derive(Debug, Default)]
 pub struct Outputs {
     files: Vec<(String, std::path::PathBuf)>,
     dumps: Vec<(String, std::path::PathBuf, bool)>,
+    inputs: Vec<(String, std::path::PathBuf)>,
     failed: Vec<String>,
+}
+
+/// Where a path leads: its canonical form ([`xray_compare::corpus::canonical_path`], symbolic
+/// links resolved) and, for an existing file on Unix, its identity (device, inode), which hard
+/// links share.
+#[derive(Debug, Clone, PartialEq)]
+struct Place {
+    path: std::path::PathBuf,
+    id: Option<(u64, u64)>,
+}
+
+impl Place {
+    fn of(p: &std::path::Path) -> Place {
+        #[cfg(unix)]
+        let id = {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+        };
+        #[cfg(not(unix))]
+        let id = None;
+        Place {
+            path: xray_compare::corpus::canonical_path(p),
+            id,
+        }
+    }
+
+    fn same(&self, other: &Place) -> bool {
+        self.path == other.path || (self.id.is_some() && self.id == other.id)
+    }
+}
+
+/// Every file under `dir` (not following linked directories; at most 100000 entries), then
+/// `dir` itself.
+fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            if out.len() >= 100_000 {
+                break;
+            }
+            let p = e.path();
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(p),
+                _ => out.push(p),
+            }
+        }
+    }
+    out.push(dir.to_path_buf());
+    out
 }
 
 impl Outputs {
@@ -232,26 +296,63 @@ impl Outputs {
         self
     }
 
-    /// Checks every planned location before anything runs: a file must not be a directory, two
-    /// outputs must not share a path, a dump directory must be new, empty or (with `--force`)
-    /// an X-Ray dump, and the nearest existing ancestor of each must be a directory this process
-    /// can write in (probed by creating and removing a temporary file). Missing folders below
-    /// that ancestor are created when writing. The error names the option and the path.
+    /// Declares an input the command reads (`what` names it: `evidence`, `model directory`,
+    /// ...): a file, or a directory and every file under it. [`Outputs::check`] refuses an
+    /// output that is one of them, by path or through a symbolic or hard link.
+    pub fn input(&mut self, what: &str, path: &std::path::Path) -> &mut Self {
+        self.inputs.push((what.to_string(), path.to_path_buf()));
+        self
+    }
+
+    /// Checks every planned location before anything runs: no output is an input (the same
+    /// canonical path or the same file), a file must not be a directory, two outputs must not
+    /// share a place, a dump directory must be new, empty or (with `--force`) an X-Ray dump
+    /// holding no input, and the nearest existing ancestor of each must be a directory this
+    /// process can write in (probed by creating and removing a temporary file). Missing folders
+    /// below that ancestor are created when writing. The error names the option and the path.
+    /// Cheap: it may be called again after more inputs are declared.
     pub fn check(&self) -> anyhow::Result<()> {
-        let mut seen: Vec<&std::path::Path> = Vec::new();
+        let mut inputs: Vec<(&str, std::path::PathBuf, Place)> = Vec::new();
+        for (what, p) in &self.inputs {
+            if p.is_dir() {
+                for f in files_under(p) {
+                    let place = Place::of(&f);
+                    inputs.push((what, f, place));
+                }
+            } else {
+                inputs.push((what, p.clone(), Place::of(p)));
+            }
+        }
+        let input_at = |place: &Place, inside: bool| {
+            inputs
+                .iter()
+                .find(|(_, _, i)| i.same(place) || (inside && i.path.starts_with(&place.path)))
+        };
+        let mut seen: Vec<(&std::path::Path, Place)> = Vec::new();
         let all = self
             .files
             .iter()
-            .map(|(w, p)| (w, p))
-            .chain(self.dumps.iter().map(|(w, p, _)| (w, p)));
-        for (what, p) in all {
-            if seen.contains(&p.as_path()) {
+            .map(|(w, p)| (w, p, false))
+            .chain(self.dumps.iter().map(|(w, p, _)| (w, p, true)));
+        for (what, p, dump) in all {
+            let place = Place::of(p);
+            if let Some((in_what, in_path, _)) = input_at(&place, dump) {
                 anyhow::bail!(
-                    "--{what} {}: the same path is given for two outputs",
+                    "--{what} {}: {} the {in_what} {}, an input of this command; an output never replaces what it reads, give another path",
+                    p.display(),
+                    if dump { "holds" } else { "is" },
+                    in_path.display()
+                );
+            }
+            if let Some((other, _)) = seen.iter().find(|(_, s)| s.same(&place)) {
+                anyhow::bail!(
+                    "--{what} {}: the same path is given for two outputs ({} and {})",
+                    p.display(),
+                    other.display(),
                     p.display()
                 );
             }
-            seen.push(p);
+            seen.push((p, place));
         }
         for (what, p) in &self.files {
             if p.is_dir() {
@@ -310,24 +411,40 @@ impl Outputs {
     }
 
     /// Writes the evidence; when its path fails, saves it under the system temporary directory
-    /// instead (so the computed result is not lost) and says where.
+    /// instead, in a file of its own (`xray-<name>-<random>.evidence.json`: two clips whose
+    /// writes fail never share one), so the computed result is not lost, and says where.
     pub fn write_evidence(&mut self, path: &std::path::Path, json: &str) -> bool {
         if self.write_file("evidence", path, json.as_bytes()) {
             return true;
         }
-        let fallback = std::env::temp_dir().join(format!(
-            "xray-{}-{}.evidence.json",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0)
-        ));
-        if xray_compare::evidence::write_atomic(&fallback, json.as_bytes()).is_ok() {
-            note(&format!(
+        let name = path
+            .file_name()
+            .map(|f| f.to_string_lossy().to_string())
+            .unwrap_or_default();
+        let stem = name
+            .strip_suffix(".evidence.json")
+            .or_else(|| name.strip_suffix(".json"))
+            .unwrap_or(&name);
+        let stem: String = stem.chars().take(64).collect();
+        let saved = (|| -> std::io::Result<std::path::PathBuf> {
+            use std::io::Write;
+            let mut t = tempfile::Builder::new()
+                .prefix(&format!("xray-{stem}-"))
+                .suffix(".evidence.json")
+                .tempfile_in(std::env::temp_dir())?;
+            t.write_all(json.as_bytes())?;
+            t.as_file().sync_all()?;
+            let (_, p) = t.keep().map_err(|e| e.error)?;
+            Ok(p)
+        })();
+        match saved {
+            Ok(p) => note(&format!(
                 "xray: the evidence was saved to {} instead",
-                fallback.display()
-            ));
+                p.display()
+            )),
+            Err(e) => note(&format!(
+                "xray: error: the evidence could not be saved elsewhere either: {e}"
+            )),
         }
         false
     }
@@ -452,11 +569,12 @@ pub fn corpus_line(s: &xray_compare::corpus::Summary) -> String {
     line
 }
 
-/// 0 when every clip passed, 2 when any could not be checked, else 1.
+/// 0 when every clip passed, 2 when any could not be checked (or there are none), else 1.
 pub fn corpus_exit(s: &xray_compare::corpus::Summary) -> ExitCode {
-    if s.clips
-        .iter()
-        .any(|c| c.verdict == xray_compare::evidence::Verdict::Error)
+    if s.clips.is_empty()
+        || s.clips
+            .iter()
+            .any(|c| c.verdict == xray_compare::evidence::Verdict::Error)
     {
         exit_usage()
     } else if s.all_pass() {

@@ -20,8 +20,10 @@ pub struct Args {
     pub markdown: Option<PathBuf>,
 }
 
-/// Renders the evidence. Exit 0 when written (whatever the verdict), 2 on input errors or when
-/// an output could not be written (each output is still attempted, and the failure named).
+/// Renders the evidence. Exit 0 when written (whatever the verdict), 2 on input errors (evidence
+/// whose recorded verdict its checkpoints do not support included, an output that is the
+/// evidence itself) or when an output could not be written (each output is still attempted, and
+/// the failure named).
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let md_file = a.markdown.as_ref().filter(|p| p.as_os_str() != "-");
     let mut outputs = super::Outputs::default();
@@ -31,6 +33,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if let Some(p) = md_file {
         outputs.file("markdown", p);
     }
+    outputs.input("evidence", &a.evidence);
     outputs.check()?;
     let e = Evidence::load(&a.evidence)?;
     if let Some(p) = &a.html {

@@ -1,14 +1,16 @@
 //! `xray summarize DIR... [--out FILE] [--markdown FILE]`: merge corpus evidence directories
 //! (e.g. the shards of a CI matrix, each written by `xray check --shard K/N --evidence-dir DIR`)
-//! into one summary. Each clip's row is derived again from its evidence file, so a summary never
-//! outlives the evidence it describes. Exit 0 when every clip passed, 1 when one diverged, 2 on an
-//! input error or a clip that could not be checked.
+//! into one summary. Each clip's row is derived again from its evidence file (whose verdict must
+//! be its checkpoints'), so a summary never outlives the evidence it describes; the shards must
+//! be of one model by content (family, weights and contract sha256), however its path is
+//! spelled. With `--out`, evidence paths are stored relative to the summary file, so a folder
+//! holding it reads back from anywhere. Exit 0 when every clip passed, 1 when one diverged, 2 on
+//! an input error or a clip that could not be checked.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use xray_compare::corpus::{ClipSummary, Summary};
-use xray_compare::evidence::Evidence;
+use xray_compare::corpus::{merge, Corpus};
 
 /// Arguments of `xray summarize`.
 #[derive(Debug, clap::Args)]
@@ -16,69 +18,12 @@ pub struct Args {
     /// Corpus evidence directories (each with summary.json).
     #[arg(value_name = "DIR", required = true)]
     pub dirs: Vec<PathBuf>,
-    /// Write the merged summary JSON here.
+    /// Write the merged summary JSON here (evidence paths relative to its folder).
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
     /// Write the merged Markdown table here (printed on stdout otherwise).
     #[arg(long, value_name = "FILE.md")]
     pub markdown: Option<PathBuf>,
-}
-
-/// A directory's summary.json, checked.
-pub fn load_summary(dir: &Path) -> anyhow::Result<Summary> {
-    let p = dir.join("summary.json");
-    let text = std::fs::read_to_string(&p).map_err(|e| {
-        anyhow::anyhow!(
-            "{}: {e} (not a corpus directory written by `xray check --evidence-dir`)",
-            p.display()
-        )
-    })?;
-    let s: Summary =
-        serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
-    if s.schema != xray_compare::corpus::SUMMARY_SCHEMA {
-        anyhow::bail!(
-            "{}: schema '{}' is not {}",
-            p.display(),
-            s.schema,
-            xray_compare::corpus::SUMMARY_SCHEMA
-        );
-    }
-    Ok(s)
-}
-
-/// Merges the directories' clips (rows derived again from each evidence file).
-pub fn merge(dirs: &[PathBuf]) -> anyhow::Result<Summary> {
-    let mut model: Option<String> = None;
-    let mut rows: Vec<ClipSummary> = Vec::new();
-    for d in dirs {
-        let s = load_summary(d)?;
-        match &model {
-            Some(m) if *m != s.model => anyhow::bail!(
-                "{}: a corpus of model {} cannot merge with one of {m}",
-                d.display(),
-                s.model
-            ),
-            _ => model = Some(s.model.clone()),
-        }
-        for c in s.clips {
-            if rows.iter().any(|r| r.audio == c.audio) {
-                anyhow::bail!(
-                    "{}: clip {} is in two of the directories",
-                    d.display(),
-                    c.audio
-                );
-            }
-            let row = if c.evidence.is_empty() {
-                c
-            } else {
-                let path = d.join(&c.evidence);
-                let e = Evidence::load(&path)?;
-                ClipSummary::of(&c.audio, &path.display().to_string(), &e, c.seconds)
-            };
-            rows.push(row);
-        }
-    }
-    Ok(Summary::new(&model.unwrap_or_default(), None, None, rows))
 }
 
 /// Merges and writes.
@@ -90,8 +35,23 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if let Some(p) = &a.markdown {
         outputs.file("markdown", p);
     }
+    for d in &a.dirs {
+        outputs.input("corpus directory", d);
+    }
     outputs.check()?;
-    let s = merge(&a.dirs)?;
+    let corpora = a
+        .dirs
+        .iter()
+        .map(|d| Corpus::load(d))
+        .collect::<Result<Vec<_>, _>>()?;
+    // The evidence files the summaries name may lie outside their directories.
+    for c in &corpora {
+        for f in c.files() {
+            outputs.input("evidence", f);
+        }
+    }
+    outputs.check()?;
+    let s = merge(&corpora, a.out.as_deref())?;
     if let Some(p) = &a.out {
         outputs.write_file(
             "out",

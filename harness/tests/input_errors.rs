@@ -257,3 +257,54 @@ mod sha2_hex {
             .to_string()
     }
 }
+
+/// Issue 24 item 13 (part): `--audio <(cat fox.wav)` failed ("Failed to read enough bytes")
+/// because `xray check` read the file twice (once for the reference, once for the runtime) and a
+/// pipe can be read once. The file is read once: hashed and decoded from the same bytes.
+#[test]
+fn audio_from_a_pipe_is_read_once() {
+    use std::io::Write;
+    use std::process::Stdio;
+    if !ready() {
+        return;
+    }
+    let wav = std::fs::read(root().join(FOX)).unwrap();
+    let want_sha = xray_runtime::audio::load_wav(&root().join(FOX), 16000)
+        .unwrap()
+        .sha256;
+    let dir = tempfile::tempdir().unwrap();
+    let ev = dir.path().join("e.json");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xray"))
+        .current_dir(root())
+        .env_remove("XRAY_TRACEBACK")
+        .args([
+            "check",
+            "--model",
+            RAND,
+            "--audio",
+            "/dev/stdin",
+            "--max-steps",
+            "2",
+            "--no-drill",
+            "--evidence",
+            ev.to_str().unwrap(),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        // The pipe closes when the writer is dropped: a second read would see end of file.
+        let _ = stdin.write_all(&wav);
+    });
+    let o = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let e: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&ev).unwrap()).unwrap();
+    assert_eq!(e["verdict"], "pass", "{err}");
+    assert_eq!(e["run"]["audio_sha256"], want_sha.as_str(), "{}", e["run"]);
+}

@@ -34,6 +34,32 @@ pub enum Error {
         /// `NaN`, `inf` or `-inf`.
         value: String,
     },
+    /// A stats-only reference counts NaN or Inf values: the input error of
+    /// [`Error::NonFiniteReference`], from its summary (which records no index).
+    #[error(
+        "reference checkpoint {checkpoint} holds {} non-finite value(s) ({nan} NaN, {inf} Inf; \
+         a stats-only summary records no index): a non-finite reference is an input error \
+         (check the model's weights and the audio), not something to compare against",
+        .nan + .inf
+    )]
+    NonFiniteReferenceStats {
+        /// Checkpoint id `name@stepK`.
+        checkpoint: String,
+        /// NaN count.
+        nan: usize,
+        /// Inf count.
+        inf: usize,
+    },
+    /// A checkpoint's summary statistics cannot be those of any tensor (`Stats::check`).
+    #[error("{dump}: checkpoint {checkpoint}: inconsistent statistics: {reason}")]
+    InconsistentStats {
+        /// The dump directory.
+        dump: String,
+        /// Checkpoint id `name@stepK`.
+        checkpoint: String,
+        /// The first violation.
+        reason: String,
+    },
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {

@@ -561,8 +561,9 @@ pub fn stats_rel_l2(reference: &Stats, got: &Stats) -> Option<(f64, f64)> {
     Some((ms.sqrt() / scale, lower))
 }
 
-/// Judges one checkpoint from summaries under `tol`: identical content hashes pass; any
-/// non-finite value, count mismatch or missing sketch fails; otherwise the estimated `rel_l2`
+/// Judges one checkpoint from summaries under `tol`: inconsistent statistics ([`Stats::check`]),
+/// any non-finite value, a count mismatch or a missing sketch fail; then identical content hashes
+/// pass; otherwise the estimated `rel_l2`
 /// (the larger of [`stats_rel_l2`]'s two) must be within `tol.max_rel_l2`, or, when the tolerance
 /// sets none, within `rtol + atol / rms(ref)` (the largest `rel_l2` of a tensor whose every
 /// element is within `atol + rtol * |ref|`).
@@ -582,6 +583,15 @@ pub fn judge_stats(
         bound,
         note,
     };
+    // Never the content-hash shortcut on statistics no tensor can have (compare_stats_dumps
+    // refuses them as an input error before judging).
+    for (side, st) in [("the reference's", reference), ("the", got)] {
+        if let Err(why) = st.check() {
+            return fail(format!(
+                "stats-only: {side} statistics are inconsistent: {why}"
+            ));
+        }
+    }
     if reference.nan + reference.inf > 0 {
         return fail(format!(
             "stats-only: the reference holds {} NaN and {} Inf values; a non-finite reference cannot be compared",
@@ -659,6 +669,27 @@ pub fn compare_stats_dumps(
         } else {
             Observed::Unobserved
         };
+        // Statistics no tensor can have are an input error before anything is judged (the
+        // content-hash shortcut would pass them unread); so is a non-finite reference, as in
+        // the full comparison.
+        for (side, d) in [(&r, reference), (&x, got)] {
+            if let Some(Ok(s)) = side {
+                s.stats.check().map_err(|reason| Error::InconsistentStats {
+                    dump: d.dir.display().to_string(),
+                    checkpoint: node.id(),
+                    reason,
+                })?;
+            }
+        }
+        if let (Some(Ok(rs)), Some(Ok(_))) = (&r, &x) {
+            if rs.stats.nan + rs.stats.inf > 0 {
+                return Err(Error::NonFiniteReferenceStats {
+                    checkpoint: node.id(),
+                    nan: rs.stats.nan,
+                    inf: rs.stats.inf,
+                });
+            }
+        }
         let (obs, note, meta) = match (r, x) {
             (None, None) => (unobserved, "absent from both dumps".to_string(), None),
             (None, Some(_)) => {

@@ -108,6 +108,83 @@ impl Stats {
     }
 }
 
+impl Stats {
+    /// Whether these statistics can be the summary of some tensor of `count` values, as
+    /// [`Stats::of`] computes them: NaN and Inf counts within `count`; every moment finite;
+    /// with finite values, `min <= mean <= max`, `|mean| <= rms <= max(|min|, |max|)` and each
+    /// sketch element within `finite * rms / sqrt(count)` (Cauchy-Schwarz); with none, every
+    /// moment and sketch element 0. Bounds carry a relative slack of 1e-6 of `max(|min|,
+    /// |max|)` for the f64 rounding of the sums. The reason names the first violation.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let bad = self
+            .nan
+            .checked_add(self.inf)
+            .filter(|&b| b <= self.count)
+            .ok_or_else(|| {
+                format!(
+                    "{} NaN + {} Inf values in a count of {}",
+                    self.nan, self.inf, self.count
+                )
+            })?;
+        let finite = self.count - bad;
+        for (what, v) in [
+            ("min", self.min),
+            ("max", self.max),
+            ("mean", self.mean),
+            ("rms", self.rms),
+        ] {
+            if !v.is_finite() {
+                return Err(format!("{what} is {v}"));
+            }
+        }
+        let sketch = self.sketch.as_deref().unwrap_or(&[]);
+        if let Some(k) = sketch.iter().find(|k| !k.is_finite()) {
+            return Err(format!("a sketch element is {k}"));
+        }
+        if finite == 0 {
+            if [self.min, self.max, self.mean, self.rms]
+                .iter()
+                .any(|&v| v != 0.0)
+                || sketch.iter().any(|&k| k != 0.0)
+            {
+                return Err(format!(
+                    "no finite value (count {}, {} NaN, {} Inf) but min {}, max {}, mean {}, rms {} or a sketch element is not 0",
+                    self.count, self.nan, self.inf, self.min, self.max, self.mean, self.rms
+                ));
+            }
+            return Ok(());
+        }
+        let abs_max = self.min.abs().max(self.max.abs());
+        let slack = 1e-6 * abs_max;
+        let fail = |what: String| Err(what);
+        if self.min > self.max {
+            return fail(format!("min {} > max {}", self.min, self.max));
+        }
+        if self.mean < self.min - slack || self.mean > self.max + slack {
+            return fail(format!(
+                "mean {} outside [min {}, max {}]",
+                self.mean, self.min, self.max
+            ));
+        }
+        if self.rms < self.mean.abs() - slack {
+            return fail(format!("rms {} < |mean| {}", self.rms, self.mean.abs()));
+        }
+        if self.rms > abs_max + slack {
+            return fail(format!("rms {} > max(|min|, |max|) {abs_max}", self.rms));
+        }
+        let limit = finite as f64 * self.rms / (self.count as f64).sqrt();
+        if let Some(k) = sketch
+            .iter()
+            .find(|k| k.abs() > limit * (1.0 + 1e-6) + slack)
+        {
+            return fail(format!(
+                "sketch element {k} above {limit} (finite values x rms / sqrt(count))"
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// sha256 of a tensor's raw little-endian f32 bytes in C order.
 pub fn content_sha256(data: &[f32]) -> String {
     let mut h = Sha256::new();
@@ -674,6 +751,14 @@ impl Dump {
                             "stats-only entry {id}: count {} does not match shape {:?}",
                             st.count, e.shape
                         ),
+                    ));
+                }
+                // Statistics no tensor can have are refused here: a matching content hash
+                // would otherwise pass them unread.
+                if let Err(why) = st.check() {
+                    return Err(derr(
+                        &mp,
+                        format!("stats-only entry {id}: inconsistent statistics: {why}"),
                     ));
                 }
                 match &st.sketch {

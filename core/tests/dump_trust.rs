@@ -397,3 +397,93 @@ fn writer_checks_the_parent() {
         "{e}"
     );
 }
+
+// ----------------------------------------------------------------------------------------------
+// Stats consistency (issue 24 item 9)
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// What `Stats::of` computes always passes `Stats::check` (no false refusal from rounding),
+    /// for any values: huge, tiny, constant, NaN and Inf mixed in.
+    #[test]
+    fn stats_of_any_tensor_are_consistent(
+        data in prop::collection::vec(
+            prop_oneof![
+                any::<f32>(),
+                Just(f32::MAX),
+                Just(-f32::MAX),
+                Just(1e-30f32),
+                Just(3.0f32),
+                Just(f32::NAN),
+                Just(f32::INFINITY),
+            ],
+            0..300,
+        )
+    ) {
+        let s = Stats::of(&data);
+        prop_assert!(s.check().is_ok(), "{:?}: {:?}", s, s.check());
+        let constant = vec![0.1f32; data.len()];
+        let c = Stats::of(&constant);
+        prop_assert!(c.check().is_ok(), "{:?}: {:?}", c, c.check());
+    }
+}
+
+/// A stats-only entry whose statistics no tensor can have is refused when the dump loads, naming
+/// the checkpoint: its content hash (matching the reference's, say) is never the only thing read.
+#[test]
+fn impossible_statistics_are_refused_naming_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("s");
+    let mut w = DumpWriter::new(manifest(true));
+    w.add("x", 0, Layout::Plain, &tensor(&[4, 5]));
+    w.write(&d).unwrap();
+    let mp = d.join("manifest.json");
+    let good: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&mp).unwrap()).unwrap();
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(Edit, &str); 7] = [
+        (
+            |s| {
+                s["min"] = 5.0.into();
+                s["max"] = (-5.0).into();
+                s["mean"] = 1e30.into();
+            },
+            "min 5 > max -5",
+        ),
+        (
+            |s| s["mean"] = 1e30.into(),
+            "mean 1000000000000000000000000000000 outside",
+        ),
+        (|s| s["rms"] = 0.0.into(), "rms 0 < |mean|"),
+        (
+            |s| s["rms"] = 1e9.into(),
+            "rms 1000000000 > max(|min|, |max|)",
+        ),
+        (
+            |s| s["nan"] = 21.into(),
+            "21 NaN + 0 Inf values in a count of 20",
+        ),
+        (
+            |s| s["sketch"][3] = 1e6.into(),
+            "sketch element 1000000 above",
+        ),
+        (
+            |s| {
+                s["inf"] = 20.into();
+            },
+            "no finite value",
+        ),
+    ];
+    for (edit, says) in cases {
+        let mut m = good.clone();
+        edit(&mut m["checkpoints"][0]["stats"]);
+        std::fs::write(&mp, m.to_string()).unwrap();
+        let e = Dump::load(&d).unwrap_err().to_string();
+        assert!(
+            e.contains("x@step0") && e.contains("inconsistent statistics") && e.contains(says),
+            "{says}: {e}"
+        );
+        assert!(e.contains(mp.to_str().unwrap()), "{e}");
+    }
+}

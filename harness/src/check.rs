@@ -27,7 +27,7 @@ use std::path::PathBuf;
 use anyhow::{anyhow, Context};
 use xray_core::dump::{Dump, Manifest};
 use xray_oracle::{Oracle, OracleRequest, OracleRun};
-use xray_runtime::audio::load_wav;
+use xray_runtime::audio::{load_wav, Audio};
 use xray_runtime::faults::FaultPlan;
 use xray_runtime::models::{self, Alignment, RunHooks, RunOptions, SpeechModel};
 use xray_runtime::Tensor;
@@ -225,10 +225,14 @@ pub fn check_corpus(
             audio: clip.clone(),
             ..opts.clone()
         };
-        let r = reference_request(model.as_ref(), &o).and_then(|req| {
-            let ref_run = oracle.run(&req)?;
-            check_against(model.as_ref(), &oracle, &req, &ref_run, &o, &|_| {})
-        });
+        // Read once: the same bytes are hashed, decoded and fed to both engines.
+        let r = load_wav(clip, 16000)
+            .map_err(anyhow::Error::from)
+            .and_then(|audio| {
+                let req = reference_request(model.as_ref(), &o, &audio)?;
+                let ref_run = oracle.run(&req)?;
+                check_against(model.as_ref(), &oracle, &req, &ref_run, &o, &audio, &|_| {})
+            });
         each(clip, r, t.elapsed().as_secs_f64())?;
     }
     Ok(load)
@@ -239,22 +243,32 @@ pub fn check(opts: &CheckOptions, progress: &dyn Fn(&str)) -> anyhow::Result<Che
     // Before the expensive runs: a policy rule naming no checkpoint of this contract is refused,
     // and a fault that would plant nothing.
     let model = load_checked(opts, progress)?;
-    // The audio is decoded, validated and converted once, before the oracle starts: a file the
-    // runtime refuses never costs a reference run, and both engines get these samples.
-    let req = reference_request(model.as_ref(), opts)?;
+    // The audio file is read once (a pipe or `<(...)` can be read only once) and decoded,
+    // validated and converted once, before the oracle starts: a file the runtime refuses never
+    // costs a reference run, and both engines get these samples.
+    let audio = load_wav(&opts.audio, 16000)?;
+    let req = reference_request(model.as_ref(), opts, &audio)?;
     let oracle = Oracle::discover()?;
     progress("running the HF reference (oracle, f32)");
     let ref_run = oracle.run(&req)?;
-    check_against(model.as_ref(), &oracle, &req, &ref_run, opts, progress)
+    check_against(
+        model.as_ref(),
+        &oracle,
+        &req,
+        &ref_run,
+        opts,
+        &audio,
+        progress,
+    )
 }
 
-/// The oracle request a check makes: the audio decoded and converted by the runtime's reader
-/// (an error naming the file if it refuses it), passed to the oracle as samples.
+/// The oracle request a check makes: `audio` (the file `opts.audio` decoded and converted by the
+/// runtime's reader, [`load_wav`]) passed to the oracle as samples.
 pub fn reference_request(
     model: &dyn SpeechModel,
     opts: &CheckOptions,
+    audio: &Audio,
 ) -> anyhow::Result<OracleRequest> {
-    let audio = load_wav(&opts.audio, 16000)?;
     let mut req = OracleRequest::new(&opts.model, &opts.audio, model.contract()).with_samples(
         &audio.samples,
         &audio.sha256,
@@ -270,13 +284,15 @@ pub fn reference_request(
 }
 
 /// The runtime side of a check against a reference run that is already there (the self-test
-/// reuses one reference for every planted fault).
+/// reuses one reference for every planted fault), on `audio`: the decoded file the reference
+/// request was made from (the file is not read again).
 pub fn check_against(
     model: &dyn SpeechModel,
     oracle: &Oracle,
     req: &OracleRequest,
     ref_run: &OracleRun,
     opts: &CheckOptions,
+    audio: &Audio,
     progress: &dyn Fn(&str),
 ) -> anyhow::Result<CheckOutput> {
     let family = model.family();
@@ -305,14 +321,14 @@ pub fn check_against(
             &mut RunHooks::default(),
         )?;
     }
-    let a = load_wav(&opts.audio, 16000)?;
+    let a = audio;
     if req
         .samples
         .as_deref()
         .is_some_and(|s| s != a.samples.as_slice())
     {
         return Err(anyhow!(
-            "{}: the oracle was fed other samples than the runtime reads now (file changed during the check?)",
+            "{}: the oracle was fed other samples than the runtime is given",
             opts.audio.display()
         ));
     }
@@ -345,15 +361,15 @@ pub fn check_against(
         "running the runtime with capture (teacher-forced on the reference tokens)"
     });
     let (runtime, out_on) = if opts.stats_only {
-        runtime_stats_dump_audio(model, &a, &run_opts, Some(&opts.faults))?
+        runtime_stats_dump_audio(model, a, &run_opts, Some(&opts.faults))?
     } else {
-        runtime_dump_audio(model, &a, &run_opts, Some(&opts.faults), None, capture)?
+        runtime_dump_audio(model, a, &run_opts, Some(&opts.faults), None, capture)?
     };
     // The evidence says these faults were planted: they must have changed something.
     opts.faults.confirm_fired()?;
     progress("running the runtime with capture off (neutrality)");
     let out_off = model.run(
-        &a,
+        a,
         &run_opts,
         &mut RunHooks {
             faults: Some(&opts.faults),
@@ -375,7 +391,7 @@ pub fn check_against(
                 );
                 run_opts.teacher_tokens = None;
                 let free = model.run(
-                    &a,
+                    a,
                     &run_opts,
                     &mut RunHooks {
                         faults: Some(&opts.faults),
@@ -404,7 +420,7 @@ pub fn check_against(
         Some(
             runtime_dump_audio(
                 model,
-                &a,
+                a,
                 &ro,
                 Some(&opts.faults),
                 Some(&sub),
@@ -514,7 +530,7 @@ pub fn check_against(
             model,
             oracle,
             req,
-            audio: &a,
+            audio: a,
             run_opts: &run_opts,
             opts,
         };

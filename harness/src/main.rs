@@ -98,6 +98,21 @@ fn main() -> ExitCode {
             };
         }
     };
+    // The environment variables X-Ray reads are checked like arguments: a set but empty or
+    // malformed value is refused, never taken as "unset" or as the working directory
+    // (XRAY_VENV / XRAY_ORACLE_PATH: `Oracle::discover`).
+    if let Some(v) = std::env::var_os("XRAY_THREADS") {
+        let ok = v
+            .to_str()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .is_some_and(|n| n > 0);
+        if !ok {
+            cli::note(&format!(
+                "xray: error: XRAY_THREADS={v:?} is not a positive integer (the runtime's kernel threads); set a count or unset it"
+            ));
+            return cli::exit_usage();
+        }
+    }
     let result = match cli.command {
         #[cfg(feature = "oracle")]
         Command::Check(a) => cli::check::run(a),
@@ -120,7 +135,8 @@ fn main() -> ExitCode {
         Command::Doctor(a) => cli::doctor::run(a),
     };
     #[cfg(feature = "oracle")]
-    let verbose = cli.verbose || std::env::var_os("XRAY_TRACEBACK").is_some_and(|v| v != "0");
+    let verbose = cli.verbose
+        || std::env::var_os("XRAY_TRACEBACK").is_some_and(|v| !v.is_empty() && v != "0");
     #[cfg(not(feature = "oracle"))]
     let _ = cli.verbose;
     result.unwrap_or_else(|e| {

@@ -124,7 +124,8 @@ pub fn selftest(
         ));
         // Every op-level point once in the reference: each fault's drill-down then re-runs only
         // the runtime.
-        let req = reference_request(model.as_ref(), &base)?.with_ops(PointSelect::All);
+        let audio = xray_runtime::audio::load_wav(&fx.audio, 16000)?;
+        let req = reference_request(model.as_ref(), &base, &audio)?.with_ops(PointSelect::All);
         let ref_run = oracle.run(&req)?;
         let mut cases: Vec<Case> = vec![("clean".into(), None, "-".into(), false, "", "")];
         for e in catalogue().into_iter().filter(|e| e.family == family) {
@@ -158,7 +159,15 @@ pub fn selftest(
                 warmup_audio: second.then(|| fx.second_audio.clone()),
                 ..base.clone()
             };
-            let out = check_against(model.as_ref(), &oracle, &req, &ref_run, &opts, &|_| {})?;
+            let out = check_against(
+                model.as_ref(),
+                &oracle,
+                &req,
+                &ref_run,
+                &opts,
+                &audio,
+                &|_| {},
+            )?;
             let ev = out.evidence;
             let (reported, signature) = match &ev.first_divergence {
                 Some(f) => (

@@ -257,3 +257,153 @@ mod sha2_hex {
             .to_string()
     }
 }
+
+/// Issue 24 item 13 (part): `--audio <(cat fox.wav)` failed ("Failed to read enough bytes")
+/// because `xray check` read the file twice (once for the reference, once for the runtime) and a
+/// pipe can be read once. The file is read once: hashed and decoded from the same bytes.
+#[test]
+fn audio_from_a_pipe_is_read_once() {
+    use std::io::Write;
+    use std::process::Stdio;
+    if !ready() {
+        return;
+    }
+    let wav = std::fs::read(root().join(FOX)).unwrap();
+    let want_sha = xray_runtime::audio::load_wav(&root().join(FOX), 16000)
+        .unwrap()
+        .sha256;
+    let dir = tempfile::tempdir().unwrap();
+    let ev = dir.path().join("e.json");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xray"))
+        .current_dir(root())
+        .env_remove("XRAY_TRACEBACK")
+        .args([
+            "check",
+            "--model",
+            RAND,
+            "--audio",
+            "/dev/stdin",
+            "--max-steps",
+            "2",
+            "--no-drill",
+            "--evidence",
+            ev.to_str().unwrap(),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        // The pipe closes when the writer is dropped: a second read would see end of file.
+        let _ = stdin.write_all(&wav);
+    });
+    let o = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let e: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&ev).unwrap()).unwrap();
+    assert_eq!(e["verdict"], "pass", "{err}");
+    assert_eq!(e["run"]["audio_sha256"], want_sha.as_str(), "{}", e["run"]);
+}
+
+/// Issue 24 item 2: `decoder_layers: 1e9` in a config.json made `xray contract` and `xray oracle`
+/// (and `xray compare` through a foreign dump's `extra.config`) abort on a 16 GB allocation in
+/// core's contract resolver; `d_model: "64"` said "not a known dim". Each is one line, exit 2,
+/// naming the file and the key and what it holds.
+#[test]
+fn hostile_config_numbers_are_one_line_errors_naming_the_key() {
+    if !ready() {
+        return;
+    }
+    let src = root().join(RAND);
+    let base: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for (i, (key, value, says)) in [
+        (
+            "decoder_layers",
+            serde_json::json!(1_000_000_000u64),
+            "config.json key 'decoder_layers' is 1000000000, above 16777216",
+        ),
+        (
+            "decoder_layers",
+            serde_json::json!(100_000),
+            "repeat 'decoder_layers' = decoder_layers = 100000 is above 1024",
+        ),
+        (
+            "d_model",
+            serde_json::json!("64"),
+            r#"config.json key 'd_model' is a string "64", expected a non-negative integer"#,
+        ),
+        (
+            "d_model",
+            serde_json::json!(64.5),
+            "config.json key 'd_model' is the number 64.5",
+        ),
+        (
+            "d_model",
+            serde_json::json!(null),
+            "config.json key 'd_model' is null",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut config = base.clone();
+        config[key] = value;
+        let model = dir.path().join(format!("m{i}"));
+        std::fs::create_dir(&model).unwrap();
+        for f in std::fs::read_dir(&src).unwrap() {
+            let f = f.unwrap().path();
+            if f.file_name().unwrap() != "config.json" {
+                std::os::unix::fs::symlink(&f, model.join(f.file_name().unwrap())).unwrap();
+            }
+        }
+        let cfg_path = model.join("config.json");
+        std::fs::write(&cfg_path, config.to_string()).unwrap();
+        let m = model.to_str().unwrap();
+        let out = dir.path().join(format!("out{i}"));
+        for args in [
+            vec!["contract", "--model", m],
+            vec![
+                "oracle",
+                "--model",
+                m,
+                "--audio",
+                FOX,
+                "--out",
+                out.to_str().unwrap(),
+            ],
+        ] {
+            let o = xray(&args);
+            let err = stderr(&o);
+            let last = one_line_error(&o);
+            assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+            assert!(
+                last.contains(says) && last.contains(cfg_path.to_str().unwrap()),
+                "{args:?}: {last}"
+            );
+            assert!(o.stdout.is_empty(), "{args:?} wrote a contract");
+        }
+        // A foreign dump recording this config: `xray compare` without --model reads it.
+        let dump = dir.path().join(format!("dump{i}"));
+        std::fs::create_dir(&dump).unwrap();
+        let manifest = serde_json::json!({
+            "schema": xray_core::dump::SCHEMA, "version": xray_core::dump::VERSION,
+            "family": "whisper", "model_id": "foreign", "producer": "foreign",
+            "weights_sha256": "w", "audio_sha256": "a", "stats_only": true, "checkpoints": [],
+            "extra": {"config": config},
+        });
+        std::fs::write(dump.join("manifest.json"), manifest.to_string()).unwrap();
+        let d = dump.to_str().unwrap();
+        let o = xray(&["compare", d, d]);
+        let last = one_line_error(&o);
+        assert!(
+            last.contains(says) && last.contains("extra.config") && last.contains(d),
+            "{last}"
+        );
+    }
+}

@@ -207,3 +207,89 @@ fn stats_only_refuses_what_needs_full_tensors() {
     assert!(e["run"].get("stats_only").is_none(), "{}", e["run"]);
     assert!(!checkpoint(&e, "audio.encoder.memory")["metrics"].is_null());
 }
+
+/// Issue 24 item 9: stats-only dumps are held to what the full path holds tensors to. A NaN in
+/// the reference's statistics is an input error (exit 2 naming the checkpoint, as a NaN in a full
+/// reference), not a divergence (it was exit 1); a dump whose statistics no tensor can have
+/// (min 5 > max -5, mean 1e30) is refused naming the checkpoint even with the reference's content
+/// hash (it passed on the hash).
+#[test]
+fn non_finite_or_impossible_statistics_are_input_errors() {
+    if !ready(&[RAND_A]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base");
+    let o = common::dump_to(
+        "run",
+        RAND_A,
+        FOX,
+        &base,
+        &["--stats-only", "--max-steps", "2"],
+    );
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(base.join("manifest.json")).unwrap())
+            .unwrap();
+    let target = "audio.encoder.memory";
+    // A copy of the dump with the entry `target@step0`'s statistics edited.
+    let edited = |name: &str, edit: &dyn Fn(&mut Value)| {
+        let mut m = manifest.clone();
+        let e = m["checkpoints"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .find(|e| e["name"] == target && e["step"] == 0)
+            .expect("the dump holds audio.encoder.memory@step0");
+        edit(&mut e["stats"]);
+        let d = dir.path().join(name);
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(d.join("manifest.json"), m.to_string()).unwrap();
+        d
+    };
+    let compare = |reference: &Path, got: &Path| {
+        let ev = dir.path().join("e.json");
+        xray(&[
+            "compare",
+            s(reference),
+            s(got),
+            "--model",
+            RAND_A,
+            "--evidence",
+            s(&ev),
+        ])
+    };
+    let last_line = |o: &std::process::Output| {
+        let e = stderr(o);
+        assert_eq!(code(o), 2, "{e}");
+        assert!(!e.contains("panicked"), "{e}");
+        e.lines().last().unwrap_or_default().to_string()
+    };
+    // The reference counts a NaN.
+    let nan_ref = edited("nan_ref", &|s| s["nan"] = 1.into());
+    let line = last_line(&compare(&nan_ref, &base));
+    assert!(
+        line.starts_with("xray: error: ")
+            && line.contains(&format!(
+                "reference checkpoint {target}@step0 holds 1 non-finite"
+            ))
+            && line.contains("input error"),
+        "{line}"
+    );
+    // Impossible statistics under the reference's own content hash.
+    let impossible = edited("impossible", &|s| {
+        s["min"] = 5.0.into();
+        s["max"] = (-5.0).into();
+        s["mean"] = 1e30.into();
+    });
+    let line = last_line(&compare(&base, &impossible));
+    assert!(
+        line.contains(&format!("{target}@step0"))
+            && line.contains("inconsistent statistics: min 5 > max -5")
+            && line.contains(s(&impossible)),
+        "{line}"
+    );
+    // The untouched dump still compares with itself (the check refuses nothing Stats::of makes).
+    let o = compare(&base, &base);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+}

@@ -8,7 +8,9 @@
 //! ndarray before it lets go of the interpreter. A Python exception becomes
 //! [`OracleError::Python`] carrying the formatted traceback.
 
-#![forbid(unsafe_code)]
+// Unsafe code only in `interpreter` (starting the embedded interpreter isolated, through the C
+// API's PyConfig); everything else is safe.
+#![deny(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -323,6 +325,22 @@ fn installation_roots() -> Vec<(PathBuf, String)> {
     roots
 }
 
+/// An explicit path from the environment variable `var`: refused when set but empty (an empty
+/// path is the working directory, whose code X-Ray never runs) and made absolute (a relative one
+/// is resolved once, so what is imported and what `xray doctor` shows is one place).
+fn explicit_path(var: &str, value: std::ffi::OsString, fix: &str) -> Result<PathBuf> {
+    if value.to_string_lossy().trim().is_empty() {
+        return Err(OracleError::Environment {
+            reason: format!(
+                "{var} is set but empty (an empty path is the working directory, which X-Ray never imports from)"
+            ),
+            fix: fix.into(),
+        });
+    }
+    let p = PathBuf::from(value);
+    Ok(p.canonicalize().unwrap_or(p))
+}
+
 fn site_packages_in(venv: &Path) -> Option<PathBuf> {
     let lib = venv.join("lib");
     let rd = std::fs::read_dir(&lib).ok()?;
@@ -345,7 +363,11 @@ impl Oracle {
         let roots = installation_roots();
         let (venv, venv_source) = match std::env::var_os("XRAY_VENV") {
             Some(v) => {
-                let v = PathBuf::from(v);
+                let v = explicit_path(
+                    "XRAY_VENV",
+                    v,
+                    "point XRAY_VENV at a venv made from oracle/requirements.txt, or unset it",
+                )?;
                 if !v.is_dir() {
                     return Err(OracleError::Environment {
                         reason: format!("XRAY_VENV={} is not a directory", v.display()),
@@ -380,7 +402,11 @@ impl Oracle {
         })?;
         let (package_root, package_source) = match std::env::var_os("XRAY_ORACLE_PATH") {
             Some(p) => {
-                let p = PathBuf::from(p);
+                let p = explicit_path(
+                    "XRAY_ORACLE_PATH",
+                    p,
+                    "point XRAY_ORACLE_PATH at the X-Ray checkout's oracle/ directory, or unset it",
+                )?;
                 if !p.join("xray_oracle/__init__.py").is_file() {
                     return Err(OracleError::Environment {
                         reason: format!(
@@ -456,10 +482,16 @@ impl Oracle {
     }
 
     /// Run Python with the venv and package on sys.path, checking the reference stack imports.
+    /// The interpreter is started isolated ([`interpreter::start_isolated`]): no `PYTHON*`
+    /// variable, user site-packages or working directory is read; the venv is the only source.
     pub fn with_python<T>(
         &self,
         f: impl for<'py> FnOnce(Python<'py>, &Bound<'py, PyModule>) -> Result<T>,
     ) -> Result<T> {
+        interpreter::start_isolated().map_err(|why| OracleError::Environment {
+            reason: format!("the embedded Python interpreter did not start: {why}"),
+            fix: "check the Python installation X-Ray was built with (PYO3_PYTHON; PYTHONHOME and PYTHONPATH are ignored)".into(),
+        })?;
         Python::attach(|py| {
             let setup = (|| -> PyResult<()> {
                 let site = py.import("site")?;
@@ -512,9 +544,53 @@ impl Oracle {
                     });
                 }
             }
+            self.check_numpy(py)?;
             let module = py.import("xray_oracle").map_err(|e| py_err(py, e))?;
             f(py, &module)
         })
+    }
+
+    /// numpy imports and gives the C array API the `numpy` crate needs (its capsule): checked
+    /// once here, so a broken or foreign numpy is one line naming it, not a panic at the first
+    /// array (`Failed to access NumPy array API capsule`).
+    fn check_numpy(&self, py: Python<'_>) -> Result<()> {
+        let env = |what: String| OracleError::Environment {
+            reason: format!("numpy from {}: {what}", self.site_packages.display()),
+            fix: "run `make venv` (numpy from oracle/requirements.txt)".into(),
+        };
+        let np = py.import("numpy").map_err(|e| {
+            env(format!(
+                "does not import ({})",
+                one_line(&py_err(py, e).to_string())
+            ))
+        })?;
+        let file: String = np
+            .getattr("__file__")
+            .and_then(|f| f.extract())
+            .unwrap_or_else(|_| "?".into());
+        // The numpy crate panics when the capsule is missing or of another ABI: probe it with
+        // one tiny array, the panic caught and its message kept (the default hook silenced so
+        // nothing but the one line is printed).
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let probe = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            drop(numpy::PyArray1::<f32>::zeros(py, [1], false));
+        }));
+        std::panic::set_hook(hook);
+        match probe {
+            Ok(_) => Ok(()),
+            Err(payload) => {
+                let msg = payload
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "unknown failure".into());
+                Err(env(format!(
+                    "{file} does not provide the NumPy C array API ({})",
+                    one_line(&msg)
+                )))
+            }
+        }
     }
 
     /// Run the reference for one input and copy every captured checkpoint out.
@@ -614,6 +690,80 @@ impl Oracle {
             }
             Ok(run)
         })
+    }
+}
+
+/// Starting the embedded interpreter the way `python -I` starts: the only unsafe code of the crate.
+#[allow(unsafe_code)]
+mod interpreter {
+    use std::ffi::CStr;
+    use std::sync::OnceLock;
+
+    use pyo3::ffi;
+
+    /// The message of a failed `PyStatus` (`function: message`, or the exit code).
+    ///
+    /// # Safety
+    /// `st` comes from a CPython initialization call: `func` and `err_msg` are NULL or static C
+    /// strings.
+    unsafe fn status_text(st: &ffi::PyStatus) -> String {
+        let text = |p: *const std::ffi::c_char| {
+            if p.is_null() {
+                None
+            } else {
+                // SAFETY: non-NULL, and CPython's status strings are static NUL-terminated C
+                // strings (the caller's contract).
+                Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+            }
+        };
+        match (text(st.func), text(st.err_msg)) {
+            (Some(f), Some(m)) => format!("{f}: {m}"),
+            (None, Some(m)) => m,
+            _ => format!("exit status {}", st.exitcode),
+        }
+    }
+
+    /// Start the interpreter once per process, isolated as `python -I` is: the environment
+    /// (`PYTHONPATH`, `PYTHONHOME`, `PYTHONSTARTUP`, `PYTHONUSERBASE`, every `PYTHON*`) is
+    /// ignored, there is no user site-packages and no working-directory entry on `sys.path`; UTF-8
+    /// mode (paths arrive from Rust as UTF-8). A failure is kept and returned on every call (one
+    /// line; the interpreter is never started a second time). An interpreter someone else
+    /// started first is left as it is.
+    pub(super) fn start_isolated() -> Result<(), String> {
+        static STARTED: OnceLock<Result<(), String>> = OnceLock::new();
+        STARTED
+            .get_or_init(|| {
+                // SAFETY: called once (OnceLock) before any other Python API of this process
+                // (pyo3 is only used after it, inside `Python::attach`); the configs are
+                // initialised by CPython's own Init functions before they are read, cleared after
+                // use, and the GIL this thread holds after initialization is released with
+                // PyEval_SaveThread exactly as pyo3's own initialization does.
+                unsafe {
+                    if ffi::Py_IsInitialized() != 0 {
+                        return Ok(());
+                    }
+                    let mut pre = std::mem::MaybeUninit::<ffi::PyPreConfig>::uninit();
+                    ffi::PyPreConfig_InitIsolatedConfig(pre.as_mut_ptr());
+                    let mut pre = pre.assume_init();
+                    pre.utf8_mode = 1;
+                    pre.configure_locale = 1;
+                    let st = ffi::Py_PreInitialize(&pre);
+                    if ffi::PyStatus_Exception(st) != 0 {
+                        return Err(status_text(&st));
+                    }
+                    let mut config = std::mem::MaybeUninit::<ffi::PyConfig>::uninit();
+                    ffi::PyConfig_InitIsolatedConfig(config.as_mut_ptr());
+                    let mut config = config.assume_init();
+                    let st = ffi::Py_InitializeFromConfig(&config);
+                    ffi::PyConfig_Clear(&mut config);
+                    if ffi::PyStatus_Exception(st) != 0 {
+                        return Err(status_text(&st));
+                    }
+                    ffi::PyEval_SaveThread();
+                }
+                Ok(())
+            })
+            .clone()
     }
 }
 

@@ -81,8 +81,13 @@ fn config_not_matching_the_weights_is_refused() {
     edit_json(&t.path().join("config.json"), |c| {
         c["encoder_layers"] = 1_000_000.into()
     });
+    // Refused by core's bound on layer counts (the contract's), naming the key and the file.
     let msg = load_err(t.path()).to_string();
-    assert!(msg.contains("encoder_layers is 1000000"), "{msg}");
+    assert!(
+        msg.contains("'encoder_layers' is 1000000, above 1024")
+            && msg.contains(&t.path().join("config.json").display().to_string()),
+        "{msg}"
+    );
 }
 
 #[test]

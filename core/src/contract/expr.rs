@@ -13,12 +13,15 @@
 //!           `last:REPEAT` (the repeat's last index) or `each:LIST` (the list element)
 //! ```
 
+/// What looking a name up gives: `Ok(Some(value))`, `Ok(None)` for a name that is not known, or
+/// an error when the name is known but its value cannot be used (a config key holding a string,
+/// a fraction or a number beyond the bound): that message is the evaluation's error.
+pub type Lookup = std::result::Result<Option<i64>, String>;
+
 /// Evaluate `expr`, looking names up with `vars`. The error names the expression and what is
-/// wrong with it (an unknown name, an inexact division, a syntax error).
-pub fn eval_expr(
-    expr: &str,
-    vars: &dyn Fn(&str) -> Option<i64>,
-) -> std::result::Result<i64, String> {
+/// wrong with it (an unknown name, a name whose value is unusable, an inexact division, an
+/// overflow, a syntax error).
+pub fn eval_expr(expr: &str, vars: &dyn Fn(&str) -> Lookup) -> std::result::Result<i64, String> {
     let toks = tokenize(expr)?;
     if toks.is_empty() {
         return Err(format!("empty expression '{expr}'"));
@@ -101,7 +104,7 @@ struct Parser<'a> {
     toks: &'a [Tok],
     pos: usize,
     expr: &'a str,
-    vars: &'a dyn Fn(&str) -> Option<i64>,
+    vars: &'a dyn Fn(&str) -> Lookup,
 }
 
 type R = std::result::Result<i64, String>;
@@ -150,10 +153,17 @@ impl Parser<'_> {
             acc = if op == '*' {
                 acc.checked_mul(rhs).ok_or_else(|| self.overflow())?
             } else {
-                if rhs == 0 || acc % rhs != 0 {
-                    return Err(format!("'{}': {acc} is not divisible by {rhs}", self.expr));
+                if rhs == 0 {
+                    return Err(format!("'{}': {acc} is not divisible by 0", self.expr));
                 }
-                acc / rhs
+                // `None` for `i64::MIN % -1` (it overflows): an error, never a panic.
+                match acc.checked_rem(rhs) {
+                    Some(0) => acc.checked_div(rhs).ok_or_else(|| self.overflow())?,
+                    Some(_) => {
+                        return Err(format!("'{}': {acc} is not divisible by {rhs}", self.expr))
+                    }
+                    None => return Err(self.overflow()),
+                }
             };
         }
         Ok(acc)
@@ -190,12 +200,14 @@ impl Parser<'_> {
                 self.expect(')')?;
                 self.call(&name, &args)
             }
-            Tok::Name(name) => (self.vars)(&name).ok_or_else(|| {
-                format!(
+            Tok::Name(name) => match (self.vars)(&name) {
+                Ok(Some(v)) => Ok(v),
+                Ok(None) => Err(format!(
                     "'{name}' is not a known dim, repeat or config key (in '{}')",
                     self.expr
-                )
-            }),
+                )),
+                Err(why) => Err(format!("{why} (in '{}')", self.expr)),
+            },
         }
     }
 
@@ -239,14 +251,17 @@ impl Parser<'_> {
 mod tests {
     use super::eval_expr;
 
-    fn cfg(t: &str) -> Option<i64> {
-        match t {
+    fn cfg(t: &str) -> super::Lookup {
+        Ok(match t {
             "d_model" => Some(384),
             "heads" => Some(6),
             "n.layers" => Some(4),
             "last:enc" => Some(3),
+            "min" => Some(i64::MIN),
+            "minus_one" => Some(-1),
+            "zero" => Some(0),
             _ => None,
-        }
+        })
     }
 
     #[test]
@@ -285,5 +300,22 @@ mod tests {
         assert!(e("").contains("empty"));
         assert!(e("3 $ 4").contains("unexpected character '$'"));
         assert!(e("9223372036854775807 + 1").contains("overflows"));
+        // i64::MIN / -1 and i64::MIN % -1 overflow: an error, never a panic.
+        assert!(e("min / minus_one").contains("overflows"));
+        assert!(e("d_model / zero").contains("not divisible by 0"));
+        assert!(e("ceil_div(min, 1) * minus_one").contains("overflows"));
+        // A known name whose value is unusable: the lookup's message, with the expression.
+        let bad = eval_expr("2 * d_model", &|t| {
+            if t == "d_model" {
+                Err("config.json key 'd_model' is a string \"64\"".into())
+            } else {
+                Ok(None)
+            }
+        })
+        .unwrap_err();
+        assert!(
+            bad.contains("'d_model' is a string") && bad.contains("2 * d_model"),
+            "{bad}"
+        );
     }
 }

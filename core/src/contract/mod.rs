@@ -12,7 +12,7 @@ use crate::Layout;
 
 mod expr;
 mod points;
-pub use expr::eval_expr;
+pub use expr::{eval_expr, Lookup};
 pub use points::{rule_for, PointRule};
 
 include!(concat!(env!("OUT_DIR"), "/contracts.rs"));
@@ -32,6 +32,52 @@ pub fn families() -> impl Iterator<Item = &'static str> {
 
 /// `schema` of [`Contract::resolved_json`].
 pub const RESOLVED_SCHEMA: &str = "xray.contract.resolved/v1";
+
+/// The largest integer a contract reads from a config (a dim or a count): 2^24. The largest real
+/// values are vocabularies of a few hundred thousand and context lengths of 131072; a config
+/// above this is refused naming the key, before anything is sized by it.
+pub const MAX_CONFIG_INT: u64 = 1 << 24;
+
+/// The most repeats (layers) a contract expands a template over: every repeat is a checkpoint
+/// per template, so this bounds the resolved contract (speech models have at most 48 layers,
+/// the deepest language models about 128). Engines building a graph per layer use the same
+/// bound ([`check_count`]).
+pub const MAX_REPEAT: usize = 1024;
+
+/// The longest integer list a contract reads from a config (`lists`, layer indices).
+pub const MAX_LIST_LEN: usize = 4096;
+
+/// What a JSON value is, for messages: `a string "64"`, `the number 64.5`, `null`.
+pub fn json_kind(v: &serde_json::Value) -> String {
+    use serde_json::Value as V;
+    let clip = |t: String| {
+        if t.chars().count() > 40 {
+            format!("{}...", t.chars().take(40).collect::<String>())
+        } else {
+            t
+        }
+    };
+    match v {
+        V::Null => "null".into(),
+        V::Bool(b) => format!("a boolean {b}"),
+        V::Number(n) => format!("the number {}", clip(n.to_string())),
+        V::String(t) => format!("a string {}", clip(format!("{t:?}"))),
+        V::Array(a) => format!("an array of {} element(s)", a.len()),
+        V::Object(_) => "an object".into(),
+    }
+}
+
+/// A count or dim read from a file, checked against `max`: `key` names it in the error (`config.json
+/// key 'decoder_layers' is 100000, above 1024, the most X-Ray accepts`). The one bound every
+/// reader of config counts applies (the contract resolver, the runtime's config checks).
+pub fn check_count(key: &str, value: u64, max: u64) -> std::result::Result<u64, String> {
+    if value > max {
+        return Err(format!(
+            "config.json key '{key}' is {value}, above {max}, the most X-Ray accepts"
+        ));
+    }
+    Ok(value)
+}
 
 /// When a checkpoint exists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -284,13 +330,40 @@ fn cerr(family: &str, reason: impl Into<String>) -> CoreError {
     }
 }
 
-/// Look up a config key (dotted paths walk nested objects) as an integer.
-fn config_int(config: &serde_json::Value, key: &str) -> Option<i64> {
+/// Look up a config key (dotted paths walk nested objects) as a non-negative integer within
+/// [`MAX_CONFIG_INT`]: `Ok(None)` when the config has no such key (the name may be something
+/// else), an error naming the key and what it holds when it is there but is no such integer (a
+/// string, a fraction, null, a negative or too large number).
+pub fn config_int(config: &serde_json::Value, key: &str) -> Lookup {
     let mut v = config;
+    let mut walked = String::new();
     for part in key.split('.') {
-        v = v.get(part)?;
+        v = match v {
+            serde_json::Value::Object(o) => match o.get(part) {
+                Some(x) => x,
+                None => return Ok(None),
+            },
+            // The root of a config that is not an object has no keys (its own check refuses it).
+            _ if walked.is_empty() => return Ok(None),
+            other => {
+                return Err(format!(
+                    "config.json key '{walked}' is {}, expected an object holding '{key}'",
+                    json_kind(other)
+                ))
+            }
+        };
+        if !walked.is_empty() {
+            walked.push('.');
+        }
+        walked.push_str(part);
     }
-    v.as_i64()
+    match v.as_u64() {
+        Some(n) => check_count(key, n, MAX_CONFIG_INT).map(|n| Some(n as i64)),
+        None => Err(format!(
+            "config.json key '{key}' is {}, expected a non-negative integer",
+            json_kind(v)
+        )),
+    }
 }
 
 /// The names an expression can use while a contract is resolved.
@@ -302,15 +375,14 @@ struct Scope<'a> {
 
 impl Scope<'_> {
     /// Repeats, then dims, then config keys; `last:R` is repeat R's last index.
-    fn lookup(&self, t: &str) -> Option<i64> {
+    fn lookup(&self, t: &str) -> Lookup {
         if let Some(r) = t.strip_prefix("last:") {
-            return self.repeats.get(r.trim()).map(|&n| n as i64 - 1);
+            return Ok(self.repeats.get(r.trim()).map(|&n| n as i64 - 1));
         }
-        self.repeats
-            .get(t)
-            .or_else(|| self.dims.get(t))
-            .map(|&n| n as i64)
-            .or_else(|| config_int(self.config, t))
+        match self.repeats.get(t).or_else(|| self.dims.get(t)) {
+            Some(&n) => Ok(Some(n as i64)),
+            None => config_int(self.config, t),
+        }
     }
 
     /// `tpl` with every `{expr}` evaluated (`layer` and `each:LIST` bound as given); `None` when
@@ -322,12 +394,12 @@ impl Scope<'_> {
         layer: Option<usize>,
         each: Option<i64>,
     ) -> Result<Option<String>> {
-        let vars = |t: &str| -> Option<i64> {
+        let vars = |t: &str| -> Lookup {
             if t.starts_with("each:") {
-                return each;
+                return Ok(each);
             }
             if t == "layer" {
-                return layer.map(|l| l as i64);
+                return Ok(layer.map(|l| l as i64));
             }
             self.lookup(t)
         };
@@ -352,12 +424,14 @@ impl Scope<'_> {
     }
 }
 
-/// Evaluate each named expression (dims, repeats); every value must be positive.
+/// Evaluate each named expression (dims, repeats); every value must be positive and at most
+/// `max` (a dim computed from bounded config values can still be their product).
 fn resolve_named(
     fam: &str,
     what: &str,
     exprs: &BTreeMap<String, String>,
-    vars: &dyn Fn(&str) -> Option<i64>,
+    vars: &dyn Fn(&str) -> Lookup,
+    max: u64,
 ) -> Result<BTreeMap<String, usize>> {
     let mut out = BTreeMap::new();
     for (k, e) in exprs {
@@ -366,6 +440,12 @@ fn resolve_named(
             return Err(cerr(
                 fam,
                 format!("{what} '{k}' = {e} = {v} must be positive"),
+            ));
+        }
+        if v as u64 > max {
+            return Err(cerr(
+                fam,
+                format!("{what} '{k}' = {e} = {v} is above {max}, the most X-Ray accepts"),
             ));
         }
         out.insert(k.clone(), v as usize);
@@ -387,15 +467,31 @@ fn resolve_lists(
                 .get(part)
                 .ok_or_else(|| cerr(fam, format!("list '{k}': config has no '{}'", l.config)))?;
         }
-        let raw: Vec<i64> = serde_json::from_value(v.clone()).map_err(|_| {
+        let not_ints = |v: &serde_json::Value| {
             cerr(
                 fam,
                 format!(
-                    "list '{k}': config '{}' is not a list of integers",
-                    l.config
+                    "list '{k}': config.json key '{}' is {}, expected a list of integers",
+                    l.config,
+                    json_kind(v)
                 ),
             )
-        })?;
+        };
+        let items = v.as_array().ok_or_else(|| not_ints(v))?;
+        if items.len() > MAX_LIST_LEN {
+            return Err(cerr(
+                fam,
+                format!(
+                    "list '{k}': config.json key '{}' holds {} elements, above {MAX_LIST_LEN}, the most X-Ray accepts",
+                    l.config,
+                    items.len()
+                ),
+            ));
+        }
+        let raw: Vec<i64> = items
+            .iter()
+            .map(|x| x.as_i64().ok_or_else(|| not_ints(x)))
+            .collect::<Result<_>>()?;
         let wrap = match &l.wrap {
             Some(w) => Some(
                 eval_expr(w, &|t| scope.lookup(t))
@@ -641,10 +737,31 @@ impl Contract {
         if file.schema != "xray.contract/v1" {
             return Err(cerr(&fam, format!("unknown schema '{}'", file.schema)));
         }
-        let dims = resolve_named(&fam, "dim", &file.dims, &|t| config_int(config, t))?;
-        let repeats = resolve_named(&fam, "repeat", &file.repeats, &|t| {
-            config_int(config, t).or_else(|| dims.get(t).map(|&d| d as i64))
-        })?;
+        if !config.is_object() {
+            return Err(cerr(
+                &fam,
+                format!("config.json is {}, expected an object", json_kind(config)),
+            ));
+        }
+        // Every integer read from the config is bounded (MAX_CONFIG_INT), and so are the
+        // resolved dims and the repeats (MAX_REPEAT), before anything is sized by them.
+        let dims = resolve_named(
+            &fam,
+            "dim",
+            &file.dims,
+            &|t| config_int(config, t),
+            MAX_CONFIG_INT,
+        )?;
+        let repeats = resolve_named(
+            &fam,
+            "repeat",
+            &file.repeats,
+            &|t| match config_int(config, t)? {
+                Some(v) => Ok(Some(v)),
+                None => Ok(dims.get(t).map(|&d| d as i64)),
+            },
+            MAX_REPEAT as u64,
+        )?;
         let scope = Scope {
             config,
             dims: &dims,
@@ -725,7 +842,7 @@ impl Contract {
     /// checkpoint of the contract. For names written outside the contract file (a fault
     /// catalogue's expected origin), so they follow the model's geometry.
     pub fn expand_name(&self, tpl: &str) -> Result<String> {
-        let config = serde_json::Value::Null;
+        let config = serde_json::json!({});
         let scope = Scope {
             config: &config,
             dims: &self.dims,
@@ -750,14 +867,14 @@ impl Contract {
                 continue;
             }
             eval_expr(expr, &|t| {
-                if self.symbols.contains_key(t) {
+                Ok(if self.symbols.contains_key(t) {
                     Some(1)
                 } else {
                     self.dims
                         .get(t)
                         .or_else(|| self.repeats.get(t))
                         .map(|&n| n as i64)
-                }
+                })
             })
             .map_err(|r| cerr(&self.family, format!("symbol '{sym}': {r}")))?;
         }
@@ -831,7 +948,7 @@ impl Contract {
                     if v.is_none() {
                         unbound.set(true);
                     }
-                    v
+                    Ok(v)
                 });
                 match want {
                     Ok(w) if w != have => {
@@ -1126,6 +1243,90 @@ mod tests {
             .check_shapes([("audio.frontend.mel", 0, &[80usize, 3000][..])])
             .is_ok());
         assert!(c.check_shapes([("nope", 0, &[1usize][..])]).is_err());
+    }
+
+    /// Issue 24 item 2: a config number the resolver reads is checked before anything is sized
+    /// by it; a value of the wrong kind says what it is.
+    #[test]
+    fn config_numbers_are_bounded_and_a_bad_value_says_what_it_is() {
+        let with = |key: &str, v: serde_json::Value| {
+            let mut c = tiny_cfg();
+            c[key] = v;
+            Contract::for_family("whisper", &c)
+                .map(|c| c.checkpoints.len())
+                .map_err(|e| e.to_string())
+        };
+        for (v, says) in [
+            (
+                serde_json::json!("64"),
+                r#"is a string "64", expected a non-negative integer"#,
+            ),
+            (
+                serde_json::json!(64.5),
+                "is the number 64.5, expected a non-negative integer",
+            ),
+            (
+                serde_json::json!(null),
+                "is null, expected a non-negative integer",
+            ),
+            (
+                serde_json::json!(-384),
+                "is the number -384, expected a non-negative integer",
+            ),
+            (serde_json::json!(true), "is a boolean true"),
+            (serde_json::json!([384]), "is an array of 1 element(s)"),
+        ] {
+            let e = with("d_model", v).unwrap_err();
+            assert!(
+                e.contains(&format!("config.json key 'd_model' {says}")),
+                "{e}"
+            );
+            assert!(!e.contains('\n'), "{e}");
+        }
+        // 1e9 layers was a 16 GB allocation (an abort); 1e5 a 707 MB contract.
+        let e = with("decoder_layers", serde_json::json!(1_000_000_000u64)).unwrap_err();
+        assert!(
+            e.contains("config.json key 'decoder_layers' is 1000000000, above 16777216"),
+            "{e}"
+        );
+        let e = with("decoder_layers", serde_json::json!(100_000)).unwrap_err();
+        assert!(
+            e.contains("repeat 'decoder_layers'") && e.contains("100000 is above 1024"),
+            "{e}"
+        );
+        let e = with("decoder_layers", serde_json::json!(1e9)).unwrap_err();
+        assert!(
+            e.contains("'decoder_layers' is the number 1000000000.0"),
+            "{e}"
+        );
+        let e = with("vocab_size", serde_json::json!(u64::MAX)).unwrap_err();
+        assert!(
+            e.contains("'vocab_size' is 18446744073709551615, above"),
+            "{e}"
+        );
+        // The bound itself resolves.
+        assert!(with("decoder_layers", serde_json::json!(MAX_REPEAT)).is_ok());
+        // i64::MIN / -1 (and % -1) overflow in i64: an error, not a panic.
+        let mut c = tiny_cfg();
+        c["d_model"] = serde_json::json!(i64::MIN);
+        c["decoder_attention_heads"] = serde_json::json!(-1);
+        assert!(Contract::for_family("whisper", &c).is_err());
+        // A nested key under something that is not an object, a config that is not an object.
+        let e = config_int(
+            &serde_json::json!({"text_config": 5}),
+            "text_config.vocab_size",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("'text_config' is the number 5, expected an object"),
+            "{e}"
+        );
+        let e = Contract::for_family("whisper", &serde_json::json!([1]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("config.json is an array"), "{e}");
+        assert!(check_count("k", MAX_CONFIG_INT, MAX_CONFIG_INT).is_ok());
+        assert!(check_count("k", MAX_CONFIG_INT + 1, MAX_CONFIG_INT).is_err());
     }
 
     #[test]

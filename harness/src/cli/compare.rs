@@ -127,7 +127,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 )
             })?,
     };
-    let contract = Contract::for_family(&reference.manifest.family, &config)?;
+    // A foreign dump's extra.config is untrusted like a config.json: core bounds what it reads.
+    let contract =
+        Contract::for_family(&reference.manifest.family, &config).with_context(|| {
+            match &a.model {
+                Some(m) => format!("{}", m.join("config.json").display()),
+                None => format!("{}: the manifest's extra.config", a.reference.display()),
+            }
+        })?;
     let policy = match &a.policy {
         Some(p) => Policy::load(p)?,
         None => Policy::default(),

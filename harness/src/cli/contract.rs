@@ -5,8 +5,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use xray_core::contract::Contract;
-
 /// Arguments of `xray contract`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -22,7 +20,7 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let family = xray_runtime::models::detect_family(&a.model)?;
     let config = super::read_config(&a.model)?;
-    let contract = Contract::for_family(family, &config)?;
+    let contract = super::contract_for(family, &a.model, &config)?;
     let text = format!(
         "{}\n",
         serde_json::to_string_pretty(&contract.resolved_json())?

@@ -61,6 +61,18 @@ pub fn read_config(dir: &std::path::Path) -> anyhow::Result<serde_json::Value> {
     serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
 }
 
+/// The family's contract resolved against `config` (read from `dir`/config.json), an error
+/// naming that file (core bounds every number it reads: a hostile count is refused, not sized).
+pub fn contract_for(
+    family: &str,
+    dir: &std::path::Path,
+    config: &serde_json::Value,
+) -> anyhow::Result<xray_core::contract::Contract> {
+    use anyhow::Context;
+    xray_core::contract::Contract::for_family(family, config)
+        .with_context(|| format!("{}", dir.join("config.json").display()))
+}
+
 /// Names the checkpoints that could not be compared (missing or not aligned), at most 12 of each
 /// kind, or `None` when every checkpoint was compared.
 pub fn not_compared(e: &xray_compare::evidence::Evidence) -> Option<String> {

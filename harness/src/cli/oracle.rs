@@ -41,7 +41,7 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let family = xray_runtime::models::detect_family(&a.model)?;
     let config = super::read_config(&a.model)?;
-    let contract = xray_core::contract::Contract::for_family(family, &config)?;
+    let contract = super::contract_for(family, &a.model, &config)?;
     // Checked before the reference runs: the output directory and --only.
     let mut outputs = super::Outputs::default();
     outputs.dump("out", &a.out, a.force).check()?;

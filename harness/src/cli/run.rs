@@ -48,7 +48,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if !a.only.is_empty() {
         let family = models::detect_family(&a.model)?;
         let config = super::read_config(&a.model)?;
-        let contract = xray_core::contract::Contract::for_family(family, &config)?;
+        let contract = super::contract_for(family, &a.model, &config)?;
         super::check_only(&a.only, &contract, false)?;
     }
     let model = models::load(&a.model)?;

@@ -100,16 +100,33 @@ pub fn check_model_type(path: &Path, model_type: &str, accepted: &[&str]) -> Res
     ))
 }
 
-/// Every config fact of `facts` (name, value) must be positive: the first that is 0 is an error
-/// naming it, `{name} must be positive{why}, got 0`.
+/// Every config fact of `facts` (name, value) must be positive and at most core's
+/// [`MAX_CONFIG_INT`](xray_core::contract::MAX_CONFIG_INT) (the bound the contract resolver
+/// applies to the same keys): the first that is 0 is an error naming it, `{name} must be
+/// positive{why}, got 0`; one above the bound is core's message naming it.
 pub fn check_positive(path: &Path, facts: &[(&str, usize)], why: &str) -> Result<()> {
-    match facts.iter().find(|(_, v)| *v == 0) {
-        Some((name, _)) => Err(cfg_err(
+    if let Some((name, _)) = facts.iter().find(|(_, v)| *v == 0) {
+        return Err(cfg_err(
             path,
             format!("{name} must be positive{why}, got 0"),
-        )),
-        None => Ok(()),
+        ));
     }
+    for (name, v) in facts {
+        xray_core::contract::check_count(name, *v as u64, xray_core::contract::MAX_CONFIG_INT)
+            .map_err(|r| cfg_err(path, r))?;
+    }
+    Ok(())
+}
+
+/// Layer counts (each builds a graph block) are at most core's
+/// [`MAX_REPEAT`](xray_core::contract::MAX_REPEAT), the bound of the contract's repeats: checked
+/// before a graph of that size is built or a weight file read.
+pub fn check_layers(path: &Path, facts: &[(&str, usize)]) -> Result<()> {
+    for (name, v) in facts {
+        xray_core::contract::check_count(name, *v as u64, xray_core::contract::MAX_REPEAT as u64)
+            .map_err(|r| cfg_err(path, r))?;
+    }
+    Ok(())
 }
 
 /// Read and deserialize a JSON file, errors naming the file.
@@ -117,7 +134,8 @@ pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<(T, serd
     let text = std::fs::read_to_string(path).map_err(|e| RuntimeError::io(path, e))?;
     let value: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| cfg_err(path, format!("not valid JSON: {e}")))?;
-    let t = serde_json::from_value(value.clone()).map_err(|e| cfg_err(path, e.to_string()))?;
+    // From the text (not the value): serde's message then says where (line and column).
+    let t = serde_json::from_str(&text).map_err(|e| cfg_err(path, e.to_string()))?;
     Ok((t, value))
 }
 

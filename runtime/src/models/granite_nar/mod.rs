@@ -34,7 +34,7 @@ use serde::Deserialize;
 
 use crate::error::Result;
 pub(crate) use crate::models::common::{
-    cfg_err, check_model_type, check_positive, model_files, read_json,
+    cfg_err, check_layers, check_model_type, check_positive, model_files, read_json,
 };
 
 pub use frontend::PreprocessorConfig;
@@ -370,6 +370,14 @@ impl GraniteNarConfig {
                 ),
             ],
             "",
+        )?;
+        check_layers(
+            path,
+            &[
+                ("encoder_config.num_layers", enc.num_layers),
+                ("projector_config.num_layers", prj.num_layers),
+                ("text_config.num_hidden_layers", txt.num_hidden_layers),
+            ],
         )?;
         // GraniteSpeechConformerAttention.__init__ raises on this.
         if enc.context_size > enc.max_pos_emb {

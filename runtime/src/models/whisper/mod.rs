@@ -27,7 +27,7 @@ use serde::Deserialize;
 
 use crate::error::Result;
 pub(crate) use crate::models::common::{
-    cfg_err, check_model_type, check_positive, model_files, read_json,
+    cfg_err, check_layers, check_model_type, check_positive, model_files, read_json,
 };
 
 pub use decode::DecoderSession;
@@ -208,6 +208,13 @@ impl WhisperConfig {
                 ("vocab_size", self.vocab_size),
             ],
             " (an encoder-decoder graph needs every geometry fact)",
+        )?;
+        check_layers(
+            path,
+            &[
+                ("encoder_layers", self.encoder_layers),
+                ("decoder_layers", self.decoder_layers),
+            ],
         )?;
         for (name, h) in [
             ("encoder_attention_heads", self.encoder_attention_heads),

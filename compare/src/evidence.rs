@@ -84,6 +84,19 @@ pub struct Run {
     /// was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub contract_sha256: Option<String>,
+    /// The dumps compared, when they were written (`xray check --dumps DIR`) or given (`xray
+    /// compare REF GOT`): what `xray repro` cuts a case from. Written only when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dumps: Option<RunDumps>,
+}
+
+/// Where the two dumps of a run are (absolute paths when X-Ray could resolve them).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunDumps {
+    /// The reference dump directory.
+    pub reference: String,
+    /// The dump of the engine under test.
+    pub got: String,
 }
 
 /// Tolerance in force for a checkpoint and where it came from: the [`Tolerance`]'s fields

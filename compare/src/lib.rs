@@ -9,6 +9,7 @@
 //! | [`localize`] | checkpoint DAG (from resolved specs or contract templates), origin localization, error profile, token drill-down |
 //! | [`signatures`] | divergence signatures of the origin (permutation, scale, mask, ...) |
 //! | [`ops`] | op-level localization: the first op-level point (`{module}:{in|out}`) that differs at the origin's step, the engine ops before it, its signature |
+//! | [`case`] | repro cases (`xray.case/v1`): one op's inputs, weights, reference and engine outputs, tolerance; atomic write, checked read, judging |
 //! | [`compare`] | the pipeline: graph + tensor pairs -> statuses, origin, explanation, profile |
 //! | [`evidence`] | `xray.evidence/v1` serde types, atomic write, checked read |
 //! | [`report`] | self-contained HTML and Markdown renderings |
@@ -19,6 +20,7 @@
 
 #![warn(missing_docs)]
 
+pub mod case;
 pub mod compare;
 pub mod corpus;
 pub mod error;

@@ -507,6 +507,7 @@ pub fn check_against(
         isolated: opts.isolate,
         stats_only: opts.stats_only,
         contract_sha256: Some(contract.sha256()),
+        dumps: None,
     };
     if model.weights().sha256() != ref_run.weights_sha256 {
         notes.push(format!(

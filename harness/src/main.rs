@@ -50,6 +50,10 @@ enum Command {
     Report(cli::report::Args),
     /// Compare new evidence with a baseline; fail when it got worse.
     Gate(cli::gate::Args),
+    /// Cut the op-level origin of a divergence out as a self-contained repro case.
+    Repro(cli::repro::Args),
+    /// Judge an output of a repro case's op (another engine's, or X-Ray's kernel) against it.
+    Replay(cli::replay::Args),
     /// Merge corpus evidence directories (shards) into one summary.
     Summarize(cli::summarize::Args),
     /// Measure the comparison throughput (GB/s per core).
@@ -123,6 +127,8 @@ fn main() -> ExitCode {
         Command::List(a) => cli::list::run(a),
         Command::Contract(a) => cli::contract::run(a),
         Command::Summarize(a) => cli::summarize::run(a),
+        Command::Repro(a) => cli::repro::run(a),
+        Command::Replay(a) => cli::replay::run(a),
         Command::Faults(a) => cli::faults::run(a),
         #[cfg(feature = "oracle")]
         Command::Selftest(a) => cli::selftest::run(a),

@@ -10,6 +10,7 @@ pub mod faults;
 pub mod graph;
 pub mod kernels;
 pub mod models;
+pub mod replay;
 pub mod weights;
 
 pub use error::{Result, RuntimeError};

@@ -135,9 +135,16 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         stats_only: a.stats_only,
     };
     let t0 = std::time::Instant::now();
-    let out = check(&opts, &|m| {
+    let mut out = check(&opts, &|m| {
         super::note(&format!("xray: {m} [{:.1}s]", t0.elapsed().as_secs_f64()))
     })?;
+    if let Some(d) = &a.dumps {
+        // Where `xray repro` finds the tensors of this run.
+        out.evidence.run.dumps = Some(xray_compare::evidence::RunDumps {
+            reference: super::absolute(&d.join("reference")),
+            got: super::absolute(&d.join("runtime")),
+        });
+    }
     let ev = &out.evidence;
     // The evidence first, then the reports, then the dumps; a failed write does not stop the rest.
     outputs.write_evidence(&evidence_path, &ev.to_json()?);

@@ -220,6 +220,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         isolated: !isolated.is_empty(),
         stats_only,
         contract_sha256: Some(contract.sha256()),
+        dumps: Some(xray_compare::evidence::RunDumps {
+            reference: super::absolute(&a.reference),
+            got: super::absolute(&a.got),
+        }),
     };
     if let Some(t) = tokens.as_ref().filter(|t| t.teacher_forced) {
         notes.push(format!(

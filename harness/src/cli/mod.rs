@@ -44,10 +44,21 @@ pub mod faults;
 pub mod list;
 #[cfg(feature = "oracle")]
 pub mod oracle;
+pub mod replay;
+pub mod repro;
 pub mod run;
 #[cfg(feature = "oracle")]
 pub mod selftest;
 pub mod summarize;
+
+/// `p` as an absolute path (resolved against the working directory; symbolic links kept), as
+/// text; `p` itself when that fails.
+pub fn absolute(p: &std::path::Path) -> String {
+    std::path::absolute(p)
+        .unwrap_or_else(|_| p.to_path_buf())
+        .display()
+        .to_string()
+}
 
 /// A model directory's config.json as JSON.
 pub fn read_config(dir: &std::path::Path) -> anyhow::Result<serde_json::Value> {

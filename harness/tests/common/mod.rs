@@ -121,6 +121,7 @@ pub fn run_info() -> Run {
         isolated: false,
         stats_only: false,
         contract_sha256: Some("ef".repeat(32)),
+        dumps: None,
     }
 }
 

@@ -1,0 +1,358 @@
+//! Repro cases end to end, on the real fixtures and the real oracle: `xray check --ops --inject
+//! FAULT --dumps D --evidence E`, `xray repro E --out C`, then `xray replay C` with X-Ray's own
+//! kernel (faulted: fail; clean: pass) and with given outputs (the case's engine output: fail;
+//! its reference output: pass); bad inputs are one line and exit 2; an engine dump without
+//! op-level points (candle's) is refused naming what is missing.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{code, ready, root, stderr, xray};
+use serde_json::Value;
+
+const RAND: &str = "fixtures/build/whisper-rand-a";
+const TINY: &str = "fixtures/whisper-tiny-en";
+const FOX: &str = "fixtures/audio/fox.wav";
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+
+/// `xray check --model MODEL --audio FOX --dumps DIR/d --evidence DIR/e.json EXTRA..` exiting 1:
+/// the evidence path and the evidence.
+fn faulty_check(model: &str, dir: &Path, extra: &[&str]) -> (PathBuf, Value) {
+    let ev = dir.join("e.json");
+    let dumps = dir.join("d");
+    let mut args = vec![
+        "check",
+        "--model",
+        model,
+        "--audio",
+        FOX,
+        "--dumps",
+        s(&dumps),
+        "--evidence",
+        s(&ev),
+    ];
+    args.extend_from_slice(extra);
+    let o = xray(&args);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&ev).unwrap()).unwrap();
+    (ev, v)
+}
+
+/// Exit 2 with exactly one line on stderr, `xray: error: ...` containing every `needle`.
+fn refused(o: &std::process::Output, needles: &[&str]) {
+    let e = stderr(o);
+    assert_eq!(code(o), 2, "{e}");
+    assert_eq!(e.trim_end().lines().count(), 1, "not one line: {e}");
+    assert!(e.starts_with("xray: error: "), "{e}");
+    for n in needles {
+        assert!(e.contains(n), "{n:?} not in: {e}");
+    }
+}
+
+/// One line on stdout starting with `xray: replay {verdict}`, with the expected exit code.
+fn replayed(o: &std::process::Output, verdict: &str) {
+    let out = stdout(o);
+    assert_eq!(
+        code(o),
+        if verdict == "pass" { 0 } else { 1 },
+        "{out}{}",
+        stderr(o)
+    );
+    assert_eq!(out.trim_end().lines().count(), 1, "{out}");
+    assert!(
+        out.starts_with(&format!("xray: replay {verdict}: ")),
+        "{out}"
+    );
+}
+
+fn case_json(c: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(c.join("case.json")).unwrap()).unwrap()
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// A norm op: encoder layer 1's MLP LayerNorm with epsilon 1e-1 (`layernorm_eps`). The case holds
+/// the norm's reference input, its two weights and nothing else; X-Ray's kernel replayed with the
+/// fault fails and without it passes; the case's own engine output fails and its reference passes.
+#[test]
+fn layer_norm_case_reproduces_the_fault_and_replays() {
+    if !ready(&[RAND, FOX, ".venv"]) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (ev, e) = faulty_check(RAND, tmp.path(), &["--ops", "--inject", "layernorm_eps"]);
+    let op = &e["first_divergence"]["op"];
+    assert_eq!(op["op"], "encoder.layer.1.mlp_norm", "{op:#}");
+    assert!(e["run"]["dumps"]["reference"].is_string(), "{:#}", e["run"]);
+    common::assert_schema_valid(&e);
+
+    let c = tmp.path().join("case");
+    let o = xray(&["repro", s(&ev), "--out", s(&c)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(stderr(&o).trim_end().lines().count(), 1, "{}", stderr(&o));
+    let j = case_json(&c);
+    assert_eq!(j["schema"], "xray.case/v1");
+    assert_eq!(j["op"]["name"], "encoder.layer.1.mlp_norm");
+    assert_eq!(j["op"]["kind"], "layer_norm");
+    assert_eq!(j["point"], "model.encoder.layers.1.final_layer_norm:out");
+    let m = "model.encoder.layers.1.final_layer_norm";
+    assert_eq!(j["upstream"]["module"], m);
+    assert_eq!(j["upstream"]["class"], "nn.LayerNorm");
+    assert_eq!(
+        j["upstream"]["file"],
+        "transformers/models/whisper/modeling_whisper.py"
+    );
+    assert!(j["upstream"]["known_from"].as_array().unwrap().len() >= 3);
+    assert_eq!(j["inputs"][0]["point"], format!("{m}:in"));
+    assert_eq!(j["engine"]["passes"], false);
+    assert_eq!(j["tolerance"], op["tolerance"]);
+    // Only the weights the op reads, named by their safetensors keys.
+    let keys: Vec<&str> = j["weights"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, [format!("{m}.weight"), format!("{m}.bias")]);
+    let mut on_disk: Vec<String> = std::fs::read_dir(c.join("weights"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    on_disk.sort();
+    assert_eq!(on_disk, [format!("{m}.bias.npy"), format!("{m}.weight.npy")]);
+
+    // X-Ray's kernel on the case: with the fault it fails, without it passes.
+    replayed(
+        &xray(&["replay", s(&c), "--runtime", "--inject", "layernorm_eps"]),
+        "fail",
+    );
+    replayed(&xray(&["replay", s(&c), "--runtime"]), "pass");
+    // Given outputs: the engine's own fails, the reference passes.
+    replayed(
+        &xray(&["replay", s(&c), "--got", s(&c.join("engine.npy"))]),
+        "fail",
+    );
+    replayed(
+        &xray(&["replay", s(&c), "--got", s(&c.join("reference.npy"))]),
+        "pass",
+    );
+    // A fault that plants on another op does not change this one: refused, not a silent pass.
+    refused(
+        &xray(&["replay", s(&c), "--runtime", "--inject", "gelu_tanh"]),
+        &["does not change op encoder.layer.1.mlp_norm"],
+    );
+
+    // The case exists: refused without --force, replaced with it.
+    refused(
+        &xray(&["repro", s(&ev), "--out", s(&c)]),
+        &["already holds an X-Ray case", "--force"],
+    );
+    let o = xray(&["repro", s(&ev), "--out", s(&c), "--force"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+
+    // Bad inputs: one line, exit 2.
+    let broken = tmp.path().join("broken");
+    copy_dir(&c, &broken);
+    std::fs::remove_file(broken.join(format!("weights/{m}.bias.npy"))).unwrap();
+    refused(
+        &xray(&["replay", s(&broken), "--runtime"]),
+        &[&format!("{m}.bias.npy"), "missing"],
+    );
+    let wrong = tmp.path().join("wrong-schema");
+    copy_dir(&c, &wrong);
+    let text = std::fs::read_to_string(wrong.join("case.json"))
+        .unwrap()
+        .replace("xray.case/v1", "xray.case/v9");
+    std::fs::write(wrong.join("case.json"), text).unwrap();
+    refused(
+        &xray(&["replay", s(&wrong), "--got", s(&c.join("reference.npy"))]),
+        &["xray.case/v9", "xray.case/v1"],
+    );
+    // A --got of the wrong shape (a weight of the case).
+    refused(
+        &xray(&[
+            "replay",
+            s(&c),
+            "--got",
+            s(&c.join(format!("weights/{m}.weight.npy"))),
+        ]),
+        &["shape [64]", "final_layer_norm:out is [250, 64]"],
+    );
+    refused(
+        &xray(&["replay", s(&c), "--got", s(&tmp.path().join("nope.npy"))]),
+        &["nope.npy"],
+    );
+    // An output directory that exists and is not X-Ray's.
+    let mine = tmp.path().join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    std::fs::write(mine.join("notes.txt"), "keep me").unwrap();
+    refused(
+        &xray(&["repro", s(&ev), "--out", s(&mine), "--force"]),
+        &["not an X-Ray case"],
+    );
+    assert_eq!(
+        std::fs::read_to_string(mine.join("notes.txt")).unwrap(),
+        "keep me"
+    );
+    // Evidence without an op-level origin, and without dumps.
+    let mut no_op = e.clone();
+    no_op["first_divergence"]
+        .as_object_mut()
+        .unwrap()
+        .remove("op");
+    let p = tmp.path().join("no-op.json");
+    std::fs::write(&p, no_op.to_string()).unwrap();
+    refused(
+        &xray(&["repro", s(&p), "--out", s(&tmp.path().join("c2"))]),
+        &["no op-level origin"],
+    );
+    let mut no_dumps = e.clone();
+    no_dumps["run"].as_object_mut().unwrap().remove("dumps");
+    let p = tmp.path().join("no-dumps.json");
+    std::fs::write(&p, no_dumps.to_string()).unwrap();
+    refused(
+        &xray(&["repro", s(&p), "--out", s(&tmp.path().join("c3"))]),
+        &["names no dumps", "--reference"],
+    );
+    assert!(!tmp.path().join("c2").exists() && !tmp.path().join("c3").exists());
+}
+
+/// A linear op: encoder layer 1's attention output projection with its weight rounded to int8
+/// (`out_proj_int8`). Its input is the merged heads (`out_proj:in`), its weights the
+/// projection's; X-Ray's kernel with the fault fails, without it passes.
+#[test]
+fn linear_case_reproduces_the_fault_and_replays() {
+    if !ready(&[RAND, FOX, ".venv"]) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (ev, e) = faulty_check(RAND, tmp.path(), &["--ops", "--inject", "out_proj_int8"]);
+    assert_eq!(
+        e["first_divergence"]["op"]["op"], "encoder.layer.1.out_proj",
+        "{:#}",
+        e["first_divergence"]
+    );
+    let c = tmp.path().join("case");
+    let o = xray(&["repro", s(&ev), "--out", s(&c)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let j = case_json(&c);
+    let m = "model.encoder.layers.1.self_attn.out_proj";
+    assert_eq!(j["op"]["kind"], "linear");
+    assert_eq!(j["upstream"]["class"], "nn.Linear");
+    assert_eq!(j["upstream"]["module"], m);
+    assert_eq!(j["inputs"][0]["point"], format!("{m}:in"));
+    assert_eq!(j["divergence"]["signature"], "grid_quantization");
+    replayed(
+        &xray(&["replay", s(&c), "--runtime", "--inject", "out_proj_int8"]),
+        "fail",
+    );
+    replayed(&xray(&["replay", s(&c), "--runtime"]), "pass");
+    replayed(
+        &xray(&["replay", s(&c), "--got", s(&c.join("engine.npy"))]),
+        "fail",
+    );
+    replayed(
+        &xray(&["replay", s(&c), "--got", s(&c.join("reference.npy"))]),
+        "pass",
+    );
+}
+
+/// Dumps made without `--ops` hold no op-level points (the drill-down captured its points in
+/// memory only): `xray repro` refuses, naming the point it needs and the flag that makes it.
+#[test]
+fn dumps_without_points_are_refused_naming_the_point() {
+    if !ready(&[RAND, FOX, ".venv"]) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (ev, e) = faulty_check(RAND, tmp.path(), &["--inject", "layernorm_eps"]);
+    assert_eq!(e["first_divergence"]["op"]["op"], "encoder.layer.1.mlp_norm");
+    refused(
+        &xray(&["repro", s(&ev), "--out", s(&tmp.path().join("c"))]),
+        &[
+            "model.encoder.layers.1.final_layer_norm:in@step0",
+            "--ops",
+        ],
+    );
+}
+
+/// The candle engine (engines/candle-whisper, `make candle`) writes contract checkpoints only, no
+/// op-level points: an evidence comparing its dump has no op-level origin to cut out, and its dump
+/// given as the engine side of a case is refused naming the point it lacks. Skipped when the
+/// candle binary is not built beside `xray` (`cargo build --release -p xray-candle-whisper`).
+#[test]
+fn candle_dump_without_points_is_refused_naming_what_is_missing() {
+    if !ready(&[TINY, FOX, ".venv"]) {
+        return;
+    }
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_xray")).with_file_name("xray-candle-whisper");
+    if !bin.exists() {
+        eprintln!("skipped: {} is not built", bin.display());
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let candle = tmp.path().join("candle");
+    let o = std::process::Command::new(&bin)
+        .current_dir(root())
+        .args(["--model", TINY, "--audio", FOX, "--out", s(&candle)])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The runtime on tiny.en with a fault, every point captured: an evidence with an op.
+    let (ev, e) = faulty_check(TINY, tmp.path(), &["--ops", "--inject", "layernorm_eps"]);
+    assert_eq!(e["first_divergence"]["op"]["op"], "encoder.layer.1.mlp_norm");
+    refused(
+        &xray(&[
+            "repro",
+            s(&ev),
+            "--got",
+            s(&candle),
+            "--out",
+            s(&tmp.path().join("c")),
+        ]),
+        &[
+            "model.encoder.layers.1.final_layer_norm:out@step0",
+            "holds no op-level point",
+            "--ops",
+        ],
+    );
+    // Candle against the reference: whatever the verdict, no op-level origin to cut out.
+    let reference = tmp.path().join("d/reference");
+    let ev2 = tmp.path().join("candle.json");
+    let o = xray(&[
+        "compare",
+        s(&reference),
+        s(&candle),
+        "--model",
+        TINY,
+        "--evidence",
+        s(&ev2),
+    ]);
+    assert!(code(&o) <= 1, "{}", stderr(&o));
+    let o = xray(&["repro", s(&ev2), "--out", s(&tmp.path().join("c2"))]);
+    let e2 = stderr(&o);
+    assert_eq!(code(&o), 2, "{e2}");
+    assert_eq!(e2.trim_end().lines().count(), 1, "{e2}");
+    assert!(
+        e2.contains("no op-level origin") || e2.contains("no first divergence"),
+        "{e2}"
+    );
+}

@@ -9,6 +9,7 @@
 //! | [`localize`] | checkpoint DAG (from resolved specs or contract templates), origin localization, error profile, token drill-down |
 //! | [`signatures`] | divergence signatures of the origin (permutation, scale, mask, ...) |
 //! | [`ops`] | op-level localization: the first op-level point (`{module}:{in|out}`) that differs at the origin's step, the engine ops before it, its signature |
+//! | [`mechanism`] | reference replay at the op-level origin: per-op local errors (the module re-run on the engine's own input), cleared / convicted, the counterfactual that reproduces the engine's output |
 //! | [`compare`] | the pipeline: graph + tensor pairs -> statuses, origin, explanation, profile |
 //! | [`evidence`] | `xray.evidence/v1` serde types, atomic write, checked read |
 //! | [`report`] | self-contained HTML and Markdown renderings |
@@ -25,6 +26,7 @@ pub mod error;
 pub mod evidence;
 pub mod gate;
 pub mod localize;
+pub mod mechanism;
 pub mod metrics;
 pub mod ops;
 pub mod pipeline;

@@ -68,6 +68,10 @@ pub struct OpDivergence {
     pub explanation: Option<Explanation>,
     /// How many points were compared at this step.
     pub compared: usize,
+    /// Reference replay at this op (`xray_compare::mechanism`): its local error (the module
+    /// replayed on the engine's own input), cleared or convicted, and the mechanism.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<crate::mechanism::ReplayEvidence>,
 }
 
 impl OpDivergence {
@@ -189,6 +193,7 @@ pub fn localize_op(
             shapes: None,
             explanation: None,
             compared,
+            replay: None,
         };
         if r.shape() != x.shape() {
             out.shapes = Some((r.shape().to_vec(), x.shape().to_vec()));

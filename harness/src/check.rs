@@ -689,6 +689,20 @@ impl Drill<'_> {
             if let Some(note) = self.exonerate_layout_ops(op)? {
                 ev.notes.push(note);
             }
+            // Reference replay: the module re-run on the runtime's own input clears or convicts
+            // the op and tests the mechanisms of its kind.
+            progress(&format!("replay: {} on the runtime's own input", op.module));
+            ev.notes.extend(crate::replay::replay_origin(
+                op,
+                &nodes,
+                r,
+                x,
+                &self.opts.policy,
+                self.oracle,
+                self.model.family(),
+                &self.opts.model,
+                Some(g),
+            ));
         }
         match &fd.op {
             Some(op) => ev.notes.push(format!("drill-down: {}", op.summary())),

@@ -283,6 +283,7 @@ fn site<'a>(
     candidate: &'a Dump,
     module: &str,
     step: u32,
+    kernel: Option<&str>,
 ) -> Option<Site<'a>> {
     let out = format!("{module}:out");
     let inp = format!("{module}:in");
@@ -291,11 +292,13 @@ fn site<'a>(
     let (input_name, input, input_layout, ids_from_rows) =
         match held(candidate, &aliases(nodes, &inp), step) {
             Some((n, t, l)) => (n.to_string(), t, l, false),
-            None => {
-                // No input point: an embedding (the engine emits only its output).
+            // No input point: an embedding (the engine emits only its output), when the
+            // engine's kernel is one or unknown (the replay refuses rows for anything else).
+            None if kernel.is_none_or(|k| k == "embedding") => {
                 let (n, t, l) = r_out?;
                 (format!("{n} (reference rows: ids)"), t, l, true)
             }
+            None => return None,
         };
     let reference = match (held(reference, &aliases(nodes, &inp), step), r_out) {
         (Some((_, ri, rl)), Some((_, ro, _))) if !ids_from_rows => Some((ri, rl, ro)),
@@ -463,7 +466,7 @@ pub fn hypotheses(info: &ModuleInfo, engine_shape: &[usize], input_len: usize) -
                 v.push(C::WeightRounded { format });
             }
         }
-        ModuleKind::Other => {}
+        ModuleKind::ResidualAdd | ModuleKind::Other => {}
     }
     v
 }
@@ -535,6 +538,8 @@ pub struct ReplayContext<'a> {
     pub tolerance: &'a dyn Fn(&str) -> Tolerance,
     /// At most this many neighbours replayed.
     pub max_neighbours: usize,
+    /// The kernel kind of an engine op, by op name, when the engine graph is known.
+    pub op_kernel: &'a dyn Fn(&str) -> Option<String>,
 }
 
 /// The modules of the region around the origin: those whose `:out` point the engine dump holds
@@ -587,14 +592,22 @@ impl ReplayContext<'_> {
 
     /// The local error of `module` at `step` (one clean replay), with its site.
     fn local(&self, module: &str, step: u32) -> Option<LocalError> {
-        let s = site(self.nodes, self.reference, self.candidate, module, step)?;
+        let eop = (self.engine_op)(module);
+        let s = site(
+            self.nodes,
+            self.reference,
+            self.candidate,
+            module,
+            step,
+            eop.kernel.as_deref(),
+        )?;
         let (_, outs) = self
             .replayer
             .replay(module, &self.input(&s), &[Counterfactual::None])
             .ok()?;
         let clean = outs.into_iter().next()?.ok()?;
         let tol = (self.tolerance)(&s.out_name);
-        Some(local_error(&s, &clean, &tol, &(self.engine_op)(module)).0)
+        Some(local_error(&s, &clean, &tol, &eop).0)
     }
 
     /// Replay evidence for the op-level origin `op` (its module's `:out` point), or why there is
@@ -602,11 +615,19 @@ impl ReplayContext<'_> {
     pub fn origin(&self, op: &OpDivergence) -> std::result::Result<ReplayEvidence, String> {
         let step = op.step;
         let module = op.module.as_str();
-        let s = site(self.nodes, self.reference, self.candidate, module, step).ok_or_else(|| {
+        let eop = (self.engine_op)(module);
+        let s = site(
+            self.nodes,
+            self.reference,
+            self.candidate,
+            module,
+            step,
+            eop.kernel.as_deref(),
+        )
+        .ok_or_else(|| {
             format!("the engine dump holds no {module}:in and :out at step {step} to replay")
         })?;
         let tol = (self.tolerance)(&s.out_name);
-        let eop = (self.engine_op)(module);
         let input = self.input(&s);
         let (info, outs) = self.replayer.replay(module, &input, &[Counterfactual::None])?;
         let clean = outs
@@ -875,6 +896,201 @@ impl ReplayContext<'_> {
     }
 }
 
+/// `y ~ a·u + b·v` by least squares (f64): `(a, b, ||y - a·u - b·v|| / ||y||)`.
+fn fit2(u: &ArrayD<f32>, v: &ArrayD<f32>, y: &ArrayD<f32>) -> Option<(f64, f64, f64)> {
+    let (mut uu, mut uv, mut vv, mut uy, mut vy, mut yy) = (0f64, 0f64, 0f64, 0f64, 0f64, 0f64);
+    for ((&p, &q), &r) in u.iter().zip(v.iter()).zip(y.iter()) {
+        let (p, q, r) = (p as f64, q as f64, r as f64);
+        if !(p.is_finite() && q.is_finite() && r.is_finite()) {
+            return None;
+        }
+        uu += p * p;
+        uv += p * q;
+        vv += q * q;
+        uy += p * r;
+        vy += q * r;
+        yy += r * r;
+    }
+    let det = uu * vv - uv * uv;
+    if det.abs() <= 1e-12 * (uu * vv).max(1e-300) || yy == 0.0 {
+        return None;
+    }
+    let a = (uy * vv - vy * uv) / det;
+    let b = (vy * uu - uy * uv) / det;
+    let mut rr = 0f64;
+    for ((&p, &q), &r) in u.iter().zip(v.iter()).zip(y.iter()) {
+        let d = r as f64 - a * p as f64 - b * q as f64;
+        rr += d * d;
+    }
+    Some((a, b, (rr / yy).sqrt()))
+}
+
+fn combine(u: &ArrayD<f32>, a: f64, v: &ArrayD<f32>, b: f64) -> ArrayD<f32> {
+    let mut out = u.clone();
+    for ((o, &p), &q) in out.iter_mut().zip(u.iter()).zip(v.iter()) {
+        *o = (a * p as f64 + b * q as f64) as f32;
+    }
+    out
+}
+
+impl ReplayContext<'_> {
+    /// Replay of a weightless origin: a point that is a module's input, produced by one residual
+    /// add of two observed points. The reference's own combination (`R = a·U + b·V`, fitted on its
+    /// tensors, exact for an add) is applied to the engine's inputs; the engine's output is then
+    /// tested against an input dropped or scaled (solved).
+    pub fn weightless(&self, op: &OpDivergence) -> std::result::Result<ReplayEvidence, String> {
+        let step = op.step;
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.names.iter().any(|p| p == &op.point))
+            .ok_or_else(|| format!("{} is in no node of the points' graph", op.point))?;
+        let kernels: Vec<Option<String>> = node.ops.iter().map(|o| (self.op_kernel)(o)).collect();
+        let adds = kernels.iter().filter(|k| k.as_deref() == Some("add")).count();
+        if node.ops.len() != 1 || adds != 1 {
+            return Err(format!(
+                "the weightless step before {} ({}) is not one residual add; replaying attention cores is not implemented",
+                op.point,
+                node.ops.join(", ")
+            ));
+        }
+        let [u, v] = node.inputs.as_slice() else {
+            return Err(format!("{} has {} observed inputs, not two", op.point, node.inputs.len()));
+        };
+        let names = |i: usize| &self.nodes[i].names;
+        let (Some((un, ue, ul)), Some((vn, ve, vl)), Some((ur, _, url)), Some((vr, _, vrl))) = (
+            held(self.candidate, names(*u), step),
+            held(self.candidate, names(*v), step),
+            held(self.reference, names(*u), step),
+            held(self.reference, names(*v), step),
+        ) else {
+            return Err(format!("the inputs of {} are not held by both dumps", op.point));
+        };
+        let (Some((xn, xe, xl)), Some((_, xr, xrl))) = (
+            held(self.candidate, &node.names, step),
+            held(self.reference, &node.names, step),
+        ) else {
+            return Err(format!("{} is not held by both dumps", op.point));
+        };
+        let to = |t: &ArrayD<f32>, l: Layout| in_layout(t, l, xrl).ok_or("layouts do not align");
+        let (ue, ve, xe) = (to(ue, ul)?, to(ve, vl)?, to(xe, xl)?);
+        let (ur_t, vr_t) = (
+            to(self.reference.get(ur, step as usize).ok_or("no tensor")?, url)?,
+            to(self.reference.get(vr, step as usize).ok_or("no tensor")?, vrl)?,
+        );
+        if [ue.shape(), ve.shape(), ur_t.shape(), vr_t.shape()]
+            .iter()
+            .any(|s| *s != xr.shape())
+            || xe.shape() != xr.shape()
+        {
+            return Err(format!("the inputs of {} have other shapes than it", op.point));
+        }
+        let (a, b, fit) = fit2(&ur_t, &vr_t, xr).ok_or("the reference's inputs are degenerate")?;
+        if fit > 1e-5 {
+            return Err(format!(
+                "the reference's {} is no sum of its observed inputs (residual {fit:.1e})",
+                op.point
+            ));
+        }
+        let tol = (self.tolerance)(xn);
+        let clean = combine(&ue, a, &ve, b);
+        let sc = score(&clean, &xe, &tol);
+        let local = LocalError {
+            module: op.point.clone(),
+            op: node.ops.first().cloned(),
+            inputs: vec![un.to_string(), vn.to_string()],
+            output: xn.to_string(),
+            rel_l2: sc.map(|x| x.0),
+            max_abs: sc.map(|x| x.1),
+            passes: sc.is_some_and(|x| x.2),
+            verdict: if sc.is_some_and(|x| x.2) {
+                ReplayVerdict::Cleared
+            } else {
+                ReplayVerdict::Convicted
+            },
+            shapes: None,
+        };
+        let mut ev = ReplayEvidence {
+            module: op.point.clone(),
+            class: format!("add ({a:.4}·{un} + {b:.4}·{vn})"),
+            kind: ModuleKind::ResidualAdd,
+            kernel: kernels.first().cloned().flatten(),
+            params: vec![],
+            local_error: local.clone(),
+            replay_floor: Some(fit),
+            mechanism: None,
+            tried: vec![],
+            neighbours: vec![],
+        };
+        if local.verdict == ReplayVerdict::Cleared {
+            return Ok(ev);
+        }
+        let mut scored = Vec::new();
+        let mut push = |ev: &mut ReplayEvidence, cf: Counterfactual, c: ArrayD<f32>| {
+            let sc = score(&c, &xe, &tol);
+            ev.tried.push(Tried {
+                counterfactual: cf.clone(),
+                residual: sc.map(|x| x.0),
+                skipped: None,
+            });
+            if let Some(sc) = sc {
+                scored.push((cf, sc.0, sc.1, sc.2));
+            }
+        };
+        let zero = ue.mapv(|_| 0.0);
+        push(
+            &mut ev,
+            Counterfactual::InputDropped { input: un.to_string() },
+            combine(&zero, 0.0, &ve, b),
+        );
+        push(
+            &mut ev,
+            Counterfactual::InputDropped { input: vn.to_string() },
+            combine(&ue, a, &zero, 0.0),
+        );
+        // One input's coefficient solved, the other kept: X - b·V = s·(a·U).
+        for (name, keep, kc, scale, c) in [(un, &ve, b, &ue, a), (vn, &ue, a, &ve, b)] {
+            let rest = combine(&xe, 1.0, keep, -kc);
+            let part = scale.mapv(|p| (p as f64 * c) as f32);
+            if let Some(f) = solve_scale(&part, &rest).filter(|f| (f - 1.0).abs() > 1e-4) {
+                push(
+                    &mut ev,
+                    Counterfactual::InputScaled {
+                        input: name.to_string(),
+                        factor: f,
+                    },
+                    combine(keep, kc, scale, c * f),
+                );
+            }
+        }
+        let clean_res = local.rel_l2;
+        let best = scored
+            .into_iter()
+            .filter(|(_, r, _, passes)| *passes && clean_res.is_none_or(|c| *r <= 0.1 * c))
+            .min_by(|x, y| x.1.total_cmp(&y.1));
+        if let Some((cf, res, max_abs, _)) = best {
+            let hint = match &cf {
+                Counterfactual::InputScaled { factor, .. } => scale_hint(*factor, &[]),
+                _ => None,
+            };
+            ev.mechanism = Some(Mechanism {
+                summary: format!(
+                    "runtime == {} {} (residual {res:.1e})",
+                    op.point,
+                    cf.phrase()
+                ),
+                counterfactual: cf,
+                residual: res,
+                max_abs,
+                clean_residual: clean_res,
+                hint,
+                also: vec![],
+            });
+        }
+        Ok(ev)
+    }
+}
+
 /// Applies replay evidence to an op-level origin: a cleared op is no longer named (a note says
 /// why), a convicted one stays; returns the console line.
 pub fn apply(op: &mut OpDivergence, ev: ReplayEvidence) -> String {
@@ -1029,6 +1245,7 @@ mod tests {
             engine_op: &eop,
             tolerance: &tol,
             max_neighbours: 4,
+            op_kernel: &|_| Some("linear".into()),
         };
         let op = crate::ops::localize_op(
             &nodes,

@@ -137,6 +137,21 @@ pub enum Counterfactual {
         /// The shift.
         by: i64,
     },
+    /// A weightless combination of observed points (a residual add): input point `input` left
+    /// out (the residual stream or the branch missing).
+    InputDropped {
+        /// The point left out.
+        input: String,
+    },
+    /// A weightless combination of observed points: input point `input` multiplied by `factor`
+    /// on top of the reference's coefficient (a residual multiplier missing or applied twice:
+    /// the conformer's 0.5 half-step, Granite's `residual_multiplier`). Solved by least squares.
+    InputScaled {
+        /// The point scaled.
+        input: String,
+        /// The extra factor.
+        factor: f64,
+    },
 }
 
 impl Counterfactual {
@@ -145,6 +160,7 @@ impl Counterfactual {
         use Counterfactual::*;
         match self {
             None => "with its own parameters".into(),
+            OutputScale { factor } if (factor + 1.0).abs() < 1e-4 => "with its output negated".into(),
             OutputScale { factor } => format!("with its output scaled by {factor:.6}"),
             TransposeWeight => "with its weight transposed".into(),
             WeightReinterpreted => "with its weight buffer read in the other layout".into(),
@@ -174,6 +190,10 @@ impl Counterfactual {
             Stride { value } => format!("with stride {value}"),
             InputRounded { format } => format!("with its input rounded to {}", format.as_str()),
             IdOffset { by } => format!("with every id shifted by {by:+}"),
+            InputDropped { input } => format!("without its input {input}"),
+            InputScaled { input, factor } => {
+                format!("with its input {input} multiplied by {factor:.6}")
+            }
         }
     }
 }
@@ -194,6 +214,9 @@ pub enum ModuleKind {
     BatchNorm,
     /// `nn.Embedding` (and subclasses: positional tables).
     Embedding,
+    /// A weightless sum of observed points (a residual add), replayed in Rust: the reference's
+    /// coefficients are fitted on its own tensors.
+    ResidualAdd,
     /// Anything else (replayed with its own parameters only).
     Other,
 }

@@ -639,7 +639,8 @@ impl Drill<'_> {
             after.extend(r.after.iter().map(|i| i.checkpoint.as_str()));
         }
         let ops = g.ops_between(&after, &fd.checkpoint)?;
-        if ops.len() < 2 {
+        // One op that mirrors an HF module is drilled into too: replay tests its mechanism.
+        if ops.len() < 2 && !(ops.len() == 1 && crate::replay::mirrors_module(g, &ops[0])) {
             return Ok(());
         }
         let names = g.points_between(&after, &fd.checkpoint)?;
@@ -689,6 +690,16 @@ impl Drill<'_> {
             if let Some(note) = self.exonerate_layout_ops(op)? {
                 ev.notes.push(note);
             }
+        }
+        match &fd.op {
+            Some(op) => ev.notes.push(format!("drill-down: {}", op.summary())),
+            None => ev.notes.push(format!(
+                "drill-down: the op-level points between the last good checkpoints and {}@step{step} agree; the divergence is in ops the reference exposes no tensor of: {}",
+                fd.checkpoint,
+                ops.join(", ")
+            )),
+        }
+        if let Some(op) = fd.op.as_mut() {
             // Reference replay: the module re-run on the runtime's own input clears or convicts
             // the op and tests the mechanisms of its kind.
             progress(&format!("replay: {} on the runtime's own input", op.module));
@@ -703,14 +714,6 @@ impl Drill<'_> {
                 &self.opts.model,
                 Some(g),
             ));
-        }
-        match &fd.op {
-            Some(op) => ev.notes.push(format!("drill-down: {}", op.summary())),
-            None => ev.notes.push(format!(
-                "drill-down: the op-level points between the last good checkpoints and {}@step{step} agree; the divergence is in ops the reference exposes no tensor of: {}",
-                fd.checkpoint,
-                ops.join(", ")
-            )),
         }
         Ok(())
     }

@@ -78,6 +78,26 @@ pub fn engine_ops(g: &Graph) -> HashMap<String, EngineOp> {
     m
 }
 
+/// Whether runtime op `op` mirrors an HF module (its input and output are that module's
+/// op-level points): replay can re-run it.
+pub fn mirrors_module(g: &Graph, op: &str) -> bool {
+    g.ops().iter().any(|o| {
+        o.name == op
+            && o.outputs.first().is_some_and(|&e| {
+                g.edges()[e]
+                    .points
+                    .iter()
+                    .any(|p| parse_point(p).is_some_and(|(_, s)| s == Side::Out))
+            })
+            && o.inputs.first().is_some_and(|&e| {
+                g.edges()[e]
+                    .points
+                    .iter()
+                    .any(|p| parse_point(p).is_some_and(|(_, s)| s == Side::In))
+            })
+    })
+}
+
 /// Replays the op-level origin `op` (when it is a module's output: the module's own computation)
 /// and records the evidence on it; a cleared op is no longer named. Returns the notes (the
 /// console line first). Replay failures become a note, never an error of the check.
@@ -93,14 +113,16 @@ pub fn replay_origin(
     model_dir: &Path,
     graph: Option<&Graph>,
 ) -> Vec<String> {
-    if op.side != Side::Out {
-        return vec![format!(
-            "replay: {} is a module input: the op before it is weightless ({}); replaying the weightless step (attention core, residual add) is not implemented",
-            op.point,
-            op.suspects.join(", ")
-        )];
-    }
     let ops = graph.map(engine_ops).unwrap_or_default();
+    let kernels: HashMap<String, String> = graph
+        .map(|g| {
+            g.ops()
+                .iter()
+                .map(|o| (o.name.clone(), o.kernel.kind().to_string()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let op_kernel = |o: &str| kernels.get(o).cloned();
     let engine_op = |m: &str| ops.get(m).cloned().unwrap_or_default();
     let step = op.step;
     let tolerance =
@@ -118,8 +140,13 @@ pub fn replay_origin(
         engine_op: &engine_op,
         tolerance: &tolerance,
         max_neighbours: 12,
+        op_kernel: &op_kernel,
     };
-    match cx.origin(op) {
+    let ev = match op.side {
+        Side::Out => cx.origin(op),
+        Side::In => cx.weightless(op),
+    };
+    match ev {
         Ok(ev) => {
             let mut notes = Vec::new();
             if let (Some(k), Some(expected)) = (ev.kernel.as_deref(), kernel_kind(ev.kind)) {
@@ -155,6 +182,7 @@ fn kernel_kind(k: xray_core::replay::ModuleKind) -> Option<&'static str> {
         RmsNorm => "rms_norm",
         BatchNorm => "batch_norm",
         Embedding => "embedding",
+        ResidualAdd => "add",
         Other => return None,
     })
 }

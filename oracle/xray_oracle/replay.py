@@ -412,6 +412,8 @@ def replay(family: str, model_dir: str, module: str, array, layout: str, counter
 
     if kind == "embedding":
         x = _ids(mod, module, array, ids_from_rows)
+    elif ids_from_rows:
+        raise ReplayError(f"replay {module}: ids_from_rows is for an embedding; this is a {kind} ({type(mod).__name__})")
     else:
         x = _to_module_layout(mod, kind, array, layout)
 

@@ -48,6 +48,8 @@ pub struct ReplayInput<'a> {
     pub layout: Layout,
     /// An embedding's input given as rows of its table (ids looked up), not ids.
     pub ids_from_rows: bool,
+    /// More named inputs (an attention core's `key` and `value`, token-major).
+    pub extra: Vec<(String, ArrayD<f32>)>,
 }
 
 /// What one replay call returns: the module's description and one output per counterfactual
@@ -168,6 +170,10 @@ pub struct ReplayEvidence {
     /// Local errors of the other ops of the region (neighbours of the origin), in graph order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub neighbours: Vec<LocalError>,
+    /// The engine ops the replayed computation covers (the module's op; a weightless step's
+    /// ops: the attention core with its head split and merge): what a clearing clears.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub covers: Vec<String>,
 }
 
 impl ReplayEvidence {
@@ -256,7 +262,7 @@ fn score(replayed: &ArrayD<f32>, engine: &ArrayD<f32>, tol: &Tolerance) -> Optio
     match compare(&replayed.view(), &engine.view(), tol) {
         Ok(m) => Some((m.rel_l2, m.max_abs, m.passes(tol))),
         // A replay holding a NaN or Inf: no agreement can be claimed.
-        Err(_) => Some((f64::MAX, f64::INFINITY, false)),
+        Err(_) => Some((f64::MAX, f64::MAX, false)),
     }
 }
 
@@ -466,7 +472,7 @@ pub fn hypotheses(info: &ModuleInfo, engine_shape: &[usize], input_len: usize) -
                 v.push(C::WeightRounded { format });
             }
         }
-        ModuleKind::ResidualAdd | ModuleKind::Other => {}
+        ModuleKind::ResidualAdd | ModuleKind::Attention | ModuleKind::Other => {}
     }
     v
 }
@@ -587,6 +593,7 @@ impl ReplayContext<'_> {
             array: s.input,
             layout: s.input_layout,
             ids_from_rows: s.ids_from_rows,
+            extra: Vec::new(),
         }
     }
 
@@ -640,6 +647,7 @@ impl ReplayContext<'_> {
                 array: ri,
                 layout: rl,
                 ids_from_rows: false,
+                extra: Vec::new(),
             };
             let (_, o) = self
                 .replayer
@@ -664,6 +672,7 @@ impl ReplayContext<'_> {
             mechanism: None,
             tried: Vec::new(),
             neighbours,
+            covers: eop.op.iter().cloned().collect(),
         };
         if local.verdict == ReplayVerdict::Cleared {
             return Ok(ev);
@@ -682,7 +691,8 @@ impl ReplayContext<'_> {
     fn try_all(
         &self,
         ev: &mut ReplayEvidence,
-        s: &Site<'_>,
+        module: &str,
+        input: &ReplayInput<'_>,
         cfs: &[Counterfactual],
         engine: &ArrayD<f32>,
         tol: &Tolerance,
@@ -691,7 +701,7 @@ impl ReplayContext<'_> {
         if cfs.is_empty() {
             return scored;
         }
-        let outs = match self.replayer.replay(&s.module, &self.input(s), cfs) {
+        let outs = match self.replayer.replay(module, input, cfs) {
             Ok((_, o)) => o,
             Err(e) => {
                 for c in cfs {
@@ -755,9 +765,11 @@ impl ReplayContext<'_> {
         } else {
             s.input.shape().last().copied().unwrap_or(0)
         };
+        let input = self.input(s);
         let mut scored = self.try_all(
             ev,
-            s,
+            &s.module,
+            &input,
             &hypotheses(info, engine.shape(), input_len),
             engine,
             tol,
@@ -784,7 +796,7 @@ impl ReplayContext<'_> {
                 .filter(|e| (e - own).abs() > 1e-3 * own.abs().max(1e-30))
                 .map(|value| Counterfactual::Eps { value })
                 .collect();
-            let got = self.try_all(ev, s, &decades, engine, tol);
+            let got = self.try_all(ev, &s.module, &input, &decades, engine, tol);
             let best = got
                 .iter()
                 .filter_map(|(c, r, ..)| match c {
@@ -794,69 +806,41 @@ impl ReplayContext<'_> {
                 .min_by(|a, b| a.1.total_cmp(&b.1));
             scored.extend(got);
             if let Some((e0, r0)) = best {
-                if let Some(found) = self.golden_eps(s, engine, tol, e0, r0) {
+                let make = |value: f64| Counterfactual::Eps { value };
+                if let Some(found) =
+                    self.golden(&s.module, &input, engine, tol, e0, r0, &make, &round_eps)
+                {
                     let cf = Counterfactual::Eps { value: found };
-                    scored.extend(self.try_all(ev, s, &[cf], engine, tol));
+                    scored.extend(self.try_all(ev, &s.module, &input, &[cf], engine, tol));
                 }
             }
         }
-        let clean_res = ev.local_error.rel_l2;
-        let mut ok: Vec<&(Counterfactual, f64, f64, bool)> = scored
-            .iter()
-            .filter(|(_, r, _, passes)| *passes && clean_res.is_none_or(|c| *r <= 0.1 * c))
-            .collect();
-        ok.sort_by(|a, b| a.1.total_cmp(&b.1));
-        let Some((cf, res, max_abs, _)) = ok.first().map(|x| (*x).clone()) else {
-            return;
-        };
-        let hint = match &cf {
+        choose(ev, &s.module, &scored, &|cf| match cf {
             Counterfactual::OutputScale { factor } => scale_hint(*factor, engine.shape()),
             Counterfactual::Eps { .. } => info
                 .float("eps")
                 .map(|own| format!("the module's eps is {own:e}")),
             _ => None,
-        };
-        let also: Vec<Counterfactual> = ok
-            .iter()
-            .skip(1)
-            .filter(|x| x.1 <= 10.0 * res.max(1e-9))
-            .map(|x| x.0.clone())
-            .take(4)
-            .collect();
-        ev.mechanism = Some(Mechanism {
-            summary: format!(
-                "runtime == {} {} (residual {res:.1e}{})",
-                s.module,
-                cf.phrase(),
-                hint.as_deref()
-                    .filter(|_| matches!(cf, Counterfactual::OutputScale { .. }))
-                    .map(|h| format!("; {h}"))
-                    .unwrap_or_default()
-            ),
-            counterfactual: cf,
-            residual: res,
-            max_abs,
-            clean_residual: clean_res,
-            hint,
-            also,
         });
     }
 
-    /// Golden-section search of log10(eps) within a decade of `e0` (residual `r0`); a round value
-    /// nearby is preferred when it is as good. `None` when nothing beats `r0`.
-    fn golden_eps(
+    /// Golden-section search of `log10(x)` within a decade of `x0` (residual `r0`) for the
+    /// counterfactual `make(x)`; `snap(x)`, a simpler value nearby, is preferred when it is as
+    /// good. `None` when nothing beats `r0`.
+    #[allow(clippy::too_many_arguments)]
+    fn golden(
         &self,
-        s: &Site<'_>,
+        module: &str,
+        input: &ReplayInput<'_>,
         engine: &ArrayD<f32>,
         tol: &Tolerance,
-        e0: f64,
+        x0: f64,
         r0: f64,
+        make: &dyn Fn(f64) -> Counterfactual,
+        snap: &dyn Fn(f64) -> Option<f64>,
     ) -> Option<f64> {
         let f = |le: f64| -> f64 {
-            let cf = Counterfactual::Eps {
-                value: 10f64.powf(le),
-            };
-            match self.replayer.replay(&s.module, &self.input(s), &[cf]) {
+            match self.replayer.replay(module, input, &[make(10f64.powf(le))]) {
                 Ok((_, o)) => match o.into_iter().next() {
                     Some(Ok((out, _))) => score(&out, engine, tol).map_or(f64::MAX, |x| x.0),
                     _ => f64::MAX,
@@ -865,7 +849,7 @@ impl ReplayContext<'_> {
             }
         };
         let g = (5f64.sqrt() - 1.0) / 2.0;
-        let (mut a, mut b) = (e0.log10() - 1.0, e0.log10() + 1.0);
+        let (mut a, mut b) = (x0.log10() - 1.0, x0.log10() + 1.0);
         let mut c = b - g * (b - a);
         let mut d = a + g * (b - a);
         let (mut fc, mut fd) = (f(c), f(d));
@@ -888,12 +872,58 @@ impl ReplayContext<'_> {
         if fr >= r0 {
             return None;
         }
-        let e = 10f64.powf(le);
-        match round_eps(e) {
-            Some(rv) if f(rv.log10()) <= 1.5 * fr.max(1e-12) => Some(rv),
-            _ => Some(e),
+        let x = 10f64.powf(le);
+        match snap(x) {
+            Some(v) if f(v.log10()) <= 1.5 * fr.max(1e-12) => Some(v),
+            _ => Some(x),
         }
     }
+}
+
+/// The best scored counterfactual that reproduces the engine's output (within the tolerance, at
+/// most a tenth of the clean replay's residual) becomes `ev.mechanism`.
+fn choose(
+    ev: &mut ReplayEvidence,
+    module: &str,
+    scored: &[(Counterfactual, f64, f64, bool)],
+    hint_of: &dyn Fn(&Counterfactual) -> Option<String>,
+) {
+    {
+        let clean_res = ev.local_error.rel_l2;
+        let mut ok: Vec<&(Counterfactual, f64, f64, bool)> = scored
+            .iter()
+            .filter(|(_, r, _, passes)| *passes && clean_res.is_none_or(|c| *r <= 0.1 * c))
+            .collect();
+        ok.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let Some((cf, res, max_abs, _)) = ok.first().map(|x| (*x).clone()) else {
+            return;
+        };
+        let hint = hint_of(&cf);
+        let also: Vec<Counterfactual> = ok
+            .iter()
+            .skip(1)
+            .filter(|x| x.1 <= 10.0 * res.max(1e-9))
+            .map(|x| x.0.clone())
+            .take(4)
+            .collect();
+        ev.mechanism = Some(Mechanism {
+            summary: format!(
+                "runtime == {module} {} (residual {res:.1e}{})",
+                cf.phrase(),
+                hint.as_deref()
+                    .filter(|_| !matches!(cf, Counterfactual::Eps { .. }))
+                    .map(|h| format!("; {h}"))
+                    .unwrap_or_default()
+            ),
+            counterfactual: cf,
+            residual: res,
+            max_abs,
+            clean_residual: clean_res,
+            hint,
+            also,
+        });
+    }
+
 }
 
 /// `y ~ a·u + b·v` by least squares (f64): `(a, b, ||y - a·u - b·v|| / ||y||)`.
@@ -946,8 +976,18 @@ impl ReplayContext<'_> {
             .find(|n| n.names.iter().any(|p| p == &op.point))
             .ok_or_else(|| format!("{} is in no node of the points' graph", op.point))?;
         let kernels: Vec<Option<String>> = node.ops.iter().map(|o| (self.op_kernel)(o)).collect();
+        let last = op.module.rsplit('.').next().unwrap_or_default();
+        let attention_kernel = kernels
+            .iter()
+            .any(|k| k.as_deref().is_some_and(|k| k.contains("attention")));
+        if matches!(last, "out_proj" | "o_proj")
+            && (attention_kernel || kernels.iter().all(Option::is_none))
+        {
+            return self.attention(op, &node.ops);
+        }
         let adds = kernels.iter().filter(|k| k.as_deref() == Some("add")).count();
-        if node.ops.len() != 1 || adds != 1 {
+        let unknown = kernels.iter().all(Option::is_none);
+        if node.ops.len() != 1 || (adds != 1 && !unknown) {
             return Err(format!(
                 "the weightless step before {} ({}) is not one residual add; replaying attention cores is not implemented",
                 op.point,
@@ -1021,6 +1061,7 @@ impl ReplayContext<'_> {
             mechanism: None,
             tried: vec![],
             neighbours: vec![],
+            covers: node.ops.clone(),
         };
         if local.verdict == ReplayVerdict::Cleared {
             return Ok(ev);
@@ -1063,30 +1104,182 @@ impl ReplayContext<'_> {
                 );
             }
         }
-        let clean_res = local.rel_l2;
-        let best = scored
-            .into_iter()
-            .filter(|(_, r, _, passes)| *passes && clean_res.is_none_or(|c| *r <= 0.1 * c))
-            .min_by(|x, y| x.1.total_cmp(&y.1));
-        if let Some((cf, res, max_abs, _)) = best {
-            let hint = match &cf {
-                Counterfactual::InputScaled { factor, .. } => scale_hint(*factor, &[]),
-                _ => None,
-            };
-            ev.mechanism = Some(Mechanism {
-                summary: format!(
-                    "runtime == {} {} (residual {res:.1e})",
-                    op.point,
-                    cf.phrase()
-                ),
-                counterfactual: cf,
-                residual: res,
-                max_abs,
-                clean_residual: clean_res,
-                hint,
-                also: vec![],
-            });
+        choose(&mut ev, &op.point, &scored, &|cf| match cf {
+            Counterfactual::InputScaled { factor, .. } => scale_hint(*factor, &[]),
+            _ => None,
+        });
+        Ok(ev)
+    }
+
+    /// Token-major rows of point `name` (under any alias) at steps `steps`, stacked in step
+    /// order (a decoder's self-attention keys over its cache).
+    fn rows(&self, d: &Dump, name: &str, steps: std::ops::RangeInclusive<u32>) -> Option<ArrayD<f32>> {
+        let names = aliases(self.nodes, name);
+        let parts: Vec<ArrayD<f32>> = steps
+            .filter_map(|s| {
+                let (_, t, l) = held(d, &names, s)?;
+                in_layout(t, l, Layout::TokenMajor)
+            })
+            .collect();
+        if parts.is_empty() || parts.iter().any(|p| p.ndim() != 2) {
+            return None;
         }
+        let views: Vec<_> = parts.iter().map(|p| p.view()).collect();
+        ndarray::concatenate(ndarray::Axis(0), &views).ok()
+    }
+
+    /// The q / k / v projections' outputs of attention module `parent` at `step` in `d` (keys
+    /// and values: every step's rows up to this one that the dump holds).
+    fn qkv(&self, d: &Dump, parent: &str, step: u32) -> Option<[ArrayD<f32>; 3]> {
+        let p = |proj: &str| format!("{parent}.{proj}:out");
+        Some([
+            self.rows(d, &p("q_proj"), step..=step)?,
+            self.rows(d, &p("k_proj"), 0..=step)?,
+            self.rows(d, &p("v_proj"), 0..=step)?,
+        ])
+    }
+
+    /// Replay of an attention core: from the q / k / v projections' outputs (the engine's own)
+    /// to the output projection's input, through transformers' attention function; convicted, its
+    /// mask, key/value order, rotary offset and softmax scale (solved) are tried.
+    fn attention(&self, op: &OpDivergence, ops: &[String]) -> std::result::Result<ReplayEvidence, String> {
+        let step = op.step;
+        let parent = op
+            .module
+            .rsplit_once('.')
+            .map(|(p, _)| p)
+            .ok_or("no parent module")?;
+        let [q, k, v] = self
+            .qkv(self.candidate, parent, step)
+            .ok_or_else(|| format!("the engine dump holds no q/k/v projection outputs of {parent}"))?;
+        let x = self
+            .rows(self.candidate, &op.point, step..=step)
+            .ok_or_else(|| format!("the engine dump holds no {}", op.point))?;
+        let input = ReplayInput {
+            array: &q,
+            layout: Layout::TokenMajor,
+            ids_from_rows: false,
+            extra: vec![("key".into(), k), ("value".into(), v)],
+        };
+        let (info, outs) = self.replayer.replay(parent, &input, &[Counterfactual::None])?;
+        let (clean, _) = outs
+            .into_iter()
+            .next()
+            .ok_or("the replay returned nothing")??;
+        let tol = (self.tolerance)(&op.point);
+        let sc = score(&clean, &x, &tol);
+        let replay_floor = (|| {
+            let [rq, rk, rv] = self.qkv(self.reference, parent, step)?;
+            let rx = self.rows(self.reference, &op.point, step..=step)?;
+            let inp = ReplayInput {
+                array: &rq,
+                layout: Layout::TokenMajor,
+                ids_from_rows: false,
+                extra: vec![("key".into(), rk), ("value".into(), rv)],
+            };
+            let (_, o) = self.replayer.replay(parent, &inp, &[Counterfactual::None]).ok()?;
+            let (r, _) = o.into_iter().next()?.ok()?;
+            score(&r, &rx, &tol).map(|x| x.0)
+        })();
+        let passes = sc.is_some_and(|x| x.2);
+        let local = LocalError {
+            module: parent.to_string(),
+            op: ops.first().cloned(),
+            inputs: ["q_proj", "k_proj", "v_proj"]
+                .iter()
+                .map(|p| format!("{parent}.{p}:out"))
+                .collect(),
+            output: op.point.clone(),
+            rel_l2: sc.map(|x| x.0),
+            max_abs: sc.map(|x| x.1),
+            passes,
+            verdict: if passes {
+                ReplayVerdict::Cleared
+            } else {
+                ReplayVerdict::Convicted
+            },
+            shapes: sc.is_none().then(|| (clean.shape().to_vec(), x.shape().to_vec())),
+        };
+        let mut ev = ReplayEvidence {
+            module: parent.to_string(),
+            class: info.class.clone(),
+            kind: info.kind,
+            kernel: ops.iter().find_map(|o| {
+                (self.op_kernel)(o).filter(|k| k.contains("attention"))
+            }),
+            params: vec![],
+            local_error: local,
+            replay_floor,
+            mechanism: None,
+            tried: vec![],
+            neighbours: vec![],
+            covers: ops.to_vec(),
+        };
+        if passes {
+            return Ok(ev);
+        }
+        let causal = info.flag("causal");
+        let own = info.float("scaling").unwrap_or(1.0);
+        let hd = info.ints("head_dim").first().copied().unwrap_or(1).max(1) as f64;
+        let mut cfs = vec![
+            Counterfactual::CausalMask { on: !causal },
+            Counterfactual::KvSwapped,
+        ];
+        if info.flag("rope") {
+            cfs.push(Counterfactual::RopeOffset { by: 1 });
+            cfs.push(Counterfactual::RopeOffset { by: -1 });
+        }
+        let mut simple: Vec<f64> = vec![1.0, own * own, own.sqrt(), 1.0 / hd.sqrt(), 1.0 / hd, hd.sqrt()];
+        simple.retain(|c| (c - own).abs() > 1e-9 * own.abs().max(1e-30));
+        simple.dedup_by(|a, b| (*a - *b).abs() <= 1e-9 * b.abs());
+        cfs.extend(simple.iter().map(|&value| Counterfactual::AttentionScale { value }));
+        let mut scored = self.try_all(&mut ev, parent, &input, &cfs, &x, &tol);
+        let best = scored
+            .iter()
+            .filter_map(|(c, r, ..)| match c {
+                Counterfactual::AttentionScale { value } => Some((*value, *r)),
+                _ => None,
+            })
+            .chain(std::iter::once((own, sc.map_or(f64::MAX, |x| x.0))))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        if let Some((x0, r0)) = best {
+            let make = |value: f64| Counterfactual::AttentionScale { value };
+            let snap = |v: f64| {
+                simple
+                    .iter()
+                    .chain(std::iter::once(&own))
+                    .copied()
+                    .find(|c| (c - v).abs() <= 0.01 * c.abs())
+            };
+            if let Some(found) = self.golden(parent, &input, &x, &tol, x0, r0, &make, &snap) {
+                let cf = Counterfactual::AttentionScale { value: found };
+                scored.extend(self.try_all(&mut ev, parent, &input, &[cf], &x, &tol));
+            }
+        }
+        if let Some(f) = solve_scale(&clean, &x).filter(|f| (f - 1.0).abs() > 1e-4) {
+            let cf = Counterfactual::OutputScale { factor: f };
+            let scaled = clean.mapv(|v| (v as f64 * f) as f32);
+            let s2 = score(&scaled, &x, &tol);
+            ev.tried.push(Tried {
+                counterfactual: cf.clone(),
+                residual: s2.map(|x| x.0),
+                skipped: None,
+            });
+            if let Some(s2) = s2 {
+                scored.push((cf, s2.0, s2.1, s2.2));
+            }
+        }
+        choose(&mut ev, parent, &scored, &|cf| match cf {
+            Counterfactual::AttentionScale { value } => Some(format!(
+                "the module's scale is {own:.6} (1/sqrt({hd})); this is {:.6} times it{}",
+                value / own,
+                scale_hint(*value, &[hd as usize])
+                    .map(|h| format!(", {h}"))
+                    .unwrap_or_default()
+            )),
+            Counterfactual::OutputScale { factor } => scale_hint(*factor, &[]),
+            _ => None,
+        });
         Ok(ev)
     }
 }
@@ -1096,9 +1289,12 @@ impl ReplayContext<'_> {
 pub fn apply(op: &mut OpDivergence, ev: ReplayEvidence) -> String {
     let line = ev.summary();
     if ev.local_error.verdict == ReplayVerdict::Cleared {
-        if let Some(name) = op.op.take() {
-            op.suspects.retain(|s| s != &name);
+        if op.op.as_ref().is_some_and(|o| ev.covers.is_empty() || ev.covers.contains(o)) {
+            if let Some(name) = op.op.take() {
+                op.suspects.retain(|s| s != &name);
+            }
         }
+        op.suspects.retain(|s| !ev.covers.contains(s));
     }
     op.replay = Some(ev);
     line

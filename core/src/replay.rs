@@ -137,6 +137,26 @@ pub enum Counterfactual {
         /// The shift.
         by: i64,
     },
+    /// Attention core: this softmax scale instead of the module's (unscaled scores: 1; the
+    /// scale applied twice; another head dimension's). Solved by a search when no simple value
+    /// reproduces it.
+    AttentionScale {
+        /// The scale the scores are multiplied by.
+        value: f64,
+    },
+    /// Attention core: the causal mask on (`true`) or off where the module has the other.
+    CausalMask {
+        /// Whether the mask is applied.
+        on: bool,
+    },
+    /// Attention core: keys and values swapped.
+    KvSwapped,
+    /// Attention core with rotary positions: the queries' positions shifted by `by` against the
+    /// keys' (a position counter off by one on one side; shifting both changes nothing).
+    RopeOffset {
+        /// The shift.
+        by: i64,
+    },
     /// A weightless combination of observed points (a residual add): input point `input` left
     /// out (the residual stream or the branch missing).
     InputDropped {
@@ -190,6 +210,11 @@ impl Counterfactual {
             Stride { value } => format!("with stride {value}"),
             InputRounded { format } => format!("with its input rounded to {}", format.as_str()),
             IdOffset { by } => format!("with every id shifted by {by:+}"),
+            AttentionScale { value } => format!("with softmax scale {value:.6}"),
+            CausalMask { on: true } => "with a causal mask".into(),
+            CausalMask { on: false } => "without its causal mask".into(),
+            KvSwapped => "with keys and values swapped".into(),
+            RopeOffset { by } => format!("with the queries' rotary positions shifted by {by:+}"),
             InputDropped { input } => format!("without its input {input}"),
             InputScaled { input, factor } => {
                 format!("with its input {input} multiplied by {factor:.6}")
@@ -214,6 +239,10 @@ pub enum ModuleKind {
     BatchNorm,
     /// `nn.Embedding` (and subclasses: positional tables).
     Embedding,
+    /// An attention module's weightless core (scores, mask, softmax, values) from its q / k / v
+    /// projections' outputs to its output projection's input, through transformers' own
+    /// attention function.
+    Attention,
     /// A weightless sum of observed points (a residual add), replayed in Rust: the reference's
     /// coefficients are fitted on its own tensors.
     ResidualAdd,

@@ -47,6 +47,7 @@ impl Replayer for OracleReplayer<'_> {
             input.layout,
         );
         req.ids_from_rows = input.ids_from_rows;
+        req.extra = input.extra.clone();
         req.counterfactual = first.clone();
         req.also = rest.to_vec();
         let r = self.oracle.replay(&req).map_err(|e| e.to_string())?;
@@ -183,6 +184,7 @@ fn kernel_kind(k: xray_core::replay::ModuleKind) -> Option<&'static str> {
         BatchNorm => "batch_norm",
         Embedding => "embedding",
         ResidualAdd => "add",
+        Attention => return None,
         Other => return None,
     })
 }

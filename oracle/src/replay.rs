@@ -32,6 +32,9 @@ pub struct ReplayRequest {
     pub layout: Layout,
     /// An embedding's input is rows of its table, not ids.
     pub ids_from_rows: bool,
+    /// More named inputs: an attention core's `key` and `value` (token-major `[T, D]`; `input`
+    /// is then its queries).
+    pub extra: Vec<(String, ArrayD<f32>)>,
     /// The counterfactual of [`Replayed::output`] (`Counterfactual::None`: the clean replay).
     pub counterfactual: Counterfactual,
     /// More counterfactuals on the same input, in the same call ([`Replayed::also`]).
@@ -55,6 +58,7 @@ impl ReplayRequest {
             input,
             layout,
             ids_from_rows: false,
+            extra: Vec::new(),
             counterfactual: Counterfactual::None,
             also: Vec::new(),
         }
@@ -104,6 +108,15 @@ impl Oracle {
                 let also = req.also.iter().map(cf).collect::<Result<Vec<String>>>()?;
                 kw.set_item("counterfactuals", PyList::new(py, also).map_err(e)?)
                     .map_err(e)?;
+            }
+            if !req.extra.is_empty() {
+                let extra = PyDict::new(py);
+                for (k, a) in &req.extra {
+                    extra
+                        .set_item(k.as_str(), PyArrayDyn::from_array(py, a))
+                        .map_err(e)?;
+                }
+                kw.set_item("extra", extra).map_err(e)?;
             }
             let input = PyArrayDyn::from_array(py, &req.input);
             let res = m

@@ -232,3 +232,56 @@ def test_many_counterfactuals_in_one_call_and_refusals():
         rp.replay("whisper", str(RAND_A), "model.encoder.layers.9.fc1", np.zeros((2, 64), np.float32), "token_major")
     with pytest.raises(OracleInputError, match="not a key"):
         replay_w(mod, {"kind": "other_key", "role": "weight", "key": "nope.weight"})
+
+
+def _core(family, model_dir, pts, parent, cf=None):
+    o = "o_proj" if f"{parent}.o_proj:in" in pts else "out_proj"
+    q, k, v = (pts[f"{parent}.{p}:out"]["array"] for p in ("q_proj", "k_proj", "v_proj"))
+    r = rp.replay(family, str(model_dir), parent, q, "token_major", json.dumps(cf or {}), extra={"key": k, "value": v})
+    return r, pts[f"{parent}.{o}:in"]["array"]
+
+
+def test_attention_cores_replay_their_own_output():
+    pts = whisper_points()
+    for parent in ("model.encoder.layers.0.self_attn", "model.decoder.layers.0.self_attn",
+                   "model.decoder.layers.1.encoder_attn"):
+        r, want = _core("whisper", RAND_A, pts, parent)
+        assert r["info"]["kind"] == "attention", parent
+        assert np.abs(r["output"] - want).max() <= 1e-6, parent
+    dec = _core("whisper", RAND_A, pts, "model.decoder.layers.0.self_attn")[0]["info"]["settings"]
+    enc = _core("whisper", RAND_A, pts, "model.encoder.layers.0.self_attn")[0]["info"]["settings"]
+    assert dec["causal"] and not enc["causal"] and enc["scaling"] == 0.25
+    g = granite_points()
+    parent = next(n.rsplit(".", 1)[0] for n in g if n.endswith("self_attn.q_proj:out"))
+    r, want = _core("granite_nar", GRANITE, g, parent)
+    assert r["info"]["settings"]["rope"] and not r["info"]["settings"]["causal"]
+    assert np.abs(r["output"] - want).max() <= 1e-6
+
+
+def test_attention_counterfactuals_change_the_output():
+    pts = whisper_points()
+    parent = "model.encoder.layers.0.self_attn"
+    clean, _ = _core("whisper", RAND_A, pts, parent)
+    q, k, v = (torch.from_numpy(pts[f"{parent}.{p}:out"]["array"]) for p in ("q_proj", "k_proj", "v_proj"))
+    h, hd = 4, q.shape[1] // 4
+    heads = lambda t: t.reshape(t.shape[0], h, hd).transpose(0, 1)  # noqa: E731
+
+    def attn(qq, kk, vv, scale, causal):
+        s = heads(qq) @ heads(kk).transpose(1, 2) * scale
+        if causal:
+            s = s.masked_fill(torch.ones_like(s[0], dtype=torch.bool).triu(1), float("-inf"))
+        return (s.softmax(-1) @ heads(vv)).transpose(0, 1).reshape(qq.shape[0], -1).numpy()
+
+    for cf, want in [
+        ({"kind": "attention_scale", "value": 1.0}, attn(q, k, v, 1.0, False)),
+        ({"kind": "causal_mask", "on": True}, attn(q, k, v, 0.25, True)),
+        ({"kind": "kv_swapped"}, attn(q, v, k, 0.25, False)),
+    ]:
+        got = _core("whisper", RAND_A, pts, parent, cf)[0]["output"]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=str(cf))
+        assert np.abs(got - clean["output"]).max() > 1e-4, cf
+    g = granite_points()
+    gp = next(n.rsplit(".", 1)[0] for n in g if n.endswith("self_attn.q_proj:out"))
+    base = _core("granite_nar", GRANITE, g, gp)[0]["output"]
+    shifted = _core("granite_nar", GRANITE, g, gp, {"kind": "rope_offset", "by": 1})[0]["output"]
+    assert np.abs(shifted - base).max() > 1e-5

@@ -42,7 +42,7 @@ from .errors import OracleInputError
 _models: dict[tuple, Any] = {}
 _row_index: dict[tuple, dict] = {}
 
-KINDS = ("linear", "conv1d", "layer_norm", "rms_norm", "batch_norm", "embedding", "other")
+KINDS = ("linear", "conv1d", "layer_norm", "rms_norm", "batch_norm", "embedding", "attention", "other")
 SAME_SHAPE_MAX = 12
 
 
@@ -94,12 +94,95 @@ def module_kind(module) -> str:
         return "batch_norm"
     if isinstance(module, nn.Embedding):
         return "embedding"
+    if _is_attention(module):
+        return "attention"
     rms = getattr(nn, "RMSNorm", None)
     if rms is not None and isinstance(module, rms):
         return "rms_norm"
     if type(module).__name__.endswith("RMSNorm") and hasattr(module, "weight") and _eps_attr(module):
         return "rms_norm"
     return "other"
+
+
+def _is_attention(module) -> bool:
+    from torch import nn
+
+    return all(isinstance(getattr(module, n, None), nn.Linear) for n in ("q_proj", "k_proj", "v_proj")) and (
+        isinstance(getattr(module, "out_proj", None), nn.Linear) or isinstance(getattr(module, "o_proj", None), nn.Linear)
+    )
+
+
+def _attention_setup(model, path: str, module) -> dict:
+    """What the attention core of `module` does: its softmax scale, whether it is causal, whether
+    it applies rotary positions (and the model's rotary table), and its attention function (the
+    module file's own `eager_attention_forward`)."""
+    import sys
+
+    cls = type(module).__name__
+    fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if fn is None:
+        raise ReplayError(f"replay {path}: {cls}'s module has no eager_attention_forward")
+    if cls == "WhisperAttention":
+        cross = ".encoder_attn" in f".{path}" or path.endswith("encoder_attn")
+        return {"scaling": float(module.scaling), "causal": bool(module.is_causal) and not cross, "rope": None,
+                "prescale": True, "fn": fn}
+    if cls == "GraniteAttention":
+        rope = model.get_submodule("language_model.model.rotary_emb")
+        return {"scaling": float(module.scaling), "causal": bool(module.is_causal), "rope": rope,
+                "prescale": False, "fn": fn}
+    raise ReplayError(f"replay {path}: the attention core of a {cls} is not implemented (Whisper and Granite LM "
+                      "attention are)")
+
+
+def _attention_call(model, path: str, module, q, k, v, cf: dict):
+    """The weightless core of an attention module from its projections' outputs (`[T, D]` each,
+    no batch axis) to its output projection's input, under counterfactual `cf`."""
+    import torch
+
+    setup = _attention_setup(model, path, module)
+    kind = cf.get("kind", "none")
+    scale, causal = setup["scaling"], setup["causal"]
+    if kind == "kv_swapped":
+        k, v = v, k
+    elif kind == "attention_scale":
+        scale = float(cf["value"])
+    elif kind == "causal_mask":
+        causal = bool(cf["on"])
+    elif kind == "rope_offset":
+        if setup["rope"] is None:
+            raise ReplayError(f"replay {path}: no rotary positions to shift")
+    elif kind == "output_scale":
+        pass
+    elif kind != "none":
+        raise ReplayError(f"replay {path}: counterfactual {kind!r} does not apply to an attention core")
+    hd = int(module.head_dim)
+    tq, tk = q.shape[0], k.shape[0]
+    qs = q.reshape(1, tq, -1, hd).transpose(1, 2)
+    ks = k.reshape(1, tk, -1, hd).transpose(1, 2)
+    vs = v.reshape(1, tk, -1, hd).transpose(1, 2)
+    if setup["rope"] is not None:
+        from transformers.models.granite.modeling_granite import apply_rotary_pos_emb
+
+        # Keys at 0..tk, queries at the last tq of them; a rope_offset shifts the queries
+        # against the keys (shifting both would change nothing: RoPE sees only the difference).
+        kpos = torch.arange(tk)[None]
+        qpos = kpos[:, tk - tq:] + (int(cf["by"]) if kind == "rope_offset" else 0)
+        cos_k, sin_k = setup["rope"](vs, position_ids=kpos)
+        cos_q, sin_q = setup["rope"](vs, position_ids=qpos)
+        qs, _ = apply_rotary_pos_emb(qs, qs, cos_q, sin_q)
+        _, ks = apply_rotary_pos_emb(ks, ks, cos_k, sin_k)
+    mask = None
+    if causal:
+        i = torch.arange(tq)[:, None] + (tk - tq)
+        j = torch.arange(tk)[None, :]
+        mask = torch.zeros(tq, tk, dtype=qs.dtype).masked_fill(j > i, torch.finfo(qs.dtype).min)[None, None]
+    if setup["prescale"]:
+        qs, scale = qs * scale, 1.0
+    out, _ = setup["fn"](module, qs.contiguous(), ks.contiguous(), vs.contiguous(), mask, scaling=scale, dropout=0.0)
+    out = out.reshape(1, tq, -1)
+    if kind == "output_scale":
+        out = out * float(cf["factor"])
+    return out
 
 
 def _eps_attr(module) -> Optional[str]:
@@ -162,6 +245,13 @@ def module_info(model, path: str, module) -> dict:
         settings["has_bias"] = getattr(module, "bias", None) is not None
     if kind == "embedding":
         settings["num_embeddings"] = int(module.weight.shape[0])
+    if kind == "attention":
+        try:
+            setup = _attention_setup(model, path, module)
+            settings.update(scaling=setup["scaling"], causal=setup["causal"], rope=setup["rope"] is not None,
+                            head_dim=int(module.head_dim))
+        except ReplayError:
+            pass
     return {"module": path, "class": type(module).__name__, "kind": kind, "params": params, "settings": settings}
 
 
@@ -382,13 +472,16 @@ def _embedding_call(model, path: str, module, ids, cf: dict):
 
 
 def replay(family: str, model_dir: str, module: str, array, layout: str, counterfactual="{}", *,
-           dtype: str = "float32", ids_from_rows: bool = False, counterfactuals=None) -> dict:
+           dtype: str = "float32", ids_from_rows: bool = False, counterfactuals=None, extra=None) -> dict:
     """Run module `module` (dotted path) of the reference on `array` (a point: no batch axis, in
     `layout`) under `counterfactual` (JSON text or dict; `{"kind": "none"}` by default).
 
     Returns `{"info": ModuleInfo dict, "output": float32 array (no batch axis), "layout": str}`;
     with `counterfactuals` (a list of JSON texts or dicts) also `"outputs"`: one array per entry,
-    or a one-line string saying why that counterfactual does not apply."""
+    or a one-line string saying why that counterfactual does not apply. An attention module's
+    core is replayed from its projections' outputs: `array` is the queries (`q_proj:out`),
+    `extra` holds `key` and `value` (`k_proj:out`, `v_proj:out`, every step's rows up to this one
+    for a decoder's self-attention), all token-major; the output is `out_proj:in` / `o_proj:in`."""
     import torch
 
     from .ops import layout_of
@@ -410,7 +503,14 @@ def replay(family: str, model_dir: str, module: str, array, layout: str, counter
             raise ReplayError(f"replay {module}: a counterfactual is a JSON object, got {type(cf).__name__}")
         return cf or {"kind": "none"}
 
-    if kind == "embedding":
+    kv = None
+    if kind == "attention":
+        if not extra or "key" not in extra or "value" not in extra:
+            raise ReplayError(f"replay {module}: an attention core needs extra 'key' and 'value' besides the queries")
+        p = next(mod.parameters())
+        x = torch.from_numpy(np.ascontiguousarray(array)).to(p.dtype)
+        kv = [torch.from_numpy(np.ascontiguousarray(extra[n])).to(p.dtype) for n in ("key", "value")]
+    elif kind == "embedding":
         x = _ids(mod, module, array, ids_from_rows)
     elif ids_from_rows:
         raise ReplayError(f"replay {module}: ids_from_rows is for an embedding; this is a {kind} ({type(mod).__name__})")
@@ -419,7 +519,9 @@ def replay(family: str, model_dir: str, module: str, array, layout: str, counter
 
     def one(cf):
         with torch.no_grad():
-            if kind == "embedding":
+            if kind == "attention":
+                out = _attention_call(model, module, mod, x, kv[0], kv[1], cf)
+            elif kind == "embedding":
                 out = _embedding_call(model, module, mod, x, cf)
             else:
                 out = _call(model, module, mod, kind, x, cf)
@@ -433,7 +535,7 @@ def replay(family: str, model_dir: str, module: str, array, layout: str, counter
         return a
 
     first = one(parse(counterfactual))
-    res = {"info": info, "output": first, "layout": layout_of(mod, first)}
+    res = {"info": info, "output": first, "layout": "token_major" if kind == "attention" else layout_of(mod, first)}
     if counterfactuals is not None:
         outs = []
         for cf in counterfactuals:

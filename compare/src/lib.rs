@@ -10,6 +10,7 @@
 //! | [`signatures`] | divergence signatures of the origin (permutation, scale, mask, ...) |
 //! | [`ops`] | op-level localization: the first op-level point (`{module}:{in|out}`) that differs at the origin's step, the engine ops before it, its signature |
 //! | [`case`] | repro cases (`xray.case/v1`): one op's inputs, weights, reference and engine outputs, tolerance; atomic write, checked read, judging |
+//! | [`mechanism`] | reference replay at the op-level origin: per-op local errors (the module re-run on the engine's own input), cleared / convicted, the counterfactual that reproduces the engine's output |
 //! | [`compare`] | the pipeline: graph + tensor pairs -> statuses, origin, explanation, profile |
 //! | [`evidence`] | `xray.evidence/v1` serde types, atomic write, checked read |
 //! | [`report`] | self-contained HTML and Markdown renderings |
@@ -27,6 +28,7 @@ pub mod error;
 pub mod evidence;
 pub mod gate;
 pub mod localize;
+pub mod mechanism;
 pub mod metrics;
 pub mod ops;
 pub mod pipeline;

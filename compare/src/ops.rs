@@ -70,6 +70,10 @@ pub struct OpDivergence {
     pub explanation: Option<Explanation>,
     /// How many points were compared at this step.
     pub compared: usize,
+    /// Reference replay at this op (`xray_compare::mechanism`): its local error (the module
+    /// replayed on the engine's own input), cleared or convicted, and the mechanism.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<crate::mechanism::ReplayEvidence>,
 }
 
 impl OpDivergence {
@@ -228,6 +232,7 @@ pub fn localize_op(
             shapes: None,
             explanation: None,
             compared,
+            replay: None,
         };
         // A reference holding a NaN or Inf at a point is no op-level evidence: the next one is.
         let Ok(m) = compare(&r.view(), &x.view(), &tol.tolerance) else {

@@ -6,6 +6,7 @@
 //! | [`contract`] | the per-family checkpoint contracts (`core/contracts/*.json`), parsed and resolved once against a model config |
 //! | [`dump`] | the `xray.dump` format: manifest, `.npy` tensors, atomic writer, checked loader |
 //! | [`ops`] | op-level points: `{module}:{in|out}` names at the reference's module boundaries, and which a run emits |
+//! | [`replay`] | reference replay: the counterfactuals a module is re-run with and what the replay reports about it |
 //! | [`capture`] | the capture API: [`capture::Observer`] (an engine calls it at each checkpoint), [`capture::Recorder`], [`capture::StatsRecorder`], [`capture::Substitute`] (isolation) |
 //!
 //! X-Ray's own runtime, the HF oracle, the comparison library and outside engines (see
@@ -24,6 +25,7 @@ pub mod contract;
 pub mod dump;
 pub mod error;
 pub mod ops;
+pub mod replay;
 
 pub use error::{CoreError, Result};
 

@@ -659,7 +659,8 @@ impl Drill<'_> {
             after.extend(r.after.iter().map(|i| i.checkpoint.as_str()));
         }
         let ops = g.ops_between(&after, &fd.checkpoint)?;
-        if ops.len() < 2 {
+        // One op that mirrors an HF module is drilled into too: replay tests its mechanism.
+        if ops.len() < 2 && !(ops.len() == 1 && crate::replay::mirrors_module(g, &ops[0])) {
             return Ok(());
         }
         let names = g.points_between(&after, &fd.checkpoint)?;
@@ -724,6 +725,22 @@ impl Drill<'_> {
                 fd.checkpoint,
                 ops.join(", ")
             )),
+        }
+        if let Some(op) = fd.op.as_mut() {
+            // Reference replay: the module re-run on the runtime's own input clears or convicts
+            // the op and tests the mechanisms of its kind.
+            progress(&format!("replay: {} on the runtime's own input", op.module));
+            ev.notes.extend(crate::replay::replay_origin(
+                op,
+                &nodes,
+                r,
+                x,
+                &self.opts.policy,
+                self.oracle,
+                self.model.family(),
+                &self.opts.model,
+                Some(g),
+            ));
         }
         Ok(())
     }

@@ -8,6 +8,8 @@
 
 #[cfg(feature = "oracle")]
 pub mod check;
+#[cfg(feature = "oracle")]
+pub mod replay;
 pub mod runs;
 #[cfg(feature = "oracle")]
 pub mod selftest;

@@ -25,6 +25,9 @@ use xray_core::dump::{content_sha256, DumpWriter, Entry, Manifest, Stats};
 use xray_core::ops::{is_point, PointSelect};
 use xray_core::Layout;
 
+mod replay;
+pub use replay::{ReplayRequest, Replayed};
+
 /// Oracle errors.
 #[derive(Debug, thiserror::Error)]
 pub enum OracleError {

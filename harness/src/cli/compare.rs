@@ -251,7 +251,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         refine_suspects(&mut ev, m.as_ref(), dir)?;
     }
     if !stats_only {
-        op_level(&mut ev, &reference, &got, model.as_deref(), &opts.policy);
+        op_level(
+            &mut ev,
+            &reference,
+            &got,
+            model.as_deref(),
+            a.model.as_deref(),
+            &opts.policy,
+        );
     }
     // The evidence first, then the reports; a failed write does not stop the rest.
     if let Some(p) = &a.evidence {
@@ -315,6 +322,7 @@ fn op_level(
     reference: &Dump,
     got: &Dump,
     model: Option<&dyn SpeechModel>,
+    model_dir: Option<&std::path::Path>,
     policy: &Policy,
 ) {
     if has_points(reference) && has_points(got) {
@@ -341,6 +349,10 @@ fn op_level(
             None => format!("the op-level points both dumps hold at step {step} agree ({source})"),
         };
         ev.notes.push(note);
+        if let Some(op) = fd.op.as_mut() {
+            let notes = replay(op, &nodes(step), reference, got, model, model_dir, policy);
+            ev.notes.extend(notes);
+        }
         return;
     }
     for step in xray_compare::pipeline::dump_steps(reference) {
@@ -356,4 +368,56 @@ fn op_level(
             return;
         }
     }
+}
+
+/// Reference replay at the op-level origin (`xray_compare::mechanism`): with `--model DIR` and
+/// the oracle, the named module is re-run on the dump's own input, which clears or convicts the
+/// op and names the counterfactual that reproduces its output.
+#[cfg(feature = "oracle")]
+fn replay(
+    op: &mut xray_compare::ops::OpDivergence,
+    nodes: &[xray_core::ops::PointNode],
+    reference: &Dump,
+    got: &Dump,
+    model: Option<&dyn SpeechModel>,
+    model_dir: Option<&std::path::Path>,
+    policy: &Policy,
+) -> Vec<String> {
+    let Some(dir) = model_dir else {
+        return vec![format!(
+            "replay: pass --model DIR (the reference model) to re-run {} on the dump's own input: it would clear or convict the op and test the mechanisms of its kind",
+            op.module
+        )];
+    };
+    match xray_oracle::Oracle::discover() {
+        Ok(oracle) => xray_harness::replay::replay_origin(
+            op,
+            nodes,
+            reference,
+            got,
+            policy,
+            &oracle,
+            &reference.manifest.family,
+            dir,
+            model.map(|m| m.graph()),
+        ),
+        Err(e) => vec![format!("replay: not run, the oracle is unavailable: {e}")],
+    }
+}
+
+/// Without the oracle feature: one line of what replay would add.
+#[cfg(not(feature = "oracle"))]
+fn replay(
+    op: &mut xray_compare::ops::OpDivergence,
+    _nodes: &[xray_core::ops::PointNode],
+    _reference: &Dump,
+    _got: &Dump,
+    _model: Option<&dyn SpeechModel>,
+    _model_dir: Option<&std::path::Path>,
+    _policy: &Policy,
+) -> Vec<String> {
+    vec![format!(
+        "replay: this xray is built without the oracle feature; with it (and --model DIR) {} would be re-run through the HF reference on the dump's own input, clearing or convicting the op and naming the counterfactual (transposed weight, missing bias, wrong epsilon, ...) that reproduces its output",
+        op.module
+    )]
 }

@@ -220,6 +220,9 @@ pub fn summary(e: &xray_compare::evidence::Evidence) -> String {
         }
         if let Some(op) = &f.op {
             s.push_str(&format!("\nxray: op-level origin: {}", op.summary()));
+            if let Some(r) = &op.replay {
+                s.push_str(&format!("\nxray: {}", r.summary()));
+            }
         }
     }
     for f in &e.independent {

@@ -1,0 +1,1515 @@
+//! Reference replay at the op-level origin: local errors from the outside and the mechanism
+//! behind a divergence.
+//!
+//! The drill-down ([`crate::ops::localize_op`]) names the first op-level point that differs while
+//! its inputs agree. Below that point a signature can only guess from two tensors. Replay asks the
+//! reference itself: the HF module is re-run on the **engine's own input** at that op (its
+//! `{module}:in` point) through a [`Replayer`] (the oracle's `xray_oracle.replay`; this crate
+//! never links Python), and
+//!
+//! 1. **local error**: `engine_out` against `HF_module(engine_in)` for every module of the region
+//!    whose input and output the engine dump holds: an op whose replayed output matches the
+//!    engine's within the point's tolerance is *cleared* (it computes what the module computes on
+//!    what it was given), one that does not is *convicted*. An engine that cannot be fed gets its
+//!    per-op local errors this way;
+//! 2. **mechanism** at the convicted origin: the counterfactuals bring-up people actually make,
+//!    chosen by the module's kind (from its HF class and the engine kernel, never from a fault's
+//!    name), each replayed through the reference and scored by its residual against the engine's
+//!    output; scalars are solved (an output scale by least squares, a norm's epsilon by a search
+//!    over decades refined by golden section). A counterfactual that reproduces the engine's
+//!    output within the point's tolerance, at a tenth of the clean replay's residual or less,
+//!    becomes the mechanism; otherwise the evidence lists what was tried, each with its residual.
+//!
+//! | kind | hypotheses |
+//! |---|---|
+//! | linear | weight transposed (square) or its buffer read in the other layout (non-square); bias missing / doubled; weight missing; halves of the output rows swapped (a fused K\|V, gate\|up split); another key of the same shape (other layers' same-role modules first, then siblings); weight on an f16 / bf16 grid or a symmetric int-k grid (k = 2..8, per row / per tensor); input rounded to f16 / bf16; output scale (solved) |
+//! | conv1d | kernel flipped; weight buffer read channels-last; padding (every split that gives the engine's length); stride; bias missing / doubled; weight grids and rounding; another key; input rounded to f16 / bf16; output scale |
+//! | layer_norm, rms_norm, batch_norm | epsilon (tried 1e-12..1, then solved); unbiased variance (LayerNorm); weight and bias swapped; affine missing, weight missing, bias missing; `1 + weight` (RMSNorm); batch statistics (BatchNorm); another key; input rounded; output scale |
+//! | embedding | scale (solved); ids shifted by +-1; another table of the same shape; table rounded to f16 / bf16 |
+
+use ndarray::ArrayD;
+use serde::{Deserialize, Serialize};
+use xray_core::dump::Dump;
+use xray_core::ops::{parse_point, PointNode, Side};
+use xray_core::replay::{Counterfactual, GridGranularity, ModuleInfo, ModuleKind, RoundFormat};
+use xray_core::Layout;
+
+use crate::metrics::compare;
+use crate::ops::OpDivergence;
+use crate::pipeline::to_canonical;
+use crate::tolerance::Tolerance;
+
+/// One module input handed to a [`Replayer`].
+#[derive(Debug, Clone)]
+pub struct ReplayInput<'a> {
+    /// The tensor, as an op-level point holds it (no batch axis).
+    pub array: &'a ArrayD<f32>,
+    /// Its layout.
+    pub layout: Layout,
+    /// An embedding's input given as rows of its table (ids looked up), not ids.
+    pub ids_from_rows: bool,
+    /// More named inputs (an attention core's `key` and `value`, token-major).
+    pub extra: Vec<(String, ArrayD<f32>)>,
+}
+
+/// What one replay call returns: the module's description and one output per counterfactual
+/// (or why it does not apply), each with its layout.
+pub type ReplayBatch = (
+    ModuleInfo,
+    Vec<std::result::Result<(ArrayD<f32>, Layout), String>>,
+);
+
+/// Re-runs one module of the reference model (the oracle implements it through pyo3).
+pub trait Replayer {
+    /// Module `module` on `input` under each of `cfs` (in order). `Err` when the module cannot be
+    /// replayed at all (unknown module, input of the wrong kind).
+    fn replay(
+        &self,
+        module: &str,
+        input: &ReplayInput<'_>,
+        cfs: &[Counterfactual],
+    ) -> std::result::Result<ReplayBatch, String>;
+}
+
+/// Whether replay clears or convicts an op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplayVerdict {
+    /// The module replayed on the engine's input reproduces the engine's output within the
+    /// point's tolerance: the op computes correctly on what it was given.
+    Cleared,
+    /// It does not: the op itself computes something else.
+    Convicted,
+}
+
+/// The local error of one op: the engine's output against the reference module replayed on the
+/// engine's own input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LocalError {
+    /// The HF module replayed.
+    pub module: String,
+    /// The engine op that mirrors it, when the engine graph is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op: Option<String>,
+    /// The engine's points fed to the replay (its `{module}:in`, or the alias it was held under;
+    /// an embedding's ids as recovered from the reference's rows).
+    pub inputs: Vec<String>,
+    /// The engine point compared (`{module}:out`).
+    pub output: String,
+    /// `||engine - replay|| / ||replay||`; null when the shapes differ.
+    pub rel_l2: Option<f64>,
+    /// `max |engine - replay|`; null when the shapes differ.
+    pub max_abs: Option<f64>,
+    /// Whether it is within the point's tolerance.
+    pub passes: bool,
+    /// Cleared or convicted.
+    pub verdict: ReplayVerdict,
+    /// Shapes when they differ (`[replay, engine]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shapes: Option<(Vec<usize>, Vec<usize>)>,
+}
+
+/// A counterfactual and how well it reproduces the engine's output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tried {
+    /// The hypothesis.
+    pub counterfactual: Counterfactual,
+    /// `||engine - replay_cf|| / ||replay_cf||`; null when it did not apply (`skipped`) or the
+    /// shapes differ.
+    pub residual: Option<f64>,
+    /// Why it was not scored (does not apply, other shape).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+}
+
+/// The counterfactual that reproduces the engine's output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Mechanism {
+    /// What the engine computes, as a change to the reference module.
+    pub counterfactual: Counterfactual,
+    /// Its residual (`||engine - replay_cf|| / ||replay_cf||`).
+    pub residual: f64,
+    /// Its largest absolute difference.
+    pub max_abs: f64,
+    /// The clean replay's residual it is set against (the op's local error).
+    pub clean_residual: Option<f64>,
+    /// A number the solved scalar matches (`1/sqrt(64)`, `sqrt(384)`), or null.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
+    /// One line: `runtime == model.encoder.layers.0.fc1 without its bias (residual 2.1e-08)`.
+    pub summary: String,
+    /// Other counterfactuals that also reproduce it (equivalent readings), by residual.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub also: Vec<Counterfactual>,
+}
+
+/// Replay evidence of an op-level origin (`first_divergence.op.replay`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplayEvidence {
+    /// The origin's module.
+    pub module: String,
+    /// Its HF class.
+    pub class: String,
+    /// Its kind (from the class).
+    pub kind: ModuleKind,
+    /// The engine kernel of the op (`linear`, `layer_norm`), when the engine graph is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
+    /// The state-dict keys the module read.
+    pub params: Vec<String>,
+    /// The origin op's local error.
+    pub local_error: LocalError,
+    /// The reference module replayed on the reference's own input against the reference's own
+    /// output (`rel_l2`): the replay's noise floor (0 when bit-exact); null when not measured.
+    #[serde(default)]
+    pub replay_floor: Option<f64>,
+    /// The mechanism, when a counterfactual reproduces the engine's output.
+    pub mechanism: Option<Mechanism>,
+    /// Every counterfactual tried at the origin, in the order tried.
+    pub tried: Vec<Tried>,
+    /// Local errors of the other ops of the region (neighbours of the origin), in graph order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub neighbours: Vec<LocalError>,
+    /// The engine ops the replayed computation covers (the module's op; a weightless step's
+    /// ops: the attention core with its head split and merge): what a clearing clears.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub covers: Vec<String>,
+}
+
+impl ReplayEvidence {
+    /// One console line: `replay: model.encoder.layers.0.fc1 (Linear) local error rel_l2 3.1e-1
+    /// (convicted): runtime == fc1 without its bias (residual 2.1e-08)`.
+    pub fn summary(&self) -> String {
+        let le = &self.local_error;
+        let err = match le.rel_l2 {
+            Some(r) => format!("local error rel_l2 {r:.2e}"),
+            None => "local error: other shape".into(),
+        };
+        let verdict = match le.verdict {
+            ReplayVerdict::Cleared => "cleared",
+            ReplayVerdict::Convicted => "convicted",
+        };
+        let mech = match &self.mechanism {
+            Some(m) => m.summary.clone(),
+            None if le.verdict == ReplayVerdict::Cleared => {
+                "computes what the module computes on its input".into()
+            }
+            None => format!(
+                "no counterfactual reproduces it ({} tried, best {})",
+                self.tried.len(),
+                best_tried(&self.tried)
+            ),
+        };
+        format!(
+            "replay: {} ({}) {err} ({verdict}): {mech}",
+            self.module, self.class
+        )
+    }
+}
+
+fn best_tried(t: &[Tried]) -> String {
+    t.iter()
+        .filter_map(|t| t.residual.map(|r| (r, t)))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(r, t)| format!("{} at {r:.2e}", t.counterfactual.phrase()))
+        .unwrap_or_else(|| "none scored".into())
+}
+
+/// What the caller knows of the engine op behind a module.
+#[derive(Debug, Clone, Default)]
+pub struct EngineOp {
+    /// Its name.
+    pub op: Option<String>,
+    /// Its kernel kind.
+    pub kernel: Option<String>,
+}
+
+/// The first alias of a point node held by `d` at `step`: (name, tensor, layout).
+fn held<'a>(
+    d: &'a Dump,
+    names: &[String],
+    step: u32,
+) -> Option<(&'a str, &'a ArrayD<f32>, Layout)> {
+    names.iter().find_map(|n| {
+        let e = d.entry(n, step as usize)?;
+        let t = d.get(n, step as usize)?;
+        Some((e.name.as_str(), t, e.layout))
+    })
+}
+
+/// The aliases of point `name` (every name of the node carrying it), or just it.
+fn aliases(nodes: &[PointNode], name: &str) -> Vec<String> {
+    nodes
+        .iter()
+        .find(|n| n.names.iter().any(|p| p == name))
+        .map(|n| n.names.clone())
+        .unwrap_or_else(|| vec![name.to_string()])
+}
+
+/// `t` in layout `to` (a no-op when it is already).
+fn in_layout(t: &ArrayD<f32>, from: Layout, to: Layout) -> Option<ArrayD<f32>> {
+    if from == to {
+        return Some(t.clone());
+    }
+    to_canonical(t, from, to, None).ok()
+}
+
+/// How a replayed tensor compares with the engine's: rel_l2 over the replay, max abs, passes.
+fn score(replayed: &ArrayD<f32>, engine: &ArrayD<f32>, tol: &Tolerance) -> Option<(f64, f64, bool)> {
+    if replayed.shape() != engine.shape() {
+        return None;
+    }
+    match compare(&replayed.view(), &engine.view(), tol) {
+        Ok(m) => Some((m.rel_l2, m.max_abs, m.passes(tol))),
+        // A replay holding a NaN or Inf: no agreement can be claimed.
+        Err(_) => Some((f64::MAX, f64::MAX, false)),
+    }
+}
+
+/// Inputs gathered for replaying one module.
+struct Site<'a> {
+    module: String,
+    input_name: String,
+    input: &'a ArrayD<f32>,
+    input_layout: Layout,
+    ids_from_rows: bool,
+    out_name: String,
+    engine_out: &'a ArrayD<f32>,
+    engine_layout: Layout,
+    /// The reference's own input and output (for the replay floor).
+    reference: Option<(&'a ArrayD<f32>, Layout, &'a ArrayD<f32>)>,
+}
+
+/// The engine's input and output of `module` at `step`: its `:in` (under any alias) and `:out`
+/// points. An embedding whose ids the engine does not emit is fed the reference's output rows
+/// (ids are feeds: both engines read the same).
+fn site<'a>(
+    nodes: &[PointNode],
+    reference: &'a Dump,
+    candidate: &'a Dump,
+    module: &str,
+    step: u32,
+    kernel: Option<&str>,
+) -> Option<Site<'a>> {
+    let out = format!("{module}:out");
+    let inp = format!("{module}:in");
+    let (out_name, engine_out, engine_layout) = held(candidate, &aliases(nodes, &out), step)?;
+    let r_out = held(reference, &aliases(nodes, &out), step);
+    let (input_name, input, input_layout, ids_from_rows) =
+        match held(candidate, &aliases(nodes, &inp), step) {
+            Some((n, t, l)) => (n.to_string(), t, l, false),
+            // No input point: an embedding (the engine emits only its output), when the
+            // engine's kernel is one or unknown (the replay refuses rows for anything else).
+            None if kernel.is_none_or(|k| k == "embedding") => {
+                let (n, t, l) = r_out?;
+                (format!("{n} (reference rows: ids)"), t, l, true)
+            }
+            None => return None,
+        };
+    let reference = match (held(reference, &aliases(nodes, &inp), step), r_out) {
+        (Some((_, ri, rl)), Some((_, ro, _))) if !ids_from_rows => Some((ri, rl, ro)),
+        _ => None,
+    };
+    Some(Site {
+        module: module.to_string(),
+        input_name,
+        input,
+        input_layout,
+        ids_from_rows,
+        out_name: out_name.to_string(),
+        engine_out,
+        engine_layout,
+        reference,
+    })
+}
+
+/// Local error of one site from its clean replay (output, layout).
+fn local_error(
+    s: &Site<'_>,
+    clean: &(ArrayD<f32>, Layout),
+    tol: &Tolerance,
+    eop: &EngineOp,
+) -> (LocalError, Option<ArrayD<f32>>) {
+    let engine = in_layout(s.engine_out, s.engine_layout, clean.1);
+    let sc = engine.as_ref().and_then(|e| score(&clean.0, e, tol));
+    let le = LocalError {
+        module: s.module.clone(),
+        op: eop.op.clone(),
+        inputs: vec![s.input_name.clone()],
+        output: s.out_name.clone(),
+        rel_l2: sc.map(|x| x.0),
+        max_abs: sc.map(|x| x.1),
+        passes: sc.is_some_and(|x| x.2),
+        verdict: if sc.is_some_and(|x| x.2) {
+            ReplayVerdict::Cleared
+        } else {
+            ReplayVerdict::Convicted
+        },
+        shapes: sc
+            .is_none()
+            .then(|| (clean.0.shape().to_vec(), s.engine_out.shape().to_vec())),
+    };
+    (le, engine)
+}
+
+/// The hypotheses for a module of this kind, in the order they are tried (most plausible first).
+/// `engine_len` is the engine output's time length (a conv's last axis), for padding and stride.
+pub fn hypotheses(info: &ModuleInfo, engine_shape: &[usize], input_len: usize) -> Vec<Counterfactual> {
+    use Counterfactual as C;
+    let mut v = Vec::new();
+    let w = info.param("weight");
+    let has_bias = info.param("bias").is_some();
+    let other_keys = |v: &mut Vec<C>, roles: &[(&str, usize)]| {
+        for (role, n) in roles {
+            if let Some(p) = info.param(role) {
+                for k in p.same_shape.iter().take(*n) {
+                    v.push(C::OtherKey {
+                        role: role.to_string(),
+                        key: k.clone(),
+                    });
+                }
+            }
+        }
+    };
+    let grids = |v: &mut Vec<C>| {
+        for format in [RoundFormat::F16, RoundFormat::Bf16] {
+            v.push(C::WeightRounded { format });
+        }
+        for bits in (2..=8).rev() {
+            for granularity in [GridGranularity::PerRow, GridGranularity::PerTensor] {
+                v.push(C::WeightGrid { bits, granularity });
+            }
+        }
+    };
+    let inputs_rounded = |v: &mut Vec<C>| {
+        for format in [RoundFormat::F16, RoundFormat::Bf16] {
+            v.push(C::InputRounded { format });
+        }
+    };
+    match info.kind {
+        ModuleKind::Linear => {
+            if let Some(w) = w {
+                if w.shape.len() == 2 && w.shape[0] == w.shape[1] {
+                    v.push(C::TransposeWeight);
+                } else {
+                    v.push(C::WeightReinterpreted);
+                }
+            }
+            if has_bias {
+                v.push(C::BiasMissing);
+                v.push(C::BiasDoubled);
+            }
+            v.push(C::WeightMissing);
+            if w.is_some_and(|w| w.shape.first().is_some_and(|n| n % 2 == 0)) {
+                v.push(C::HalvesSwapped);
+            }
+            other_keys(&mut v, &[("weight", 8), ("bias", 4)]);
+            grids(&mut v);
+            inputs_rounded(&mut v);
+        }
+        ModuleKind::Conv1d => {
+            let k = info.ints("kernel_size").first().copied().unwrap_or(1);
+            let stride = info.ints("stride").first().copied().unwrap_or(1).max(1);
+            let pad = info.ints("padding").first().copied().unwrap_or(0);
+            let dil = info.ints("dilation").first().copied().unwrap_or(1);
+            if k > 1 {
+                v.push(C::KernelFlipped);
+                v.push(C::WeightReinterpreted);
+            }
+            let span = dil * (k - 1) + 1;
+            let out_len = |l: usize, r: usize, s: usize| {
+                (input_len + l + r).checked_sub(span).map(|n| n / s + 1)
+            };
+            let want = engine_shape.last().copied();
+            for l in 0..=k {
+                for r in 0..=k {
+                    if (l, r) != (pad, pad) && out_len(l, r, stride) == want {
+                        v.push(C::Padding { left: l, right: r });
+                    }
+                }
+            }
+            for s in 1..=4 {
+                if s != stride && out_len(pad, pad, s) == want {
+                    v.push(C::Stride { value: s });
+                }
+            }
+            if has_bias {
+                v.push(C::BiasMissing);
+                v.push(C::BiasDoubled);
+            }
+            other_keys(&mut v, &[("weight", 6), ("bias", 4)]);
+            inputs_rounded(&mut v);
+            grids(&mut v);
+        }
+        ModuleKind::LayerNorm | ModuleKind::RmsNorm | ModuleKind::BatchNorm => {
+            if info.kind == ModuleKind::LayerNorm {
+                v.push(C::UnbiasedVariance);
+            }
+            if info.kind == ModuleKind::BatchNorm {
+                v.push(C::BatchStatistics);
+            }
+            if w.is_some() && has_bias {
+                v.push(C::AffineSwapped);
+            }
+            if w.is_some() {
+                v.push(C::AffineMissing);
+                if has_bias {
+                    v.push(C::NormWeightMissing);
+                    v.push(C::NormBiasMissing);
+                }
+            }
+            if info.kind == ModuleKind::RmsNorm {
+                v.push(C::WeightPlusOne);
+            }
+            other_keys(&mut v, &[("weight", 6), ("bias", 4)]);
+            inputs_rounded(&mut v);
+        }
+        ModuleKind::Embedding => {
+            v.push(C::IdOffset { by: 1 });
+            v.push(C::IdOffset { by: -1 });
+            other_keys(&mut v, &[("weight", 4)]);
+            for format in [RoundFormat::F16, RoundFormat::Bf16] {
+                v.push(C::WeightRounded { format });
+            }
+        }
+        ModuleKind::ResidualAdd | ModuleKind::Attention | ModuleKind::Other => {}
+    }
+    v
+}
+
+/// Least-squares `s` with `engine ~ s * replay`.
+fn solve_scale(replay: &ArrayD<f32>, engine: &ArrayD<f32>) -> Option<f64> {
+    if replay.shape() != engine.shape() {
+        return None;
+    }
+    let (mut xy, mut yy) = (0f64, 0f64);
+    for (&y, &x) in replay.iter().zip(engine.iter()) {
+        if x.is_finite() && y.is_finite() {
+            xy += x as f64 * y as f64;
+            yy += y as f64 * y as f64;
+        }
+    }
+    (yy > 0.0).then(|| xy / yy)
+}
+
+/// A simple number `s` is close to: `sqrt(n)`, `1/sqrt(n)`, `n`, `1/n` for a dimension `n`.
+fn scale_hint(s: f64, dims: &[usize]) -> Option<String> {
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-3 * b.abs();
+    for &n in dims.iter().filter(|&&n| n > 1) {
+        let r = (n as f64).sqrt();
+        for (v, name) in [
+            (r, format!("sqrt({n})")),
+            (1.0 / r, format!("1/sqrt({n})")),
+            (n as f64, format!("{n}")),
+            (1.0 / n as f64, format!("1/{n}")),
+        ] {
+            if close(s, v) {
+                return Some(name);
+            }
+        }
+    }
+    for (v, name) in [(2.0, "2"), (0.5, "1/2"), (-1.0, "-1")] {
+        if close(s, v) {
+            return Some(name.to_string());
+        }
+    }
+    None
+}
+
+/// A "round" epsilon near `e` (mantissa 1, 2 or 5), if within 5 %.
+fn round_eps(e: f64) -> Option<f64> {
+    if e <= 0.0 {
+        return None;
+    }
+    let k = e.log10().floor();
+    [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * 10f64.powf(k))
+        .find(|v| (v - e).abs() <= 0.05 * e)
+}
+
+/// Replays the origin op's module and its neighbours, and searches the mechanism at the origin.
+pub struct ReplayContext<'a> {
+    /// The points' graph (aliases, upstream nodes).
+    pub nodes: &'a [PointNode],
+    /// The reference dump (its points at the step).
+    pub reference: &'a Dump,
+    /// The engine's dump (its points at the step).
+    pub candidate: &'a Dump,
+    /// The replayer.
+    pub replayer: &'a dyn Replayer,
+    /// The engine op (name, kernel) of a module, when the engine graph is known.
+    pub engine_op: &'a dyn Fn(&str) -> EngineOp,
+    /// Tolerance of a point (the policy's).
+    pub tolerance: &'a dyn Fn(&str) -> Tolerance,
+    /// At most this many neighbours replayed.
+    pub max_neighbours: usize,
+    /// The kernel kind of an engine op, by op name, when the engine graph is known.
+    pub op_kernel: &'a dyn Fn(&str) -> Option<String>,
+}
+
+/// The modules of the region around the origin: those whose `:out` point the engine dump holds
+/// at `step` among the points it holds, nearest to the origin (in graph order) first.
+fn region_modules(cx: &ReplayContext<'_>, origin: &str, step: u32) -> Vec<String> {
+    let mut mods: Vec<(usize, String)> = Vec::new();
+    let pos = cx
+        .nodes
+        .iter()
+        .position(|n| n.names.iter().any(|p| parse_point(p).is_some_and(|(m, _)| m == origin)));
+    for (i, n) in cx.nodes.iter().enumerate() {
+        for p in &n.names {
+            let Some((m, Side::Out)) = parse_point(p) else {
+                continue;
+            };
+            if m == origin || mods.iter().any(|(_, x)| x == m) {
+                continue;
+            }
+            if cx.candidate.entry(p, step as usize).is_none()
+                && held(cx.candidate, &n.names, step).is_none()
+            {
+                continue;
+            }
+            let d = pos.map_or(i, |o| o.abs_diff(i));
+            mods.push((d, m.to_string()));
+        }
+    }
+    mods.sort();
+    mods.truncate(cx.max_neighbours);
+    // Back to graph order.
+    let order = |m: &str| {
+        cx.nodes
+            .iter()
+            .position(|n| n.names.iter().any(|p| p == &format!("{m}:out")))
+            .unwrap_or(usize::MAX)
+    };
+    let mut v: Vec<String> = mods.into_iter().map(|(_, m)| m).collect();
+    v.sort_by_key(|m| order(m));
+    v
+}
+
+impl ReplayContext<'_> {
+    fn input<'b>(&self, s: &'b Site<'_>) -> ReplayInput<'b> {
+        ReplayInput {
+            array: s.input,
+            layout: s.input_layout,
+            ids_from_rows: s.ids_from_rows,
+            extra: Vec::new(),
+        }
+    }
+
+    /// The local error of `module` at `step` (one clean replay), with its site.
+    fn local(&self, module: &str, step: u32) -> Option<LocalError> {
+        let eop = (self.engine_op)(module);
+        let s = site(
+            self.nodes,
+            self.reference,
+            self.candidate,
+            module,
+            step,
+            eop.kernel.as_deref(),
+        )?;
+        let (_, outs) = self
+            .replayer
+            .replay(module, &self.input(&s), &[Counterfactual::None])
+            .ok()?;
+        let clean = outs.into_iter().next()?.ok()?;
+        let tol = (self.tolerance)(&s.out_name);
+        Some(local_error(&s, &clean, &tol, &eop).0)
+    }
+
+    /// Replay evidence for the op-level origin `op` (its module's `:out` point), or why there is
+    /// none (the origin is a module input, no input point, the replay failed).
+    pub fn origin(&self, op: &OpDivergence) -> std::result::Result<ReplayEvidence, String> {
+        let step = op.step;
+        let module = op.module.as_str();
+        let eop = (self.engine_op)(module);
+        let s = site(
+            self.nodes,
+            self.reference,
+            self.candidate,
+            module,
+            step,
+            eop.kernel.as_deref(),
+        )
+        .ok_or_else(|| {
+            format!("the engine dump holds no {module}:in and :out at step {step} to replay")
+        })?;
+        let tol = (self.tolerance)(&s.out_name);
+        let input = self.input(&s);
+        let (info, outs) = self.replayer.replay(module, &input, &[Counterfactual::None])?;
+        let clean = outs
+            .into_iter()
+            .next()
+            .ok_or("the replay returned nothing")??;
+        let (local, engine) = local_error(&s, &clean, &tol, &eop);
+        let replay_floor = s.reference.and_then(|(ri, rl, ro)| {
+            let inp = ReplayInput {
+                array: ri,
+                layout: rl,
+                ids_from_rows: false,
+                extra: Vec::new(),
+            };
+            let (_, o) = self
+                .replayer
+                .replay(module, &inp, &[Counterfactual::None])
+                .ok()?;
+            let (r, l) = o.into_iter().next()?.ok()?;
+            let ro = in_layout(ro, s.engine_layout, l)?;
+            score(&r, &ro, &tol).map(|x| x.0)
+        });
+        let neighbours = region_modules(self, module, step)
+            .into_iter()
+            .filter_map(|m| self.local(&m, step))
+            .collect();
+        let mut ev = ReplayEvidence {
+            module: module.to_string(),
+            class: info.class.clone(),
+            kind: info.kind,
+            kernel: eop.kernel.clone(),
+            params: info.params.iter().map(|p| p.key.clone()).collect(),
+            local_error: local.clone(),
+            replay_floor,
+            mechanism: None,
+            tried: Vec::new(),
+            neighbours,
+            covers: eop.op.iter().cloned().collect(),
+        };
+        if local.verdict == ReplayVerdict::Cleared {
+            return Ok(ev);
+        }
+        // The engine's output in the replay's layout (shape may differ: padding, stride).
+        let engine = match engine {
+            Some(e) => e,
+            None => s.engine_out.clone(),
+        };
+        self.search(&mut ev, &info, &s, &clean, &engine, &tol);
+        Ok(ev)
+    }
+
+    /// Scores `cfs` against the engine's output, appending to `ev.tried`; returns the scored
+    /// (counterfactual, residual, max_abs, passes).
+    fn try_all(
+        &self,
+        ev: &mut ReplayEvidence,
+        module: &str,
+        input: &ReplayInput<'_>,
+        cfs: &[Counterfactual],
+        engine: &ArrayD<f32>,
+        tol: &Tolerance,
+    ) -> Vec<(Counterfactual, f64, f64, bool)> {
+        let mut scored = Vec::new();
+        if cfs.is_empty() {
+            return scored;
+        }
+        let outs = match self.replayer.replay(module, input, cfs) {
+            Ok((_, o)) => o,
+            Err(e) => {
+                for c in cfs {
+                    ev.tried.push(Tried {
+                        counterfactual: c.clone(),
+                        residual: None,
+                        skipped: Some(e.clone()),
+                    });
+                }
+                return scored;
+            }
+        };
+        for (c, o) in cfs.iter().zip(outs) {
+            let (res, skipped) = match o {
+                Err(why) => (None, Some(why)),
+                // Every output of one module has the clean replay's layout, as `engine` has.
+                Ok((out, _)) => {
+                    let e = engine;
+                    match score(&out, e, tol) {
+                        Some(sc) => {
+                            scored.push((c.clone(), sc.0, sc.1, sc.2));
+                            (Some(sc.0), None)
+                        }
+                        None => (
+                            None,
+                            Some(format!(
+                                "other shape: {:?} vs the engine's {:?}",
+                                out.shape(),
+                                e.shape()
+                            )),
+                        ),
+                    }
+                }
+            };
+            ev.tried.push(Tried {
+                counterfactual: c.clone(),
+                residual: res.filter(|r| r.is_finite() && *r < f64::MAX),
+                skipped,
+            });
+        }
+        scored
+    }
+
+    /// The hypotheses of the module's kind, the solved scalars, and the best that reproduces the
+    /// engine's output.
+    fn search(
+        &self,
+        ev: &mut ReplayEvidence,
+        info: &ModuleInfo,
+        s: &Site<'_>,
+        clean: &(ArrayD<f32>, Layout),
+        engine: &ArrayD<f32>,
+        tol: &Tolerance,
+    ) {
+        let input_len = if s.input.ndim() == 2 {
+            // A conv's time axis: the last of a channel-major input, the first of a token-major.
+            match s.input_layout {
+                Layout::TokenMajor => s.input.shape()[0],
+                _ => s.input.shape()[1],
+            }
+        } else {
+            s.input.shape().last().copied().unwrap_or(0)
+        };
+        let input = self.input(s);
+        let mut scored = self.try_all(
+            ev,
+            &s.module,
+            &input,
+            &hypotheses(info, engine.shape(), input_len),
+            engine,
+            tol,
+        );
+        // Scalars. An output scale, by least squares on the clean replay.
+        if let Some(f) = solve_scale(&clean.0, engine).filter(|f| (f - 1.0).abs() > 1e-4) {
+            let cf = Counterfactual::OutputScale { factor: f };
+            let scaled = clean.0.mapv(|v| (v as f64 * f) as f32);
+            let sc = score(&scaled, engine, tol);
+            ev.tried.push(Tried {
+                counterfactual: cf.clone(),
+                residual: sc.map(|x| x.0),
+                skipped: None,
+            });
+            if let Some(sc) = sc {
+                scored.push((cf, sc.0, sc.1, sc.2));
+            }
+        }
+        // A norm's epsilon: every decade, then golden section around the best.
+        if info.kind.is_norm() {
+            let own = info.float("eps").unwrap_or(-1.0);
+            let decades: Vec<Counterfactual> = [0.0, 1e-12, 1e-8, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0]
+                .into_iter()
+                .filter(|e| (e - own).abs() > 1e-3 * own.abs().max(1e-30))
+                .map(|value| Counterfactual::Eps { value })
+                .collect();
+            let got = self.try_all(ev, &s.module, &input, &decades, engine, tol);
+            let best = got
+                .iter()
+                .filter_map(|(c, r, ..)| match c {
+                    Counterfactual::Eps { value } if *value > 0.0 => Some((*value, *r)),
+                    _ => None,
+                })
+                .min_by(|a, b| a.1.total_cmp(&b.1));
+            scored.extend(got);
+            if let Some((e0, r0)) = best {
+                let make = |value: f64| Counterfactual::Eps { value };
+                if let Some(found) =
+                    self.golden(&s.module, &input, engine, tol, e0, r0, &make, &round_eps)
+                {
+                    let cf = Counterfactual::Eps { value: found };
+                    scored.extend(self.try_all(ev, &s.module, &input, &[cf], engine, tol));
+                }
+            }
+        }
+        choose(ev, &s.module, &scored, &|cf| match cf {
+            Counterfactual::OutputScale { factor } => scale_hint(*factor, engine.shape()),
+            Counterfactual::Eps { .. } => info
+                .float("eps")
+                .map(|own| format!("the module's eps is {own:e}")),
+            _ => None,
+        });
+    }
+
+    /// Golden-section search of `log10(x)` within a decade of `x0` (residual `r0`) for the
+    /// counterfactual `make(x)`; `snap(x)`, a simpler value nearby, is preferred when it is as
+    /// good. `None` when nothing beats `r0`.
+    #[allow(clippy::too_many_arguments)]
+    fn golden(
+        &self,
+        module: &str,
+        input: &ReplayInput<'_>,
+        engine: &ArrayD<f32>,
+        tol: &Tolerance,
+        x0: f64,
+        r0: f64,
+        make: &dyn Fn(f64) -> Counterfactual,
+        snap: &dyn Fn(f64) -> Option<f64>,
+    ) -> Option<f64> {
+        let f = |le: f64| -> f64 {
+            match self.replayer.replay(module, input, &[make(10f64.powf(le))]) {
+                Ok((_, o)) => match o.into_iter().next() {
+                    Some(Ok((out, _))) => score(&out, engine, tol).map_or(f64::MAX, |x| x.0),
+                    _ => f64::MAX,
+                },
+                Err(_) => f64::MAX,
+            }
+        };
+        let g = (5f64.sqrt() - 1.0) / 2.0;
+        let (mut a, mut b) = (x0.log10() - 1.0, x0.log10() + 1.0);
+        let mut c = b - g * (b - a);
+        let mut d = a + g * (b - a);
+        let (mut fc, mut fd) = (f(c), f(d));
+        for _ in 0..22 {
+            if fc < fd {
+                b = d;
+                d = c;
+                fd = fc;
+                c = b - g * (b - a);
+                fc = f(c);
+            } else {
+                a = c;
+                c = d;
+                fc = fd;
+                d = a + g * (b - a);
+                fd = f(d);
+            }
+        }
+        let (le, fr) = if fc < fd { (c, fc) } else { (d, fd) };
+        if fr >= r0 {
+            return None;
+        }
+        let x = 10f64.powf(le);
+        match snap(x) {
+            Some(v) if f(v.log10()) <= 1.5 * fr.max(1e-12) => Some(v),
+            _ => Some(x),
+        }
+    }
+}
+
+/// The best scored counterfactual that reproduces the engine's output (within the tolerance, at
+/// most a tenth of the clean replay's residual) becomes `ev.mechanism`.
+fn choose(
+    ev: &mut ReplayEvidence,
+    module: &str,
+    scored: &[(Counterfactual, f64, f64, bool)],
+    hint_of: &dyn Fn(&Counterfactual) -> Option<String>,
+) {
+    {
+        let clean_res = ev.local_error.rel_l2;
+        let mut ok: Vec<&(Counterfactual, f64, f64, bool)> = scored
+            .iter()
+            .filter(|(_, r, _, passes)| *passes && clean_res.is_none_or(|c| *r <= 0.1 * c))
+            .collect();
+        ok.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let Some((cf, res, max_abs, _)) = ok.first().map(|x| (*x).clone()) else {
+            return;
+        };
+        let hint = hint_of(&cf);
+        let also: Vec<Counterfactual> = ok
+            .iter()
+            .skip(1)
+            .filter(|x| x.1 <= 10.0 * res.max(1e-9))
+            .map(|x| x.0.clone())
+            .take(4)
+            .collect();
+        ev.mechanism = Some(Mechanism {
+            summary: format!(
+                "runtime == {module} {} (residual {res:.1e}{})",
+                cf.phrase(),
+                hint.as_deref()
+                    .filter(|_| !matches!(cf, Counterfactual::Eps { .. }))
+                    .map(|h| format!("; {h}"))
+                    .unwrap_or_default()
+            ),
+            counterfactual: cf,
+            residual: res,
+            max_abs,
+            clean_residual: clean_res,
+            hint,
+            also,
+        });
+    }
+
+}
+
+/// `y ~ a·u + b·v` by least squares (f64): `(a, b, ||y - a·u - b·v|| / ||y||)`.
+fn fit2(u: &ArrayD<f32>, v: &ArrayD<f32>, y: &ArrayD<f32>) -> Option<(f64, f64, f64)> {
+    let (mut uu, mut uv, mut vv, mut uy, mut vy, mut yy) = (0f64, 0f64, 0f64, 0f64, 0f64, 0f64);
+    for ((&p, &q), &r) in u.iter().zip(v.iter()).zip(y.iter()) {
+        let (p, q, r) = (p as f64, q as f64, r as f64);
+        if !(p.is_finite() && q.is_finite() && r.is_finite()) {
+            return None;
+        }
+        uu += p * p;
+        uv += p * q;
+        vv += q * q;
+        uy += p * r;
+        vy += q * r;
+        yy += r * r;
+    }
+    let det = uu * vv - uv * uv;
+    if det.abs() <= 1e-12 * (uu * vv).max(1e-300) || yy == 0.0 {
+        return None;
+    }
+    let a = (uy * vv - vy * uv) / det;
+    let b = (vy * uu - uy * uv) / det;
+    let mut rr = 0f64;
+    for ((&p, &q), &r) in u.iter().zip(v.iter()).zip(y.iter()) {
+        let d = r as f64 - a * p as f64 - b * q as f64;
+        rr += d * d;
+    }
+    Some((a, b, (rr / yy).sqrt()))
+}
+
+fn combine(u: &ArrayD<f32>, a: f64, v: &ArrayD<f32>, b: f64) -> ArrayD<f32> {
+    let mut out = u.clone();
+    for ((o, &p), &q) in out.iter_mut().zip(u.iter()).zip(v.iter()) {
+        *o = (a * p as f64 + b * q as f64) as f32;
+    }
+    out
+}
+
+impl ReplayContext<'_> {
+    /// Replay of a weightless origin: a point that is a module's input, produced by one residual
+    /// add of two observed points. The reference's own combination (`R = a·U + b·V`, fitted on its
+    /// tensors, exact for an add) is applied to the engine's inputs; the engine's output is then
+    /// tested against an input dropped or scaled (solved).
+    pub fn weightless(&self, op: &OpDivergence) -> std::result::Result<ReplayEvidence, String> {
+        let step = op.step;
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.names.iter().any(|p| p == &op.point))
+            .ok_or_else(|| format!("{} is in no node of the points' graph", op.point))?;
+        let kernels: Vec<Option<String>> = node.ops.iter().map(|o| (self.op_kernel)(o)).collect();
+        let last = op.module.rsplit('.').next().unwrap_or_default();
+        let attention_kernel = kernels
+            .iter()
+            .any(|k| k.as_deref().is_some_and(|k| k.contains("attention")));
+        if matches!(last, "out_proj" | "o_proj")
+            && (attention_kernel || kernels.iter().all(Option::is_none))
+        {
+            return self.attention(op, &node.ops);
+        }
+        let adds = kernels.iter().filter(|k| k.as_deref() == Some("add")).count();
+        let unknown = kernels.iter().all(Option::is_none);
+        if node.ops.len() != 1 || (adds != 1 && !unknown) {
+            return Err(format!(
+                "the weightless step before {} ({}) is not one residual add; replaying attention cores is not implemented",
+                op.point,
+                node.ops.join(", ")
+            ));
+        }
+        let [u, v] = node.inputs.as_slice() else {
+            return Err(format!("{} has {} observed inputs, not two", op.point, node.inputs.len()));
+        };
+        let names = |i: usize| &self.nodes[i].names;
+        let (Some((un, ue, ul)), Some((vn, ve, vl)), Some((ur, _, url)), Some((vr, _, vrl))) = (
+            held(self.candidate, names(*u), step),
+            held(self.candidate, names(*v), step),
+            held(self.reference, names(*u), step),
+            held(self.reference, names(*v), step),
+        ) else {
+            return Err(format!("the inputs of {} are not held by both dumps", op.point));
+        };
+        let (Some((xn, xe, xl)), Some((_, xr, xrl))) = (
+            held(self.candidate, &node.names, step),
+            held(self.reference, &node.names, step),
+        ) else {
+            return Err(format!("{} is not held by both dumps", op.point));
+        };
+        let to = |t: &ArrayD<f32>, l: Layout| in_layout(t, l, xrl).ok_or("layouts do not align");
+        let (ue, ve, xe) = (to(ue, ul)?, to(ve, vl)?, to(xe, xl)?);
+        let (ur_t, vr_t) = (
+            to(self.reference.get(ur, step as usize).ok_or("no tensor")?, url)?,
+            to(self.reference.get(vr, step as usize).ok_or("no tensor")?, vrl)?,
+        );
+        if [ue.shape(), ve.shape(), ur_t.shape(), vr_t.shape()]
+            .iter()
+            .any(|s| *s != xr.shape())
+            || xe.shape() != xr.shape()
+        {
+            return Err(format!("the inputs of {} have other shapes than it", op.point));
+        }
+        let (a, b, fit) = fit2(&ur_t, &vr_t, xr).ok_or("the reference's inputs are degenerate")?;
+        if fit > 1e-5 {
+            return Err(format!(
+                "the reference's {} is no sum of its observed inputs (residual {fit:.1e})",
+                op.point
+            ));
+        }
+        let tol = (self.tolerance)(xn);
+        let clean = combine(&ue, a, &ve, b);
+        let sc = score(&clean, &xe, &tol);
+        let local = LocalError {
+            module: op.point.clone(),
+            op: node.ops.first().cloned(),
+            inputs: vec![un.to_string(), vn.to_string()],
+            output: xn.to_string(),
+            rel_l2: sc.map(|x| x.0),
+            max_abs: sc.map(|x| x.1),
+            passes: sc.is_some_and(|x| x.2),
+            verdict: if sc.is_some_and(|x| x.2) {
+                ReplayVerdict::Cleared
+            } else {
+                ReplayVerdict::Convicted
+            },
+            shapes: None,
+        };
+        let mut ev = ReplayEvidence {
+            module: op.point.clone(),
+            class: format!("add ({a:.4}·{un} + {b:.4}·{vn})"),
+            kind: ModuleKind::ResidualAdd,
+            kernel: kernels.first().cloned().flatten(),
+            params: vec![],
+            local_error: local.clone(),
+            replay_floor: Some(fit),
+            mechanism: None,
+            tried: vec![],
+            neighbours: vec![],
+            covers: node.ops.clone(),
+        };
+        if local.verdict == ReplayVerdict::Cleared {
+            return Ok(ev);
+        }
+        let mut scored = Vec::new();
+        let mut push = |ev: &mut ReplayEvidence, cf: Counterfactual, c: ArrayD<f32>| {
+            let sc = score(&c, &xe, &tol);
+            ev.tried.push(Tried {
+                counterfactual: cf.clone(),
+                residual: sc.map(|x| x.0),
+                skipped: None,
+            });
+            if let Some(sc) = sc {
+                scored.push((cf, sc.0, sc.1, sc.2));
+            }
+        };
+        let zero = ue.mapv(|_| 0.0);
+        push(
+            &mut ev,
+            Counterfactual::InputDropped { input: un.to_string() },
+            combine(&zero, 0.0, &ve, b),
+        );
+        push(
+            &mut ev,
+            Counterfactual::InputDropped { input: vn.to_string() },
+            combine(&ue, a, &zero, 0.0),
+        );
+        // One input's coefficient solved, the other kept: X - b·V = s·(a·U).
+        for (name, keep, kc, scale, c) in [(un, &ve, b, &ue, a), (vn, &ue, a, &ve, b)] {
+            let rest = combine(&xe, 1.0, keep, -kc);
+            let part = scale.mapv(|p| (p as f64 * c) as f32);
+            if let Some(f) = solve_scale(&part, &rest).filter(|f| (f - 1.0).abs() > 1e-4) {
+                push(
+                    &mut ev,
+                    Counterfactual::InputScaled {
+                        input: name.to_string(),
+                        factor: f,
+                    },
+                    combine(keep, kc, scale, c * f),
+                );
+            }
+        }
+        choose(&mut ev, &op.point, &scored, &|cf| match cf {
+            Counterfactual::InputScaled { factor, .. } => scale_hint(*factor, &[]),
+            _ => None,
+        });
+        Ok(ev)
+    }
+
+    /// Token-major rows of point `name` (under any alias) at steps `steps`, stacked in step
+    /// order (a decoder's self-attention keys over its cache).
+    fn rows(&self, d: &Dump, name: &str, steps: std::ops::RangeInclusive<u32>) -> Option<ArrayD<f32>> {
+        let names = aliases(self.nodes, name);
+        let parts: Vec<ArrayD<f32>> = steps
+            .filter_map(|s| {
+                let (_, t, l) = held(d, &names, s)?;
+                in_layout(t, l, Layout::TokenMajor)
+            })
+            .collect();
+        if parts.is_empty() || parts.iter().any(|p| p.ndim() != 2) {
+            return None;
+        }
+        let views: Vec<_> = parts.iter().map(|p| p.view()).collect();
+        ndarray::concatenate(ndarray::Axis(0), &views).ok()
+    }
+
+    /// The q / k / v projections' outputs of attention module `parent` at `step` in `d` (keys
+    /// and values: every step's rows up to this one that the dump holds).
+    fn qkv(&self, d: &Dump, parent: &str, step: u32) -> Option<[ArrayD<f32>; 3]> {
+        let p = |proj: &str| format!("{parent}.{proj}:out");
+        Some([
+            self.rows(d, &p("q_proj"), step..=step)?,
+            self.rows(d, &p("k_proj"), 0..=step)?,
+            self.rows(d, &p("v_proj"), 0..=step)?,
+        ])
+    }
+
+    /// Replay of an attention core: from the q / k / v projections' outputs (the engine's own)
+    /// to the output projection's input, through transformers' attention function; convicted, its
+    /// mask, key/value order, rotary offset and softmax scale (solved) are tried.
+    fn attention(&self, op: &OpDivergence, ops: &[String]) -> std::result::Result<ReplayEvidence, String> {
+        let step = op.step;
+        let parent = op
+            .module
+            .rsplit_once('.')
+            .map(|(p, _)| p)
+            .ok_or("no parent module")?;
+        let [q, k, v] = self
+            .qkv(self.candidate, parent, step)
+            .ok_or_else(|| format!("the engine dump holds no q/k/v projection outputs of {parent}"))?;
+        let x = self
+            .rows(self.candidate, &op.point, step..=step)
+            .ok_or_else(|| format!("the engine dump holds no {}", op.point))?;
+        let input = ReplayInput {
+            array: &q,
+            layout: Layout::TokenMajor,
+            ids_from_rows: false,
+            extra: vec![("key".into(), k), ("value".into(), v)],
+        };
+        let (info, outs) = self.replayer.replay(parent, &input, &[Counterfactual::None])?;
+        let (clean, _) = outs
+            .into_iter()
+            .next()
+            .ok_or("the replay returned nothing")??;
+        let tol = (self.tolerance)(&op.point);
+        let sc = score(&clean, &x, &tol);
+        let replay_floor = (|| {
+            let [rq, rk, rv] = self.qkv(self.reference, parent, step)?;
+            let rx = self.rows(self.reference, &op.point, step..=step)?;
+            let inp = ReplayInput {
+                array: &rq,
+                layout: Layout::TokenMajor,
+                ids_from_rows: false,
+                extra: vec![("key".into(), rk), ("value".into(), rv)],
+            };
+            let (_, o) = self.replayer.replay(parent, &inp, &[Counterfactual::None]).ok()?;
+            let (r, _) = o.into_iter().next()?.ok()?;
+            score(&r, &rx, &tol).map(|x| x.0)
+        })();
+        let passes = sc.is_some_and(|x| x.2);
+        let local = LocalError {
+            module: parent.to_string(),
+            op: ops.first().cloned(),
+            inputs: ["q_proj", "k_proj", "v_proj"]
+                .iter()
+                .map(|p| format!("{parent}.{p}:out"))
+                .collect(),
+            output: op.point.clone(),
+            rel_l2: sc.map(|x| x.0),
+            max_abs: sc.map(|x| x.1),
+            passes,
+            verdict: if passes {
+                ReplayVerdict::Cleared
+            } else {
+                ReplayVerdict::Convicted
+            },
+            shapes: sc.is_none().then(|| (clean.shape().to_vec(), x.shape().to_vec())),
+        };
+        let mut ev = ReplayEvidence {
+            module: parent.to_string(),
+            class: info.class.clone(),
+            kind: info.kind,
+            kernel: ops.iter().find_map(|o| {
+                (self.op_kernel)(o).filter(|k| k.contains("attention"))
+            }),
+            params: vec![],
+            local_error: local,
+            replay_floor,
+            mechanism: None,
+            tried: vec![],
+            neighbours: vec![],
+            covers: ops.to_vec(),
+        };
+        if passes {
+            return Ok(ev);
+        }
+        let causal = info.flag("causal");
+        let own = info.float("scaling").unwrap_or(1.0);
+        let hd = info.ints("head_dim").first().copied().unwrap_or(1).max(1) as f64;
+        let mut cfs = vec![
+            Counterfactual::CausalMask { on: !causal },
+            Counterfactual::KvSwapped,
+        ];
+        if info.flag("rope") {
+            cfs.push(Counterfactual::RopeOffset { by: 1 });
+            cfs.push(Counterfactual::RopeOffset { by: -1 });
+        }
+        let mut simple: Vec<f64> = vec![1.0, own * own, own.sqrt(), 1.0 / hd.sqrt(), 1.0 / hd, hd.sqrt()];
+        simple.retain(|c| (c - own).abs() > 1e-9 * own.abs().max(1e-30));
+        simple.dedup_by(|a, b| (*a - *b).abs() <= 1e-9 * b.abs());
+        cfs.extend(simple.iter().map(|&value| Counterfactual::AttentionScale { value }));
+        let mut scored = self.try_all(&mut ev, parent, &input, &cfs, &x, &tol);
+        let best = scored
+            .iter()
+            .filter_map(|(c, r, ..)| match c {
+                Counterfactual::AttentionScale { value } => Some((*value, *r)),
+                _ => None,
+            })
+            .chain(std::iter::once((own, sc.map_or(f64::MAX, |x| x.0))))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        if let Some((x0, r0)) = best {
+            let make = |value: f64| Counterfactual::AttentionScale { value };
+            let snap = |v: f64| {
+                simple
+                    .iter()
+                    .chain(std::iter::once(&own))
+                    .copied()
+                    .find(|c| (c - v).abs() <= 0.01 * c.abs())
+            };
+            if let Some(found) = self.golden(parent, &input, &x, &tol, x0, r0, &make, &snap) {
+                let cf = Counterfactual::AttentionScale { value: found };
+                scored.extend(self.try_all(&mut ev, parent, &input, &[cf], &x, &tol));
+            }
+        }
+        if let Some(f) = solve_scale(&clean, &x).filter(|f| (f - 1.0).abs() > 1e-4) {
+            let cf = Counterfactual::OutputScale { factor: f };
+            let scaled = clean.mapv(|v| (v as f64 * f) as f32);
+            let s2 = score(&scaled, &x, &tol);
+            ev.tried.push(Tried {
+                counterfactual: cf.clone(),
+                residual: s2.map(|x| x.0),
+                skipped: None,
+            });
+            if let Some(s2) = s2 {
+                scored.push((cf, s2.0, s2.1, s2.2));
+            }
+        }
+        choose(&mut ev, parent, &scored, &|cf| match cf {
+            Counterfactual::AttentionScale { value } => Some(format!(
+                "the module's scale is {own:.6} (1/sqrt({hd})); this is {:.6} times it{}",
+                value / own,
+                scale_hint(*value, &[hd as usize])
+                    .map(|h| format!(", {h}"))
+                    .unwrap_or_default()
+            )),
+            Counterfactual::OutputScale { factor } => scale_hint(*factor, &[]),
+            _ => None,
+        });
+        Ok(ev)
+    }
+}
+
+/// Applies replay evidence to an op-level origin: a cleared op is no longer named (a note says
+/// why), a convicted one stays; returns the console line.
+pub fn apply(op: &mut OpDivergence, ev: ReplayEvidence) -> String {
+    let line = ev.summary();
+    if ev.local_error.verdict == ReplayVerdict::Cleared {
+        if op.op.as_ref().is_some_and(|o| ev.covers.is_empty() || ev.covers.contains(o)) {
+            if let Some(name) = op.op.take() {
+                op.suspects.retain(|s| s != &name);
+            }
+        }
+        op.suspects.retain(|s| !ev.covers.contains(s));
+    }
+    op.replay = Some(ev);
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::{Array2, IxDyn};
+    use xray_core::replay::ParamInfo;
+
+    /// A linear module `y = x W^T + b` replayed in Rust, with the counterfactuals this test needs.
+    struct Lin {
+        w: Array2<f32>,
+        b: Vec<f32>,
+    }
+
+    impl Lin {
+        fn run(&self, x: &ArrayD<f32>, cf: &Counterfactual) -> Result<ArrayD<f32>, String> {
+            let x2 = x.view().into_dimensionality::<ndarray::Ix2>().unwrap();
+            let (w, b) = match cf {
+                Counterfactual::None => (self.w.clone(), self.b.clone()),
+                Counterfactual::BiasMissing => (self.w.clone(), vec![0.0; self.b.len()]),
+                Counterfactual::BiasDoubled => {
+                    (self.w.clone(), self.b.iter().map(|v| 2.0 * v).collect())
+                }
+                Counterfactual::TransposeWeight => (self.w.t().to_owned(), self.b.clone()),
+                _ => return Err("not in this test".into()),
+            };
+            let mut y = x2.dot(&w.t());
+            for mut r in y.rows_mut() {
+                for (v, bb) in r.iter_mut().zip(&b) {
+                    *v += bb;
+                }
+            }
+            Ok(y.into_dyn())
+        }
+    }
+
+    impl Replayer for Lin {
+        fn replay(
+            &self,
+            module: &str,
+            input: &ReplayInput<'_>,
+            cfs: &[Counterfactual],
+        ) -> Result<ReplayBatch, String> {
+            let n = self.w.shape()[0];
+            let info = ModuleInfo {
+                module: module.into(),
+                class: "Linear".into(),
+                kind: ModuleKind::Linear,
+                params: vec![
+                    ParamInfo {
+                        role: "weight".into(),
+                        key: format!("{module}.weight"),
+                        shape: vec![n, n],
+                        same_shape: vec![],
+                    },
+                    ParamInfo {
+                        role: "bias".into(),
+                        key: format!("{module}.bias"),
+                        shape: vec![n],
+                        same_shape: vec![],
+                    },
+                ],
+                settings: Default::default(),
+            };
+            let outs = cfs
+                .iter()
+                .map(|c| self.run(input.array, c).map(|y| (y, Layout::TokenMajor)))
+                .collect();
+            Ok((info, outs))
+        }
+    }
+
+    fn dump(entries: Vec<(&str, ArrayD<f32>)>) -> Dump {
+        use xray_core::capture::Captured;
+        let m = xray_core::dump::Manifest {
+            schema: xray_core::dump::SCHEMA.into(),
+            version: xray_core::dump::VERSION,
+            family: "whisper".into(),
+            model_id: "t".into(),
+            producer: "test".into(),
+            weights_sha256: String::new(),
+            audio_sha256: String::new(),
+            tools: Default::default(),
+            tokens: vec![],
+            transcript: String::new(),
+            stats_only: false,
+            checkpoints: vec![],
+            extra: Default::default(),
+        };
+        Dump::from_captured(
+            m,
+            entries
+                .into_iter()
+                .map(|(n, a)| Captured {
+                    name: n.into(),
+                    step: 0,
+                    layout: Layout::TokenMajor,
+                    data: a,
+                })
+                .collect(),
+        )
+    }
+
+    fn setup(bug: &Counterfactual) -> (Lin, Dump, Dump, Vec<PointNode>) {
+        let n = 6;
+        let w = Array2::from_shape_fn((n, n), |(i, j)| ((i * 7 + j * 3) as f32 * 0.37).sin());
+        let b: Vec<f32> = (0..n).map(|i| 0.5 + i as f32 * 0.1).collect();
+        let lin = Lin { w, b };
+        let x = ArrayD::from_shape_fn(IxDyn(&[5, n]), |d| ((d[0] * 5 + d[1]) as f32 * 0.21).cos());
+        let r_out = lin.run(&x, &Counterfactual::None).unwrap();
+        let x_out = lin.run(&x, bug).unwrap();
+        let r = dump(vec![("m.fc:in", x.clone()), ("m.fc:out", r_out)]);
+        let c = dump(vec![("m.fc:in", x), ("m.fc:out", x_out)]);
+        let nodes = vec![
+            PointNode {
+                names: vec!["m.fc:in".into()],
+                inputs: vec![],
+                ops: vec![],
+            },
+            PointNode {
+                names: vec!["m.fc:out".into()],
+                inputs: vec![0],
+                ops: vec!["fc".into()],
+            },
+        ];
+        (lin, r, c, nodes)
+    }
+
+    fn origin(bug: &Counterfactual) -> ReplayEvidence {
+        let (lin, r, c, nodes) = setup(bug);
+        let eop = |_: &str| EngineOp {
+            op: Some("fc".into()),
+            kernel: Some("linear".into()),
+        };
+        let tol = |_: &str| Tolerance::default_f32();
+        let cx = ReplayContext {
+            nodes: &nodes,
+            reference: &r,
+            candidate: &c,
+            replayer: &lin,
+            engine_op: &eop,
+            tolerance: &tol,
+            max_neighbours: 4,
+            op_kernel: &|_| Some("linear".into()),
+        };
+        let op = crate::ops::localize_op(
+            &nodes,
+            &r,
+            &c,
+            0,
+            &crate::tolerance::Policy::default(),
+            None,
+        );
+        match op {
+            Some(op) => cx.origin(&op).unwrap(),
+            None => {
+                // A clean engine: the origin is asked for anyway.
+                let fake = OpDivergence {
+                    point: "m.fc:out".into(),
+                    module: "m.fc".into(),
+                    side: Side::Out,
+                    step: 0,
+                    op: Some("fc".into()),
+                    suspects: vec!["fc".into()],
+                    inputs: vec![],
+                    status: crate::localize::Status::Fail,
+                    metrics: None,
+                    tolerance: crate::evidence::ToleranceEvidence {
+                        bounds: Tolerance::default_f32(),
+                        source: "t".into(),
+                    },
+                    shapes: None,
+                    explanation: None,
+                    compared: 1,
+                    replay: None,
+                };
+                cx.origin(&fake).unwrap()
+            }
+        }
+    }
+
+    #[test]
+    fn a_dropped_bias_is_named_and_the_others_are_tried() {
+        let ev = origin(&Counterfactual::BiasMissing);
+        assert_eq!(ev.local_error.verdict, ReplayVerdict::Convicted);
+        let m = ev.mechanism.expect("mechanism");
+        assert_eq!(m.counterfactual, Counterfactual::BiasMissing);
+        assert!(m.residual < 1e-6, "{m:?}");
+        assert!(m.summary.contains("without its bias"), "{}", m.summary);
+        assert!(ev.tried.len() > 3);
+        assert_eq!(ev.replay_floor, Some(0.0));
+    }
+
+    #[test]
+    fn a_transposed_weight_is_named() {
+        let ev = origin(&Counterfactual::TransposeWeight);
+        let m = ev.mechanism.expect("mechanism");
+        assert_eq!(m.counterfactual, Counterfactual::TransposeWeight);
+    }
+
+    #[test]
+    fn a_correct_op_is_cleared() {
+        let ev = origin(&Counterfactual::None);
+        assert_eq!(ev.local_error.verdict, ReplayVerdict::Cleared);
+        assert!(ev.mechanism.is_none() && ev.tried.is_empty());
+    }
+
+    #[test]
+    fn scalars_and_hints() {
+        assert_eq!(scale_hint(8.0, &[64]), Some("sqrt(64)".into()));
+        assert_eq!(scale_hint(0.125, &[64]), Some("1/sqrt(64)".into()));
+        assert_eq!(round_eps(0.1004), Some(0.1));
+        assert!(round_eps(0.13).is_none());
+    }
+}

@@ -1,0 +1,351 @@
+//! Reference replay: the vocabulary shared by the oracle (which re-runs one HF module of the
+//! reference model on tensors it is handed, `xray_oracle/replay.py`) and the comparison library
+//! (which asks what that module would have produced had it been wrong in a specific way,
+//! `xray_compare::mechanism`).
+//!
+//! A [`Counterfactual`] is one specific way a bring-up can get a module wrong: a weight read
+//! transposed, a bias dropped, another key of the weight table, a norm's epsilon, a conv's padding.
+//! It travels to Python as JSON (`{"kind": "eps", "value": 1e-5}`); `none` replays the module with
+//! its own parameters. [`ModuleInfo`] is what the replay reports about the module it ran: its
+//! class, its kind (from the class, never from a fault's name), the parameters it read and the
+//! other keys of the weight table that have the same shape.
+
+use serde::{Deserialize, Serialize};
+
+/// A number format a tensor is rounded to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RoundFormat {
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    Bf16,
+}
+
+impl RoundFormat {
+    /// `f16` / `bf16`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RoundFormat::F16 => "f16",
+            RoundFormat::Bf16 => "bf16",
+        }
+    }
+}
+
+/// Granularity of a symmetric integer grid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GridGranularity {
+    /// One step for the whole weight.
+    PerTensor,
+    /// One step per output row (output channel).
+    PerRow,
+}
+
+/// One way the module could have been computed wrong, replayed through the reference module
+/// (`{"kind": ...}` in JSON). Which apply depends on the module's kind ([`ModuleKind`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Counterfactual {
+    /// The module with its own parameters: the clean replay.
+    None,
+    /// The output multiplied by `factor` (a missing or extra scale: an embedding's
+    /// `sqrt(d_model)`, a residual multiplier). Solved by least squares on the clean replay.
+    OutputScale {
+        /// The multiplier.
+        factor: f64,
+    },
+    /// Linear: the square weight read transposed (`W^T`).
+    TransposeWeight,
+    /// Linear (non-square) / conv: the stored weight bytes read in another layout. Linear:
+    /// the `[out, in]` buffer taken as `[in, out]` and transposed; conv: the `[out, in, k]`
+    /// buffer taken as `[out, k, in]` (a channels-last kernel).
+    WeightReinterpreted,
+    /// Conv: the kernel flipped along its time axis (a convolution where the module computes a
+    /// cross-correlation).
+    KernelFlipped,
+    /// Linear / conv: the bias left out.
+    BiasMissing,
+    /// Linear / conv: the bias added twice.
+    BiasDoubled,
+    /// Linear / conv: the weight left out (zeros: a key that was never loaded).
+    WeightMissing,
+    /// Linear / conv: the two halves of the output rows swapped (a fused projection, K|V or
+    /// gate|up, split in the wrong order).
+    HalvesSwapped,
+    /// Any module: parameter `role` (`weight`, `bias`) read from another key of the weight table
+    /// of the same shape (another layer's same-role module, a sibling projection).
+    OtherKey {
+        /// The module's parameter name.
+        role: String,
+        /// The state-dict key read instead.
+        key: String,
+    },
+    /// Linear / conv: the weight rounded to this format.
+    WeightRounded {
+        /// The format.
+        format: RoundFormat,
+    },
+    /// Linear / conv: the weight rounded to a symmetric uniform grid of `bits` bits
+    /// (`max|w| / (2^(bits-1) - 1)` per row or per tensor).
+    WeightGrid {
+        /// Bits, 2..=8.
+        bits: u32,
+        /// Per tensor or per output row.
+        granularity: GridGranularity,
+    },
+    /// Norm: this epsilon instead of the module's.
+    Eps {
+        /// The epsilon.
+        value: f64,
+    },
+    /// LayerNorm: the variance divided by `n - 1` (unbiased) instead of `n`.
+    UnbiasedVariance,
+    /// Norm: weight and bias swapped.
+    AffineSwapped,
+    /// Norm: no affine transform (weight 1, bias 0).
+    AffineMissing,
+    /// Norm: the weight left out (ones), the bias kept.
+    NormWeightMissing,
+    /// Norm: the bias left out (zeros), the weight kept.
+    NormBiasMissing,
+    /// RMSNorm: `x * (1 + weight)` (a checkpoint storing the offset from one) where the module
+    /// scales by `weight`.
+    WeightPlusOne,
+    /// BatchNorm: normalized with the batch's own statistics (training mode) instead of the
+    /// running mean and variance.
+    BatchStatistics,
+    /// Conv: the input padded by `left` / `right` frames instead of the module's padding.
+    Padding {
+        /// Frames of zeros before.
+        left: usize,
+        /// Frames of zeros after.
+        right: usize,
+    },
+    /// Conv: this stride instead of the module's.
+    Stride {
+        /// The stride.
+        value: usize,
+    },
+    /// Conv / any: the module's input rounded to this format first.
+    InputRounded {
+        /// The format.
+        format: RoundFormat,
+    },
+    /// Embedding: every id shifted by `by` (clamped to the table).
+    IdOffset {
+        /// The shift.
+        by: i64,
+    },
+    /// Attention core: this softmax scale instead of the module's (unscaled scores: 1; the
+    /// scale applied twice; another head dimension's). Solved by a search when no simple value
+    /// reproduces it.
+    AttentionScale {
+        /// The scale the scores are multiplied by.
+        value: f64,
+    },
+    /// Attention core: the causal mask on (`true`) or off where the module has the other.
+    CausalMask {
+        /// Whether the mask is applied.
+        on: bool,
+    },
+    /// Attention core: keys and values swapped.
+    KvSwapped,
+    /// Attention core with rotary positions: the queries' positions shifted by `by` against the
+    /// keys' (a position counter off by one on one side; shifting both changes nothing).
+    RopeOffset {
+        /// The shift.
+        by: i64,
+    },
+    /// A weightless combination of observed points (a residual add): input point `input` left
+    /// out (the residual stream or the branch missing).
+    InputDropped {
+        /// The point left out.
+        input: String,
+    },
+    /// A weightless combination of observed points: input point `input` multiplied by `factor`
+    /// on top of the reference's coefficient (a residual multiplier missing or applied twice:
+    /// the conformer's 0.5 half-step, Granite's `residual_multiplier`). Solved by least squares.
+    InputScaled {
+        /// The point scaled.
+        input: String,
+        /// The extra factor.
+        factor: f64,
+    },
+}
+
+impl Counterfactual {
+    /// A short human phrase: `without its bias`, `with eps 0.1`.
+    pub fn phrase(&self) -> String {
+        use Counterfactual::*;
+        match self {
+            None => "with its own parameters".into(),
+            OutputScale { factor } if (factor + 1.0).abs() < 1e-4 => "with its output negated".into(),
+            OutputScale { factor } => format!("with its output scaled by {factor:.6}"),
+            TransposeWeight => "with its weight transposed".into(),
+            WeightReinterpreted => "with its weight buffer read in the other layout".into(),
+            KernelFlipped => "with its kernel flipped in time".into(),
+            BiasMissing => "without its bias".into(),
+            BiasDoubled => "with its bias added twice".into(),
+            WeightMissing => "with a zero weight (never loaded)".into(),
+            HalvesSwapped => "with the two halves of its output rows swapped".into(),
+            OtherKey { role, key } => format!("reading its {role} from {key}"),
+            WeightRounded { format } => format!("with its weight rounded to {}", format.as_str()),
+            WeightGrid { bits, granularity } => format!(
+                "with its weight on a {bits}-bit symmetric grid ({})",
+                match granularity {
+                    GridGranularity::PerRow => "per row",
+                    GridGranularity::PerTensor => "per tensor",
+                }
+            ),
+            Eps { value } => format!("with eps {value:e}"),
+            UnbiasedVariance => "with the unbiased (n-1) variance".into(),
+            AffineSwapped => "with weight and bias swapped".into(),
+            AffineMissing => "without its affine weight and bias".into(),
+            NormWeightMissing => "without its weight (ones)".into(),
+            NormBiasMissing => "without its bias".into(),
+            WeightPlusOne => "scaling by (1 + weight)".into(),
+            BatchStatistics => "with batch statistics instead of the running ones".into(),
+            Padding { left, right } => format!("with padding ({left}, {right})"),
+            Stride { value } => format!("with stride {value}"),
+            InputRounded { format } => format!("with its input rounded to {}", format.as_str()),
+            IdOffset { by } => format!("with every id shifted by {by:+}"),
+            AttentionScale { value } => format!("with softmax scale {value:.6}"),
+            CausalMask { on: true } => "with a causal mask".into(),
+            CausalMask { on: false } => "without its causal mask".into(),
+            KvSwapped => "with keys and values swapped".into(),
+            RopeOffset { by } => format!("with the queries' rotary positions shifted by {by:+}"),
+            InputDropped { input } => format!("without its input {input}"),
+            InputScaled { input, factor } => {
+                format!("with its input {input} multiplied by {factor:.6}")
+            }
+        }
+    }
+}
+
+/// What kind of computation a module is, from its class (`nn.Linear` and subclasses, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModuleKind {
+    /// `nn.Linear`.
+    Linear,
+    /// `nn.Conv1d`.
+    Conv1d,
+    /// `nn.LayerNorm`.
+    LayerNorm,
+    /// An RMSNorm (`nn.RMSNorm`, or a class named `*RMSNorm` with a weight and an epsilon).
+    RmsNorm,
+    /// `nn.BatchNorm1d`.
+    BatchNorm,
+    /// `nn.Embedding` (and subclasses: positional tables).
+    Embedding,
+    /// An attention module's weightless core (scores, mask, softmax, values) from its q / k / v
+    /// projections' outputs to its output projection's input, through transformers' own
+    /// attention function.
+    Attention,
+    /// A weightless sum of observed points (a residual add), replayed in Rust: the reference's
+    /// coefficients are fitted on its own tensors.
+    ResidualAdd,
+    /// Anything else (replayed with its own parameters only).
+    Other,
+}
+
+impl ModuleKind {
+    /// Whether it is a normalization.
+    pub fn is_norm(self) -> bool {
+        matches!(
+            self,
+            ModuleKind::LayerNorm | ModuleKind::RmsNorm | ModuleKind::BatchNorm
+        )
+    }
+}
+
+/// One parameter (or buffer) a replayed module read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ParamInfo {
+    /// The module's name for it (`weight`, `bias`, `running_var`).
+    pub role: String,
+    /// Its state-dict key.
+    pub key: String,
+    /// Its shape.
+    pub shape: Vec<usize>,
+    /// Other keys of the weight table with the same shape, most plausible first (the same role
+    /// in other layers, then siblings in the same layer, then the rest); at most a handful.
+    #[serde(default)]
+    pub same_shape: Vec<String>,
+}
+
+/// What a replay reports about the module it ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModuleInfo {
+    /// Dotted path from the model's root.
+    pub module: String,
+    /// The Python class (`Linear`, `WhisperPositionalEmbedding`, `GraniteRMSNorm`).
+    pub class: String,
+    /// Its kind.
+    pub kind: ModuleKind,
+    /// The parameters and buffers it read.
+    pub params: Vec<ParamInfo>,
+    /// Scalar settings: `eps`, `stride`, `padding`, `kernel_size`, `groups`, `has_bias`.
+    #[serde(default)]
+    pub settings: serde_json::Map<String, serde_json::Value>,
+}
+
+impl ModuleInfo {
+    /// A setting as an integer list (`padding`, `stride`, `kernel_size`).
+    pub fn ints(&self, key: &str) -> Vec<usize> {
+        match self.settings.get(key) {
+            Some(serde_json::Value::Array(a)) => a
+                .iter()
+                .filter_map(|v| v.as_u64().map(|x| x as usize))
+                .collect(),
+            Some(v) => v.as_u64().map(|x| vec![x as usize]).unwrap_or_default(),
+            None => vec![],
+        }
+    }
+
+    /// A float setting (`eps`).
+    pub fn float(&self, key: &str) -> Option<f64> {
+        self.settings.get(key).and_then(|v| v.as_f64())
+    }
+
+    /// A boolean setting (`has_bias`).
+    pub fn flag(&self, key: &str) -> bool {
+        self.settings
+            .get(key)
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false)
+    }
+
+    /// The parameter of this role.
+    pub fn param(&self, role: &str) -> Option<&ParamInfo> {
+        self.params.iter().find(|p| p.role == role)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counterfactuals_are_kind_tagged() {
+        let c = Counterfactual::Eps { value: 1e-5 };
+        let j = serde_json::to_value(&c).unwrap();
+        assert_eq!(j, serde_json::json!({"kind": "eps", "value": 1e-5}));
+        let o: Counterfactual = serde_json::from_value(serde_json::json!({
+            "kind": "weight_grid", "bits": 8, "granularity": "per_row"
+        }))
+        .unwrap();
+        assert_eq!(
+            o,
+            Counterfactual::WeightGrid {
+                bits: 8,
+                granularity: GridGranularity::PerRow
+            }
+        );
+        assert_eq!(
+            serde_json::to_value(Counterfactual::None).unwrap(),
+            serde_json::json!({"kind": "none"})
+        );
+    }
+}

@@ -1,0 +1,190 @@
+//! Reference replay at the op-level origin (`xray check`, `xray compare --model DIR`): the HF
+//! module the drill-down names is re-run by the oracle on the engine's own input
+//! ([`xray_oracle::Oracle::replay`]), which clears or convicts the op and tests the mechanisms of
+//! its kind (`xray_compare::mechanism`). This module adapts the oracle to the comparison
+//! library's [`Replayer`] and the runtime graph to its engine-op lookup.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use ndarray::ArrayD;
+use xray_compare::mechanism::{
+    apply, EngineOp, ReplayBatch, ReplayContext, ReplayInput, Replayer,
+};
+use xray_compare::ops::OpDivergence;
+use xray_compare::tolerance::{Dtype, Policy};
+use xray_core::dump::Dump;
+use xray_core::ops::{parse_point, PointNode, Side};
+use xray_core::replay::Counterfactual;
+use xray_oracle::{Oracle, ReplayRequest};
+use xray_runtime::graph::Graph;
+
+/// The oracle as a [`Replayer`] of one model.
+pub struct OracleReplayer<'a> {
+    /// The interpreter.
+    pub oracle: &'a Oracle,
+    /// The family (its loader builds the reference).
+    pub family: String,
+    /// The reference model directory.
+    pub model_dir: PathBuf,
+}
+
+impl Replayer for OracleReplayer<'_> {
+    fn replay(
+        &self,
+        module: &str,
+        input: &ReplayInput<'_>,
+        cfs: &[Counterfactual],
+    ) -> Result<ReplayBatch, String> {
+        let Some((first, rest)) = cfs.split_first() else {
+            return Err("no counterfactual to replay".into());
+        };
+        let mut req = ReplayRequest::new(
+            &self.family,
+            &self.model_dir,
+            module,
+            input.array.clone(),
+            input.layout,
+        );
+        req.ids_from_rows = input.ids_from_rows;
+        req.extra = input.extra.clone();
+        req.counterfactual = first.clone();
+        req.also = rest.to_vec();
+        let r = self.oracle.replay(&req).map_err(|e| e.to_string())?;
+        let layout = r.layout;
+        let mut outs: Vec<Result<(ArrayD<f32>, _), String>> = vec![Ok((r.output, layout))];
+        outs.extend(r.also.into_iter().map(|o| o.map(|a| (a, layout))));
+        Ok((r.info, outs))
+    }
+}
+
+/// The runtime op (and its kernel kind) producing each module's `:out` point.
+pub fn engine_ops(g: &Graph) -> HashMap<String, EngineOp> {
+    let mut m = HashMap::new();
+    for e in g.edges() {
+        let Some((o, _)) = e.producer else { continue };
+        for p in &e.points {
+            if let Some((module, Side::Out)) = parse_point(p) {
+                let op = &g.ops()[o];
+                m.insert(
+                    module.to_string(),
+                    EngineOp {
+                        op: Some(op.name.clone()),
+                        kernel: Some(op.kernel.kind().to_string()),
+                    },
+                );
+            }
+        }
+    }
+    m
+}
+
+/// Whether runtime op `op` mirrors an HF module (its input and output are that module's
+/// op-level points): replay can re-run it.
+pub fn mirrors_module(g: &Graph, op: &str) -> bool {
+    g.ops().iter().any(|o| {
+        o.name == op
+            && o.outputs.first().is_some_and(|&e| {
+                g.edges()[e]
+                    .points
+                    .iter()
+                    .any(|p| parse_point(p).is_some_and(|(_, s)| s == Side::Out))
+            })
+            && o.inputs.first().is_some_and(|&e| {
+                g.edges()[e]
+                    .points
+                    .iter()
+                    .any(|p| parse_point(p).is_some_and(|(_, s)| s == Side::In))
+            })
+    })
+}
+
+/// Replays the op-level origin `op` (when it is a module's output: the module's own computation)
+/// and records the evidence on it; a cleared op is no longer named. Returns the notes (the
+/// console line first). Replay failures become a note, never an error of the check.
+#[allow(clippy::too_many_arguments)]
+pub fn replay_origin(
+    op: &mut OpDivergence,
+    nodes: &[PointNode],
+    reference: &Dump,
+    candidate: &Dump,
+    policy: &Policy,
+    oracle: &Oracle,
+    family: &str,
+    model_dir: &Path,
+    graph: Option<&Graph>,
+) -> Vec<String> {
+    let ops = graph.map(engine_ops).unwrap_or_default();
+    let kernels: HashMap<String, String> = graph
+        .map(|g| {
+            g.ops()
+                .iter()
+                .map(|o| (o.name.clone(), o.kernel.kind().to_string()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let op_kernel = |o: &str| kernels.get(o).cloned();
+    let engine_op = |m: &str| ops.get(m).cloned().unwrap_or_default();
+    let step = op.step;
+    let tolerance =
+        |p: &str| policy.resolve_kind(p, step, Dtype::F32, None, false).tolerance;
+    let replayer = OracleReplayer {
+        oracle,
+        family: family.to_string(),
+        model_dir: model_dir.to_path_buf(),
+    };
+    let cx = ReplayContext {
+        nodes,
+        reference,
+        candidate,
+        replayer: &replayer,
+        engine_op: &engine_op,
+        tolerance: &tolerance,
+        max_neighbours: 12,
+        op_kernel: &op_kernel,
+    };
+    let ev = match op.side {
+        Side::Out => cx.origin(op),
+        Side::In => cx.weightless(op),
+    };
+    match ev {
+        Ok(ev) => {
+            let mut notes = Vec::new();
+            if let (Some(k), Some(expected)) = (ev.kernel.as_deref(), kernel_kind(ev.kind)) {
+                if k != expected {
+                    notes.push(format!(
+                        "replay: the engine op is a {k} kernel, the reference module a {} ({expected})",
+                        ev.class
+                    ));
+                }
+            }
+            let cleared = ev.local_error.verdict == xray_compare::mechanism::ReplayVerdict::Cleared;
+            let module = ev.module.clone();
+            let line = apply(op, ev);
+            notes.insert(0, line);
+            if cleared {
+                notes.push(format!(
+                    "replay: {module} replayed on the engine's own input reproduces the engine's output: the op computes correctly and is not named; the difference arrives with its input (within tolerance there, amplified here)"
+                ));
+            }
+            notes
+        }
+        Err(why) => vec![format!("replay: {} not replayed: {why}", op.module)],
+    }
+}
+
+/// The runtime kernel kind that computes a module of this kind.
+fn kernel_kind(k: xray_core::replay::ModuleKind) -> Option<&'static str> {
+    use xray_core::replay::ModuleKind::*;
+    Some(match k {
+        Linear => "linear",
+        Conv1d => "conv1d",
+        LayerNorm => "layer_norm",
+        RmsNorm => "rms_norm",
+        BatchNorm => "batch_norm",
+        Embedding => "embedding",
+        ResidualAdd => "add",
+        Attention => return None,
+        Other => return None,
+    })
+}

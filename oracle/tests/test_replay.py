@@ -1,0 +1,287 @@
+"""Reference replay (xray_oracle.replay): a module replayed on the reference's own input gives
+back its output, each counterfactual changes the output the way it says (checked against the
+arithmetic redone here), the kind comes from the class, and the refusals are one line."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import RAND_A, REPO, require_fixture
+
+from xray_oracle import replay as rp
+from xray_oracle.errors import OracleInputError
+from xray_oracle.ops import OpRecorder
+
+GRANITE = REPO / "fixtures" / "build" / "granite-nar-tiny"
+
+_points: dict = {}
+
+
+def whisper_points() -> dict:
+    """Every op-level point of one encoder + decoder-prefill pass of whisper-rand-a on seeded
+    features (the recorder of the real oracle, not the contract run)."""
+    if "w" not in _points:
+        require_fixture(RAND_A)
+        m = rp.load_model("whisper", str(RAND_A))
+        g = torch.Generator().manual_seed(0)
+        feats = torch.randn(1, m.config.num_mel_bins, 2 * m.config.max_source_positions, generator=g)
+        ids = torch.tensor([[m.config.decoder_start_token_id, 5, 7]])
+        rec = OpRecorder(m, "all")
+        with rec, torch.no_grad():
+            m(input_features=feats, decoder_input_ids=ids)
+        _points["w"] = {p["name"]: p for p in rec.points()}
+    return _points["w"]
+
+
+def granite_points() -> dict:
+    if "g" not in _points:
+        require_fixture(GRANITE)
+        m = rp.load_model("granite_nar", str(GRANITE))
+        g = torch.Generator().manual_seed(0)
+        feats = torch.randn(1, 40, m.config.encoder.input_dim, generator=g)
+        rec = OpRecorder(m, "all")
+        with rec, torch.no_grad():
+            m(feats)
+        _points["g"] = {p["name"]: p for p in rec.points()}
+    return _points["g"]
+
+
+def replay_w(module: str, cf=None, **kw):
+    pts = whisper_points()
+    p = pts[f"{module}:in"]
+    return rp.replay("whisper", str(RAND_A), module, p["array"], p["layout"], json.dumps(cf or {}), **kw)
+
+
+def test_every_module_replays_its_own_output_exactly():
+    pts = whisper_points()
+    modules = sorted({n.rsplit(":", 1)[0] for n in pts})
+    assert len(modules) > 30
+    for mod in modules:
+        out = pts[f"{mod}:out"]
+        if mod.endswith("embed_positions") or mod.endswith("embed_tokens"):
+            r = rp.replay("whisper", str(RAND_A), mod, out["array"], out["layout"], ids_from_rows=True)
+        else:
+            inp = pts[f"{mod}:in"]
+            r = rp.replay("whisper", str(RAND_A), mod, inp["array"], inp["layout"])
+        assert r["layout"] == out["layout"], mod
+        assert r["output"].shape == out["array"].shape, mod
+        assert np.abs(r["output"] - out["array"]).max() <= 1e-6, mod
+
+
+def test_granite_modules_replay_their_own_output():
+    pts = granite_points()
+    checked = set()
+    for name in pts:
+        mod, side = name.rsplit(":", 1)
+        if side != "out" or f"{mod}:in" not in pts:
+            continue
+        m = rp.load_model("granite_nar", str(GRANITE)).get_submodule(mod)
+        kind = rp.module_kind(m)
+        if kind == "embedding":
+            continue  # the relative-position table: its ids are distances
+        inp = pts[f"{mod}:in"]
+        r = rp.replay("granite_nar", str(GRANITE), mod, inp["array"], inp["layout"])
+        assert np.abs(r["output"] - pts[name]["array"]).max() <= 1e-6, mod
+        checked.add(kind)
+    # Conformer linears and convs, its LayerNorms and BatchNorm, the LM's RMSNorms.
+    assert {"linear", "conv1d", "layer_norm", "batch_norm", "rms_norm"} <= checked, checked
+
+
+def test_kind_class_params_and_same_shape_keys():
+    r = replay_w("model.encoder.layers.0.self_attn.q_proj")
+    info = r["info"]
+    assert info["class"] == "Linear" and info["kind"] == "linear"
+    w = next(p for p in info["params"] if p["role"] == "weight")
+    assert w["key"] == "model.encoder.layers.0.self_attn.q_proj.weight"
+    # Other layers' same-role module first, then the siblings of the same layer.
+    assert w["same_shape"][0] == "model.encoder.layers.1.self_attn.q_proj.weight"
+    assert "model.encoder.layers.0.self_attn.k_proj.weight" in w["same_shape"]
+    ln = replay_w("model.encoder.layers.0.self_attn_layer_norm")["info"]
+    assert ln["kind"] == "layer_norm" and ln["settings"]["eps"] == 1e-5
+    conv = replay_w("model.encoder.conv2")["info"]
+    assert conv["kind"] == "conv1d" and conv["settings"]["stride"] == [2] and conv["settings"]["padding"] == [1]
+    g = rp.load_model("granite_nar", str(require_fixture(GRANITE)))
+    norm = g.get_submodule("language_model.model.norm")
+    assert rp.module_kind(norm) == "rms_norm"
+
+
+def test_linear_counterfactuals_do_what_they_say():
+    mod = "model.encoder.layers.0.self_attn.q_proj"
+    m = rp.load_model("whisper", str(RAND_A)).get_submodule(mod)
+    x = torch.from_numpy(whisper_points()[f"{mod}:in"]["array"])
+    w, b = m.weight.detach(), m.bias.detach()
+
+    def check(cf, want):
+        got = replay_w(mod, cf)["output"]
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
+        assert np.abs(got - replay_w(mod)["output"]).max() > 1e-4, cf
+
+    check({"kind": "transpose_weight"}, x @ w + b)
+    check({"kind": "bias_missing"}, x @ w.T)
+    check({"kind": "bias_doubled"}, x @ w.T + 2 * b)
+    check({"kind": "weight_missing"}, b.expand(x.shape[0], -1))
+    h = w.shape[0] // 2
+    check({"kind": "halves_swapped"}, x @ torch.cat([w[h:], w[:h]]).T + torch.cat([b[h:], b[:h]]))
+    sd = rp.load_model("whisper", str(RAND_A)).state_dict()
+    other = "model.encoder.layers.1.self_attn.q_proj.weight"
+    check({"kind": "other_key", "role": "weight", "key": other}, x @ sd[other].T + b)
+    check({"kind": "weight_rounded", "format": "bf16"}, x @ w.to(torch.bfloat16).float().T + b)
+    s = w.abs().amax(dim=1, keepdim=True) / 127
+    check({"kind": "weight_grid", "bits": 8, "granularity": "per_row"}, x @ (torch.round(w / s) * s).T + b)
+    check({"kind": "output_scale", "factor": 0.5}, 0.5 * (x @ w.T + b))
+    fc1 = "model.encoder.layers.0.fc1"
+    f = rp.load_model("whisper", str(RAND_A)).get_submodule(fc1)
+    x1 = torch.from_numpy(whisper_points()[f"{fc1}:in"]["array"])
+    o, i = f.weight.shape
+    want = x1 @ f.weight.detach().reshape(i, o) + f.bias.detach()
+    np.testing.assert_allclose(replay_w(fc1, {"kind": "weight_reinterpreted"})["output"], want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_norm_counterfactuals_do_what_they_say():
+    mod = "model.encoder.layers.0.final_layer_norm"
+    m = rp.load_model("whisper", str(RAND_A)).get_submodule(mod)
+    x = torch.from_numpy(whisper_points()[f"{mod}:in"]["array"]).double()
+    w, b = m.weight.detach().double(), m.bias.detach().double()
+    mean, var = x.mean(-1, keepdim=True), x.var(-1, keepdim=True, unbiased=False)
+
+    def ln(v, eps, ww, bb):
+        return ((x - mean) / torch.sqrt(v + eps) * ww + bb).float().numpy()
+
+    for cf, want in [
+        ({"kind": "eps", "value": 0.1}, ln(var, 0.1, w, b)),
+        ({"kind": "unbiased_variance"}, ln(x.var(-1, keepdim=True, unbiased=True), 1e-5, w, b)),
+        ({"kind": "affine_swapped"}, ln(var, 1e-5, b, w)),
+        ({"kind": "affine_missing"}, ln(var, 1e-5, 1.0, 0.0)),
+        ({"kind": "norm_weight_missing"}, ln(var, 1e-5, 1.0, b)),
+        ({"kind": "norm_bias_missing"}, ln(var, 1e-5, w, 0.0)),
+    ]:
+        np.testing.assert_allclose(replay_w(mod, cf)["output"], want, rtol=1e-4, atol=1e-5, err_msg=str(cf))
+    # The module itself is untouched afterwards.
+    assert m.eps == 1e-5
+    inp = whisper_points()[f"{mod}:in"]
+    assert np.abs(replay_w(mod)["output"] - whisper_points()[f"{mod}:out"]["array"]).max() <= 1e-6
+    assert inp["layout"] == "token_major"
+
+
+def test_rms_and_batch_norm_counterfactuals():
+    pts = granite_points()
+    g = rp.load_model("granite_nar", str(GRANITE))
+    rms = next(n.rsplit(":", 1)[0] for n in pts if n.endswith("input_layernorm:in"))
+    m = g.get_submodule(rms)
+    x = torch.from_numpy(pts[f"{rms}:in"]["array"])
+    r = lambda cf: rp.replay("granite_nar", str(GRANITE), rms, x.numpy(), "token_major", json.dumps(cf))["output"]  # noqa: E731
+    norm = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.variance_epsilon)
+    np.testing.assert_allclose(r({"kind": "weight_plus_one"}), ((1 + m.weight.detach()) * norm).numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(r({"kind": "affine_missing"}), norm.numpy(), rtol=1e-5, atol=1e-6)
+    e = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 0.5)
+    np.testing.assert_allclose(r({"kind": "eps", "value": 0.5}), (m.weight.detach() * e).numpy(), rtol=1e-5, atol=1e-6)
+    bn = next(n.rsplit(":", 1)[0] for n in pts if n.endswith("batch_norm:in"))
+    b = g.get_submodule(bn)
+    xb = pts[f"{bn}:in"]
+    assert xb["layout"] == "channel_major"
+    got = rp.replay("granite_nar", str(GRANITE), bn, xb["array"], "channel_major", '{"kind": "batch_statistics"}')["output"]
+    t = torch.from_numpy(xb["array"])
+    want = (t - t.mean(1, keepdim=True)) / torch.sqrt(t.var(1, keepdim=True, unbiased=False) + b.eps)
+    want = want * b.weight.detach()[:, None] + b.bias.detach()[:, None]
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-5)
+    # A token-major input is transposed to the module's [C, T].
+    tm = rp.replay("granite_nar", str(GRANITE), bn, xb["array"].T.copy(), "token_major")["output"]
+    assert np.abs(tm - pts[f"{bn}:out"]["array"]).max() <= 1e-6
+
+
+def test_conv_counterfactuals_do_what_they_say():
+    import torch.nn.functional as F
+
+    mod = "model.encoder.conv1"
+    m = rp.load_model("whisper", str(RAND_A)).get_submodule(mod)
+    x = torch.from_numpy(whisper_points()[f"{mod}:in"]["array"])[None]
+    w, b = m.weight.detach(), m.bias.detach()
+    for cf, want in [
+        ({"kind": "padding", "left": 2, "right": 0}, F.conv1d(F.pad(x, (2, 0)), w, b)),
+        ({"kind": "stride", "value": 2}, F.conv1d(x, w, b, stride=2, padding=1)),
+        ({"kind": "kernel_flipped"}, F.conv1d(x, w.flip(-1), b, padding=1)),
+        ({"kind": "input_rounded", "format": "f16"}, F.conv1d(x.half().float(), w, b, padding=1)),
+        ({"kind": "bias_missing"}, F.conv1d(x, w, None, padding=1)),
+    ]:
+        np.testing.assert_allclose(replay_w(mod, cf)["output"], want[0].numpy(), rtol=1e-5, atol=1e-5, err_msg=str(cf))
+    assert m.padding == (1,) and m.stride == (1,)
+
+
+def test_embedding_ids_from_rows_and_offset():
+    pts = whisper_points()
+    mod = "model.decoder.embed_tokens"
+    out = pts[f"{mod}:out"]
+    ids = pts[f"{mod}:in"]["array"]
+    table = rp.load_model("whisper", str(RAND_A)).get_submodule(mod).weight.detach().numpy()
+    a = rp.replay("whisper", str(RAND_A), mod, out["array"], out["layout"], ids_from_rows=True)
+    b = rp.replay("whisper", str(RAND_A), mod, ids, "plain")
+    assert np.array_equal(a["output"], out["array"]) and np.array_equal(b["output"], out["array"])
+    sh = rp.replay("whisper", str(RAND_A), mod, ids, "plain", '{"kind": "id_offset", "by": 1}')["output"]
+    assert np.array_equal(sh, table[ids.astype(int) + 1])
+
+
+def test_many_counterfactuals_in_one_call_and_refusals():
+    mod = "model.encoder.layers.0.self_attn.k_proj"  # no bias
+    r = replay_w(mod, counterfactuals=[{"kind": "bias_missing"}, {"kind": "transpose_weight"}, {"kind": "eps", "value": 1}])
+    assert isinstance(r["outputs"][0], str) and "needs a bias" in r["outputs"][0]
+    assert isinstance(r["outputs"][1], np.ndarray)
+    assert "does not apply" in r["outputs"][2]
+    with pytest.raises(OracleInputError, match="has no module"):
+        rp.replay("whisper", str(RAND_A), "model.encoder.layers.9.fc1", np.zeros((2, 64), np.float32), "token_major")
+    with pytest.raises(OracleInputError, match="not a key"):
+        replay_w(mod, {"kind": "other_key", "role": "weight", "key": "nope.weight"})
+
+
+def _core(family, model_dir, pts, parent, cf=None):
+    o = "o_proj" if f"{parent}.o_proj:in" in pts else "out_proj"
+    q, k, v = (pts[f"{parent}.{p}:out"]["array"] for p in ("q_proj", "k_proj", "v_proj"))
+    r = rp.replay(family, str(model_dir), parent, q, "token_major", json.dumps(cf or {}), extra={"key": k, "value": v})
+    return r, pts[f"{parent}.{o}:in"]["array"]
+
+
+def test_attention_cores_replay_their_own_output():
+    pts = whisper_points()
+    for parent in ("model.encoder.layers.0.self_attn", "model.decoder.layers.0.self_attn",
+                   "model.decoder.layers.1.encoder_attn"):
+        r, want = _core("whisper", RAND_A, pts, parent)
+        assert r["info"]["kind"] == "attention", parent
+        assert np.abs(r["output"] - want).max() <= 1e-6, parent
+    dec = _core("whisper", RAND_A, pts, "model.decoder.layers.0.self_attn")[0]["info"]["settings"]
+    enc = _core("whisper", RAND_A, pts, "model.encoder.layers.0.self_attn")[0]["info"]["settings"]
+    assert dec["causal"] and not enc["causal"] and enc["scaling"] == 0.25
+    g = granite_points()
+    parent = next(n.rsplit(".", 1)[0] for n in g if n.endswith("self_attn.q_proj:out"))
+    r, want = _core("granite_nar", GRANITE, g, parent)
+    assert r["info"]["settings"]["rope"] and not r["info"]["settings"]["causal"]
+    assert np.abs(r["output"] - want).max() <= 1e-6
+
+
+def test_attention_counterfactuals_change_the_output():
+    pts = whisper_points()
+    parent = "model.encoder.layers.0.self_attn"
+    clean, _ = _core("whisper", RAND_A, pts, parent)
+    q, k, v = (torch.from_numpy(pts[f"{parent}.{p}:out"]["array"]) for p in ("q_proj", "k_proj", "v_proj"))
+    h, hd = 4, q.shape[1] // 4
+    heads = lambda t: t.reshape(t.shape[0], h, hd).transpose(0, 1)  # noqa: E731
+
+    def attn(qq, kk, vv, scale, causal):
+        s = heads(qq) @ heads(kk).transpose(1, 2) * scale
+        if causal:
+            s = s.masked_fill(torch.ones_like(s[0], dtype=torch.bool).triu(1), float("-inf"))
+        return (s.softmax(-1) @ heads(vv)).transpose(0, 1).reshape(qq.shape[0], -1).numpy()
+
+    for cf, want in [
+        ({"kind": "attention_scale", "value": 1.0}, attn(q, k, v, 1.0, False)),
+        ({"kind": "causal_mask", "on": True}, attn(q, k, v, 0.25, True)),
+        ({"kind": "kv_swapped"}, attn(q, v, k, 0.25, False)),
+    ]:
+        got = _core("whisper", RAND_A, pts, parent, cf)[0]["output"]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=str(cf))
+        assert np.abs(got - clean["output"]).max() > 1e-4, cf
+    g = granite_points()
+    gp = next(n.rsplit(".", 1)[0] for n in g if n.endswith("self_attn.q_proj:out"))
+    base = _core("granite_nar", GRANITE, g, gp)[0]["output"]
+    shifted = _core("granite_nar", GRANITE, g, gp, {"kind": "rope_offset", "by": 1})[0]["output"]
+    assert np.abs(shifted - base).max() > 1e-5

@@ -1,0 +1,547 @@
+"""Reference replay: one HF module of the family's reference model re-run on tensors X-Ray hands it
+(the engine's own input at that op, its `{module}:in` point), with the model's own parameters or a
+named counterfactual (`xray_core::replay::Counterfactual`, passed as JSON: `{"kind": "eps",
+"value": 1e-5}`).
+
+What it answers: had the reference module been fed exactly what the engine's op was fed, what
+would it have produced; and what would it have produced had it been wrong in this specific way
+(its weight transposed, its bias dropped, another key of the weight table, a norm's epsilon, a
+conv's padding). X-Ray compares those with the engine's own output (`xray_compare::mechanism`).
+
+Rules:
+- the model is loaded once per process, by the family's own loader (`whisper._load`,
+  `granite_nar.load_granite_nar`: `from_pretrained(local_files_only=True)` / safetensors, never
+  `trust_remote_code`, never a pickle), cached by model directory, weights sha256 and dtype;
+- the input arrives without its batch axis, in an op-level point's layout (`xray_oracle.ops`:
+  `channel_major` `[C, T]` for a Conv1d / BatchNorm1d, `token_major` `[T, F]` otherwise); it is
+  converted to the module's layout and the batch axis of 1 is re-added; the output comes back
+  like a point (batch axis dropped, float32, `ops.layout_of`);
+- an embedding's ids are `ids` (token ids or positions, any float holding integers), or, with
+  `ids_from_rows`, recovered from rows of the table (the reference's own output at the point:
+  every row is looked up in the table exactly);
+- the clean replay calls the module itself; a counterfactual replaces parameters through
+  `torch.func.functional_call` (nothing in the model is mutated) or a scalar setting for the call
+  (restored in `finally`), or recomputes the module's formula where no setting expresses it
+  (unbiased variance, batch statistics, asymmetric padding);
+- the kind comes from the module's class (`nn.Linear`, `nn.Conv1d`, `nn.LayerNorm`,
+  `nn.BatchNorm1d`, `nn.Embedding` and their subclasses; an RMSNorm by `nn.RMSNorm` or a class
+  named `*RMSNorm` with a weight and an epsilon), never from a fault's name.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from .errors import OracleInputError
+
+_models: dict[tuple, Any] = {}
+_row_index: dict[tuple, dict] = {}
+
+KINDS = ("linear", "conv1d", "layer_norm", "rms_norm", "batch_norm", "embedding", "attention", "other")
+SAME_SHAPE_MAX = 12
+
+
+class ReplayError(OracleInputError):
+    """A replay the module cannot do (a counterfactual of another kind, a shape that does not fit):
+    one line naming the module and the reason."""
+
+
+def load_model(family: str, model_dir: str, dtype: str = "float32"):
+    """The family's reference model (eval mode), loaded once per (directory, weights, dtype)."""
+    from .modeldir import check_model_dir
+
+    if dtype not in ("float32", "float64"):
+        raise OracleInputError(f"dtype {dtype!r} is not 'float32' or 'float64'")
+    check_model_dir(model_dir, family)
+    d = Path(model_dir)
+    if family == "whisper":
+        from . import whisper
+
+        _, _, sha = whisper.check_model_dir(d)
+        key = (family, str(d.resolve()), sha, dtype)
+        if key not in _models:
+            _models[key] = whisper._load(d, sha, dtype, "eager")[2]
+    elif family == "granite_nar":
+        from .granite_nar import load_granite_nar
+
+        st = (d / "model.safetensors").stat()
+        key = (family, str(d.resolve()), st.st_size, st.st_mtime_ns, dtype)
+        if key not in _models:
+            _models[key] = load_granite_nar(d, dtype)[0]
+    else:
+        raise OracleInputError(f"replay: unknown family '{family}' (known: whisper, granite_nar)")
+    if len(_models) > 2:
+        _models.pop(next(iter(_models)))
+    return _models[key]
+
+
+def module_kind(module) -> str:
+    """The module's kind from its class (see the module docstring)."""
+    from torch import nn
+
+    if isinstance(module, nn.Linear):
+        return "linear"
+    if isinstance(module, nn.Conv1d):
+        return "conv1d"
+    if isinstance(module, nn.LayerNorm):
+        return "layer_norm"
+    if isinstance(module, nn.BatchNorm1d):
+        return "batch_norm"
+    if isinstance(module, nn.Embedding):
+        return "embedding"
+    if _is_attention(module):
+        return "attention"
+    rms = getattr(nn, "RMSNorm", None)
+    if rms is not None and isinstance(module, rms):
+        return "rms_norm"
+    if type(module).__name__.endswith("RMSNorm") and hasattr(module, "weight") and _eps_attr(module):
+        return "rms_norm"
+    return "other"
+
+
+def _is_attention(module) -> bool:
+    from torch import nn
+
+    return all(isinstance(getattr(module, n, None), nn.Linear) for n in ("q_proj", "k_proj", "v_proj")) and (
+        isinstance(getattr(module, "out_proj", None), nn.Linear) or isinstance(getattr(module, "o_proj", None), nn.Linear)
+    )
+
+
+def _attention_setup(model, path: str, module) -> dict:
+    """What the attention core of `module` does: its softmax scale, whether it is causal, whether
+    it applies rotary positions (and the model's rotary table), and its attention function (the
+    module file's own `eager_attention_forward`)."""
+    import sys
+
+    cls = type(module).__name__
+    fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if fn is None:
+        raise ReplayError(f"replay {path}: {cls}'s module has no eager_attention_forward")
+    if cls == "WhisperAttention":
+        cross = ".encoder_attn" in f".{path}" or path.endswith("encoder_attn")
+        return {"scaling": float(module.scaling), "causal": bool(module.is_causal) and not cross, "rope": None,
+                "prescale": True, "fn": fn}
+    if cls == "GraniteAttention":
+        rope = model.get_submodule("language_model.model.rotary_emb")
+        return {"scaling": float(module.scaling), "causal": bool(module.is_causal), "rope": rope,
+                "prescale": False, "fn": fn}
+    raise ReplayError(f"replay {path}: the attention core of a {cls} is not implemented (Whisper and Granite LM "
+                      "attention are)")
+
+
+def _attention_call(model, path: str, module, q, k, v, cf: dict):
+    """The weightless core of an attention module from its projections' outputs (`[T, D]` each,
+    no batch axis) to its output projection's input, under counterfactual `cf`."""
+    import torch
+
+    setup = _attention_setup(model, path, module)
+    kind = cf.get("kind", "none")
+    scale, causal = setup["scaling"], setup["causal"]
+    if kind == "kv_swapped":
+        k, v = v, k
+    elif kind == "attention_scale":
+        scale = float(cf["value"])
+    elif kind == "causal_mask":
+        causal = bool(cf["on"])
+    elif kind == "rope_offset":
+        if setup["rope"] is None:
+            raise ReplayError(f"replay {path}: no rotary positions to shift")
+    elif kind == "output_scale":
+        pass
+    elif kind != "none":
+        raise ReplayError(f"replay {path}: counterfactual {kind!r} does not apply to an attention core")
+    hd = int(module.head_dim)
+    tq, tk = q.shape[0], k.shape[0]
+    qs = q.reshape(1, tq, -1, hd).transpose(1, 2)
+    ks = k.reshape(1, tk, -1, hd).transpose(1, 2)
+    vs = v.reshape(1, tk, -1, hd).transpose(1, 2)
+    if setup["rope"] is not None:
+        from transformers.models.granite.modeling_granite import apply_rotary_pos_emb
+
+        # Keys at 0..tk, queries at the last tq of them; a rope_offset shifts the queries
+        # against the keys (shifting both would change nothing: RoPE sees only the difference).
+        kpos = torch.arange(tk)[None]
+        qpos = kpos[:, tk - tq:] + (int(cf["by"]) if kind == "rope_offset" else 0)
+        cos_k, sin_k = setup["rope"](vs, position_ids=kpos)
+        cos_q, sin_q = setup["rope"](vs, position_ids=qpos)
+        qs, _ = apply_rotary_pos_emb(qs, qs, cos_q, sin_q)
+        _, ks = apply_rotary_pos_emb(ks, ks, cos_k, sin_k)
+    mask = None
+    if causal:
+        i = torch.arange(tq)[:, None] + (tk - tq)
+        j = torch.arange(tk)[None, :]
+        mask = torch.zeros(tq, tk, dtype=qs.dtype).masked_fill(j > i, torch.finfo(qs.dtype).min)[None, None]
+    if setup["prescale"]:
+        qs, scale = qs * scale, 1.0
+    out, _ = setup["fn"](module, qs.contiguous(), ks.contiguous(), vs.contiguous(), mask, scaling=scale, dropout=0.0)
+    out = out.reshape(1, tq, -1)
+    if kind == "output_scale":
+        out = out * float(cf["factor"])
+    return out
+
+
+def _eps_attr(module) -> Optional[str]:
+    for a in ("eps", "variance_epsilon", "epsilon"):
+        if isinstance(getattr(module, a, None), (int, float)):
+            return a
+    return None
+
+
+def _norm_key(key: str) -> str:
+    return re.sub(r"\.\d+\.", ".#.", key)
+
+
+def _same_shape(model, key: str, shape, limit: int = SAME_SHAPE_MAX) -> list[str]:
+    """Other state-dict keys of this shape: the same role in other layers first (the key with its
+    layer indices blanked is the same), then the same parameter name in the same parent (a sibling
+    projection), then any other."""
+    sd = model.state_dict()
+    role = key.rsplit(".", 1)[-1]
+    parent = key.rsplit(".", 2)[0] if key.count(".") >= 2 else ""
+    same = [k for k, v in sd.items() if k != key and tuple(v.shape) == tuple(shape)]
+    # Tied weights are one tensor under two keys: they read the same values.
+    own = sd[key] if key in sd else None
+    if own is not None:
+        same = [k for k in same if sd[k].data_ptr() != own.data_ptr()]
+
+    def rank(k: str) -> tuple:
+        if _norm_key(k) == _norm_key(key):
+            return (0, k)
+        if k.rsplit(".", 1)[-1] == role and parent and k.startswith(parent + "."):
+            return (1, k)
+        if k.rsplit(".", 1)[-1] == role:
+            return (2, k)
+        return (3, k)
+
+    return sorted(same, key=rank)[:limit]
+
+
+def module_info(model, path: str, module) -> dict:
+    """`xray_core::replay::ModuleInfo` as a dict."""
+    kind = module_kind(module)
+    params = []
+    for role, p in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
+        if p is None or not p.is_floating_point():
+            continue
+        key = f"{path}.{role}" if path else role
+        params.append({"role": role, "key": key, "shape": list(p.shape),
+                       "same_shape": _same_shape(model, key, p.shape) if role in ("weight", "bias") else []})
+    settings: dict[str, Any] = {}
+    eps = _eps_attr(module)
+    if eps is not None:
+        settings["eps"] = float(getattr(module, eps))
+    for a in ("stride", "padding", "kernel_size", "dilation", "groups"):
+        v = getattr(module, a, None)
+        if isinstance(v, (tuple, list)) and all(isinstance(x, int) for x in v):
+            settings[a] = list(v)
+        elif isinstance(v, int):
+            settings[a] = v
+    if kind in ("linear", "conv1d", "layer_norm", "batch_norm"):
+        settings["has_bias"] = getattr(module, "bias", None) is not None
+    if kind == "embedding":
+        settings["num_embeddings"] = int(module.weight.shape[0])
+    if kind == "attention":
+        try:
+            setup = _attention_setup(model, path, module)
+            settings.update(scaling=setup["scaling"], causal=setup["causal"], rope=setup["rope"] is not None,
+                            head_dim=int(module.head_dim))
+        except ReplayError:
+            pass
+    return {"module": path, "class": type(module).__name__, "kind": kind, "params": params, "settings": settings}
+
+
+def _to_module_layout(module, kind: str, array: np.ndarray, layout: str):
+    """A point's tensor (no batch axis) as the module takes it, batch axis re-added."""
+    import torch
+
+    a = np.asarray(array)
+    if a.ndim == 2:
+        channel = kind in ("conv1d", "batch_norm")
+        if layout == "channel_major" and not channel:
+            a = a.T
+        elif layout == "token_major" and channel:
+            a = a.T
+        elif layout not in ("channel_major", "token_major", "plain"):
+            raise ReplayError(f"replay {type(module).__name__}: input layout {layout!r} is not a point layout")
+    p = next(module.parameters(), None)
+    dt = p.dtype if p is not None else torch.float32
+    return torch.from_numpy(np.ascontiguousarray(a)).to(dt).unsqueeze(0)
+
+
+def _ids(module, path: str, array: np.ndarray, from_rows: bool):
+    """An embedding's ids: the given integers, or each row looked up in the table."""
+    import torch
+
+    w = module.weight.detach()
+    if from_rows:
+        key = (id(module), w.data_ptr(), tuple(w.shape))
+        if key not in _row_index:
+            table = np.ascontiguousarray(w.to(torch.float32).cpu().numpy())
+            index: dict = {}
+            for i in range(table.shape[0] - 1, -1, -1):  # the first of equal rows wins
+                index[table[i].tobytes()] = i
+            _row_index.clear()
+            _row_index[key] = index
+        index = _row_index[key]
+        rows = np.ascontiguousarray(np.asarray(array, dtype=np.float32).reshape(-1, w.shape[1]))
+        ids = [index.get(r.tobytes(), -1) for r in rows]
+        missing = [i for i, v in enumerate(ids) if v < 0]
+        if missing:
+            raise ReplayError(f"replay {path}: {len(missing)} of {len(ids)} rows (first {missing[0]}) are no row of "
+                              f"its table {list(w.shape)}")
+        return torch.tensor(ids, dtype=torch.long).reshape(np.asarray(array).shape[:-1])
+    a = np.asarray(array, dtype=np.float64)
+    if not np.all(np.isfinite(a)) or not np.all(a == np.round(a)):
+        raise ReplayError(f"replay {path}: the embedding's input holds values that are not integer ids")
+    return torch.from_numpy(a.astype(np.int64))
+
+
+def _round(t, fmt: str):
+    import torch
+
+    if fmt == "f16":
+        return t.to(torch.float16).to(t.dtype)
+    if fmt == "bf16":
+        return t.to(torch.bfloat16).to(t.dtype)
+    raise ReplayError(f"unknown rounding format {fmt!r}")
+
+
+def _grid(w, bits: int, granularity: str):
+    import torch
+
+    if not 2 <= int(bits) <= 16:
+        raise ReplayError(f"grid bits {bits} outside 2..16")
+    q = 2 ** (int(bits) - 1) - 1
+    flat = w.reshape(w.shape[0], -1) if granularity == "per_row" else w.reshape(1, -1)
+    s = flat.abs().amax(dim=1, keepdim=True) / q
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    return (torch.round(flat / s) * s).reshape(w.shape)
+
+
+@contextlib.contextmanager
+def _setting(module, **attrs):
+    old = {k: getattr(module, k) for k in attrs}
+    try:
+        for k, v in attrs.items():
+            setattr(module, k, v)
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(module, k, v)
+
+
+def _need(cond: bool, path: str, kind: str, cf: dict, why: str):
+    if not cond:
+        raise ReplayError(f"replay {path} ({kind}): counterfactual {cf.get('kind')!r} {why}")
+
+
+def _call(model, path: str, module, kind: str, x, cf: dict):
+    """The module's output on `x` (batched) under counterfactual `cf`."""
+    import torch
+    import torch.nn.functional as F
+    from torch.func import functional_call
+
+    k = cf.get("kind", "none")
+    w = getattr(module, "weight", None)
+    b = getattr(module, "bias", None)
+    weighted = kind in ("linear", "conv1d")
+
+    def with_params(**params):
+        return functional_call(module, params, (x,))
+
+    if k == "none":
+        return module(x)
+    if k == "output_scale":
+        return module(x) * float(cf["factor"])
+    if k == "input_rounded":
+        return module(_round(x, cf["format"]))
+    if k == "other_key":
+        role, key = cf["role"], cf["key"]
+        sd = model.state_dict()
+        _need(key in sd, path, kind, cf, f"names {key!r}, which is not a key of the model's weight table")
+        own = dict(module.named_parameters(recurse=False)) | dict(module.named_buffers(recurse=False))
+        _need(role in own and own[role] is not None, path, kind, cf, f"names the parameter {role!r}, which it lacks")
+        _need(tuple(sd[key].shape) == tuple(own[role].shape), path, kind, cf,
+              f"reads {key} {list(sd[key].shape)} for {role} {list(own[role].shape)}")
+        return with_params(**{role: sd[key]})
+    if weighted:
+        if k == "transpose_weight":
+            _need(kind == "linear" and w.shape[0] == w.shape[1], path, kind, cf, "needs a square linear weight")
+            return with_params(weight=w.t())
+        if k == "weight_reinterpreted":
+            if kind == "linear":
+                _need(w.shape[0] != w.shape[1], path, kind, cf, "is transpose_weight for a square weight")
+                return with_params(weight=w.reshape(w.shape[1], w.shape[0]).t())
+            o, i, kk = w.shape
+            _need(kk > 1, path, kind, cf, "needs a kernel wider than one")
+            return with_params(weight=w.reshape(o, kk, i).permute(0, 2, 1))
+        if k == "kernel_flipped":
+            _need(kind == "conv1d" and w.shape[-1] > 1, path, kind, cf, "needs a conv kernel wider than one")
+            return with_params(weight=w.flip(-1))
+        if k in ("bias_missing", "bias_doubled"):
+            _need(b is not None, path, kind, cf, "needs a bias")
+            return with_params(bias=torch.zeros_like(b) if k == "bias_missing" else 2 * b)
+        if k == "weight_missing":
+            return with_params(weight=torch.zeros_like(w))
+        if k == "halves_swapped":
+            _need(w.shape[0] % 2 == 0, path, kind, cf, "needs an even number of output rows")
+            h = w.shape[0] // 2
+            params = {"weight": torch.cat([w[h:], w[:h]])}
+            if b is not None:
+                params["bias"] = torch.cat([b[h:], b[:h]])
+            return with_params(**params)
+        if k == "weight_rounded":
+            return with_params(weight=_round(w, cf["format"]))
+        if k == "weight_grid":
+            return with_params(weight=_grid(w, cf["bits"], cf["granularity"]))
+    if kind == "conv1d":
+        if k == "padding":
+            left, right = int(cf["left"]), int(cf["right"])
+            _need(module.padding_mode == "zeros", path, kind, cf, "needs zero padding")
+            with _setting(module, padding=(0,)):
+                return module(F.pad(x, (left, right)))
+        if k == "stride":
+            with _setting(module, stride=(int(cf["value"]),)):
+                return module(x)
+    if kind in ("layer_norm", "rms_norm", "batch_norm"):
+        eps_attr = _eps_attr(module)
+        if k == "eps":
+            with _setting(module, **{eps_attr: float(cf["value"])}):
+                return module(x)
+        if k == "unbiased_variance":
+            _need(kind == "layer_norm", path, kind, cf, "applies to a LayerNorm")
+            dims = tuple(range(-len(module.normalized_shape), 0))
+            mean = x.mean(dim=dims, keepdim=True)
+            var = x.var(dim=dims, keepdim=True, unbiased=True)
+            y = (x - mean) / torch.sqrt(var + module.eps)
+            if w is not None:
+                y = y * w
+            if b is not None:
+                y = y + b
+            return y
+        if k == "batch_statistics":
+            _need(kind == "batch_norm", path, kind, cf, "applies to a BatchNorm")
+            return F.batch_norm(x, None, None, w, b, True, 0.0, module.eps)
+        if k == "weight_plus_one":
+            _need(kind == "rms_norm", path, kind, cf, "applies to an RMSNorm")
+            return with_params(weight=1 + w)
+        if k == "affine_swapped":
+            _need(w is not None and b is not None, path, kind, cf, "needs a weight and a bias")
+            return with_params(weight=b, bias=w)
+        if k in ("affine_missing", "norm_weight_missing", "norm_bias_missing"):
+            params = {}
+            if k in ("affine_missing", "norm_weight_missing"):
+                _need(w is not None, path, kind, cf, "needs a weight")
+                params["weight"] = torch.ones_like(w)
+            if k in ("affine_missing", "norm_bias_missing"):
+                if b is not None:
+                    params["bias"] = torch.zeros_like(b)
+                else:
+                    _need(k == "affine_missing", path, kind, cf, "needs a bias")
+            return with_params(**params)
+    raise ReplayError(f"replay {path}: counterfactual {k!r} does not apply to a {kind} ({type(module).__name__})")
+
+
+def _embedding_call(model, path: str, module, ids, cf: dict):
+    import torch
+    import torch.nn.functional as F
+
+    k = cf.get("kind", "none")
+    w = module.weight
+    if k == "other_key":
+        sd = model.state_dict()
+        key = cf["key"]
+        if key not in sd or tuple(sd[key].shape) != tuple(w.shape) or cf.get("role") != "weight":
+            raise ReplayError(f"replay {path}: {key!r} is not a table of the shape {list(w.shape)}")
+        w = sd[key]
+    elif k == "id_offset":
+        ids = (ids + int(cf["by"])).clamp(0, w.shape[0] - 1)
+    elif k == "weight_rounded":
+        w = _round(w, cf["format"])
+    elif k not in ("none", "output_scale"):
+        raise ReplayError(f"replay {path}: counterfactual {k!r} does not apply to an embedding")
+    out = F.embedding(ids, w)
+    if k == "output_scale":
+        out = out * float(cf["factor"])
+    return out.unsqueeze(0) if out.dim() == 1 else out
+
+
+def replay(family: str, model_dir: str, module: str, array, layout: str, counterfactual="{}", *,
+           dtype: str = "float32", ids_from_rows: bool = False, counterfactuals=None, extra=None) -> dict:
+    """Run module `module` (dotted path) of the reference on `array` (a point: no batch axis, in
+    `layout`) under `counterfactual` (JSON text or dict; `{"kind": "none"}` by default).
+
+    Returns `{"info": ModuleInfo dict, "output": float32 array (no batch axis), "layout": str}`;
+    with `counterfactuals` (a list of JSON texts or dicts) also `"outputs"`: one array per entry,
+    or a one-line string saying why that counterfactual does not apply. An attention module's
+    core is replayed from its projections' outputs: `array` is the queries (`q_proj:out`),
+    `extra` holds `key` and `value` (`k_proj:out`, `v_proj:out`, every step's rows up to this one
+    for a decoder's self-attention), all token-major; the output is `out_proj:in` / `o_proj:in`."""
+    import torch
+
+    from .ops import layout_of
+
+    model = load_model(family, model_dir, dtype)
+    try:
+        mod = model.get_submodule(module)
+    except AttributeError:
+        from .ops import _nearby
+
+        raise ReplayError(f"replay: the {type(model).__name__} has no module {module!r}{_nearby(model, module)}") from None
+    kind = module_kind(mod)
+    info = module_info(model, module, mod)
+
+    def parse(cf):
+        if isinstance(cf, str):
+            cf = json.loads(cf or "{}")
+        if not isinstance(cf, dict):
+            raise ReplayError(f"replay {module}: a counterfactual is a JSON object, got {type(cf).__name__}")
+        return cf or {"kind": "none"}
+
+    kv = None
+    if kind == "attention":
+        if not extra or "key" not in extra or "value" not in extra:
+            raise ReplayError(f"replay {module}: an attention core needs extra 'key' and 'value' besides the queries")
+        p = next(mod.parameters())
+        x = torch.from_numpy(np.ascontiguousarray(array)).to(p.dtype)
+        kv = [torch.from_numpy(np.ascontiguousarray(extra[n])).to(p.dtype) for n in ("key", "value")]
+    elif kind == "embedding":
+        x = _ids(mod, module, array, ids_from_rows)
+    elif ids_from_rows:
+        raise ReplayError(f"replay {module}: ids_from_rows is for an embedding; this is a {kind} ({type(mod).__name__})")
+    else:
+        x = _to_module_layout(mod, kind, array, layout)
+
+    def one(cf):
+        with torch.no_grad():
+            if kind == "attention":
+                out = _attention_call(model, module, mod, x, kv[0], kv[1], cf)
+            elif kind == "embedding":
+                out = _embedding_call(model, module, mod, x, cf)
+            else:
+                out = _call(model, module, mod, kind, x, cf)
+        if isinstance(out, (tuple, list)):
+            out = out[0]
+        out = out.detach()
+        if out.dim() >= 1 and out.shape[0] == 1:
+            out = out[0]
+        out = out.to(torch.float32) if out.dtype != torch.float64 else out
+        a = np.ascontiguousarray(out.cpu().numpy()).astype(np.float32, copy=False)
+        return a
+
+    first = one(parse(counterfactual))
+    res = {"info": info, "output": first, "layout": "token_major" if kind == "attention" else layout_of(mod, first)}
+    if counterfactuals is not None:
+        outs = []
+        for cf in counterfactuals:
+            try:
+                outs.append(one(parse(cf)))
+            except (ReplayError, RuntimeError, ValueError) as e:
+                outs.append(" ".join(str(e).split()))
+        res["outputs"] = outs
+    return res

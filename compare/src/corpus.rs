@@ -723,7 +723,10 @@ mod tests {
             vec![ClipSummary::failed(evil, "<script>|[x](javascript:y)", 0.0)],
         );
         let md = s.markdown();
-        assert!(md.contains("&lt;script&gt;\\|\\[x\\](javascript:y)"), "{md}");
+        assert!(
+            md.contains("&lt;script&gt;\\|\\[x\\](javascript:y)"),
+            "{md}"
+        );
         let row = md.lines().last().unwrap();
         let borders = row.matches('|').count() - row.matches("\\|").count();
         assert_eq!(borders, 7, "{row}");

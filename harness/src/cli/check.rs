@@ -20,7 +20,8 @@ pub struct Args {
     #[arg(long, value_name = "WAV", num_args = 1.., required = true)]
     pub audio: Vec<PathBuf>,
     /// Corpus mode: one evidence file per clip here, plus summary.json and summary.md (a new or
-    /// empty directory, or an earlier corpus directory replaced with --force).
+    /// empty directory, or one holding only X-Ray's corpus files, recognized by content,
+    /// replaced with --force).
     #[arg(long, value_name = "DIR")]
     pub evidence_dir: Option<PathBuf>,
     /// Corpus mode: run only shard K of N (1-based; clips sorted by path, every N-th from the
@@ -58,7 +59,8 @@ pub struct Args {
     /// X-Ray dump replaced with --force).
     #[arg(long, value_name = "DIR")]
     pub dumps: Option<PathBuf>,
-    /// Replace existing X-Ray dumps under --dumps, or an earlier corpus under --evidence-dir.
+    /// Replace existing X-Ray dumps under --dumps, or an earlier (or unfinished) corpus run
+    /// under --evidence-dir (its evidence this run does not rewrite is removed).
     #[arg(long)]
     pub force: bool,
     /// torch threads for the oracle (default 1: deterministic and immune to oversubscription).

@@ -255,7 +255,11 @@ fn in_layout(t: &ArrayD<f32>, from: Layout, to: Layout) -> Option<ArrayD<f32>> {
 }
 
 /// How a replayed tensor compares with the engine's: rel_l2 over the replay, max abs, passes.
-fn score(replayed: &ArrayD<f32>, engine: &ArrayD<f32>, tol: &Tolerance) -> Option<(f64, f64, bool)> {
+fn score(
+    replayed: &ArrayD<f32>,
+    engine: &ArrayD<f32>,
+    tol: &Tolerance,
+) -> Option<(f64, f64, bool)> {
     if replayed.shape() != engine.shape() {
         return None;
     }
@@ -354,7 +358,11 @@ fn local_error(
 
 /// The hypotheses for a module of this kind, in the order they are tried (most plausible first).
 /// `engine_len` is the engine output's time length (a conv's last axis), for padding and stride.
-pub fn hypotheses(info: &ModuleInfo, engine_shape: &[usize], input_len: usize) -> Vec<Counterfactual> {
+pub fn hypotheses(
+    info: &ModuleInfo,
+    engine_shape: &[usize],
+    input_len: usize,
+) -> Vec<Counterfactual> {
     use Counterfactual as C;
     let mut v = Vec::new();
     let w = info.param("weight");
@@ -552,10 +560,11 @@ pub struct ReplayContext<'a> {
 /// at `step` among the points it holds, nearest to the origin (in graph order) first.
 fn region_modules(cx: &ReplayContext<'_>, origin: &str, step: u32) -> Vec<String> {
     let mut mods: Vec<(usize, String)> = Vec::new();
-    let pos = cx
-        .nodes
-        .iter()
-        .position(|n| n.names.iter().any(|p| parse_point(p).is_some_and(|(m, _)| m == origin)));
+    let pos = cx.nodes.iter().position(|n| {
+        n.names
+            .iter()
+            .any(|p| parse_point(p).is_some_and(|(m, _)| m == origin))
+    });
     for (i, n) in cx.nodes.iter().enumerate() {
         for p in &n.names {
             let Some((m, Side::Out)) = parse_point(p) else {
@@ -636,7 +645,9 @@ impl ReplayContext<'_> {
         })?;
         let tol = (self.tolerance)(&s.out_name);
         let input = self.input(&s);
-        let (info, outs) = self.replayer.replay(module, &input, &[Counterfactual::None])?;
+        let (info, outs) = self
+            .replayer
+            .replay(module, &input, &[Counterfactual::None])?;
         let clean = outs
             .into_iter()
             .next()
@@ -791,11 +802,12 @@ impl ReplayContext<'_> {
         // A norm's epsilon: every decade, then golden section around the best.
         if info.kind.is_norm() {
             let own = info.float("eps").unwrap_or(-1.0);
-            let decades: Vec<Counterfactual> = [0.0, 1e-12, 1e-8, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0]
-                .into_iter()
-                .filter(|e| (e - own).abs() > 1e-3 * own.abs().max(1e-30))
-                .map(|value| Counterfactual::Eps { value })
-                .collect();
+            let decades: Vec<Counterfactual> =
+                [0.0, 1e-12, 1e-8, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0]
+                    .into_iter()
+                    .filter(|e| (e - own).abs() > 1e-3 * own.abs().max(1e-30))
+                    .map(|value| Counterfactual::Eps { value })
+                    .collect();
             let got = self.try_all(ev, &s.module, &input, &decades, engine, tol);
             let best = got
                 .iter()
@@ -923,7 +935,6 @@ fn choose(
             also,
         });
     }
-
 }
 
 /// `y ~ a·u + b·v` by least squares (f64): `(a, b, ||y - a·u - b·v|| / ||y||)`.
@@ -985,7 +996,10 @@ impl ReplayContext<'_> {
         {
             return self.attention(op, &node.ops);
         }
-        let adds = kernels.iter().filter(|k| k.as_deref() == Some("add")).count();
+        let adds = kernels
+            .iter()
+            .filter(|k| k.as_deref() == Some("add"))
+            .count();
         let unknown = kernels.iter().all(Option::is_none);
         if node.ops.len() != 1 || (adds != 1 && !unknown) {
             return Err(format!(
@@ -995,7 +1009,11 @@ impl ReplayContext<'_> {
             ));
         }
         let [u, v] = node.inputs.as_slice() else {
-            return Err(format!("{} has {} observed inputs, not two", op.point, node.inputs.len()));
+            return Err(format!(
+                "{} has {} observed inputs, not two",
+                op.point,
+                node.inputs.len()
+            ));
         };
         let names = |i: usize| &self.nodes[i].names;
         let (Some((un, ue, ul)), Some((vn, ve, vl)), Some((ur, _, url)), Some((vr, _, vrl))) = (
@@ -1004,7 +1022,10 @@ impl ReplayContext<'_> {
             held(self.reference, names(*u), step),
             held(self.reference, names(*v), step),
         ) else {
-            return Err(format!("the inputs of {} are not held by both dumps", op.point));
+            return Err(format!(
+                "the inputs of {} are not held by both dumps",
+                op.point
+            ));
         };
         let (Some((xn, xe, xl)), Some((_, xr, xrl))) = (
             held(self.candidate, &node.names, step),
@@ -1015,15 +1036,24 @@ impl ReplayContext<'_> {
         let to = |t: &ArrayD<f32>, l: Layout| in_layout(t, l, xrl).ok_or("layouts do not align");
         let (ue, ve, xe) = (to(ue, ul)?, to(ve, vl)?, to(xe, xl)?);
         let (ur_t, vr_t) = (
-            to(self.reference.get(ur, step as usize).ok_or("no tensor")?, url)?,
-            to(self.reference.get(vr, step as usize).ok_or("no tensor")?, vrl)?,
+            to(
+                self.reference.get(ur, step as usize).ok_or("no tensor")?,
+                url,
+            )?,
+            to(
+                self.reference.get(vr, step as usize).ok_or("no tensor")?,
+                vrl,
+            )?,
         );
         if [ue.shape(), ve.shape(), ur_t.shape(), vr_t.shape()]
             .iter()
             .any(|s| *s != xr.shape())
             || xe.shape() != xr.shape()
         {
-            return Err(format!("the inputs of {} have other shapes than it", op.point));
+            return Err(format!(
+                "the inputs of {} have other shapes than it",
+                op.point
+            ));
         }
         let (a, b, fit) = fit2(&ur_t, &vr_t, xr).ok_or("the reference's inputs are degenerate")?;
         if fit > 1e-5 {
@@ -1081,12 +1111,16 @@ impl ReplayContext<'_> {
         let zero = ue.mapv(|_| 0.0);
         push(
             &mut ev,
-            Counterfactual::InputDropped { input: un.to_string() },
+            Counterfactual::InputDropped {
+                input: un.to_string(),
+            },
             combine(&zero, 0.0, &ve, b),
         );
         push(
             &mut ev,
-            Counterfactual::InputDropped { input: vn.to_string() },
+            Counterfactual::InputDropped {
+                input: vn.to_string(),
+            },
             combine(&ue, a, &zero, 0.0),
         );
         // One input's coefficient solved, the other kept: X - b·V = s·(a·U).
@@ -1113,7 +1147,12 @@ impl ReplayContext<'_> {
 
     /// Token-major rows of point `name` (under any alias) at steps `steps`, stacked in step
     /// order (a decoder's self-attention keys over its cache).
-    fn rows(&self, d: &Dump, name: &str, steps: std::ops::RangeInclusive<u32>) -> Option<ArrayD<f32>> {
+    fn rows(
+        &self,
+        d: &Dump,
+        name: &str,
+        steps: std::ops::RangeInclusive<u32>,
+    ) -> Option<ArrayD<f32>> {
         let names = aliases(self.nodes, name);
         let parts: Vec<ArrayD<f32>> = steps
             .filter_map(|s| {
@@ -1142,16 +1181,20 @@ impl ReplayContext<'_> {
     /// Replay of an attention core: from the q / k / v projections' outputs (the engine's own)
     /// to the output projection's input, through transformers' attention function; convicted, its
     /// mask, key/value order, rotary offset and softmax scale (solved) are tried.
-    fn attention(&self, op: &OpDivergence, ops: &[String]) -> std::result::Result<ReplayEvidence, String> {
+    fn attention(
+        &self,
+        op: &OpDivergence,
+        ops: &[String],
+    ) -> std::result::Result<ReplayEvidence, String> {
         let step = op.step;
         let parent = op
             .module
             .rsplit_once('.')
             .map(|(p, _)| p)
             .ok_or("no parent module")?;
-        let [q, k, v] = self
-            .qkv(self.candidate, parent, step)
-            .ok_or_else(|| format!("the engine dump holds no q/k/v projection outputs of {parent}"))?;
+        let [q, k, v] = self.qkv(self.candidate, parent, step).ok_or_else(|| {
+            format!("the engine dump holds no q/k/v projection outputs of {parent}")
+        })?;
         let x = self
             .rows(self.candidate, &op.point, step..=step)
             .ok_or_else(|| format!("the engine dump holds no {}", op.point))?;
@@ -1161,7 +1204,9 @@ impl ReplayContext<'_> {
             ids_from_rows: false,
             extra: vec![("key".into(), k), ("value".into(), v)],
         };
-        let (info, outs) = self.replayer.replay(parent, &input, &[Counterfactual::None])?;
+        let (info, outs) = self
+            .replayer
+            .replay(parent, &input, &[Counterfactual::None])?;
         let (clean, _) = outs
             .into_iter()
             .next()
@@ -1177,7 +1222,10 @@ impl ReplayContext<'_> {
                 ids_from_rows: false,
                 extra: vec![("key".into(), rk), ("value".into(), rv)],
             };
-            let (_, o) = self.replayer.replay(parent, &inp, &[Counterfactual::None]).ok()?;
+            let (_, o) = self
+                .replayer
+                .replay(parent, &inp, &[Counterfactual::None])
+                .ok()?;
             let (r, _) = o.into_iter().next()?.ok()?;
             score(&r, &rx, &tol).map(|x| x.0)
         })();
@@ -1198,15 +1246,17 @@ impl ReplayContext<'_> {
             } else {
                 ReplayVerdict::Convicted
             },
-            shapes: sc.is_none().then(|| (clean.shape().to_vec(), x.shape().to_vec())),
+            shapes: sc
+                .is_none()
+                .then(|| (clean.shape().to_vec(), x.shape().to_vec())),
         };
         let mut ev = ReplayEvidence {
             module: parent.to_string(),
             class: info.class.clone(),
             kind: info.kind,
-            kernel: ops.iter().find_map(|o| {
-                (self.op_kernel)(o).filter(|k| k.contains("attention"))
-            }),
+            kernel: ops
+                .iter()
+                .find_map(|o| (self.op_kernel)(o).filter(|k| k.contains("attention"))),
             params: vec![],
             local_error: local,
             replay_floor,
@@ -1229,10 +1279,21 @@ impl ReplayContext<'_> {
             cfs.push(Counterfactual::RopeOffset { by: 1 });
             cfs.push(Counterfactual::RopeOffset { by: -1 });
         }
-        let mut simple: Vec<f64> = vec![1.0, own * own, own.sqrt(), 1.0 / hd.sqrt(), 1.0 / hd, hd.sqrt()];
+        let mut simple: Vec<f64> = vec![
+            1.0,
+            own * own,
+            own.sqrt(),
+            1.0 / hd.sqrt(),
+            1.0 / hd,
+            hd.sqrt(),
+        ];
         simple.retain(|c| (c - own).abs() > 1e-9 * own.abs().max(1e-30));
         simple.dedup_by(|a, b| (*a - *b).abs() <= 1e-9 * b.abs());
-        cfs.extend(simple.iter().map(|&value| Counterfactual::AttentionScale { value }));
+        cfs.extend(
+            simple
+                .iter()
+                .map(|&value| Counterfactual::AttentionScale { value }),
+        );
         let mut scored = self.try_all(&mut ev, parent, &input, &cfs, &x, &tol);
         let best = scored
             .iter()
@@ -1289,7 +1350,11 @@ impl ReplayContext<'_> {
 pub fn apply(op: &mut OpDivergence, ev: ReplayEvidence) -> String {
     let line = ev.summary();
     if ev.local_error.verdict == ReplayVerdict::Cleared {
-        if op.op.as_ref().is_some_and(|o| ev.covers.is_empty() || ev.covers.contains(o)) {
+        if op
+            .op
+            .as_ref()
+            .is_some_and(|o| ev.covers.is_empty() || ev.covers.contains(o))
+        {
             if let Some(name) = op.op.take() {
                 op.suspects.retain(|s| s != &name);
             }

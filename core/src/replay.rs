@@ -180,7 +180,9 @@ impl Counterfactual {
         use Counterfactual::*;
         match self {
             None => "with its own parameters".into(),
-            OutputScale { factor } if (factor + 1.0).abs() < 1e-4 => "with its output negated".into(),
+            OutputScale { factor } if (factor + 1.0).abs() < 1e-4 => {
+                "with its output negated".into()
+            }
             OutputScale { factor } => format!("with its output scaled by {factor:.6}"),
             TransposeWeight => "with its weight transposed".into(),
             WeightReinterpreted => "with its weight buffer read in the other layout".into(),

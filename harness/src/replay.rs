@@ -8,9 +8,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use ndarray::ArrayD;
-use xray_compare::mechanism::{
-    apply, EngineOp, ReplayBatch, ReplayContext, ReplayInput, Replayer,
-};
+use xray_compare::mechanism::{apply, EngineOp, ReplayBatch, ReplayContext, ReplayInput, Replayer};
 use xray_compare::ops::OpDivergence;
 use xray_compare::tolerance::{Dtype, Policy};
 use xray_core::dump::Dump;
@@ -126,8 +124,11 @@ pub fn replay_origin(
     let op_kernel = |o: &str| kernels.get(o).cloned();
     let engine_op = |m: &str| ops.get(m).cloned().unwrap_or_default();
     let step = op.step;
-    let tolerance =
-        |p: &str| policy.resolve_kind(p, step, Dtype::F32, None, false).tolerance;
+    let tolerance = |p: &str| {
+        policy
+            .resolve_kind(p, step, Dtype::F32, None, false)
+            .tolerance
+    };
     let replayer = OracleReplayer {
         oracle,
         family: family.to_string(),

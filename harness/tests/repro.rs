@@ -137,7 +137,10 @@ fn layer_norm_case_reproduces_the_fault_and_replays() {
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
         .collect();
     on_disk.sort();
-    assert_eq!(on_disk, [format!("{m}.bias.npy"), format!("{m}.weight.npy")]);
+    assert_eq!(
+        on_disk,
+        [format!("{m}.bias.npy"), format!("{m}.weight.npy")]
+    );
 
     // X-Ray's kernel on the case: with the fault it fails, without it passes.
     replayed(
@@ -284,13 +287,13 @@ fn dumps_without_points_are_refused_naming_the_point() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let (ev, e) = faulty_check(RAND, tmp.path(), &["--inject", "layernorm_eps"]);
-    assert_eq!(e["first_divergence"]["op"]["op"], "encoder.layer.1.mlp_norm");
+    assert_eq!(
+        e["first_divergence"]["op"]["op"],
+        "encoder.layer.1.mlp_norm"
+    );
     refused(
         &xray(&["repro", s(&ev), "--out", s(&tmp.path().join("c"))]),
-        &[
-            "model.encoder.layers.1.final_layer_norm:in@step0",
-            "--ops",
-        ],
+        &["model.encoder.layers.1.final_layer_norm:in@step0", "--ops"],
     );
 }
 
@@ -318,7 +321,10 @@ fn candle_dump_without_points_is_refused_naming_what_is_missing() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // The runtime on tiny.en with a fault, every point captured: an evidence with an op.
     let (ev, e) = faulty_check(TINY, tmp.path(), &["--ops", "--inject", "layernorm_eps"]);
-    assert_eq!(e["first_divergence"]["op"]["op"], "encoder.layer.1.mlp_norm");
+    assert_eq!(
+        e["first_divergence"]["op"]["op"],
+        "encoder.layer.1.mlp_norm"
+    );
     refused(
         &xray(&[
             "repro",

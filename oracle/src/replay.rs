@@ -149,10 +149,15 @@ impl Oracle {
             })?;
             let output = to_array(py, &get("output")?, &req.module)?;
             let layout_s: String = get("layout")?.extract().map_err(e)?;
-            let layout: Layout = serde_json::from_value(serde_json::Value::String(layout_s.clone()))
-                .map_err(|_| {
-                    OracleError::Data(format!("replay {}: unknown layout '{layout_s}'", req.module))
-                })?;
+            let layout: Layout = serde_json::from_value(serde_json::Value::String(
+                layout_s.clone(),
+            ))
+            .map_err(|_| {
+                OracleError::Data(format!(
+                    "replay {}: unknown layout '{layout_s}'",
+                    req.module
+                ))
+            })?;
             let mut also = Vec::new();
             if !req.also.is_empty() {
                 let outs = get("outputs")?;

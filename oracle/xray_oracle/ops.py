@@ -1,7 +1,7 @@
 """Op-level points on the reference side: the tensors at the boundaries of the model's modules,
 named `{module}:{in|out}` (xray-core's `ops` module; docs/dump-format.md, "Op-level points").
 
-One recorder serves every family: `OpRecorder(model, ops, step)` hooks the selected modules
+One recorder serves every family: `OpRecorder(model, ops, contract, step)` hooks the selected modules
 (`ops="all"`: every module that has parameters of its own; a list: exactly the named points) and
 copies each firing out, in firing order, tagged with `step()` at the time it fired. The Whisper
 recorder passes its decode-step counter; a single-pass model (granite_nar) passes nothing (step 0).

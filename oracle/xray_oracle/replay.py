@@ -15,7 +15,8 @@ Rules:
 - the input arrives without its batch axis, in an op-level point's layout (`xray_oracle.ops`:
   `channel_major` `[C, T]` for a Conv1d / BatchNorm1d, `token_major` `[T, F]` otherwise); it is
   converted to the module's layout and the batch axis of 1 is re-added; the output comes back
-  like a point (batch axis dropped, float32, `ops.layout_of`);
+  like a point (batch axis dropped, float32, `_output_layout`: the replayed module's own output,
+  called on the engine's already-aligned input, so no point rule's crop or flatten applies);
 - an embedding's ids are `ids` (token ids or positions, any float holding integers), or, with
   `ids_from_rows`, recovered from rows of the table (the reference's own output at the point:
   every row is looked up in the table exactly);
@@ -448,7 +449,6 @@ def _call(model, path: str, module, kind: str, x, cf: dict):
 
 
 def _embedding_call(model, path: str, module, ids, cf: dict):
-    import torch
     import torch.nn.functional as F
 
     k = cf.get("kind", "none")
@@ -471,6 +471,18 @@ def _embedding_call(model, path: str, module, ids, cf: dict):
     return out.unsqueeze(0) if out.dim() == 1 else out
 
 
+def _output_layout(module, array: np.ndarray) -> str:
+    """The layout of a replayed module's output, batch axis dropped: `[channels, time]` for an
+    `nn.Conv1d` / `nn.BatchNorm1d` (they take and return `[batch, channels, time]`), `[tokens,
+    features]` for the other modules' rank-2 outputs, `plain` otherwise. The module was called on
+    the engine's own input in the engine's form, so this is the form of the engine's point too."""
+    import torch
+
+    if array.ndim == 2:
+        return "channel_major" if isinstance(module, (torch.nn.Conv1d, torch.nn.BatchNorm1d)) else "token_major"
+    return "plain"
+
+
 def replay(family: str, model_dir: str, module: str, array, layout: str, counterfactual="{}", *,
            dtype: str = "float32", ids_from_rows: bool = False, counterfactuals=None, extra=None) -> dict:
     """Run module `module` (dotted path) of the reference on `array` (a point: no batch axis, in
@@ -483,8 +495,6 @@ def replay(family: str, model_dir: str, module: str, array, layout: str, counter
     `extra` holds `key` and `value` (`k_proj:out`, `v_proj:out`, every step's rows up to this one
     for a decoder's self-attention), all token-major; the output is `out_proj:in` / `o_proj:in`."""
     import torch
-
-    from .ops import layout_of
 
     model = load_model(family, model_dir, dtype)
     try:
@@ -535,7 +545,7 @@ def replay(family: str, model_dir: str, module: str, array, layout: str, counter
         return a
 
     first = one(parse(counterfactual))
-    res = {"info": info, "output": first, "layout": "token_major" if kind == "attention" else layout_of(mod, first)}
+    res = {"info": info, "output": first, "layout": "token_major" if kind == "attention" else _output_layout(mod, first)}
     if counterfactuals is not None:
         outs = []
         for cf in counterfactuals:

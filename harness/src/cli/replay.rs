@@ -20,7 +20,12 @@ pub struct Args {
     pub case: PathBuf,
     /// An engine's output for the case's op (`.npy`, the shape and layout of the case's
     /// reference.npy).
-    #[arg(long, value_name = "OUT.npy", conflicts_with = "runtime", required_unless_present = "runtime")]
+    #[arg(
+        long,
+        value_name = "OUT.npy",
+        conflicts_with = "runtime",
+        required_unless_present = "runtime"
+    )]
     pub got: Option<PathBuf>,
     /// Compute the output with X-Ray's own kernel for the op.
     #[arg(long)]
@@ -68,16 +73,22 @@ fn runtime_output(c: &LoadedCase, a: &Args) -> anyhow::Result<(xray_core::Tensor
     // output edge (the case's tensors are that op's).
     let keys = |v: Vec<(String, String)>| v;
     let differs = if spec.kind != c.case.op.kind {
-        Some(format!("kernel {} (the case: {})", spec.kind, c.case.op.kind))
-    } else if keys(spec.weights.iter().map(|w| (w.role.clone(), w.key.clone())).collect())
-        != keys(
-            c.case
-                .weights
-                .iter()
-                .map(|w| (w.role.clone(), w.key.clone()))
-                .collect(),
-        )
-    {
+        Some(format!(
+            "kernel {} (the case: {})",
+            spec.kind, c.case.op.kind
+        ))
+    } else if keys(
+        spec.weights
+            .iter()
+            .map(|w| (w.role.clone(), w.key.clone()))
+            .collect(),
+    ) != keys(
+        c.case
+            .weights
+            .iter()
+            .map(|w| (w.role.clone(), w.key.clone()))
+            .collect(),
+    ) {
         Some("other weight roles or keys".to_string())
     } else if spec.inputs.len() != c.case.inputs.len() {
         Some(format!(

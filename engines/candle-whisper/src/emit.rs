@@ -170,15 +170,33 @@ impl Reference {
                 self.dir.display()
             ))
         })?;
+        // A NaN or Inf fed in would be computed on and compared as if it were a reference.
+        if let Some((i, v)) = t.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(Error::Input(format!(
+                "{}: {name}@step0 holds a non-finite value ({v}) at index {i} (C order); a non-finite tensor is not fed",
+                self.dir.display()
+            )));
+        }
         Ok(Dense {
             shape: t.shape().to_vec(),
             data: t.iter().copied().collect(),
         })
     }
 
-    /// The reference's generated tokens after `prefix` (which it must start with).
-    pub fn generated_tokens(&self, prefix: &[u32]) -> Result<Vec<u32>, Error> {
+    /// The reference's generated tokens after `prefix` (which it must start with), each an id
+    /// of the model's vocabulary (`0..vocab`).
+    pub fn generated_tokens(&self, prefix: &[u32], vocab: usize) -> Result<Vec<u32>, Error> {
         let toks = &self.dump.manifest.tokens;
+        if let Some((i, t)) = toks
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| !(0..vocab as i64).contains(&t))
+        {
+            return Err(Error::Input(format!(
+                "{}: token {t} at position {i} is not an id of this model's vocabulary (0..{vocab}, config.json vocab_size)",
+                self.dir.display()
+            )));
+        }
         let ids: Vec<u32> = toks
             .iter()
             .map(|&t| u32::try_from(t))

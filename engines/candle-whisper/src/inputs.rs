@@ -307,6 +307,21 @@ impl ModelDir {
                 config.max_target_positions
             )));
         }
+        // Every id the decoder is fed or stops on is an id of the vocabulary (candle's
+        // embedding lookup of another is an error with a backtrace, mid-run).
+        for (key, id) in [
+            ("decoder_start_token_id", generation.prefix[0]),
+            ("no_timestamps_token_id", generation.prefix[1]),
+            ("eos_token_id", generation.eos),
+        ] {
+            if id as usize >= config.vocab_size {
+                return Err(input(format!(
+                    "{}: '{key}' {id} is not an id of config.json's vocabulary (vocab_size {})",
+                    gen_path.display(),
+                    config.vocab_size
+                )));
+            }
+        }
         let tokenizer = dir.join("tokenizer.json");
         if !tokenizer.is_file() {
             return Err(input(format!("{} is missing", tokenizer.display())));

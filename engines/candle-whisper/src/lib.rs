@@ -20,12 +20,27 @@ pub enum Error {
     /// Bad input (model directory, configs, audio, reference dump, options): exit 2.
     #[error("{0}")]
     Input(String),
-    /// candle failed.
-    #[error("candle: {0}")]
+    /// candle failed (one line: the backtrace candle captures under `RUST_BACKTRACE` is dropped).
+    #[error("candle: {}", candle_message(.0))]
     Candle(#[from] candle_core::Error),
     /// Anything else in the run (writing the dump, an unexpected tensor).
     #[error("{0}")]
     Engine(String),
+}
+
+/// candle's error without the backtraces it carries, on one line.
+fn candle_message(e: &candle_core::Error) -> String {
+    fn text(e: &candle_core::Error) -> String {
+        match e {
+            candle_core::Error::WithBacktrace { inner, .. } => text(inner),
+            candle_core::Error::Context { inner, context } => format!("{context}: {}", text(inner)),
+            candle_core::Error::WithPath { inner, path } => {
+                format!("{}: {}", path.display(), text(inner))
+            }
+            other => other.to_string(),
+        }
+    }
+    text(e).split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 impl Error {

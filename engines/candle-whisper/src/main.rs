@@ -104,7 +104,7 @@ fn run(a: &Args) -> Result<(), Error> {
     }
     if let Some(d) = &a.tokens_from {
         let r = open(d)?;
-        let mut t = r.generated_tokens(&md.generation.prefix)?;
+        let mut t = r.generated_tokens(&md.generation.prefix, md.config.vocab_size)?;
         let limit = engine::length_limit(&md.generation, max_new);
         t.truncate(limit - md.generation.prefix.len());
         fed.insert(

@@ -455,3 +455,59 @@ fn bad_input_is_refused_before_any_work() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(other.join("manifest.json").is_file());
 }
+
+/// A copy of the dump `src` at `dst` with `edit` applied to its loaded form (rewritten with
+/// X-Ray's writer: hashes follow the edited tensors).
+fn edited_dump(src: &Path, dst: &Path, edit: impl FnOnce(&mut Dump)) {
+    let mut d = Dump::load(src).unwrap();
+    edit(&mut d);
+    d.to_writer().write(dst).unwrap();
+}
+
+/// Issue 24 item 10: a `--tokens-from` dump holding token 999999999 was exit 1 with a 56-line
+/// candle backtrace; a NaN mel or memory fed in was accepted (exit 0). Fed tensors must be finite
+/// and fed tokens ids of the vocabulary: one line, exit 2, before anything is computed.
+#[test]
+fn fed_tokens_and_tensors_are_validated() {
+    if !root().join(MODEL).is_dir() {
+        assert!(
+            std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none(),
+            "fixtures missing"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // candle's own dump of the clip: the same weights and audio, the tensors a feed needs.
+    let own = dir.path().join("own");
+    let o = engine(&own, &["--max-new-tokens", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = dir.path().join("out");
+    let refused = |o: &Output, says: &[&str]| {
+        let e = stderr(o);
+        assert_eq!(o.status.code(), Some(2), "{e}");
+        assert_eq!(e.trim_end().lines().count(), 1, "not one line: {e}");
+        for s in says {
+            assert!(e.contains(s), "{s:?} not in {e}");
+        }
+    };
+    let bad_tokens = dir.path().join("bad-tokens");
+    edited_dump(&own, &bad_tokens, |d| {
+        let n = d.manifest.tokens.len();
+        d.manifest.tokens[n - 1] = 999_999_999;
+    });
+    let o = engine(&out, &["--tokens-from", bad_tokens.to_str().unwrap()]);
+    refused(&o, &["token 999999999", "vocabulary", "bad-tokens"]);
+    for (name, flag) in [
+        ("audio.frontend.mel", "--mel-from"),
+        ("audio.encoder.memory", "--memory-from"),
+    ] {
+        let nan = dir.path().join(format!("nan{flag}"));
+        edited_dump(&own, &nan, |d| {
+            let t = d.tensors.get_mut(&(name.to_string(), 0)).unwrap();
+            t.as_slice_mut().unwrap()[7] = f32::NAN;
+        });
+        let o = engine(&out, &[flag, nan.to_str().unwrap()]);
+        refused(&o, &[name, "non-finite value (NaN) at index 7"]);
+    }
+    assert!(!out.exists(), "nothing written on refusal");
+}

@@ -485,6 +485,47 @@ pub fn hypotheses(
     v
 }
 
+/// The hypotheses computed on the clean replay itself, without another replay: an output scale
+/// (least squares) and the output rounded to f16 / bf16. Appended to `ev.tried` and `scored`.
+fn output_hypotheses(
+    ev: &mut ReplayEvidence,
+    scored: &mut Vec<(Counterfactual, f64, f64, bool)>,
+    clean: &ArrayD<f32>,
+    engine: &ArrayD<f32>,
+    tol: &Tolerance,
+) {
+    let mut cands: Vec<(Counterfactual, ArrayD<f32>)> = Vec::new();
+    if let Some(f) = solve_scale(clean, engine).filter(|f| (f - 1.0).abs() > 1e-4) {
+        cands.push((
+            Counterfactual::OutputScale { factor: f },
+            clean.mapv(|v| (v as f64 * f) as f32),
+        ));
+    }
+    cands.push((
+        Counterfactual::OutputRounded {
+            format: RoundFormat::F16,
+        },
+        clean.mapv(|v| half::f16::from_f32(v).to_f32()),
+    ));
+    cands.push((
+        Counterfactual::OutputRounded {
+            format: RoundFormat::Bf16,
+        },
+        clean.mapv(|v| half::bf16::from_f32(v).to_f32()),
+    ));
+    for (cf, c) in cands {
+        let sc = score(&c, engine, tol);
+        ev.tried.push(Tried {
+            counterfactual: cf.clone(),
+            residual: sc.map(|x| x.0),
+            skipped: sc.is_none().then(|| "other shape".to_string()),
+        });
+        if let Some(sc) = sc {
+            scored.push((cf, sc.0, sc.1, sc.2));
+        }
+    }
+}
+
 /// Least-squares `s` with `engine ~ s * replay`.
 fn solve_scale(replay: &ArrayD<f32>, engine: &ArrayD<f32>) -> Option<f64> {
     if replay.shape() != engine.shape() {
@@ -785,20 +826,8 @@ impl ReplayContext<'_> {
             engine,
             tol,
         );
-        // Scalars. An output scale, by least squares on the clean replay.
-        if let Some(f) = solve_scale(&clean.0, engine).filter(|f| (f - 1.0).abs() > 1e-4) {
-            let cf = Counterfactual::OutputScale { factor: f };
-            let scaled = clean.0.mapv(|v| (v as f64 * f) as f32);
-            let sc = score(&scaled, engine, tol);
-            ev.tried.push(Tried {
-                counterfactual: cf.clone(),
-                residual: sc.map(|x| x.0),
-                skipped: None,
-            });
-            if let Some(sc) = sc {
-                scored.push((cf, sc.0, sc.1, sc.2));
-            }
-        }
+        // Scalars: an output scale by least squares on the clean replay; the output rounded.
+        output_hypotheses(ev, &mut scored, &clean.0, engine, tol);
         // A norm's epsilon: every decade, then golden section around the best.
         if info.kind.is_norm() {
             let own = info.float("eps").unwrap_or(-1.0);
@@ -1317,25 +1346,13 @@ impl ReplayContext<'_> {
                 scored.extend(self.try_all(&mut ev, parent, &input, &[cf], &x, &tol));
             }
         }
-        if let Some(f) = solve_scale(&clean, &x).filter(|f| (f - 1.0).abs() > 1e-4) {
-            let cf = Counterfactual::OutputScale { factor: f };
-            let scaled = clean.mapv(|v| (v as f64 * f) as f32);
-            let s2 = score(&scaled, &x, &tol);
-            ev.tried.push(Tried {
-                counterfactual: cf.clone(),
-                residual: s2.map(|x| x.0),
-                skipped: None,
-            });
-            if let Some(s2) = s2 {
-                scored.push((cf, s2.0, s2.1, s2.2));
-            }
-        }
+        output_hypotheses(&mut ev, &mut scored, &clean, &x, &tol);
         choose(&mut ev, parent, &scored, &|cf| match cf {
             Counterfactual::AttentionScale { value } => Some(format!(
-                "the module's scale is {own:.6} (1/sqrt({hd})); this is {:.6} times it{}",
+                "the module's scale is {own:.6}; this is {:.6} times it{}",
                 value / own,
                 scale_hint(*value, &[hd as usize])
-                    .map(|h| format!(", {h}"))
+                    .map(|h| format!(", = {h} (head_dim {hd})"))
                     .unwrap_or_default()
             )),
             Counterfactual::OutputScale { factor } => scale_hint(*factor, &[]),

@@ -55,6 +55,12 @@ pub enum Counterfactual {
         /// The multiplier.
         factor: f64,
     },
+    /// The output rounded to this format (a half-precision activation buffer). Computed on the
+    /// clean replay.
+    OutputRounded {
+        /// The format.
+        format: RoundFormat,
+    },
     /// Linear: the square weight read transposed (`W^T`).
     TransposeWeight,
     /// Linear (non-square) / conv: the stored weight bytes read in another layout. Linear:
@@ -184,6 +190,7 @@ impl Counterfactual {
                 "with its output negated".into()
             }
             OutputScale { factor } => format!("with its output scaled by {factor:.6}"),
+            OutputRounded { format } => format!("with its output rounded to {}", format.as_str()),
             TransposeWeight => "with its weight transposed".into(),
             WeightReinterpreted => "with its weight buffer read in the other layout".into(),
             KernelFlipped => "with its kernel flipped in time".into(),

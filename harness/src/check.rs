@@ -659,11 +659,22 @@ impl Drill<'_> {
             after.extend(r.after.iter().map(|i| i.checkpoint.as_str()));
         }
         let ops = g.ops_between(&after, &fd.checkpoint)?;
-        // One op that mirrors an HF module is drilled into too: replay tests its mechanism.
-        if ops.len() < 2 && !(ops.len() == 1 && crate::replay::mirrors_module(g, &ops[0])) {
+        // One op that mirrors an HF module is drilled into too, and an origin an attention core
+        // produces is drilled into at the points around the core (its q / k / v projections'
+        // outputs and its output projection's input): replay tests their mechanism.
+        let attention = crate::replay::attention_points(g, &fd.producer);
+        if ops.len() < 2
+            && attention.is_none()
+            && !(ops.len() == 1 && crate::replay::mirrors_module(g, &ops[0]))
+        {
             return Ok(());
         }
-        let names = g.points_between(&after, &fd.checkpoint)?;
+        let mut names = g.points_between(&after, &fd.checkpoint)?;
+        for n in attention.into_iter().flatten() {
+            if !names.contains(&n) {
+                names.push(n);
+            }
+        }
         let step = fd.step;
         let nodes = g.point_nodes();
         let weights = self.model.weights();

@@ -97,6 +97,30 @@ pub fn mirrors_module(g: &Graph, op: &str) -> bool {
     })
 }
 
+/// When runtime op `op` is an attention core (its kernel kind names attention), the op-level
+/// points around it: the first name of the point-carrying edge it feeds through weightless ops
+/// (the output projection's input) and of that edge's observed inputs (the q / k / v
+/// projections' outputs). A drill-down capturing them lets replay test an attention origin the
+/// contract exposes as a checkpoint of its own (its probabilities or context).
+pub fn attention_points(g: &Graph, op: &str) -> Option<Vec<String>> {
+    let kernel = g.ops().iter().find(|o| o.name == op)?.kernel.kind();
+    if !kernel.contains("attention") {
+        return None;
+    }
+    let nodes = g.point_nodes();
+    let (i, n) = nodes.iter().enumerate().find(|(_, n)| {
+        n.ops.iter().any(|o| o == op)
+            && n.names.iter().any(|p| {
+                parse_point(p).is_some_and(|(m, s)| {
+                    s == Side::In && (m.ends_with(".out_proj") || m.ends_with(".o_proj"))
+                })
+            })
+    })?;
+    let mut names: Vec<String> = n.inputs.iter().map(|&u| nodes[u].names[0].clone()).collect();
+    names.push(nodes[i].names[0].clone());
+    Some(names)
+}
+
 /// Replays the op-level origin `op` (when it is a module's output: the module's own computation)
 /// and records the evidence on it; a cleared op is no longer named. Returns the notes (the
 /// console line first). Replay failures become a note, never an error of the check.

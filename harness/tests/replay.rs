@@ -1,0 +1,415 @@
+//! Reference replay end to end (`first_divergence.op.replay`): bugs planted in X-Ray's runtime
+//! with `--inject`, bugs the fault catalogue does not have (a weights file edited the way
+//! bring-up gets weights wrong, run by the runtime and compared with the ORIGINAL model as the
+//! reference), and a weightless bug in another engine's dump (the HF reference with one residual
+//! add patched). Each asserts the op replay convicts and the mechanism it names; the expectations
+//! follow the op kinds (linear, norm, conv, embedding, attention, residual add), not the catalogue.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{assert_schema_valid, check, code, dump_to, ready, root, stderr, xray};
+use serde_json::Value;
+
+const RAND: &str = "fixtures/build/whisper-rand-a";
+const GRANITE: &str = "fixtures/build/granite-nar-tiny";
+const TINY: &str = "fixtures/whisper-tiny-en";
+const FOX: &str = "fixtures/audio/fox.wav";
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// The op-level origin's replay evidence, with the op it names.
+fn replay(ev: &Value) -> (&Value, &Value) {
+    let op = &ev["first_divergence"]["op"];
+    assert!(op.is_object(), "no op-level origin: {:#}", ev["first_divergence"]);
+    let r = &op["replay"];
+    assert!(r.is_object(), "no replay: {op:#} notes {:#}", ev["notes"]);
+    (op, r)
+}
+
+/// Asserts the op replay convicted and its mechanism's counterfactual kind; returns the mechanism.
+fn convicted<'a>(ev: &'a Value, op_name: &str, kind: &str) -> &'a Value {
+    let (op, r) = replay(ev);
+    assert_eq!(op["op"], op_name, "{op:#}");
+    assert_eq!(r["local_error"]["verdict"], "convicted", "{r:#}");
+    let m = &r["mechanism"];
+    assert_eq!(m["counterfactual"]["kind"], kind, "{:#}", r);
+    assert!(m["residual"].as_f64().unwrap() < 1e-5, "{m:#}");
+    assert!(
+        m["residual"].as_f64().unwrap() <= 0.1 * r["local_error"]["rel_l2"].as_f64().unwrap(),
+        "{m:#}"
+    );
+    m
+}
+
+/// A copy of `model` (every file linked but the weights) whose `model.safetensors` is rewritten by
+/// `edit`, a Python statement on `w` (the state dict as numpy arrays) and `np`.
+fn edited(dir: &Path, model: &str, name: &str, edit: &str) -> std::path::PathBuf {
+    let out = dir.join(name);
+    std::fs::create_dir(&out).unwrap();
+    let src = root().join(model);
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap();
+        if f.file_name() != "model.safetensors" {
+            std::os::unix::fs::symlink(f.path(), out.join(f.file_name())).unwrap();
+        }
+    }
+    let script = format!(
+        "import sys\nimport numpy as np\nfrom safetensors.numpy import load_file, save_file\n\
+         w = load_file(sys.argv[1])\n{edit}\n\
+         save_file({{k: np.ascontiguousarray(v) for k, v in w.items()}}, sys.argv[2], metadata={{'format': 'pt'}})\n"
+    );
+    let o = Command::new(root().join(".venv/bin/python"))
+        .args([
+            "-c",
+            &script,
+            s(&src.join("model.safetensors")),
+            s(&out.join("model.safetensors")),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    out
+}
+
+/// `xray run --model BAD --ops`, then `xray compare REF GOT --model GOOD`: the evidence.
+fn run_and_compare(dir: &Path, reference: &Path, bad: &Path, good: &str) -> Value {
+    let got = dir.join(format!(
+        "{}-dump",
+        bad.file_name().unwrap().to_string_lossy()
+    ));
+    let o = dump_to("run", s(bad), FOX, &got, &["--ops"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let ev = dir.join(format!(
+        "{}.json",
+        bad.file_name().unwrap().to_string_lossy()
+    ));
+    let o = xray(&[
+        "compare",
+        s(reference),
+        s(&got),
+        "--model",
+        good,
+        "--evidence",
+        s(&ev),
+    ]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stderr);
+    assert!(text.contains("xray: replay: "), "{text}");
+    serde_json::from_str(&std::fs::read_to_string(&ev).unwrap()).unwrap()
+}
+
+fn oracle_dump(dir: &Path, model: &str) -> std::path::PathBuf {
+    let r = dir.join(format!("ref-{}", model.rsplit('/').next().unwrap()));
+    let o = dump_to("oracle", model, FOX, &r, &["--ops"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    r
+}
+
+/// Faults planted in the runtime's kernels and parameters: the named op is convicted by its
+/// replay and the mechanism is the counterfactual of its kind that reproduces the runtime.
+#[test]
+fn injected_faults_are_convicted_with_their_mechanism() {
+    if !ready(&[RAND, FOX, ".venv"]) {
+        return;
+    }
+    // A norm: epsilon solved (1e-1 where the module has 1e-5).
+    let ev = check(
+        RAND,
+        FOX,
+        &["--inject", "layernorm_eps@encoder.layer.0.self_attn_norm"],
+        1,
+    );
+    let m = convicted(&ev, "encoder.layer.0.self_attn_norm", "eps");
+    assert_eq!(m["counterfactual"]["value"], 0.1, "{m:#}");
+    let (_, r) = replay(&ev);
+    assert_eq!(r["kind"], "layer_norm");
+    assert_eq!(r["class"], "LayerNorm");
+    assert_eq!(r["kernel"], "layer_norm");
+    assert_eq!(r["replay_floor"], 0.0, "{r:#}");
+    // Its neighbours in the region replay clean.
+    let nb = r["neighbours"].as_array().unwrap();
+    assert!(nb.len() >= 4, "{nb:#?}");
+    assert!(
+        nb.iter()
+            .filter(|n| n["module"].as_str().unwrap().contains("layers.0"))
+            .all(|n| n["verdict"] == "cleared"),
+        "{nb:#?}"
+    );
+    assert_schema_valid(&ev);
+    // A single-op origin (the encoder's final norm is the whole checkpoint): still replayed.
+    let ev = check(RAND, FOX, &["--inject", "layernorm_unbiased_var"], 1);
+    convicted(&ev, "encoder.final_norm", "unbiased_variance");
+    // A linear on an int8 grid.
+    let ev = check(RAND, FOX, &["--inject", "out_proj_int8"], 1);
+    let m = convicted(&ev, "encoder.layer.1.out_proj", "weight_grid");
+    assert_eq!(m["counterfactual"]["bits"], 8);
+    assert_eq!(m["counterfactual"]["granularity"], "per_row");
+    // A linear reading another layer's weight.
+    let ev = check(RAND, FOX, &["--inject", "cross_k_wrong_layer"], 1);
+    let m = convicted(&ev, "decoder.layer.1.cross_k_proj", "other_key");
+    assert_eq!(
+        m["counterfactual"]["key"],
+        "model.decoder.layers.0.encoder_attn.k_proj.weight"
+    );
+    // Weightless: an attention core with a causal mask it must not have, and one whose softmax
+    // scale is sqrt(head_dim) instead of 1/sqrt(head_dim) (solved).
+    let ev = check(RAND, FOX, &["--inject", "causal_mask_added"], 1);
+    let m = convicted(&ev, "encoder.layer.0.self_attn", "causal_mask");
+    assert_eq!(m["counterfactual"]["on"], true);
+    let ev = check(
+        RAND,
+        FOX,
+        &["--inject", "attn_scale_dropped@encoder.layer.1.self_attn"],
+        1,
+    );
+    let m = convicted(&ev, "encoder.layer.1.self_attn", "attention_scale");
+    assert!(
+        (m["counterfactual"]["value"].as_f64().unwrap() - 4.0).abs() < 1e-6,
+        "{m:#}"
+    );
+    assert_schema_valid(&ev);
+    // An attention core the contract exposes as its own checkpoint (decoder cross-attention
+    // context): drilled into at the points around it.
+    let ev = check(RAND, FOX, &["--inject", "attn_scale_dropped"], 1);
+    let (op, r) = replay(&ev);
+    assert_eq!(r["kind"], "attention", "{r:#}");
+    assert!(
+        op["suspects"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s == "decoder.layer.1.cross_attn"),
+        "{op:#}"
+    );
+    assert_eq!(r["mechanism"]["counterfactual"]["kind"], "attention_scale");
+    // A residual add skipped (granite's self-conditioning bypass): the input dropped is named.
+    if ready(&[GRANITE]) {
+        let ev = check(GRANITE, FOX, &["--inject", "ctc_bypass_skipped"], 1);
+        let m = convicted(&ev, "enc.self_cond.bypass_add", "input_dropped");
+        assert_eq!(m["counterfactual"]["input"], "encoder.out_mid:out", "{m:#}");
+        assert_schema_valid(&ev);
+    }
+}
+
+/// Bugs in the weights file, none of them in the fault catalogue: the runtime runs the edited
+/// model, the reference is the original, and `xray compare --model ORIGINAL` replays the first
+/// op that differs on the runtime's own input.
+#[test]
+fn weights_read_wrong_are_named_by_replay() {
+    if !ready(&[RAND, FOX, ".venv"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let reference = oracle_dump(dir.path(), RAND);
+    let cases: &[(&str, &str, &str, &str)] = &[
+        (
+            "q-transposed",
+            "k = 'model.encoder.layers.0.self_attn.q_proj.weight'; w[k] = w[k].T.copy()",
+            "encoder.layer.0.q_proj",
+            "transpose_weight",
+        ),
+        (
+            "fc1-bias-zero",
+            "k = 'model.encoder.layers.1.fc1.bias'; w[k] = np.zeros_like(w[k])",
+            "encoder.layer.1.fc1",
+            "bias_missing",
+        ),
+        (
+            "fc2-layers-swapped",
+            "a, b = 'model.encoder.layers.0.fc2.weight', 'model.encoder.layers.1.fc2.weight'; w[a], w[b] = w[b].copy(), w[a].copy()",
+            "encoder.layer.0.fc2",
+            "other_key",
+        ),
+        (
+            "ln-affine-swapped",
+            "p = 'model.encoder.layers.0.final_layer_norm.'; w[p + 'weight'], w[p + 'bias'] = w[p + 'bias'].copy(), w[p + 'weight'].copy()",
+            "encoder.layer.0.mlp_norm",
+            "affine_swapped",
+        ),
+        (
+            "ln-weight-missing",
+            "k = 'model.encoder.layers.1.self_attn_layer_norm.weight'; w[k] = np.ones_like(w[k])",
+            "encoder.layer.1.self_attn_norm",
+            "norm_weight_missing",
+        ),
+        (
+            "conv1-flipped",
+            "k = 'model.encoder.conv1.weight'; w[k] = w[k][..., ::-1].copy()",
+            "encoder.conv1",
+            "kernel_flipped",
+        ),
+        (
+            "fc1-layout",
+            "k = 'model.encoder.layers.0.fc1.weight'; o, i = w[k].shape; w[k] = w[k].reshape(i, o).T.copy()",
+            "encoder.layer.0.fc1",
+            "weight_reinterpreted",
+        ),
+        (
+            "fc1-f16",
+            "k = 'model.encoder.layers.1.fc1.weight'; w[k] = w[k].astype(np.float16).astype(np.float32)",
+            "encoder.layer.1.fc1",
+            "weight_rounded",
+        ),
+        (
+            "embed-scaled",
+            "k = 'model.decoder.embed_tokens.weight'; w[k] = w[k] * np.float32(8.0)",
+            "decoder.embed_tokens",
+            "output_scale",
+        ),
+    ];
+    let mut table = Vec::new();
+    for (name, edit, op, kind) in cases {
+        let bad = edited(dir.path(), RAND, name, edit);
+        let ev = run_and_compare(dir.path(), &reference, &bad, RAND);
+        let m = convicted(&ev, op, kind);
+        table.push(format!("{name}: {}", m["summary"]));
+        match *name {
+            "fc2-layers-swapped" => assert_eq!(
+                m["counterfactual"]["key"],
+                "model.encoder.layers.1.fc2.weight"
+            ),
+            "fc1-f16" => assert_eq!(m["counterfactual"]["format"], "f16"),
+            "embed-scaled" => {
+                assert!((m["counterfactual"]["factor"].as_f64().unwrap() - 8.0).abs() < 1e-4);
+                assert_eq!(m["hint"], "sqrt(64)", "{m:#}");
+            }
+            _ => {}
+        }
+        assert_schema_valid(&ev);
+    }
+    eprintln!("{}", table.join("\n"));
+}
+
+/// Granite NAR: weights of its conformer encoder read wrong (non-square input projection in the
+/// other layout, a LayerNorm's affine swapped).
+#[test]
+fn granite_weights_read_wrong_are_named_by_replay() {
+    if !ready(&[GRANITE, FOX, ".venv"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let reference = oracle_dump(dir.path(), GRANITE);
+    for (name, edit, op, kind) in [
+        (
+            "input-linear-layout",
+            "k = 'encoder.input_linear.weight'; o, i = w[k].shape; w[k] = w[k].reshape(i, o).T.copy()",
+            "enc.input_linear",
+            "weight_reinterpreted",
+        ),
+        (
+            "ff1-up-bias-doubled",
+            "k = 'encoder.layers.0.ff1.up_proj.bias'; w[k] = 2 * w[k]",
+            "enc.block.0.ff1.up_proj",
+            "bias_doubled",
+        ),
+    ] {
+        let bad = edited(dir.path(), GRANITE, name, edit);
+        let ev = run_and_compare(dir.path(), &reference, &bad, GRANITE);
+        convicted(&ev, op, kind);
+        assert_schema_valid(&ev);
+    }
+}
+
+/// A real model: Whisper tiny.en with encoder layer 2's fc1 bias missing from its weights.
+#[test]
+fn tiny_en_missing_bias_is_named_by_replay() {
+    if !ready(&[TINY, FOX, ".venv"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let reference = oracle_dump(dir.path(), TINY);
+    let bad = edited(
+        dir.path(),
+        TINY,
+        "tiny-fc1-bias",
+        "k = 'model.encoder.layers.2.fc1.bias'; w[k] = np.zeros_like(w[k])",
+    );
+    let ev = run_and_compare(dir.path(), &reference, &bad, TINY);
+    let m = convicted(&ev, "encoder.layer.2.fc1", "bias_missing");
+    assert!(
+        m["summary"]
+            .as_str()
+            .unwrap()
+            .contains("model.encoder.layers.2.fc1 without its bias"),
+        "{m:#}"
+    );
+}
+
+/// Another engine's dump with a weightless bug: the HF reference whose encoder layer 1 adds its
+/// MLP branch twice (a residual multiplier applied twice), dumped by the Python oracle. The
+/// residual add is convicted and its multiplier solved.
+#[test]
+fn a_doubled_residual_branch_in_another_engines_dump_is_solved() {
+    if !ready(&[RAND, FOX, ".venv"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let reference = oracle_dump(dir.path(), RAND);
+    let contract = dir.path().join("contract.json");
+    let o = xray(&["contract", "--model", RAND, "--out", s(&contract)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let patch = "import sys, runpy\n\
+        import transformers.models.whisper.modeling_whisper as mw\n\
+        orig = mw.WhisperEncoderLayer.forward\n\
+        def fwd(self, hidden_states, attention_mask=None, **kw):\n\
+        \x20   if not getattr(self, '_bug', False):\n\
+        \x20       return orig(self, hidden_states, attention_mask, **kw)\n\
+        \x20   h, _ = self.self_attn(hidden_states=self.self_attn_layer_norm(hidden_states), attention_mask=attention_mask, **kw)\n\
+        \x20   h = hidden_states + h\n\
+        \x20   return h + 2.0 * self.fc2(self.activation_fn(self.fc1(self.final_layer_norm(h))))\n\
+        mw.WhisperEncoderLayer.forward = fwd\n\
+        load = mw.WhisperForConditionalGeneration.from_pretrained.__func__\n\
+        def patched(cls, *a, **k):\n\
+        \x20   m = load(cls, *a, **k)\n\
+        \x20   m.model.encoder.layers[1]._bug = True\n\
+        \x20   return m\n\
+        mw.WhisperForConditionalGeneration.from_pretrained = classmethod(patched)\n\
+        sys.argv = ['xray_oracle'] + sys.argv[1:]\n\
+        runpy.run_module('xray_oracle', run_name='__main__')\n";
+    let got = dir.path().join("engine");
+    let o = Command::new(root().join(".venv/bin/python"))
+        .current_dir(root())
+        .env("PYTHONPATH", root().join("oracle"))
+        .args([
+            "-c",
+            patch,
+            "dump",
+            "--model",
+            RAND,
+            "--audio",
+            FOX,
+            "--contract",
+            s(&contract),
+            "--ops",
+            "--out",
+            s(&got),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ev_path = dir.path().join("e.json");
+    let o = xray(&[
+        "compare",
+        s(&reference),
+        s(&got),
+        "--model",
+        RAND,
+        "--evidence",
+        s(&ev_path),
+    ]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    let ev: Value = serde_json::from_str(&std::fs::read_to_string(&ev_path).unwrap()).unwrap();
+    let m = convicted(&ev, "encoder.layer.1.residual_mlp", "input_scaled");
+    assert_eq!(
+        m["counterfactual"]["input"],
+        "model.encoder.layers.1.fc2:out",
+        "{m:#}"
+    );
+    assert!((m["counterfactual"]["factor"].as_f64().unwrap() - 2.0).abs() < 1e-4);
+    assert_schema_valid(&ev);
+}

@@ -562,16 +562,22 @@ pub fn read_npy(path: &Path) -> Result<Tensor, CaseError> {
         return Err(cerr(path, "is not a file"));
     }
     let bytes = std::fs::read(path).map_err(|e| cerr(path, e.to_string()))?;
-    parse_npy(path, &bytes)
-        .map(|(t, _)| t)
-        .map_err(|e| cerr(path, e.to_string().replace(&format!("{}: ", path.display()), "")))
+    parse_npy(path, &bytes).map(|(t, _)| t).map_err(|e| {
+        cerr(
+            path,
+            e.to_string().replace(&format!("{}: ", path.display()), ""),
+        )
+    })
 }
 
 fn load_tensor(dir: &Path, t: &CaseTensor, what: &str) -> Result<Tensor, CaseError> {
     if !safe_relative(&t.file) {
         return Err(cerr(
             &dir.join(MANIFEST),
-            format!("{what}: file {:?} is not a plain file name inside the case", t.file),
+            format!(
+                "{what}: file {:?} is not a plain file name inside the case",
+                t.file
+            ),
         ));
     }
     let p = dir.join(&t.file);
@@ -592,7 +598,9 @@ fn load_tensor(dir: &Path, t: &CaseTensor, what: &str) -> Result<Tensor, CaseErr
     if content_sha256(x.as_slice().unwrap_or(&[])) != t.content_sha256 {
         return Err(cerr(
             &p,
-            format!("its values do not match the content_sha256 in {MANIFEST} (the file was changed)"),
+            format!(
+                "its values do not match the content_sha256 in {MANIFEST} (the file was changed)"
+            ),
         ));
     }
     Ok(x)
@@ -626,12 +634,7 @@ pub fn load(dir: &Path) -> Result<LoadedCase, CaseError> {
         serde_json::from_str(&text).map_err(|e| cerr(&mp, format!("invalid JSON: {e}")))?;
     match v.get("schema").and_then(|s| s.as_str()) {
         Some(SCHEMA) => {}
-        Some(other) => {
-            return Err(cerr(
-                &mp,
-                format!("schema {other:?}, expected {SCHEMA:?}"),
-            ))
-        }
+        Some(other) => return Err(cerr(&mp, format!("schema {other:?}, expected {SCHEMA:?}"))),
         None => {
             return Err(cerr(
                 &mp,
@@ -660,7 +663,12 @@ pub fn load(dir: &Path) -> Result<LoadedCase, CaseError> {
     let weights = case
         .weights
         .iter()
-        .map(|w| Ok((w.key.clone(), load_tensor(dir, &w.tensor, &format!("weight {}", w.key))?)))
+        .map(|w| {
+            Ok((
+                w.key.clone(),
+                load_tensor(dir, &w.tensor, &format!("weight {}", w.key))?,
+            ))
+        })
         .collect::<Result<Vec<_>, CaseError>>()?;
     let reference = load_tensor(dir, &case.reference, "reference output")?;
     let engine = load_tensor(dir, &case.engine.tensor, "engine output")?;
@@ -733,11 +741,19 @@ pub fn judge(case: &LoadedCase, got: &Tensor, what: &str) -> Result<Judgement, C
     }
     let tol = case.case.tolerance.bounds;
     let m = compare(&case.reference.view(), &got.view(), &tol).map_err(|e| CaseError {
-        path: case.dir.join(&case.case.reference.file).display().to_string(),
+        path: case
+            .dir
+            .join(&case.case.reference.file)
+            .display()
+            .to_string(),
         reason: e.to_string(),
     })?;
     let passes = m.passes(&tol);
-    let failed = if passes { vec![] } else { failed_criteria(&m, &tol) };
+    let failed = if passes {
+        vec![]
+    } else {
+        failed_criteria(&m, &tol)
+    };
     Ok(Judgement {
         metrics: m,
         passes,
@@ -812,13 +828,30 @@ mod tests {
 
     fn make(dir: &Path, replace: bool) -> Result<(), CaseError> {
         let mut files = CaseFiles::default();
-        let x = files.add("input.0.npy", &t(&[2, 2], vec![1., 2., 3., 4.]), Some(Layout::TokenMajor))?;
-        let w = files.add(&weight_file("m.fc.weight")?, &t(&[2, 2], vec![1., 0., 0., 1.]), None)?;
-        let r = files.add("reference.npy", &t(&[2, 2], vec![1., 2., 3., 4.]), Some(Layout::TokenMajor))?;
+        let x = files.add(
+            "input.0.npy",
+            &t(&[2, 2], vec![1., 2., 3., 4.]),
+            Some(Layout::TokenMajor),
+        )?;
+        let w = files.add(
+            &weight_file("m.fc.weight")?,
+            &t(&[2, 2], vec![1., 0., 0., 1.]),
+            None,
+        )?;
+        let r = files.add(
+            "reference.npy",
+            &t(&[2, 2], vec![1., 2., 3., 4.]),
+            Some(Layout::TokenMajor),
+        )?;
         let engine = t(&[2, 2], vec![1., 2., 3., 5.]);
         let e = files.add("engine.npy", &engine, Some(Layout::TokenMajor))?;
         let tol = Tolerance::default_f32();
-        let m = compare(&t(&[2, 2], vec![1., 2., 3., 4.]).view(), &engine.view(), &tol).unwrap();
+        let m = compare(
+            &t(&[2, 2], vec![1., 2., 3., 4.]).view(),
+            &engine.view(),
+            &tol,
+        )
+        .unwrap();
         let case = Case {
             schema: SCHEMA.into(),
             family: "whisper".into(),
@@ -893,7 +926,9 @@ mod tests {
         assert!(dir.join("weights/m.fc.weight.npy").is_file());
         let bad = judge(&c, &c.engine, "engine").unwrap();
         assert!(!bad.passes && !bad.failed.is_empty(), "{bad:?}");
-        assert!(bad.summary(&c.case, "engine").starts_with("xray: replay fail"));
+        assert!(bad
+            .summary(&c.case, "engine")
+            .starts_with("xray: replay fail"));
         assert!(judge(&c, &c.reference, "ref").unwrap().passes);
         let e = judge(&c, &t(&[4], vec![0.; 4]), "got.npy").unwrap_err();
         assert!(e.to_string().contains("shape [4]"), "{e}");
@@ -907,7 +942,10 @@ mod tests {
         let other = tmp.path().join("other");
         std::fs::create_dir(&other).unwrap();
         std::fs::write(other.join("x"), "y").unwrap();
-        assert!(make(&other, true).unwrap_err().reason.contains("not an X-Ray case"));
+        assert!(make(&other, true)
+            .unwrap_err()
+            .reason
+            .contains("not an X-Ray case"));
         std::fs::remove_file(dir.join("notes.txt")).unwrap();
         // A changed value, a missing file, another schema.
         std::fs::copy(dir.join("engine.npy"), dir.join("reference.npy")).unwrap();
@@ -915,7 +953,9 @@ mod tests {
         std::fs::remove_file(dir.join("reference.npy")).unwrap();
         assert!(load(&dir).unwrap_err().reason.contains("missing"));
         let mp = dir.join(MANIFEST);
-        let text = std::fs::read_to_string(&mp).unwrap().replace(SCHEMA, "xray.case/v0");
+        let text = std::fs::read_to_string(&mp)
+            .unwrap()
+            .replace(SCHEMA, "xray.case/v0");
         std::fs::write(&mp, text).unwrap();
         assert!(load(&dir).unwrap_err().reason.contains("xray.case/v0"));
         assert!(weight_file("../x").is_err());

@@ -137,7 +137,10 @@ fn layer_norm_case_reproduces_the_fault_and_replays() {
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
         .collect();
     on_disk.sort();
-    assert_eq!(on_disk, [format!("{m}.bias.npy"), format!("{m}.weight.npy")]);
+    assert_eq!(
+        on_disk,
+        [format!("{m}.bias.npy"), format!("{m}.weight.npy")]
+    );
 
     // X-Ray's kernel on the case: with the fault it fails, without it passes.
     replayed(
@@ -284,20 +287,22 @@ fn dumps_without_points_are_refused_naming_the_point() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let (ev, e) = faulty_check(RAND, tmp.path(), &["--inject", "layernorm_eps"]);
-    assert_eq!(e["first_divergence"]["op"]["op"], "encoder.layer.1.mlp_norm");
+    assert_eq!(
+        e["first_divergence"]["op"]["op"],
+        "encoder.layer.1.mlp_norm"
+    );
     refused(
         &xray(&["repro", s(&ev), "--out", s(&tmp.path().join("c"))]),
-        &[
-            "model.encoder.layers.1.final_layer_norm:in@step0",
-            "--ops",
-        ],
+        &["model.encoder.layers.1.final_layer_norm:in@step0", "--ops"],
     );
 }
 
 /// The candle engine (engines/candle-whisper, `make candle`) writes contract checkpoints only, no
 /// op-level points: an evidence comparing its dump has no op-level origin to cut out, and its dump
-/// given as the engine side of a case is refused naming the point it lacks. Skipped when the
-/// candle binary is not built beside `xray` (`cargo build --release -p xray-candle-whisper`).
+/// given as the engine side of a case is refused naming the point it lacks. A case cut from X-Ray's
+/// runtime on the same model still tests candle's kernel for the op (`xray-candle-op`: candle's
+/// LayerNorm on the case's input and weights, judged by `xray replay --got`). Skipped when the
+/// candle binaries are not built beside `xray` (`cargo build --release -p xray-candle-whisper`).
 #[test]
 fn candle_dump_without_points_is_refused_naming_what_is_missing() {
     if !ready(&[TINY, FOX, ".venv"]) {
@@ -318,7 +323,10 @@ fn candle_dump_without_points_is_refused_naming_what_is_missing() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // The runtime on tiny.en with a fault, every point captured: an evidence with an op.
     let (ev, e) = faulty_check(TINY, tmp.path(), &["--ops", "--inject", "layernorm_eps"]);
-    assert_eq!(e["first_divergence"]["op"]["op"], "encoder.layer.1.mlp_norm");
+    assert_eq!(
+        e["first_divergence"]["op"]["op"],
+        "encoder.layer.1.mlp_norm"
+    );
     refused(
         &xray(&[
             "repro",
@@ -334,6 +342,20 @@ fn candle_dump_without_points_is_refused_naming_what_is_missing() {
             "--ops",
         ],
     );
+    // The case cut from X-Ray's runtime is a unit test for candle's kernel of the same op:
+    // candle_nn::LayerNorm on the case's input and weights meets the reference.
+    let c = tmp.path().join("case");
+    let o = xray(&["repro", s(&ev), "--out", s(&c)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = tmp.path().join("candle-op.npy");
+    let o = std::process::Command::new(bin.with_file_name("xray-candle-op"))
+        .args([s(&c), "--out", s(&out)])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = xray(&["replay", s(&c), "--got", s(&out)]);
+    eprintln!("{}", stdout(&o));
+    replayed(&o, "pass");
     // Candle against the reference: whatever the verdict, no op-level origin to cut out.
     let reference = tmp.path().join("d/reference");
     let ev2 = tmp.path().join("candle.json");

@@ -74,9 +74,15 @@ fn hf_module(op: &Op) -> Option<String> {
 
 impl Graph {
     fn op_index(&self, name: &str) -> Result<usize> {
-        self.ops().iter().position(|o| o.name == name).ok_or_else(|| {
-            RuntimeError::Graph(format!("no op named '{name}' in the {} graph", self.family()))
-        })
+        self.ops()
+            .iter()
+            .position(|o| o.name == name)
+            .ok_or_else(|| {
+                RuntimeError::Graph(format!(
+                    "no op named '{name}' in the {} graph",
+                    self.family()
+                ))
+            })
     }
 
     /// The op producing the edge that carries op-level point `point`, if any.
@@ -161,7 +167,13 @@ impl Graph {
         }
         let mut syms: HashMap<String, usize> = HashMap::new();
         for (&e, t) in op.inputs.iter().zip(inputs) {
-            bind(&self.edges()[e].name, &self.edges()[e].shape, t.shape(), &mut syms, "input")?;
+            bind(
+                &self.edges()[e].name,
+                &self.edges()[e].shape,
+                t.shape(),
+                &mut syms,
+                "input",
+            )?;
         }
         let patched = faults.and_then(|f| f.patch_kernel(op));
         let kernel: &dyn Kernel = patched.as_deref().unwrap_or(op.kernel.as_ref());
@@ -211,7 +223,12 @@ impl Graph {
                 op.outputs.len()
             )));
         }
-        for (pi, ((&e, t), want)) in op.outputs.iter().zip(outs.iter_mut()).zip(&inferred).enumerate()
+        for (pi, ((&e, t), want)) in op
+            .outputs
+            .iter()
+            .zip(outs.iter_mut())
+            .zip(&inferred)
+            .enumerate()
         {
             let edge = &self.edges()[e];
             if let Some(f) = faults {
@@ -326,7 +343,12 @@ mod tests {
         let mut feeds = HashMap::new();
         feeds.insert("x".to_string(), x());
         let want = g
-            .run(&w, feeds, &[g.checkpoint_edge("out").unwrap()], &mut Default::default())
+            .run(
+                &w,
+                feeds,
+                &[g.checkpoint_edge("out").unwrap()],
+                &mut Default::default(),
+            )
             .unwrap();
         assert_eq!(y[0], want[0]);
         let s = g.op_spec("l.fc").unwrap();

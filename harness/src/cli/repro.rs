@@ -246,7 +246,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             );
         }
         for (fact, mine, theirs) in [
-            ("weights", &d.manifest.weights_sha256, &ev.run.weights_sha256),
+            (
+                "weights",
+                &d.manifest.weights_sha256,
+                &ev.run.weights_sha256,
+            ),
             ("audio", &d.manifest.audio_sha256, &ev.run.audio_sha256),
         ] {
             if theirs.as_ref().is_some_and(|t| t != mine) {
@@ -325,7 +329,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 port.edge
             );
         };
-        let t = point_tensor(&reference, "reference", point, step, port.layout, &port.shape)?;
+        let t = point_tensor(
+            &reference,
+            "reference",
+            point,
+            step,
+            port.layout,
+            &port.shape,
+        )?;
         let tensor = files
             .add(&format!("input.{i}.npy"), &t, Some(port.layout))
             .map_err(case_err)?;
@@ -356,7 +367,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         });
     }
     let out_layout = out_port.layout;
-    let r = point_tensor(&reference, "reference", &op.point, step, out_layout, &out_port.shape)?;
+    let r = point_tensor(
+        &reference,
+        "reference",
+        &op.point,
+        step,
+        out_layout,
+        &out_port.shape,
+    )?;
     let x = point_tensor(&got, "got", &op.point, step, out_layout, &out_port.shape)?;
     if r.shape() != x.shape() {
         bail!(
@@ -455,4 +473,3 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     ));
     Ok(ExitCode::SUCCESS)
 }
-

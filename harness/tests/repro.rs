@@ -299,8 +299,10 @@ fn dumps_without_points_are_refused_naming_the_point() {
 
 /// The candle engine (engines/candle-whisper, `make candle`) writes contract checkpoints only, no
 /// op-level points: an evidence comparing its dump has no op-level origin to cut out, and its dump
-/// given as the engine side of a case is refused naming the point it lacks. Skipped when the
-/// candle binary is not built beside `xray` (`cargo build --release -p xray-candle-whisper`).
+/// given as the engine side of a case is refused naming the point it lacks. A case cut from X-Ray's
+/// runtime on the same model still tests candle's kernel for the op (`xray-candle-op`: candle's
+/// LayerNorm on the case's input and weights, judged by `xray replay --got`). Skipped when the
+/// candle binaries are not built beside `xray` (`cargo build --release -p xray-candle-whisper`).
 #[test]
 fn candle_dump_without_points_is_refused_naming_what_is_missing() {
     if !ready(&[TINY, FOX, ".venv"]) {
@@ -340,6 +342,20 @@ fn candle_dump_without_points_is_refused_naming_what_is_missing() {
             "--ops",
         ],
     );
+    // The case cut from X-Ray's runtime is a unit test for candle's kernel of the same op:
+    // candle_nn::LayerNorm on the case's input and weights meets the reference.
+    let c = tmp.path().join("case");
+    let o = xray(&["repro", s(&ev), "--out", s(&c)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = tmp.path().join("candle-op.npy");
+    let o = std::process::Command::new(bin.with_file_name("xray-candle-op"))
+        .args([s(&c), "--out", s(&out)])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = xray(&["replay", s(&c), "--got", s(&out)]);
+    eprintln!("{}", stdout(&o));
+    replayed(&o, "pass");
     // Candle against the reference: whatever the verdict, no op-level origin to cut out.
     let reference = tmp.path().join("d/reference");
     let ev2 = tmp.path().join("candle.json");

@@ -69,26 +69,30 @@ fn runtime_output(c: &LoadedCase, a: &Args) -> anyhow::Result<(xray_core::Tensor
             model_dir.display()
         )
     })?;
-    // The op the graph holds must be the case's: same kernel, weight roles and keys, ports and
-    // output edge (the case's tensors are that op's).
-    let keys = |v: Vec<(String, String)>| v;
+    // The op the graph holds must be the case's: same kernel and parameters, weight roles and
+    // keys, ports and output edge (the case's tensors are that op's).
+    let graph_keys: Vec<(&str, &str)> = spec
+        .weights
+        .iter()
+        .map(|w| (w.role.as_str(), w.key.as_str()))
+        .collect();
+    let case_keys: Vec<(&str, &str)> = c
+        .case
+        .weights
+        .iter()
+        .map(|w| (w.role.as_str(), w.key.as_str()))
+        .collect();
     let differs = if spec.kind != c.case.op.kind {
         Some(format!(
             "kernel {} (the case: {})",
             spec.kind, c.case.op.kind
         ))
-    } else if keys(
-        spec.weights
-            .iter()
-            .map(|w| (w.role.clone(), w.key.clone()))
-            .collect(),
-    ) != keys(
-        c.case
-            .weights
-            .iter()
-            .map(|w| (w.role.clone(), w.key.clone()))
-            .collect(),
-    ) {
+    } else if spec.params != c.case.op.params {
+        Some(format!(
+            "parameters {} (the case: {})",
+            spec.params, c.case.op.params
+        ))
+    } else if graph_keys != case_keys {
         Some("other weight roles or keys".to_string())
     } else if spec.inputs.len() != c.case.inputs.len() {
         Some(format!(

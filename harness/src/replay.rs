@@ -116,7 +116,11 @@ pub fn attention_points(g: &Graph, op: &str) -> Option<Vec<String>> {
                 })
             })
     })?;
-    let mut names: Vec<String> = n.inputs.iter().map(|&u| nodes[u].names[0].clone()).collect();
+    let mut names: Vec<String> = n
+        .inputs
+        .iter()
+        .map(|&u| nodes[u].names[0].clone())
+        .collect();
     names.push(nodes[i].names[0].clone());
     Some(names)
 }

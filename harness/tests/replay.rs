@@ -25,7 +25,11 @@ fn s(p: &Path) -> &str {
 /// The op-level origin's replay evidence, with the op it names.
 fn replay(ev: &Value) -> (&Value, &Value) {
     let op = &ev["first_divergence"]["op"];
-    assert!(op.is_object(), "no op-level origin: {:#}", ev["first_divergence"]);
+    assert!(
+        op.is_object(),
+        "no op-level origin: {:#}",
+        ev["first_divergence"]
+    );
     let r = &op["replay"];
     assert!(r.is_object(), "no replay: {op:#} notes {:#}", ev["notes"]);
     (op, r)
@@ -406,8 +410,7 @@ fn a_doubled_residual_branch_in_another_engines_dump_is_solved() {
     let ev: Value = serde_json::from_str(&std::fs::read_to_string(&ev_path).unwrap()).unwrap();
     let m = convicted(&ev, "encoder.layer.1.residual_mlp", "input_scaled");
     assert_eq!(
-        m["counterfactual"]["input"],
-        "model.encoder.layers.1.fc2:out",
+        m["counterfactual"]["input"], "model.encoder.layers.1.fc2:out",
         "{m:#}"
     );
     assert!((m["counterfactual"]["factor"].as_f64().unwrap() - 2.0).abs() < 1e-4);

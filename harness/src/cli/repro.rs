@@ -304,11 +304,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             model_dir.display()
         );
     }
-    let Some(out_port) = spec
-        .outputs
-        .iter()
-        .find(|o| o.points.iter().any(|p| *p == op.point))
-    else {
+    let Some(out_port) = spec.outputs.iter().find(|o| o.points.contains(&op.point)) else {
         bail!("op {}: no output carries {}", spec.name, op.point);
     };
     let step = op.step;

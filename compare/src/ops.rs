@@ -244,7 +244,7 @@ pub fn localize_op(
         // The op's input in the reference: the one upstream point (an elementwise op's input,
         // a linear op's `x`).
         let input: Option<ArrayD<f32>> = match node.inputs.as_slice() {
-            [u] if !misaligned[*u] => held[*u].and_then(|p| {
+            [u] if *u < nodes.len() && !misaligned[*u] => held[*u].and_then(|p| {
                 let l = reference.entry(p, step as usize)?.layout;
                 side(reference, p, step, l).map(|(t, _)| t)
             }),

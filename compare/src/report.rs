@@ -769,6 +769,88 @@ pub fn html(e: &Evidence) -> String {
     s
 }
 
+/// The op-level origin inside the first-divergence panel: the point and op, its mechanism, and
+/// the replayed local errors (the engine's output against the reference module re-run on the
+/// engine's own input).
+fn op_origin_html(s: &mut String, op: &crate::ops::OpDivergence) {
+    let who = match &op.op {
+        Some(o) => format!("op <code>{}</code>", esc_html(o)),
+        None => format!("one of <code>{}</code>", esc_html(&op.suspects.join(", "))),
+    };
+    let _ = write!(
+        s,
+        "<h3>Op-level origin: <code>{}@step{}</code></h3><p>{who}, module <code>{}</code>; upstream points: {}.</p>",
+        esc_html(&op.point),
+        op.step,
+        esc_html(&op.module),
+        op.inputs
+            .iter()
+            .map(|i| format!("<code>{}</code> {}", esc_html(&i.point), status_chip(i.status)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    if let Some(x) = &op.explanation {
+        let _ = write!(
+            s,
+            "<p>Tensor pattern <code>{}</code>: {}</p>",
+            esc_html(&x.signature),
+            esc_html(&x.detail)
+        );
+    }
+    let Some(r) = &op.replay else {
+        s.push_str("<p>No reference replay (it needs the oracle: <code>xray check</code>, or <code>xray compare --model DIR</code> built with it).</p>");
+        return;
+    };
+    match &r.mechanism {
+        Some(m) => {
+            let _ = write!(
+                s,
+                "<p><b>Mechanism</b>: {} (clean replay's residual {}).</p>",
+                esc_html(&m.summary),
+                m.clean_residual.map_or("-".into(), |c| format!("{c:.2e}"))
+            );
+        }
+        None => {
+            let _ = write!(
+                s,
+                "<p><b>Mechanism</b>: none of the {} counterfactuals tried reproduces the engine's output.</p>",
+                r.tried.len()
+            );
+        }
+    }
+    s.push_str("<table><tr><th>replayed op</th><th>engine input</th><th>local error rel_l2</th><th>max abs</th><th>verdict</th></tr>");
+    for le in std::iter::once(&r.local_error).chain(&r.neighbours) {
+        let _ = write!(
+            s,
+            "<tr><td><code>{}</code>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{:?}</td></tr>",
+            esc_html(&le.module),
+            le.op
+                .as_ref()
+                .map_or(String::new(), |o| format!(" (<code>{}</code>)", esc_html(o))),
+            esc_html(&le.inputs.join(", ")),
+            le.rel_l2.map_or("-".into(), |v| format!("{v:.2e}")),
+            le.max_abs.map_or("-".into(), |v| format!("{v:.2e}")),
+            le.verdict
+        );
+    }
+    s.push_str("</table>");
+    if !r.tried.is_empty() {
+        s.push_str("<details><summary>counterfactuals tried</summary><table><tr><th>hypothesis</th><th>residual</th></tr>");
+        for t in &r.tried {
+            let _ = write!(
+                s,
+                "<tr><td>{}</td><td>{}</td></tr>",
+                esc_html(&t.counterfactual.phrase()),
+                t.residual.map_or_else(
+                    || esc_html(t.skipped.as_deref().unwrap_or("-")),
+                    |v| format!("{v:.2e}")
+                )
+            );
+        }
+        s.push_str("</table></details>");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -965,87 +1047,5 @@ mod tests {
                 "markdown lacks {needle}"
             );
         }
-    }
-}
-
-/// The op-level origin inside the first-divergence panel: the point and op, its mechanism, and
-/// the replayed local errors (the engine's output against the reference module re-run on the
-/// engine's own input).
-fn op_origin_html(s: &mut String, op: &crate::ops::OpDivergence) {
-    let who = match &op.op {
-        Some(o) => format!("op <code>{}</code>", esc_html(o)),
-        None => format!("one of <code>{}</code>", esc_html(&op.suspects.join(", "))),
-    };
-    let _ = write!(
-        s,
-        "<h3>Op-level origin: <code>{}@step{}</code></h3><p>{who}, module <code>{}</code>; upstream points: {}.</p>",
-        esc_html(&op.point),
-        op.step,
-        esc_html(&op.module),
-        op.inputs
-            .iter()
-            .map(|i| format!("<code>{}</code> {}", esc_html(&i.point), status_chip(i.status)))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    if let Some(x) = &op.explanation {
-        let _ = write!(
-            s,
-            "<p>Tensor pattern <code>{}</code>: {}</p>",
-            esc_html(&x.signature),
-            esc_html(&x.detail)
-        );
-    }
-    let Some(r) = &op.replay else {
-        s.push_str("<p>No reference replay (it needs the oracle: <code>xray check</code>, or <code>xray compare --model DIR</code> built with it).</p>");
-        return;
-    };
-    match &r.mechanism {
-        Some(m) => {
-            let _ = write!(
-                s,
-                "<p><b>Mechanism</b>: {} (clean replay's residual {}).</p>",
-                esc_html(&m.summary),
-                m.clean_residual.map_or("-".into(), |c| format!("{c:.2e}"))
-            );
-        }
-        None => {
-            let _ = write!(
-                s,
-                "<p><b>Mechanism</b>: none of the {} counterfactuals tried reproduces the engine's output.</p>",
-                r.tried.len()
-            );
-        }
-    }
-    s.push_str("<table><tr><th>replayed op</th><th>engine input</th><th>local error rel_l2</th><th>max abs</th><th>verdict</th></tr>");
-    for le in std::iter::once(&r.local_error).chain(&r.neighbours) {
-        let _ = write!(
-            s,
-            "<tr><td><code>{}</code>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{:?}</td></tr>",
-            esc_html(&le.module),
-            le.op
-                .as_ref()
-                .map_or(String::new(), |o| format!(" (<code>{}</code>)", esc_html(o))),
-            esc_html(&le.inputs.join(", ")),
-            le.rel_l2.map_or("-".into(), |v| format!("{v:.2e}")),
-            le.max_abs.map_or("-".into(), |v| format!("{v:.2e}")),
-            le.verdict
-        );
-    }
-    s.push_str("</table>");
-    if !r.tried.is_empty() {
-        s.push_str("<details><summary>counterfactuals tried</summary><table><tr><th>hypothesis</th><th>residual</th></tr>");
-        for t in &r.tried {
-            let _ = write!(
-                s,
-                "<tr><td>{}</td><td>{}</td></tr>",
-                esc_html(&t.counterfactual.phrase()),
-                t.residual.map_or_else(
-                    || esc_html(t.skipped.as_deref().unwrap_or("-")),
-                    |v| format!("{v:.2e}")
-                )
-            );
-        }
-        s.push_str("</table></details>");
     }
 }

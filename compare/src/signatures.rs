@@ -132,41 +132,37 @@ pub enum MaskKind {
     Added,
 }
 
-/// A floating-point storage format for the rounding signature.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RoundFormat {
-    /// IEEE binary16.
-    F16,
-    /// bfloat16.
-    Bf16,
+/// A floating-point storage format for the rounding signature: the one core declares (replay's
+/// rounding counterfactuals name the same formats).
+pub use xray_core::replay::RoundFormat;
+
+/// What the rounding signature needs of a format.
+trait Rounding {
+    /// `v` rounded to the format and back.
+    fn round(self, v: f32) -> f32;
+    /// Half an ULP relative to the value (2^-11 for f16, 2^-8 for bf16).
+    fn half_ulp(self) -> f64;
+    /// Smallest normal value.
+    fn min_normal(self) -> f64;
 }
 
-impl RoundFormat {
+impl Rounding for RoundFormat {
     fn round(self, v: f32) -> f32 {
         match self {
             RoundFormat::F16 => f16::from_f32(v).to_f32(),
             RoundFormat::Bf16 => bf16::from_f32(v).to_f32(),
         }
     }
-    /// Half an ULP relative to the value (2^-11 for f16, 2^-8 for bf16).
     fn half_ulp(self) -> f64 {
         match self {
             RoundFormat::F16 => 2f64.powi(-11),
             RoundFormat::Bf16 => 2f64.powi(-8),
         }
     }
-    /// Smallest normal value.
     fn min_normal(self) -> f64 {
         match self {
             RoundFormat::F16 => 6.103_515_625e-5,
             RoundFormat::Bf16 => f32::MIN_POSITIVE as f64,
-        }
-    }
-    fn name(self) -> &'static str {
-        match self {
-            RoundFormat::F16 => "f16",
-            RoundFormat::Bf16 => "bf16",
         }
     }
 }
@@ -495,7 +491,7 @@ impl Signature {
                 runtime_representable,
                 max_rel_half_ulps,
             } => {
-                let f = format.name();
+                let f = format.as_str();
                 match evidence {
                     RoundingEvidence::Exact => format!("runtime = round_to_{f}(reference) exactly"),
                     RoundingEvidence::Representable => format!(

@@ -137,11 +137,17 @@ def _field(obj: dict, key: str, kind: type | tuple, where: str) -> Any:
     return v
 
 
+def _one_of(obj: dict, key: str, choices: tuple, what: str, where: str) -> str:
+    """`obj[key]`, a string among `choices` (a ContractError naming `where` otherwise)."""
+    v = _field(obj, key, str, where)
+    if v not in choices:
+        raise ContractError(f"{where}: {what} {v!r} is not one of {choices}")
+    return v
+
+
 def _reference(raw: dict, where: str) -> Reference:
     ref = _field(raw, "reference", dict, where)
-    hook = _field(ref, "hook", str, where)
-    if hook not in HOOKS:
-        raise ContractError(f"{where}: reference hook {hook!r} is not one of {HOOKS}")
+    hook = _one_of(ref, "hook", HOOKS, "reference hook", where)
     transforms = list(ref.get("transform") or [])
     for t in transforms:
         _transforms.check(t, where)
@@ -157,12 +163,8 @@ def _checkpoint(raw: Any, i: int) -> Checkpoint:
         raise ContractError(f"{where} is not an object")
     name = _field(raw, "name", str, where)
     where = f"resolved contract checkpoint '{name}'"
-    steps = _field(raw, "steps", str, where)
-    if steps not in STEPS:
-        raise ContractError(f"{where}: steps {steps!r} is not one of {STEPS}")
-    layout = _field(raw, "layout", str, where)
-    if layout not in LAYOUTS:
-        raise ContractError(f"{where}: layout {layout!r} is not one of {LAYOUTS}")
+    steps = _one_of(raw, "steps", STEPS, "steps", where)
+    layout = _one_of(raw, "layout", LAYOUTS, "layout", where)
     shape = _field(raw, "shape", list, where)
     if not all(isinstance(d, (int, str)) and not isinstance(d, bool) for d in shape):
         raise ContractError(f"{where}: shape {shape!r} holds something that is not a number or a symbol")
@@ -235,9 +237,7 @@ def _point_rule(raw: Any, i: int) -> PointRule:
     sides = _field(raw, "sides", list, where)
     if not sides or any(s not in SIDES for s in sides):
         raise ContractError(f"{where}: sides {sides!r} are not a non-empty list of {SIDES}")
-    layout = _field(raw, "layout", str, where)
-    if layout not in LAYOUTS:
-        raise ContractError(f"{where}: layout {layout!r} is not one of {LAYOUTS}")
+    layout = _one_of(raw, "layout", LAYOUTS, "layout", where)
     transforms = list(raw.get("transform") or [])
     for t in transforms:
         _transforms.check(t, where)

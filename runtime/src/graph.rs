@@ -1027,24 +1027,7 @@ impl Graph {
                 .ok_or_else(|| {
                     RuntimeError::Graph(format!("op '{}' input not computed", op.name))
                 })?;
-            // The key each weight role reads (a wiring fault may name another).
-            let keys: Vec<&str> = (op.weights.iter().enumerate())
-                .map(|(i, r)| {
-                    ctx.faults
-                        .and_then(|f| f.weight_key(op, i))
-                        .unwrap_or(&r.key)
-                })
-                .collect();
-            let ws: Vec<&Tensor> = keys
-                .iter()
-                .map(|&key| {
-                    weights.get(key).ok_or_else(|| RuntimeError::MissingWeight {
-                        key: key.to_string(),
-                        op: op.name.clone(),
-                        file: weights.path().to_path_buf(),
-                    })
-                })
-                .collect::<Result<_>>()?;
+            let (keys, ws) = op_weights(op, ctx.faults, weights)?;
             let f16_roles = kernel.f16_weight_roles();
             let ws_f16: Vec<Option<&[u16]>> = (0..op.weights.len())
                 .map(|i| {
@@ -1204,16 +1187,28 @@ fn bind_shape(
     syms: &mut HashMap<String, usize>,
     ctx: &str,
 ) -> Result<()> {
+    bind_dims(&edge.name, &edge.shape, got, syms, ctx)
+}
+
+/// `got` against the declared shape of edge `edge`, binding symbols (`tokens`) once per run; an
+/// `a+b` symbol is checked when both parts are bound. A mismatch names the edge and `ctx`.
+pub(crate) fn bind_dims(
+    edge: &str,
+    declared: &[Dim],
+    got: &[usize],
+    syms: &mut HashMap<String, usize>,
+    ctx: &str,
+) -> Result<()> {
     let mismatch = || RuntimeError::ShapeMismatch {
-        edge: edge.name.clone(),
-        declared: fmt_shape(&edge.shape),
+        edge: edge.to_string(),
+        declared: fmt_shape(declared),
         context: ctx.to_string(),
         found: format!("{got:?}"),
     };
-    if got.len() != edge.shape.len() {
+    if got.len() != declared.len() {
         return Err(mismatch());
     }
-    for (d, &g) in edge.shape.iter().zip(got) {
+    for (d, &g) in declared.iter().zip(got) {
         match d {
             Dim::Fixed(n) if *n != g => return Err(mismatch()),
             Dim::Fixed(_) => {}
@@ -1296,4 +1291,28 @@ impl Graph {
         }
         Ok(())
     }
+}
+
+/// The key each weight role of `op` reads (a wiring fault may name another) and its tensor; a
+/// key the weights file lacks is an error naming it, the op and the file. The one lookup of both
+/// [`Graph::run`] and [`Graph::run_op`].
+pub(crate) fn op_weights<'a, 'w>(
+    op: &'a Op,
+    faults: Option<&'a FaultPlan>,
+    weights: &'w Weights,
+) -> Result<(Vec<&'a str>, Vec<&'w Tensor>)> {
+    let keys: Vec<&str> = (op.weights.iter().enumerate())
+        .map(|(i, r)| faults.and_then(|f| f.weight_key(op, i)).unwrap_or(&r.key))
+        .collect();
+    let ws: Vec<&Tensor> = keys
+        .iter()
+        .map(|&key| {
+            weights.get(key).ok_or_else(|| RuntimeError::MissingWeight {
+                key: key.to_string(),
+                op: op.name.clone(),
+                file: weights.path().to_path_buf(),
+            })
+        })
+        .collect::<Result<_>>()?;
+    Ok((keys, ws))
 }

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::error::{Result, RuntimeError};
 use crate::faults::FaultPlan;
-use crate::graph::{fmt_shape, Dim, Graph, Kernel, KernelCtx, Layout, Op, Shape, Tensor};
+use crate::graph::{Dim, Graph, Kernel, KernelCtx, Layout, Op, Shape, Tensor};
 use crate::weights::Weights;
 use xray_core::ops::module_of_weight_key;
 
@@ -177,19 +177,7 @@ impl Graph {
         }
         let patched = faults.and_then(|f| f.patch_kernel(op));
         let kernel: &dyn Kernel = patched.as_deref().unwrap_or(op.kernel.as_ref());
-        let keys: Vec<&str> = (op.weights.iter().enumerate())
-            .map(|(i, r)| faults.and_then(|f| f.weight_key(op, i)).unwrap_or(&r.key))
-            .collect();
-        let ws: Vec<&Tensor> = keys
-            .iter()
-            .map(|&key| {
-                weights.get(key).ok_or_else(|| RuntimeError::MissingWeight {
-                    key: key.to_string(),
-                    op: op.name.clone(),
-                    file: weights.path().to_path_buf(),
-                })
-            })
-            .collect::<Result<_>>()?;
+        let (keys, ws) = crate::graph::op_weights(op, faults, weights)?;
         for ((r, &key), w) in op.weights.iter().zip(&keys).zip(&ws) {
             if w.shape() != r.shape.as_slice() {
                 return Err(RuntimeError::WeightShape {
@@ -241,8 +229,7 @@ impl Graph {
     }
 }
 
-/// `got` against a declared shape, binding symbols (`tokens`) once per run; a `a+b` symbol is
-/// checked when both parts are bound.
+/// `got` against a declared shape ([`crate::graph::bind_dims`]), named as the replayed `what`.
 fn bind(
     edge: &str,
     declared: &[Dim],
@@ -250,33 +237,7 @@ fn bind(
     syms: &mut HashMap<String, usize>,
     what: &str,
 ) -> Result<()> {
-    let mismatch = || RuntimeError::ShapeMismatch {
-        edge: edge.to_string(),
-        declared: fmt_shape(declared),
-        context: format!("the replayed {what}"),
-        found: format!("{got:?}"),
-    };
-    if got.len() != declared.len() {
-        return Err(mismatch());
-    }
-    for (d, &g) in declared.iter().zip(got) {
-        match d {
-            Dim::Fixed(n) if *n != g => return Err(mismatch()),
-            Dim::Fixed(_) => {}
-            Dim::Sym(s) => {
-                if let Some((a, b)) = s.split_once('+') {
-                    if let (Some(x), Some(y)) = (syms.get(a), syms.get(b)) {
-                        if x + y != g {
-                            return Err(mismatch());
-                        }
-                    }
-                } else if *syms.entry(s.clone()).or_insert(g) != g {
-                    return Err(mismatch());
-                }
-            }
-        }
-    }
-    Ok(())
+    crate::graph::bind_dims(edge, declared, got, syms, &format!("the replayed {what}"))
 }
 
 #[cfg(test)]

@@ -58,11 +58,14 @@ selftest: build fixtures
 
 # The comparison side without Python: `xray` built with --no-default-features (no oracle, no
 # libpython) runs the runtime, compares with the committed oracle dump, gates (.ci/nopy-check).
-# Built in the same target directory (only the xray crate differs) and copied aside; test-rust
-# then rebuilds target/release/xray with the oracle, which selftest runs.
+# Built in the same target directory (only the xray crate differs), copied aside to xray-nopy, and
+# target/release/xray put back as it was (or removed): a failed `make test` never leaves a
+# Python-free binary under the name `make demo` and the docs use. test-rust rebuilds it.
 test-nopy: fixtures
+	@if [ -f $(XRAY) ]; then cp -p $(XRAY) target/release/.xray-kept; fi
 	$(CARGO) build --release --no-default-features -p xray --bin xray
 	cp target/release/xray target/release/xray-nopy
+	@if [ -f target/release/.xray-kept ]; then mv target/release/.xray-kept $(XRAY); else rm -f $(XRAY); fi
 	bash .ci/nopy-check target/release/xray-nopy
 
 # Fails on unformatted Rust, any clippy warning (every target of every member; --release shares the

@@ -47,6 +47,11 @@ pub struct Row {
     pub reported_op: String,
     /// The op-level origin's signature (`-` when there was no drill-down).
     pub op_signature: String,
+    /// What reference replay found at the op-level origin: the counterfactual kind that
+    /// reproduces the engine's output (`bias_missing`, `eps`), `none (N tried)` when the op is
+    /// convicted but no counterfactual of its kind reproduces it, `cleared` when the replayed op
+    /// computes correctly, `-` when nothing was replayed.
+    pub mechanism: String,
     /// Whether reported == expected, the signature is the declared one, and the planted op is
     /// the op-level origin (or among its suspects when the reference exposes no tensor between
     /// them).
@@ -83,6 +88,27 @@ fn op_origin(ev: &xray_compare::evidence::Evidence, planted: &[String]) -> (Stri
             "-".into(),
             holds(&fd.producer),
         ),
+    }
+}
+
+/// The op-level origin's replay mechanism, as the self-test table shows it ([`Row::mechanism`]).
+fn mechanism(ev: &xray_compare::evidence::Evidence) -> String {
+    use xray_compare::mechanism::ReplayVerdict;
+    let Some(r) = ev
+        .first_divergence
+        .as_ref()
+        .and_then(|f| f.op.as_ref())
+        .and_then(|o| o.replay.as_ref())
+    else {
+        return "-".into();
+    };
+    match (&r.mechanism, r.local_error.verdict) {
+        (Some(m), _) => serde_json::to_value(&m.counterfactual)
+            .ok()
+            .and_then(|v| v["kind"].as_str().map(str::to_string))
+            .unwrap_or_else(|| m.counterfactual.phrase()),
+        (None, ReplayVerdict::Cleared) => "cleared".into(),
+        (None, ReplayVerdict::Convicted) => format!("none ({} tried)", r.tried.len()),
     }
 }
 
@@ -201,6 +227,7 @@ pub fn selftest(
                 },
                 reported_op,
                 op_signature,
+                mechanism: mechanism(&ev),
                 pass,
             });
         }
@@ -210,10 +237,10 @@ pub fn selftest(
 
 /// Render the table as Markdown.
 pub fn table(rows: &[Row]) -> String {
-    let mut s = String::from("| family | fault | expected origin | reported origin | signature | planted op | reported op | op signature | result |\n|---|---|---|---|---|---|---|---|---|\n");
+    let mut s = String::from("| family | fault | expected origin | reported origin | signature | planted op | reported op | op signature | mechanism | result |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for r in rows {
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.family,
             r.fault,
             r.expected,
@@ -226,6 +253,7 @@ pub fn table(rows: &[Row]) -> String {
             r.expected_op,
             r.reported_op,
             r.op_signature,
+            r.mechanism,
             if r.pass { "pass" } else { "FAIL" }
         ));
     }

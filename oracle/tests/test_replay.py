@@ -8,9 +8,10 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import RAND_A, REPO, require_fixture
+from conftest import RAND_A, REPO, require_fixture, resolved_contract
 
 from xray_oracle import replay as rp
+from xray_oracle.contract import load_resolved
 from xray_oracle.errors import OracleInputError
 from xray_oracle.ops import OpRecorder
 
@@ -28,7 +29,7 @@ def whisper_points() -> dict:
         g = torch.Generator().manual_seed(0)
         feats = torch.randn(1, m.config.num_mel_bins, 2 * m.config.max_source_positions, generator=g)
         ids = torch.tensor([[m.config.decoder_start_token_id, 5, 7]])
-        rec = OpRecorder(m, "all")
+        rec = OpRecorder(m, "all", load_resolved(resolved_contract(RAND_A), "whisper"))
         with rec, torch.no_grad():
             m(input_features=feats, decoder_input_ids=ids)
         _points["w"] = {p["name"]: p for p in rec.points()}
@@ -41,7 +42,8 @@ def granite_points() -> dict:
         m = rp.load_model("granite_nar", str(GRANITE))
         g = torch.Generator().manual_seed(0)
         feats = torch.randn(1, 40, m.config.encoder.input_dim, generator=g)
-        rec = OpRecorder(m, "all")
+        contract = load_resolved(resolved_contract(GRANITE), "granite_nar")
+        rec = OpRecorder(m, "all", contract, symbols=lambda: {"enc_frames": int(feats.shape[1])})
         with rec, torch.no_grad():
             m(feats)
         _points["g"] = {p["name"]: p for p in rec.points()}

@@ -26,12 +26,17 @@
 //! | conv1d | kernel flipped; weight buffer read channels-last; padding (every split that gives the engine's length); stride; bias missing / doubled; weight grids and rounding; another key; input rounded to f16 / bf16; output scale |
 //! | layer_norm, rms_norm, batch_norm | epsilon (tried 1e-12..1, then solved); unbiased variance (LayerNorm); weight and bias swapped; affine missing, weight missing, bias missing; `1 + weight` (RMSNorm); batch statistics (BatchNorm); another key; input rounded; output scale |
 //! | embedding | scale (solved); ids shifted by +-1; another table of the same shape; table rounded to f16 / bf16 |
+//! | attention core (weightless) | softmax scale (solved); causal mask added / dropped; keys and values swapped; another layer's or step's K/V; rotary position offset |
+//! | residual add (weightless; the reference's coefficients fitted on its own tensors) | an input dropped; an input's multiplier (solved) |
+//! | elementwise (weightless, one observed input; the reference's activation identified on its own tensors) | another activation (erf / tanh / quick GELU, SiLU, ReLU); output scale; output rounded |
 
 use ndarray::ArrayD;
 use serde::{Deserialize, Serialize};
 use xray_core::dump::Dump;
 use xray_core::ops::{parse_point, PointNode, Side};
-use xray_core::replay::{Counterfactual, GridGranularity, ModuleInfo, ModuleKind, RoundFormat};
+use xray_core::replay::{
+    Activation, Counterfactual, GridGranularity, ModuleInfo, ModuleKind, RoundFormat,
+};
 use xray_core::Layout;
 
 use crate::metrics::compare;
@@ -480,7 +485,10 @@ pub fn hypotheses(
                 v.push(C::WeightRounded { format });
             }
         }
-        ModuleKind::ResidualAdd | ModuleKind::Attention | ModuleKind::Other => {}
+        ModuleKind::ResidualAdd
+        | ModuleKind::Attention
+        | ModuleKind::Elementwise
+        | ModuleKind::Other => {}
     }
     v
 }
@@ -1030,9 +1038,12 @@ impl ReplayContext<'_> {
             .filter(|k| k.as_deref() == Some("add"))
             .count();
         let unknown = kernels.iter().all(Option::is_none);
+        if node.ops.len() == 1 && node.inputs.len() == 1 && adds == 0 {
+            return self.elementwise(op, node, kernels.first().cloned().flatten());
+        }
         if node.ops.len() != 1 || (adds != 1 && !unknown) {
             return Err(format!(
-                "the weightless step before {} ({}) is not one residual add; replaying attention cores is not implemented",
+                "the weightless step before {} ({}) is neither one residual add, one elementwise op of one observed input, nor an attention core",
                 op.point,
                 node.ops.join(", ")
             ));
@@ -1171,6 +1182,111 @@ impl ReplayContext<'_> {
             Counterfactual::InputScaled { factor, .. } => scale_hint(*factor, &[]),
             _ => None,
         });
+        Ok(ev)
+    }
+
+    /// Replay of a weightless elementwise step: a point that is a module's input, produced by one
+    /// op from one observed point (an activation between two linears). The reference's function is
+    /// identified on its own tensors (`R = f(U)` for one of [`Activation::ALL`], within the
+    /// point's tolerance: the replay floor) and applied to the engine's input; the other
+    /// activations are the counterfactuals. A reference step that is no known function of its
+    /// input is not replayed (an error, a note).
+    fn elementwise(
+        &self,
+        op: &OpDivergence,
+        node: &PointNode,
+        kernel: Option<String>,
+    ) -> std::result::Result<ReplayEvidence, String> {
+        let step = op.step;
+        let u = node.inputs[0];
+        let names = &self.nodes[u].names;
+        let (Some((un, ue, ul)), Some((_, ur, url))) = (
+            held(self.candidate, names, step),
+            held(self.reference, names, step),
+        ) else {
+            return Err(format!(
+                "the input of {} is not held by both dumps",
+                op.point
+            ));
+        };
+        let (Some((xn, xe, xl)), Some((_, xr, xrl))) = (
+            held(self.candidate, &node.names, step),
+            held(self.reference, &node.names, step),
+        ) else {
+            return Err(format!("{} is not held by both dumps", op.point));
+        };
+        let to = |t: &ArrayD<f32>, l: Layout| in_layout(t, l, xrl).ok_or("layouts do not align");
+        let (ue, ur, xe) = (to(ue, ul)?, to(ur, url)?, to(xe, xl)?);
+        if ue.shape() != xr.shape() || ur.shape() != xr.shape() || xe.shape() != xr.shape() {
+            return Err(format!(
+                "{} and its input {un} have other shapes: not an elementwise step",
+                op.point
+            ));
+        }
+        let apply = |f: Activation, t: &ArrayD<f32>| t.mapv(|v| f.apply(v as f64) as f32);
+        let tol = (self.tolerance)(xn);
+        let fits: Vec<(Activation, f64)> = Activation::ALL
+            .into_iter()
+            .filter_map(|f| score(&apply(f, &ur), xr, &tol).map(|sc| (f, sc.0, sc.2)))
+            .filter(|(_, _, passes)| *passes)
+            .map(|(f, r, _)| (f, r))
+            .collect();
+        let Some(&(f, floor)) = fits.iter().min_by(|a, b| a.1.total_cmp(&b.1)) else {
+            return Err(format!(
+                "the reference's {} is no known elementwise function of {un} ({} tried)",
+                op.point,
+                Activation::ALL.map(Activation::name).join(", ")
+            ));
+        };
+        let clean = apply(f, &ue);
+        let sc = score(&clean, &xe, &tol);
+        let passes = sc.is_some_and(|x| x.2);
+        let local = LocalError {
+            module: op.point.clone(),
+            op: node.ops.first().cloned(),
+            inputs: vec![un.to_string()],
+            output: xn.to_string(),
+            rel_l2: sc.map(|x| x.0),
+            max_abs: sc.map(|x| x.1),
+            passes,
+            verdict: if passes {
+                ReplayVerdict::Cleared
+            } else {
+                ReplayVerdict::Convicted
+            },
+            shapes: None,
+        };
+        let mut ev = ReplayEvidence {
+            module: op.point.clone(),
+            class: format!("elementwise ({} of {un})", f.name()),
+            kind: ModuleKind::Elementwise,
+            kernel,
+            params: vec![],
+            local_error: local,
+            replay_floor: Some(floor),
+            mechanism: None,
+            tried: vec![],
+            neighbours: vec![],
+            covers: node.ops.clone(),
+        };
+        if passes {
+            return Ok(ev);
+        }
+        let mut scored = Vec::new();
+        for g in Activation::ALL.into_iter().filter(|g| *g != f) {
+            let cf = Counterfactual::Activation { function: g };
+            let sc = score(&apply(g, &ue), &xe, &tol);
+            ev.tried.push(Tried {
+                counterfactual: cf.clone(),
+                residual: sc.map(|x| x.0),
+                skipped: None,
+            });
+            if let Some(sc) = sc {
+                scored.push((cf, sc.0, sc.1, sc.2));
+            }
+        }
+        output_hypotheses(&mut ev, &mut scored, &clean, &xe, &tol);
+        choose(&mut ev, &op.point, &scored, &|_| None);
         Ok(ev)
     }
 

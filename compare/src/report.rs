@@ -195,16 +195,6 @@ pub fn partial_lines(e: &Evidence) -> Vec<String> {
         if fd.region.is_some() {
             out.push(format!("Suspects: {}", fd.suspects.join(", ")));
         }
-        if let Some(op) = &fd.op {
-            out.push(format!(
-                "Op-level origin (drill-down over {} op-level points): {}",
-                op.compared,
-                op.summary()
-            ));
-            if let Some(r) = &op.replay {
-                out.push(format!("Reference {}", r.summary()));
-            }
-        }
     }
     if let Some(p) = &e.op_points {
         let mut line = p.summary();
@@ -308,6 +298,32 @@ pub fn markdown(e: &Evidence) -> String {
                 esc_md(&x.detail)
             );
         }
+        if let Some(op) = &fd.op {
+            let _ = writeln!(
+                s,
+                "**Op-level origin** (drill-down over {} op-level points): {}\n",
+                op.compared,
+                esc_md(&op.summary())
+            );
+            if let Some(r) = &op.replay {
+                let _ = writeln!(s, "**Reference {}**\n", esc_md(&r.summary()));
+                let _ = writeln!(
+                    s,
+                    "| replayed op | engine input | local error rel_l2 | verdict |\n|---|---|---|---|"
+                );
+                for le in std::iter::once(&r.local_error).chain(&r.neighbours) {
+                    let _ = writeln!(
+                        s,
+                        "| {} | {} | {} | {} |",
+                        md_code(&le.module, true),
+                        md_code(&le.inputs.join(", "), true),
+                        le.rel_l2.map_or("-".into(), |v| format!("{v:.2e}")),
+                        verdict_word(le.verdict)
+                    );
+                }
+                s.push('\n');
+            }
+        }
     } else if e.effective_verdict() != Verdict::Pass {
         let _ = writeln!(
             s,
@@ -408,6 +424,7 @@ main{max-width:1200px;margin:0 auto;padding:16px 24px}
 .banner small{display:block;font-size:13px;font-weight:400;opacity:.9}
 .pass{background:#2e7d32}.diverged{background:#c62828}.error{background:#8d6e00}
 .box{background:#fff;border:1px solid #ddd;border-radius:6px;padding:12px 16px;margin:16px 0}
+.wide{overflow-x:auto}
 .origin{border-left:6px solid #c62828}
 h2{font-size:17px;margin:4px 0 8px}
 code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;background:#f1f1f1;padding:1px 4px;border-radius:3px}
@@ -772,6 +789,14 @@ pub fn html(e: &Evidence) -> String {
 /// The op-level origin inside the first-divergence panel: the point and op, its mechanism, and
 /// the replayed local errors (the engine's output against the reference module re-run on the
 /// engine's own input).
+/// A replay verdict as the reports write it.
+fn verdict_word(v: crate::mechanism::ReplayVerdict) -> &'static str {
+    match v {
+        crate::mechanism::ReplayVerdict::Cleared => "cleared",
+        crate::mechanism::ReplayVerdict::Convicted => "convicted",
+    }
+}
+
 fn op_origin_html(s: &mut String, op: &crate::ops::OpDivergence) {
     let who = match &op.op {
         Some(o) => format!("op <code>{}</code>", esc_html(o)),
@@ -818,11 +843,11 @@ fn op_origin_html(s: &mut String, op: &crate::ops::OpDivergence) {
             );
         }
     }
-    s.push_str("<table><tr><th>replayed op</th><th>engine input</th><th>local error rel_l2</th><th>max abs</th><th>verdict</th></tr>");
+    s.push_str("<div class=\"wide\"><table><tr><th>replayed op</th><th>engine input</th><th>local error rel_l2</th><th>max abs</th><th>verdict</th></tr>");
     for le in std::iter::once(&r.local_error).chain(&r.neighbours) {
         let _ = write!(
             s,
-            "<tr><td><code>{}</code>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{:?}</td></tr>",
+            "<tr><td><code>{}</code>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td></tr>",
             esc_html(&le.module),
             le.op
                 .as_ref()
@@ -830,10 +855,10 @@ fn op_origin_html(s: &mut String, op: &crate::ops::OpDivergence) {
             esc_html(&le.inputs.join(", ")),
             le.rel_l2.map_or("-".into(), |v| format!("{v:.2e}")),
             le.max_abs.map_or("-".into(), |v| format!("{v:.2e}")),
-            le.verdict
+            verdict_word(le.verdict)
         );
     }
-    s.push_str("</table>");
+    s.push_str("</table></div>");
     if !r.tried.is_empty() {
         s.push_str("<details><summary>counterfactuals tried</summary><table><tr><th>hypothesis</th><th>residual</th></tr>");
         for t in &r.tried {

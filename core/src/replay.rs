@@ -32,6 +32,60 @@ impl RoundFormat {
     }
 }
 
+/// Elementwise activations a weightless step can compute (a GELU variant, SiLU, ReLU): the
+/// `elementwise` signature names them, and the elementwise replay tries each as a counterfactual.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// Exact GELU `x·Φ(x)` (erf).
+    ErfGelu,
+    /// GELU's tanh approximation `0.5x(1 + tanh(sqrt(2/π)(x + 0.044715x³)))`.
+    TanhGelu,
+    /// Quick GELU `x·σ(1.702x)`.
+    QuickGelu,
+    /// SiLU / swish `x·σ(x)`.
+    Silu,
+    /// ReLU `max(x, 0)`.
+    Relu,
+}
+
+impl Activation {
+    /// Every known variant.
+    pub const ALL: [Activation; 5] = [
+        Activation::ErfGelu,
+        Activation::TanhGelu,
+        Activation::QuickGelu,
+        Activation::Silu,
+        Activation::Relu,
+    ];
+
+    /// Name as in the evidence (`tanh_gelu`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::ErfGelu => "erf_gelu",
+            Activation::TanhGelu => "tanh_gelu",
+            Activation::QuickGelu => "quick_gelu",
+            Activation::Silu => "silu",
+            Activation::Relu => "relu",
+        }
+    }
+
+    /// The function at `v`.
+    pub fn apply(self, v: f64) -> f64 {
+        let sigmoid = |z: f64| 1.0 / (1.0 + (-z).exp());
+        match self {
+            Activation::ErfGelu => 0.5 * v * (1.0 + libm::erf(v / std::f64::consts::SQRT_2)),
+            Activation::TanhGelu => {
+                let k = (2.0 / std::f64::consts::PI).sqrt();
+                0.5 * v * (1.0 + (k * (v + 0.044_715 * v * v * v)).tanh())
+            }
+            Activation::QuickGelu => v * sigmoid(1.702 * v),
+            Activation::Silu => v * sigmoid(v),
+            Activation::Relu => v.max(0.0),
+        }
+    }
+}
+
 /// Granularity of a symmetric integer grid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -178,6 +232,13 @@ pub enum Counterfactual {
         /// The extra factor.
         factor: f64,
     },
+    /// A weightless elementwise step (an activation between two observed points) computing
+    /// `function` where the reference computes another (GELU's tanh approximation for the exact
+    /// one, SiLU for GELU).
+    Activation {
+        /// The function the step computes instead.
+        function: Activation,
+    },
 }
 
 impl Counterfactual {
@@ -228,6 +289,7 @@ impl Counterfactual {
             InputScaled { input, factor } => {
                 format!("with its input {input} multiplied by {factor:.6}")
             }
+            Activation { function } => format!("computing {}", function.name()),
         }
     }
 }
@@ -255,6 +317,9 @@ pub enum ModuleKind {
     /// A weightless sum of observed points (a residual add), replayed in Rust: the reference's
     /// coefficients are fitted on its own tensors.
     ResidualAdd,
+    /// A weightless elementwise step between two observed points (an activation), replayed in
+    /// Rust: the reference's function is identified on its own tensors.
+    Elementwise,
     /// Anything else (replayed with its own parameters only).
     Other,
 }

@@ -213,7 +213,7 @@ fn kernel_kind(k: xray_core::replay::ModuleKind) -> Option<&'static str> {
         BatchNorm => "batch_norm",
         Embedding => "embedding",
         ResidualAdd => "add",
-        Attention => return None,
+        Attention | Elementwise => return None,
         Other => return None,
     })
 }

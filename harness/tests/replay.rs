@@ -191,6 +191,20 @@ fn injected_faults_are_convicted_with_their_mechanism() {
         "{op:#}"
     );
     assert_eq!(r["mechanism"]["counterfactual"]["kind"], "attention_scale");
+    // Weightless and elementwise: GELU's tanh approximation where the reference has the exact
+    // GELU; the reference's function is identified on its own tensors, the runtime's is named.
+    let ev = check(
+        RAND,
+        FOX,
+        &["--inject", "gelu_tanh@encoder.layer.0.gelu"],
+        1,
+    );
+    let m = convicted(&ev, "encoder.layer.0.gelu", "activation");
+    assert_eq!(m["counterfactual"]["function"], "tanh_gelu", "{m:#}");
+    let (_, r) = replay(&ev);
+    assert_eq!(r["kind"], "elementwise", "{r:#}");
+    assert!(r["replay_floor"].as_f64().unwrap() < 1e-6, "{r:#}");
+    assert_schema_valid(&ev);
     // A residual add skipped (granite's self-conditioning bypass): the input dropped is named.
     if ready(&[GRANITE]) {
         let ev = check(GRANITE, FOX, &["--inject", "ctc_bypass_skipped"], 1);

@@ -59,6 +59,11 @@ def load_model(family: str, model_dir: str, dtype: str = "float32"):
     if dtype not in ("float32", "float64"):
         raise OracleInputError(f"dtype {dtype!r} is not 'float32' or 'float64'")
     check_model_dir(model_dir, family)
+    import transformers
+
+    # The console is X-Ray's: no load progress bar or warnings of transformers' own on it.
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     d = Path(model_dir)
     if family == "whisper":
         from . import whisper

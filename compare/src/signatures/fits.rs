@@ -3,62 +3,10 @@
 //! statistics), `elementwise` (the difference is a function of the op's input, named when a known
 //! activation variant fits) and `clamp` (differences exactly beyond a threshold).
 
-use serde::{Deserialize, Serialize};
-
 use super::{scale_hint, ClampSide, Ctx, Signature};
 
-/// Known elementwise activations the `elementwise` signature names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Activation {
-    /// Exact GELU `x·Φ(x)` (erf).
-    ErfGelu,
-    /// GELU's tanh approximation `0.5x(1 + tanh(sqrt(2/π)(x + 0.044715x³)))`.
-    TanhGelu,
-    /// Quick GELU `x·σ(1.702x)`.
-    QuickGelu,
-    /// SiLU / swish `x·σ(x)`.
-    Silu,
-    /// ReLU `max(x, 0)`.
-    Relu,
-}
-
-impl Activation {
-    /// Every known variant.
-    pub const ALL: [Activation; 5] = [
-        Activation::ErfGelu,
-        Activation::TanhGelu,
-        Activation::QuickGelu,
-        Activation::Silu,
-        Activation::Relu,
-    ];
-
-    /// Name as in the evidence (`tanh_gelu`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Activation::ErfGelu => "erf_gelu",
-            Activation::TanhGelu => "tanh_gelu",
-            Activation::QuickGelu => "quick_gelu",
-            Activation::Silu => "silu",
-            Activation::Relu => "relu",
-        }
-    }
-
-    /// The function at `v`.
-    pub fn apply(self, v: f64) -> f64 {
-        let sigmoid = |z: f64| 1.0 / (1.0 + (-z).exp());
-        match self {
-            Activation::ErfGelu => 0.5 * v * (1.0 + libm::erf(v / std::f64::consts::SQRT_2)),
-            Activation::TanhGelu => {
-                let k = (2.0 / std::f64::consts::PI).sqrt();
-                0.5 * v * (1.0 + (k * (v + 0.044_715 * v * v * v)).tanh())
-            }
-            Activation::QuickGelu => v * sigmoid(1.702 * v),
-            Activation::Silu => v * sigmoid(v),
-            Activation::Relu => v.max(0.0),
-        }
-    }
-}
+/// Known elementwise activations the `elementwise` signature names (shared with replay).
+pub use xray_core::replay::Activation;
 
 /// Probabilities below this are left out of the log-domain fit (masked or underflowed).
 const TINY_PROB: f32 = 1e-30;

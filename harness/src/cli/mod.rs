@@ -149,12 +149,12 @@ pub fn summary(e: &xray_compare::evidence::Evidence) -> String {
         .filter(|c| c.unobserved + c.not_comparable > 0)
     {
         s.push_str(&format!(
-            "\nxray: coverage: {} observed, {} unobserved, {} not comparable; unobserved: {}",
-            c.observed,
-            c.unobserved,
-            c.not_comparable,
-            c.unobserved_names.join(", ")
+            "\nxray: coverage: {} observed, {} unobserved, {} not comparable",
+            c.observed, c.unobserved, c.not_comparable,
         ));
+        if !c.unobserved_names.is_empty() {
+            s.push_str(&format!("; unobserved: {}", c.unobserved_names.join(", ")));
+        }
     }
     for f in &e.fed {
         s.push_str(&format!(

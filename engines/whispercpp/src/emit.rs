@@ -35,7 +35,9 @@ pub fn sha256_file(p: &Path) -> Result<String, Error> {
 pub fn ggml_identity(ggml: &Path, md: &ModelDir) -> Result<(Value, String), Error> {
     let side = ggml.with_file_name(format!(
         "{}.json",
-        ggml.file_name().and_then(|n| n.to_str()).unwrap_or_default()
+        ggml.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
     ));
     let text = std::fs::read_to_string(&side).map_err(|e| {
         Error::Input(format!(
@@ -245,7 +247,10 @@ pub fn dump(md: &ModelDir, prov: &Provenance, run: &Run) -> Result<DumpWriter, E
         let shape: Vec<usize> = match &c.tap.shape {
             crate::graph::Shape::As(s) => s.clone(),
             crate::graph::Shape::CropKv {
-                heads, tokens, keep, ..
+                heads,
+                tokens,
+                keep,
+                ..
             } => vec![*heads, *tokens, *keep],
         };
         let a = ArrayD::from_shape_vec(IxDyn(&shape), c.data.clone())

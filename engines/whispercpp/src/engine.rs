@@ -78,7 +78,12 @@ fn uint(v: &Value, file: &Path, key: &str) -> Result<u64, Error> {
     v.get(key)
         .and_then(Value::as_u64)
         .filter(|&n| n <= 1 << 24)
-        .ok_or_else(|| input(format!("{}: '{key}' is missing or not an integer in 0..2^24", file.display())))
+        .ok_or_else(|| {
+            input(format!(
+                "{}: '{key}' is missing or not an integer in 0..2^24",
+                file.display()
+            ))
+        })
 }
 
 fn ids(v: &Value, file: &Path, key: &str) -> Result<Vec<i32>, Error> {
@@ -105,7 +110,10 @@ impl ModelDir {
         let cf = dir.join("config.json");
         let c = read_json(&cf)?;
         if c.get("model_type").and_then(Value::as_str) != Some("whisper") {
-            return Err(input(format!("{}: model_type is not whisper", cf.display())));
+            return Err(input(format!(
+                "{}: model_type is not whisper",
+                cf.display()
+            )));
         }
         let g = |k| uint(&c, &cf, k).map(|n| n as i64);
         let n_audio_ctx = g("max_source_positions")?;
@@ -132,14 +140,19 @@ impl ModelDir {
                 gf.display()
             )));
         }
-        let to_i32 = |n: u64| i32::try_from(n).map_err(|_| input(format!("{}: id out of range", gf.display())));
+        let to_i32 = |n: u64| {
+            i32::try_from(n).map_err(|_| input(format!("{}: id out of range", gf.display())))
+        };
         let prefix = vec![
             to_i32(uint(&gc, &gf, "decoder_start_token_id")?)?,
             to_i32(uint(&gc, &gf, "no_timestamps_token_id")?)?,
         ];
         let safetensors = dir.join("model.safetensors");
         if !safetensors.is_file() {
-            return Err(input(format!("{}: missing (the weights the ggml file was converted from)", safetensors.display())));
+            return Err(input(format!(
+                "{}: missing (the weights the ggml file was converted from)",
+                safetensors.display()
+            )));
         }
         Ok(ModelDir {
             dir: dir.to_path_buf(),
@@ -252,7 +265,10 @@ pub fn run(md: &ModelDir, samples: &[f32], plan: &Plan) -> Result<Run, Error> {
             }
             let n = (d.n_mels * d.frames) as usize;
             if mel.len() != n {
-                return Err(input(format!("fed log-mel has {} values, expected {n}", mel.len())));
+                return Err(input(format!(
+                    "fed log-mel has {} values, expected {n}",
+                    mel.len()
+                )));
             }
             check(ctx.set_mel(mel, d.frames as i32, d.n_mels as i32))?;
         } else {
@@ -314,7 +330,11 @@ pub fn run(md: &ModelDir, samples: &[f32], plan: &Plan) -> Result<Run, Error> {
             }
         }
         let (captured, graphs, stubbed) = ffi::with(|s| {
-            (std::mem::take(&mut s.captured), std::mem::take(&mut s.graphs), s.stubbed)
+            (
+                std::mem::take(&mut s.captured),
+                std::mem::take(&mut s.graphs),
+                s.stubbed,
+            )
         })
         .unwrap_or_default();
         // Teacher-forced: whisper.cpp's own sequence is the fed one only where every choice
@@ -324,7 +344,15 @@ pub fn run(md: &ModelDir, samples: &[f32], plan: &Plan) -> Result<Run, Error> {
             Some(t) if step_argmax.len() == t.len() && step_argmax == *t => Some(history),
             Some(_) => None,
         };
-        Ok((captured, graphs, tokens, step_argmax, first_row, last_row, stubbed))
+        Ok((
+            captured,
+            graphs,
+            tokens,
+            step_argmax,
+            first_row,
+            last_row,
+            stubbed,
+        ))
     })();
     ffi::install(None);
     let (captured, graphs, tokens, step_argmax, first_row, last_row, stubbed) = result?;
@@ -369,10 +397,18 @@ pub fn read_wav(path: &Path, max_seconds: usize) -> Result<(Vec<f32>, Vec<u8>), 
         .map_err(|e| input(format!("{}: not a WAV file ({e})", path.display())))?;
     let s = r.spec();
     if s.channels != 1 {
-        return Err(input(format!("{}: {} channels, expected mono", path.display(), s.channels)));
+        return Err(input(format!(
+            "{}: {} channels, expected mono",
+            path.display(),
+            s.channels
+        )));
     }
     if s.sample_rate != 16_000 {
-        return Err(input(format!("{}: sample rate {} Hz, expected 16000", path.display(), s.sample_rate)));
+        return Err(input(format!(
+            "{}: sample rate {} Hz, expected 16000",
+            path.display(),
+            s.sample_rate
+        )));
     }
     if s.sample_format != hound::SampleFormat::Int || s.bits_per_sample != 16 {
         return Err(input(format!("{}: expected 16-bit PCM", path.display())));

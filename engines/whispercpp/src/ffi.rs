@@ -224,7 +224,11 @@ unsafe fn snapshot(g: *mut sys::ggml_cgraph) -> (Graph, Vec<*mut sys::ggml_tenso
         // SAFETY: every interned pointer is live (see above).
         let (h, _, _) = unsafe { header(p) };
         if out.t[k].node.is_some() {
-            let last = h.src.iter().rposition(|s| !s.is_null()).map_or(0, |i| i + 1);
+            let last = h
+                .src
+                .iter()
+                .rposition(|s| !s.is_null())
+                .map_or(0, |i| i + 1);
             let mut src = vec![];
             for &s in &h.src[..last] {
                 src.push(if s.is_null() {
@@ -266,7 +270,9 @@ unsafe fn read(t: *const sys::ggml_tensor) -> Result<Vec<f32>, String> {
                     let p = unsafe { base.add(off) };
                     let v = match h.type_ {
                         // SAFETY: an f32 element at `p` (possibly unaligned in a view).
-                        sys::ggml_type_GGML_TYPE_F32 => unsafe { (p as *const f32).read_unaligned() },
+                        sys::ggml_type_GGML_TYPE_F32 => unsafe {
+                            (p as *const f32).read_unaligned()
+                        },
                         sys::ggml_type_GGML_TYPE_F16 => {
                             // SAFETY: an f16 element at `p`.
                             let bits = unsafe { (p as *const u16).read_unaligned() };
@@ -274,7 +280,9 @@ unsafe fn read(t: *const sys::ggml_tensor) -> Result<Vec<f32>, String> {
                             unsafe { sys::ggml_fp16_to_fp32(bits) }
                         }
                         // SAFETY: an i32 element at `p`.
-                        sys::ggml_type_GGML_TYPE_I32 => unsafe { (p as *const i32).read_unaligned() as f32 },
+                        sys::ggml_type_GGML_TYPE_I32 => unsafe {
+                            (p as *const i32).read_unaligned() as f32
+                        },
                         other => return Err(format!("ggml type {} is not read", type_name(other))),
                     };
                     out.push(v);
@@ -322,7 +330,11 @@ fn shaped(tap: &Tap, data: Vec<f32>) -> Result<Vec<f32>, String> {
             keep,
         } => {
             if data.len() != heads * tokens * n_kv {
-                return Err(format!("{}: {} values, expected {heads}x{tokens}x{n_kv}", tap.name, data.len()));
+                return Err(format!(
+                    "{}: {} values, expected {heads}x{tokens}x{n_kv}",
+                    tap.name,
+                    data.len()
+                ));
             }
             let mut out = Vec::with_capacity(heads * tokens * keep);
             for row in data.chunks(*n_kv) {
@@ -424,8 +436,12 @@ pub unsafe extern "C" fn __wrap_ggml_backend_sched_graph_compute(
                         s.captured_meta.clear();
                         if s.taps {
                             // Inputs are set before the compute: read them now.
-                            let inputs: Vec<Tap> =
-                                found.inputs.iter().filter(|t| s.keep(&t.name)).cloned().collect();
+                            let inputs: Vec<Tap> = found
+                                .inputs
+                                .iter()
+                                .filter(|t| s.keep(&t.name))
+                                .cloned()
+                                .collect();
                             for tap in &inputs {
                                 // SAFETY: an input leaf of the live graph, on the host.
                                 let r = unsafe { read(ptrs[tap.id]) }.and_then(|d| shaped(tap, d));
@@ -502,7 +518,11 @@ pub unsafe extern "C" fn __wrap_ggml_backend_sched_graph_compute(
     // SAFETY: `sched` is whisper.cpp's live scheduler; the callback only reads tensors.
     unsafe {
         if install_cb {
-            sys::ggml_backend_sched_set_eval_callback(sched, Some(eval_callback), std::ptr::null_mut());
+            sys::ggml_backend_sched_set_eval_callback(
+                sched,
+                Some(eval_callback),
+                std::ptr::null_mut(),
+            );
         } else {
             sys::ggml_backend_sched_set_eval_callback(sched, None, std::ptr::null_mut());
         }
@@ -544,7 +564,10 @@ unsafe fn im2col_stub(node: *mut sys::ggml_tensor) -> Result<*mut sys::ggml_tens
         if ctx.is_null() {
             return Err("ggml_init failed for the im2col stand-in".into());
         }
-        STUBS.lock().unwrap_or_else(|e| e.into_inner()).push(StubCtx(ctx));
+        STUBS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(StubCtx(ctx));
         sys::ggml_new_tensor(ctx, sys::ggml_type_GGML_TYPE_F16, 4, ne.as_ptr())
     };
     if stub.is_null() {
@@ -556,7 +579,11 @@ unsafe fn im2col_stub(node: *mut sys::ggml_tensor) -> Result<*mut sys::ggml_tens
 }
 
 /// whisper.cpp's log, silenced unless `XRAY_WHISPERCPP_LOG` is set.
-unsafe extern "C" fn quiet_log(_level: sys::ggml_log_level, text: *const std::os::raw::c_char, _ud: *mut c_void) {
+unsafe extern "C" fn quiet_log(
+    _level: sys::ggml_log_level,
+    text: *const std::os::raw::c_char,
+    _ud: *mut c_void,
+) {
     if std::env::var_os("XRAY_WHISPERCPP_LOG").is_some() {
         eprint!("{}", cstr(text));
     }
@@ -594,27 +621,39 @@ impl Context {
         let n = i32::try_from(samples.len()).map_err(|_| "too many samples".to_string())?;
         // SAFETY: `samples` is valid for `n` floats; ctx is live.
         let r = unsafe { sys::whisper_pcm_to_mel(self.ctx, samples.as_ptr(), n, threads) };
-        (r == 0).then_some(()).ok_or_else(|| format!("whisper_pcm_to_mel returned {r}"))
+        (r == 0)
+            .then_some(())
+            .ok_or_else(|| format!("whisper_pcm_to_mel returned {r}"))
     }
 
     /// Feeds a log-mel `[n_mel, n_len]` (row per mel bin).
     pub fn set_mel(&self, data: &[f32], n_len: i32, n_mel: i32) -> Result<(), String> {
         // SAFETY: `data` holds n_len * n_mel floats (checked by the caller); ctx is live.
         let r = unsafe { sys::whisper_set_mel(self.ctx, data.as_ptr(), n_len, n_mel) };
-        (r == 0).then_some(()).ok_or_else(|| format!("whisper_set_mel returned {r}"))
+        (r == 0)
+            .then_some(())
+            .ok_or_else(|| format!("whisper_set_mel returned {r}"))
     }
 
     /// Runs the encoder (conv, blocks, cross K/V) from mel frame 0.
     pub fn encode(&self, threads: i32) -> Result<(), String> {
         // SAFETY: ctx is live.
         let r = unsafe { sys::whisper_encode(self.ctx, 0, threads) };
-        (r == 0).then_some(()).ok_or_else(|| format!("whisper_encode returned {r}"))
+        (r == 0)
+            .then_some(())
+            .ok_or_else(|| format!("whisper_encode returned {r}"))
     }
 
     /// One decoder call; returns the last token's logits (whisper.cpp fills only that row of
     /// `whisper_get_logits`'s `[n_tokens, n_vocab]`: src/whisper.cpp `whisper_batch_prep_legacy`
     /// sets `logits` for the last token only, `whisper_decode_internal` copies flagged rows).
-    pub fn decode(&self, tokens: &[i32], past: i32, threads: i32, vocab: usize) -> Result<(Vec<f32>, Vec<f32>), String> {
+    pub fn decode(
+        &self,
+        tokens: &[i32],
+        past: i32,
+        threads: i32,
+        vocab: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>), String> {
         let n = i32::try_from(tokens.len()).map_err(|_| "too many tokens".to_string())?;
         // SAFETY: `tokens` is valid for `n` ids; ctx is live.
         let r = unsafe { sys::whisper_decode(self.ctx, tokens.as_ptr(), n, past, threads) };
@@ -622,7 +661,9 @@ impl Context {
             return Err(format!("whisper_decode returned {r}"));
         }
         // SAFETY: after a successful decode, whisper_get_logits points at n_tokens * n_vocab floats.
-        let all = unsafe { std::slice::from_raw_parts(sys::whisper_get_logits(self.ctx), tokens.len() * vocab) };
+        let all = unsafe {
+            std::slice::from_raw_parts(sys::whisper_get_logits(self.ctx), tokens.len() * vocab)
+        };
         let last = all[(tokens.len() - 1) * vocab..].to_vec();
         let first = all[..vocab].to_vec();
         Ok((last, first))

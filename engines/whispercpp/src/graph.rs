@@ -393,12 +393,54 @@ impl<'g> Recognizer<'g> {
         let fc1 = self.src(gelu, 0, &format!("{p}.gelu"))?;
         let (_, ln) = self.linear(fc1, ffn, rows, &format!("{p}.fc1"))?;
         let x2 = self.layer_norm(ln, width, rows, &format!("{p}.mlp_norm"))?;
-        self.same(x2, x, &format!("{p}: the MLP's LayerNorm input and residual"))?;
+        self.same(
+            x2,
+            x,
+            &format!("{p}: the MLP's LayerNorm input and residual"),
+        )?;
         let (w, f) = (width as usize, ffn as usize);
-        self.point(ln, format!("{module}.final_layer_norm"), "out", vec![step_rows, w], &format!("{p}.mlp_norm"));
-        self.point(fc1, format!("{module}.fc1"), "out", vec![step_rows, f], &format!("{p}.fc1"));
-        self.point(gelu, format!("{module}.fc2"), "in", vec![step_rows, f], &format!("{p}.gelu"));
-        self.point(fc2, format!("{module}.fc2"), "out", vec![step_rows, w], &format!("{p}.fc2"));
+        self.point(
+            x,
+            format!("{module}.final_layer_norm"),
+            "in",
+            vec![step_rows, w],
+            &format!("{p}.residual_attn"),
+        );
+        self.point(
+            ln,
+            format!("{module}.final_layer_norm"),
+            "out",
+            vec![step_rows, w],
+            &format!("{p}.mlp_norm"),
+        );
+        self.point(
+            ln,
+            format!("{module}.fc1"),
+            "in",
+            vec![step_rows, w],
+            &format!("{p}.mlp_norm"),
+        );
+        self.point(
+            fc1,
+            format!("{module}.fc1"),
+            "out",
+            vec![step_rows, f],
+            &format!("{p}.fc1"),
+        );
+        self.point(
+            gelu,
+            format!("{module}.fc2"),
+            "in",
+            vec![step_rows, f],
+            &format!("{p}.gelu"),
+        );
+        self.point(
+            fc2,
+            format!("{module}.fc2"),
+            "out",
+            vec![step_rows, w],
+            &format!("{p}.fc2"),
+        );
         Ok(x)
     }
 
@@ -465,9 +507,12 @@ impl<'g> Recognizer<'g> {
             .ok_or_else(|| Mismatch("empty conv graph".into()))?;
         let mut x = last;
         let mut adds = vec![];
-        for (i, (frames, what)) in [(d.n_audio_ctx, "encoder.conv2"), (d.frames, "encoder.conv1")]
-            .into_iter()
-            .enumerate()
+        for (i, (frames, what)) in [
+            (d.n_audio_ctx, "encoder.conv2"),
+            (d.frames, "encoder.conv1"),
+        ]
+        .into_iter()
+        .enumerate()
         {
             let gelu = self.want(x, "GELU", &format!("{what}_gelu"))?;
             let add = self.arg(gelu, 0, "ADD", what)?;
@@ -499,7 +544,11 @@ impl<'g> Recognizer<'g> {
                 self.same(input, mel, "encoder.conv1's input")?;
             }
         }
-        let (dm, fr, ctx) = (d.d_model as usize, d.frames as usize, d.n_audio_ctx as usize);
+        let (dm, fr, ctx) = (
+            d.d_model as usize,
+            d.frames as usize,
+            d.n_audio_ctx as usize,
+        );
         self.found.inputs.push(Tap {
             id: mel,
             name: "audio.frontend.mel".into(),
@@ -508,22 +557,71 @@ impl<'g> Recognizer<'g> {
             point: false,
             op: "frontend.log_mel".into(),
         });
-        self.tap(adds[1], "audio.encoder.conv1.out".into(), Layout::ChannelMajor, vec![dm, fr], "encoder.conv1");
-        self.tap(adds[0], "audio.encoder.conv2.out".into(), Layout::ChannelMajor, vec![dm, ctx], "encoder.conv2");
-        self.point(adds[1], "model.encoder.conv1".into(), "out", vec![dm, fr], "encoder.conv1");
-        self.point(adds[0], "model.encoder.conv2".into(), "out", vec![dm, ctx], "encoder.conv2");
+        self.tap(
+            adds[1],
+            "audio.encoder.conv1.out".into(),
+            Layout::ChannelMajor,
+            vec![dm, fr],
+            "encoder.conv1",
+        );
+        self.tap(
+            adds[0],
+            "audio.encoder.conv2.out".into(),
+            Layout::ChannelMajor,
+            vec![dm, ctx],
+            "encoder.conv2",
+        );
+        if self.ops {
+            self.found.inputs.push(Tap {
+                id: mel,
+                name: "model.encoder.conv1:in".into(),
+                layout: Layout::ChannelMajor,
+                shape: Shape::As(vec![d.n_mels as usize, fr]),
+                point: true,
+                op: "frontend.log_mel".into(),
+            });
+        }
+        let conv1_gelu = self.src(
+            self.src(
+                self.src(
+                    self.src(self.src(adds[0], 0, "conv2")?, 0, "conv2")?,
+                    0,
+                    "conv2",
+                )?,
+                0,
+                "conv2",
+            )?,
+            1,
+            "conv2",
+        )?;
+        self.point(
+            conv1_gelu,
+            "model.encoder.conv2".into(),
+            "in",
+            vec![dm, fr],
+            "encoder.conv1_gelu",
+        );
+        self.point(
+            adds[1],
+            "model.encoder.conv1".into(),
+            "out",
+            vec![dm, fr],
+            "encoder.conv1",
+        );
+        self.point(
+            adds[0],
+            "model.encoder.conv2".into(),
+            "out",
+            vec![dm, ctx],
+            "encoder.conv2",
+        );
         Ok(self.finish())
     }
 
     /// Self-attention of one encoder or decoder block ending at the attention context `ctx`
     /// (`[tokens, d_model]` before out_proj). Returns (the Linear ADD of q, the LayerNorm output
     /// q, k and v read, the SOFT_MAX node when not flash).
-    fn attention(
-        &mut self,
-        ctx: Id,
-        scaled_q: bool,
-        what: &str,
-    ) -> R<(Id, Option<Id>, Id, Id)> {
+    fn attention(&mut self, ctx: Id, scaled_q: bool, what: &str) -> R<(Id, Option<Id>, Id, Id)> {
         if self.flash {
             let resh = self.want(ctx, "RESHAPE", what)?;
             let fa = self.arg(resh, 0, "FLASH_ATTN_EXT", what)?;
@@ -580,12 +678,37 @@ impl<'g> Recognizer<'g> {
             .last()
             .ok_or_else(|| Mismatch("empty encoder graph".into()))?;
         let mut x = self.layer_norm(last, w, n, "encoder.final_norm")?;
-        self.tap(last, "audio.encoder.memory".into(), Layout::TokenMajor, vec![nu, wu], "encoder.final_norm");
-        self.point(last, "model.encoder.layer_norm".into(), "out", vec![nu, wu], "encoder.final_norm");
+        self.point(
+            x,
+            "model.encoder.layer_norm".into(),
+            "in",
+            vec![nu, wu],
+            "encoder.layer.last.residual_mlp",
+        );
+        self.tap(
+            last,
+            "audio.encoder.memory".into(),
+            Layout::TokenMajor,
+            vec![nu, wu],
+            "encoder.final_norm",
+        );
+        self.point(
+            last,
+            "model.encoder.layer_norm".into(),
+            "out",
+            vec![nu, wu],
+            "encoder.final_norm",
+        );
         for il in (0..d.enc_layers).rev() {
             let p = format!("encoder.layer.{il}");
             let module = format!("model.encoder.layers.{il}");
-            self.tap(x, format!("audio.{p}.out"), Layout::TokenMajor, vec![nu, wu], &format!("{p}.residual_mlp"));
+            self.tap(
+                x,
+                format!("audio.{p}.out"),
+                Layout::TokenMajor,
+                vec![nu, wu],
+                &format!("{p}.residual_mlp"),
+            );
             let inp_ff = self.mlp(x, w, d.enc_ffn, n, &p, &module, nu)?;
             // inpFF = out_proj(attention) + inpL
             let what = format!("{p}.residual_attn");
@@ -596,11 +719,21 @@ impl<'g> Recognizer<'g> {
             let (q_add, _, k, v) = self.attention(ctx, false, &format!("{p}.self_attn"))?;
             let (_, ln) = self.linear(q_add, w, n, &format!("{p}.q_proj"))?;
             let x2 = self.layer_norm(ln, w, n, &format!("{p}.self_attn_norm"))?;
-            self.same(x2, inp_l, &format!("{p}: the attention's LayerNorm input and residual"))?;
+            self.same(
+                x2,
+                inp_l,
+                &format!("{p}: the attention's LayerNorm input and residual"),
+            )?;
             // K and V: read through ggml_cast (non-flash) or through kv_pad, written by CPY.
             let (k_mm, v_add) = if self.flash {
-                let kb = self.t(k).view_src.ok_or_else(|| Mismatch(format!("{p}: K is not a view of kv_pad")))?;
-                let vb = self.t(v).view_src.ok_or_else(|| Mismatch(format!("{p}: V is not a view of kv_pad")))?;
+                let kb = self
+                    .t(k)
+                    .view_src
+                    .ok_or_else(|| Mismatch(format!("{p}: K is not a view of kv_pad")))?;
+                let vb = self
+                    .t(v)
+                    .view_src
+                    .ok_or_else(|| Mismatch(format!("{p}: V is not a view of kv_pad")))?;
                 let kw = self.cache_writes(kb, ln);
                 let vw = self.cache_writes(vb, ln);
                 if kw.len() != 1 || vw.len() != 1 {
@@ -626,17 +759,73 @@ impl<'g> Recognizer<'g> {
                 (k_mm, v_add)
             };
             self.shape(k_mm, ne2(w, n), &format!("{p}.k_proj"))?;
-            self.same(self.src(k_mm, 1, "k_proj")?, ln, &format!("{p}.k_proj's input"))?;
+            self.same(
+                self.src(k_mm, 1, "k_proj")?,
+                ln,
+                &format!("{p}.k_proj's input"),
+            )?;
             self.note_matmul(k_mm, format!("{p}.k_proj"));
             let (_, vx) = self.linear(v_add, w, n, &format!("{p}.v_proj"))?;
             self.same(vx, ln, &format!("{p}.v_proj's input"))?;
             let a = format!("{module}.self_attn");
-            self.point(ln, format!("{module}.self_attn_layer_norm"), "out", vec![nu, wu], &format!("{p}.self_attn_norm"));
-            self.point(q_add, format!("{a}.q_proj"), "out", vec![nu, wu], &format!("{p}.q_proj"));
-            self.point(k_mm, format!("{a}.k_proj"), "out", vec![nu, wu], &format!("{p}.k_proj"));
-            self.point(v_add, format!("{a}.v_proj"), "out", vec![nu, wu], &format!("{p}.v_proj"));
-            self.point(ctx, format!("{a}.out_proj"), "in", vec![nu, wu], &format!("{p}.merge_heads"));
-            self.point(proj, format!("{a}.out_proj"), "out", vec![nu, wu], &format!("{p}.out_proj"));
+            self.point(
+                inp_l,
+                format!("{module}.self_attn_layer_norm"),
+                "in",
+                vec![nu, wu],
+                &format!("{p}.input"),
+            );
+            for proj in ["q_proj", "k_proj", "v_proj"] {
+                self.point(
+                    ln,
+                    format!("{a}.{proj}"),
+                    "in",
+                    vec![nu, wu],
+                    &format!("{p}.self_attn_norm"),
+                );
+            }
+            self.point(
+                ln,
+                format!("{module}.self_attn_layer_norm"),
+                "out",
+                vec![nu, wu],
+                &format!("{p}.self_attn_norm"),
+            );
+            self.point(
+                q_add,
+                format!("{a}.q_proj"),
+                "out",
+                vec![nu, wu],
+                &format!("{p}.q_proj"),
+            );
+            self.point(
+                k_mm,
+                format!("{a}.k_proj"),
+                "out",
+                vec![nu, wu],
+                &format!("{p}.k_proj"),
+            );
+            self.point(
+                v_add,
+                format!("{a}.v_proj"),
+                "out",
+                vec![nu, wu],
+                &format!("{p}.v_proj"),
+            );
+            self.point(
+                ctx,
+                format!("{a}.out_proj"),
+                "in",
+                vec![nu, wu],
+                &format!("{p}.merge_heads"),
+            );
+            self.point(
+                proj,
+                format!("{a}.out_proj"),
+                "out",
+                vec![nu, wu],
+                &format!("{p}.out_proj"),
+            );
             x = inp_l;
         }
         // inpL(0) = e_pe + transpose(embd_conv)
@@ -726,10 +915,54 @@ impl<'g> Recognizer<'g> {
                     );
                 }
             }
-            self.tap(k_mm, format!("audio.{p}.cross_k"), Layout::TokenMajor, vec![nu, wu], &format!("{p}.cross_k_proj"));
-            self.tap(v_add, format!("audio.{p}.cross_v"), Layout::TokenMajor, vec![nu, wu], &format!("{p}.cross_v_proj"));
-            self.point(k_mm, format!("{module}.k_proj"), "out", vec![nu, wu], &format!("{p}.cross_k_proj"));
-            self.point(v_add, format!("{module}.v_proj"), "out", vec![nu, wu], &format!("{p}.cross_v_proj"));
+            self.tap(
+                k_mm,
+                format!("audio.{p}.cross_k"),
+                Layout::TokenMajor,
+                vec![nu, wu],
+                &format!("{p}.cross_k_proj"),
+            );
+            self.tap(
+                v_add,
+                format!("audio.{p}.cross_v"),
+                Layout::TokenMajor,
+                vec![nu, wu],
+                &format!("{p}.cross_v_proj"),
+            );
+            let mem = self.src(k_mm, 1, "cross K input")?;
+            self.same(
+                self.src(v_mm, 1, "cross V input")?,
+                mem,
+                "cross K and V read one memory",
+            )?;
+            self.point(
+                mem,
+                format!("{module}.k_proj"),
+                "in",
+                vec![nu, wu],
+                "encoder.final_norm",
+            );
+            self.point(
+                mem,
+                format!("{module}.v_proj"),
+                "in",
+                vec![nu, wu],
+                "encoder.final_norm",
+            );
+            self.point(
+                k_mm,
+                format!("{module}.k_proj"),
+                "out",
+                vec![nu, wu],
+                &format!("{p}.cross_k_proj"),
+            );
+            self.point(
+                v_add,
+                format!("{module}.v_proj"),
+                "out",
+                vec![nu, wu],
+                &format!("{p}.cross_v_proj"),
+            );
         }
         Ok(self.finish())
     }
@@ -749,14 +982,53 @@ impl<'g> Recognizer<'g> {
         self.want(last, "MUL_MAT", "decoder.proj_out")?;
         self.shape(last, ne2(d.vocab, t), "decoder.proj_out")?;
         self.note_matmul(last, "decoder.proj_out".into());
-        self.tap(last, "audio.decoder.logits".into(), Layout::TokenMajor, vec![tu, d.vocab as usize], "decoder.proj_out");
+        self.tap(
+            last,
+            "audio.decoder.logits".into(),
+            Layout::TokenMajor,
+            vec![tu, d.vocab as usize],
+            "decoder.proj_out",
+        );
         let ln = self.src(last, 1, "decoder.proj_out")?;
         let mut x = self.layer_norm(ln, w, t, "decoder.final_norm")?;
-        self.point(ln, "model.decoder.layer_norm".into(), "out", vec![tu, wu], "decoder.final_norm");
+        self.point(
+            x,
+            "model.decoder.layer_norm".into(),
+            "in",
+            vec![tu, wu],
+            "decoder.layer.last.residual_mlp",
+        );
+        self.point(
+            ln,
+            "model.decoder.layer_norm".into(),
+            "out",
+            vec![tu, wu],
+            "decoder.final_norm",
+        );
+        self.point(
+            ln,
+            "proj_out".into(),
+            "in",
+            vec![tu, wu],
+            "decoder.final_norm",
+        );
+        self.point(
+            last,
+            "proj_out".into(),
+            "out",
+            vec![tu, d.vocab as usize],
+            "decoder.proj_out",
+        );
         for il in (0..d.dec_layers).rev() {
             let p = format!("decoder.layer.{il}");
             let module = format!("model.decoder.layers.{il}");
-            self.tap(x, format!("audio.{p}.out"), Layout::TokenMajor, vec![tu, wu], &format!("{p}.residual_mlp"));
+            self.tap(
+                x,
+                format!("audio.{p}.out"),
+                Layout::TokenMajor,
+                vec![tu, wu],
+                &format!("{p}.residual_mlp"),
+            );
             let inp_ff = self.mlp(x, w, d.dec_ffn, t, &p, &module, tu)?;
             // inpFF = cross out_proj + inpCA
             let what = format!("{p}.residual_cross");
@@ -766,10 +1038,18 @@ impl<'g> Recognizer<'g> {
             let (_, cctx) = self.linear(cproj, w, t, &format!("{p}.cross_out_proj"))?;
             let (cq, csm, ck, cv) = self.attention(cctx, false, &format!("{p}.cross_attn"))?;
             if let Some(sm) = csm {
-                self.shape(sm, [d.n_audio_ctx, t, d.dec_heads, 1], &format!("{p}.cross_attn"))?;
+                self.shape(
+                    sm,
+                    [d.n_audio_ctx, t, d.dec_heads, 1],
+                    &format!("{p}.cross_attn"),
+                )?;
             }
             let es = if self.t(ck).ty == "f16" { 2 } else { 4 };
-            let stride = if self.flash { (d.n_audio_ctx + 255) / 256 * 256 } else { d.n_audio_ctx };
+            let stride = if self.flash {
+                (d.n_audio_ctx + 255) / 256 * 256
+            } else {
+                d.n_audio_ctx
+            };
             let want_offs = (es * w * stride) as usize * il;
             for (kv, which) in [(ck, "K"), (cv, "V")] {
                 if self.t(kv).op != "VIEW" || self.t(kv).view_offs != want_offs {
@@ -781,14 +1061,68 @@ impl<'g> Recognizer<'g> {
             }
             let (_, lnc) = self.linear(cq, w, t, &format!("{p}.cross_q_proj"))?;
             let x2 = self.layer_norm(lnc, w, t, &format!("{p}.cross_attn_norm"))?;
-            self.same(x2, inp_ca, &format!("{p}: the cross-attention's LayerNorm input and residual"))?;
-            self.tap(cctx, format!("audio.{p}.cross_attention.output"), Layout::TokenMajor, vec![tu, wu], &format!("{p}.cross_attn"));
-            self.tap(cproj, format!("audio.{p}.cross_attention.out_proj"), Layout::TokenMajor, vec![tu, wu], &format!("{p}.cross_out_proj"));
+            self.same(
+                x2,
+                inp_ca,
+                &format!("{p}: the cross-attention's LayerNorm input and residual"),
+            )?;
+            self.tap(
+                cctx,
+                format!("audio.{p}.cross_attention.output"),
+                Layout::TokenMajor,
+                vec![tu, wu],
+                &format!("{p}.cross_attn"),
+            );
+            self.tap(
+                cproj,
+                format!("audio.{p}.cross_attention.out_proj"),
+                Layout::TokenMajor,
+                vec![tu, wu],
+                &format!("{p}.cross_out_proj"),
+            );
             let ea = format!("{module}.encoder_attn");
-            self.point(lnc, format!("{module}.encoder_attn_layer_norm"), "out", vec![tu, wu], &format!("{p}.cross_attn_norm"));
-            self.point(cq, format!("{ea}.q_proj"), "out", vec![tu, wu], &format!("{p}.cross_q_proj"));
-            self.point(cctx, format!("{ea}.out_proj"), "in", vec![tu, wu], &format!("{p}.cross_merge_heads"));
-            self.point(cproj, format!("{ea}.out_proj"), "out", vec![tu, wu], &format!("{p}.cross_out_proj"));
+            self.point(
+                inp_ca,
+                format!("{module}.encoder_attn_layer_norm"),
+                "in",
+                vec![tu, wu],
+                &format!("{p}.residual_self"),
+            );
+            self.point(
+                lnc,
+                format!("{ea}.q_proj"),
+                "in",
+                vec![tu, wu],
+                &format!("{p}.cross_attn_norm"),
+            );
+            self.point(
+                lnc,
+                format!("{module}.encoder_attn_layer_norm"),
+                "out",
+                vec![tu, wu],
+                &format!("{p}.cross_attn_norm"),
+            );
+            self.point(
+                cq,
+                format!("{ea}.q_proj"),
+                "out",
+                vec![tu, wu],
+                &format!("{p}.cross_q_proj"),
+            );
+            self.point(
+                cctx,
+                format!("{ea}.out_proj"),
+                "in",
+                vec![tu, wu],
+                &format!("{p}.cross_merge_heads"),
+            );
+            self.point(
+                cproj,
+                format!("{ea}.out_proj"),
+                "out",
+                vec![tu, wu],
+                &format!("{p}.cross_out_proj"),
+            );
             // inpCA = self out_proj + inpL
             let what = format!("{p}.residual_self");
             self.want(inp_ca, "ADD", &what)?;
@@ -798,7 +1132,11 @@ impl<'g> Recognizer<'g> {
             let (sq, ssm, sk, sv) = self.attention(sctx, true, &format!("{p}.self_attn"))?;
             let (_, ln1) = self.linear(sq, w, t, &format!("{p}.self_q_proj"))?;
             let x3 = self.layer_norm(ln1, w, t, &format!("{p}.self_attn_norm"))?;
-            self.same(x3, inp_l, &format!("{p}: the self-attention's LayerNorm input and residual"))?;
+            self.same(
+                x3,
+                inp_l,
+                &format!("{p}: the self-attention's LayerNorm input and residual"),
+            )?;
             if let Some(sm) = ssm {
                 let n_kv = self.t(sm).ne[0];
                 self.shape(sm, [n_kv, t, d.dec_heads, 1], &format!("{p}.self_attn"))?;
@@ -823,10 +1161,22 @@ impl<'g> Recognizer<'g> {
                     op: format!("{p}.self_attn"),
                 });
             }
-            self.tap(sproj, format!("audio.{p}.self_attention.output"), Layout::TokenMajor, vec![tu, wu], &format!("{p}.self_out_proj"));
+            self.tap(
+                sproj,
+                format!("audio.{p}.self_attention.output"),
+                Layout::TokenMajor,
+                vec![tu, wu],
+                &format!("{p}.self_out_proj"),
+            );
             // The self K/V written into the f16 cache this call.
-            let kb = self.t(sk).view_src.ok_or_else(|| Mismatch(format!("{p}: self K is not a view of the cache")))?;
-            let vb = self.t(sv).view_src.ok_or_else(|| Mismatch(format!("{p}: self V is not a view of the cache")))?;
+            let kb = self
+                .t(sk)
+                .view_src
+                .ok_or_else(|| Mismatch(format!("{p}: self K is not a view of the cache")))?;
+            let vb = self
+                .t(sv)
+                .view_src
+                .ok_or_else(|| Mismatch(format!("{p}: self V is not a view of the cache")))?;
             let kw = self.cache_writes(kb, ln1);
             let vw = self.cache_writes(vb, ln1);
             if kw.len() != 1 || vw.len() != 1 {
@@ -862,12 +1212,64 @@ impl<'g> Recognizer<'g> {
                 }
             }
             let sa = format!("{module}.self_attn");
-            self.point(ln1, format!("{module}.self_attn_layer_norm"), "out", vec![tu, wu], &format!("{p}.self_attn_norm"));
-            self.point(sq, format!("{sa}.q_proj"), "out", vec![tu, wu], &format!("{p}.self_q_proj"));
-            self.point(k_mm, format!("{sa}.k_proj"), "out", vec![tu, wu], &format!("{p}.self_k_proj"));
-            self.point(v_add, format!("{sa}.v_proj"), "out", vec![tu, wu], &format!("{p}.self_v_proj"));
-            self.point(sctx, format!("{sa}.out_proj"), "in", vec![tu, wu], &format!("{p}.self_merge_heads"));
-            self.point(sproj, format!("{sa}.out_proj"), "out", vec![tu, wu], &format!("{p}.self_out_proj"));
+            self.point(
+                inp_l,
+                format!("{module}.self_attn_layer_norm"),
+                "in",
+                vec![tu, wu],
+                &format!("{p}.input"),
+            );
+            for proj in ["q_proj", "k_proj", "v_proj"] {
+                self.point(
+                    ln1,
+                    format!("{sa}.{proj}"),
+                    "in",
+                    vec![tu, wu],
+                    &format!("{p}.self_attn_norm"),
+                );
+            }
+            self.point(
+                ln1,
+                format!("{module}.self_attn_layer_norm"),
+                "out",
+                vec![tu, wu],
+                &format!("{p}.self_attn_norm"),
+            );
+            self.point(
+                sq,
+                format!("{sa}.q_proj"),
+                "out",
+                vec![tu, wu],
+                &format!("{p}.self_q_proj"),
+            );
+            self.point(
+                k_mm,
+                format!("{sa}.k_proj"),
+                "out",
+                vec![tu, wu],
+                &format!("{p}.self_k_proj"),
+            );
+            self.point(
+                v_add,
+                format!("{sa}.v_proj"),
+                "out",
+                vec![tu, wu],
+                &format!("{p}.self_v_proj"),
+            );
+            self.point(
+                sctx,
+                format!("{sa}.out_proj"),
+                "in",
+                vec![tu, wu],
+                &format!("{p}.self_merge_heads"),
+            );
+            self.point(
+                sproj,
+                format!("{sa}.out_proj"),
+                "out",
+                vec![tu, wu],
+                &format!("{p}.self_out_proj"),
+            );
             x = inp_l;
         }
         // inpL(0) = GET_ROWS(d_te, embd) + GET_ROWS(d_pe, position)
@@ -877,12 +1279,24 @@ impl<'g> Recognizer<'g> {
         let pe = self.arg(x, 1, "GET_ROWS", what)?;
         let embd = self.src(te, 1, what)?;
         let pos = self.src(pe, 1, what)?;
-        self.same(embd, self.g.named("embd").unwrap_or(usize::MAX), "the token rows' ids")?;
-        self.same(pos, self.g.named("position").unwrap_or(usize::MAX), "the position rows' ids")?;
+        self.same(
+            embd,
+            self.g.named("embd").unwrap_or(usize::MAX),
+            "the token rows' ids",
+        )?;
+        self.same(
+            pos,
+            self.g.named("position").unwrap_or(usize::MAX),
+            "the position rows' ids",
+        )?;
         self.shape(embd, [t, 1, 1, 1], "audio.decoder.input_ids")?;
         for (id, name, op) in [
             (embd, "audio.decoder.input_ids", "feed:decoder.input_ids"),
-            (pos, "audio.decoder.position_ids", "feed:decoder.position_ids"),
+            (
+                pos,
+                "audio.decoder.position_ids",
+                "feed:decoder.position_ids",
+            ),
         ] {
             self.found.inputs.push(Tap {
                 id,
@@ -893,7 +1307,15 @@ impl<'g> Recognizer<'g> {
                 op: op.into(),
             });
         }
-        if self.t(te).src.first().copied().flatten().map(|s| self.t(s).ty.as_str()) == Some("f16") {
+        if self
+            .t(te)
+            .src
+            .first()
+            .copied()
+            .flatten()
+            .map(|s| self.t(s).ty.as_str())
+            == Some("f16")
+        {
             self.reduced(
                 "decoder.embed_tokens".into(),
                 te,
@@ -919,9 +1341,8 @@ pub fn recognize(
         Kind::Encoder => r.encoder()?,
         Kind::Cross => r.cross()?,
         Kind::Decoder => {
-            let (tokens, past) = decode.ok_or_else(|| {
-                Mismatch("a decoder graph outside a decode call".into())
-            })?;
+            let (tokens, past) =
+                decode.ok_or_else(|| Mismatch("a decoder graph outside a decode call".into()))?;
             r.decoder(tokens, past)?
         }
     };
@@ -929,7 +1350,10 @@ pub fn recognize(
     let mut names: HashMap<&str, Id> = HashMap::new();
     for t in found.taps.iter().chain(&found.inputs) {
         if names.insert(&t.name, t.id).is_some() {
-            return Err(Mismatch(format!("{} recognized twice in one graph", t.name)));
+            return Err(Mismatch(format!(
+                "{} recognized twice in one graph",
+                t.name
+            )));
         }
     }
     Ok((k, found))

@@ -366,16 +366,7 @@ impl<'g> Recognizer<'g> {
     }
 
     /// The MLP block `x + fc2(GELU(fc1(LN(x))))` ending at `out`; taps its points; returns `x`.
-    fn mlp(
-        &mut self,
-        out: Id,
-        width: i64,
-        ffn: i64,
-        rows: i64,
-        p: &str,
-        module: &str,
-        step_rows: usize,
-    ) -> R<Id> {
+    fn mlp(&mut self, out: Id, width: i64, ffn: i64, rows: i64, p: &str, module: &str) -> R<Id> {
         let what = format!("{p}.residual_mlp");
         self.want(out, "ADD", &what)?;
         self.shape(out, ne2(width, rows), &what)?;
@@ -398,7 +389,7 @@ impl<'g> Recognizer<'g> {
             x,
             &format!("{p}: the MLP's LayerNorm input and residual"),
         )?;
-        let (w, f) = (width as usize, ffn as usize);
+        let (w, f, step_rows) = (width as usize, ffn as usize, rows as usize);
         self.point(
             x,
             format!("{module}.final_layer_norm"),
@@ -709,7 +700,7 @@ impl<'g> Recognizer<'g> {
                 vec![nu, wu],
                 &format!("{p}.residual_mlp"),
             );
-            let inp_ff = self.mlp(x, w, d.enc_ffn, n, &p, &module, nu)?;
+            let inp_ff = self.mlp(x, w, d.enc_ffn, n, &p, &module)?;
             // inpFF = out_proj(attention) + inpL
             let what = format!("{p}.residual_attn");
             self.want(inp_ff, "ADD", &what)?;
@@ -869,7 +860,7 @@ impl<'g> Recognizer<'g> {
             let es = if self.t(dst).ty == "f16" { 2 } else { 4 };
             let per_layer = (es * w * stride) as usize;
             let offs = self.t(dst).view_offs;
-            if offs % per_layer != 0 || offs / per_layer >= d.dec_layers {
+            if !offs.is_multiple_of(per_layer) || offs / per_layer >= d.dec_layers {
                 return Err(Mismatch(format!(
                     "{} writes the cross cache at byte {offs}, not at a layer's slot ({per_layer} bytes each, {} layers)",
                     self.g.describe(c),
@@ -1029,7 +1020,7 @@ impl<'g> Recognizer<'g> {
                 vec![tu, wu],
                 &format!("{p}.residual_mlp"),
             );
-            let inp_ff = self.mlp(x, w, d.dec_ffn, t, &p, &module, tu)?;
+            let inp_ff = self.mlp(x, w, d.dec_ffn, t, &p, &module)?;
             // inpFF = cross out_proj + inpCA
             let what = format!("{p}.residual_cross");
             self.want(inp_ff, "ADD", &what)?;

@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::OnceLock;
 
 use serde_json::Value;
 use xray_core::dump::Dump;
@@ -16,6 +17,33 @@ const MODEL: &str = "fixtures/whisper-tiny-en";
 const FOX: &str = "fixtures/audio/fox.wav";
 const F32: &str = "fixtures/build/ggml/tiny-en-f32.bin";
 const F16: &str = "fixtures/build/ggml/tiny-en-f16.bin";
+/// Tolerances at f16 level: the precision whisper.cpp declares for its ops (README, "X-Ray on
+/// whisper.cpp").
+const F16_POLICY: &str = "engines/whispercpp/policies/f16-accepted.json";
+
+/// The reference dump of fox.wav with every op-level point, made once for the tests of this file.
+fn reference() -> &'static Path {
+    static REF: OnceLock<PathBuf> = OnceLock::new();
+    REF.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap().keep();
+        let r = dir.join("ref");
+        let o = run(
+            &xray_bin(),
+            &[
+                "oracle",
+                "--model",
+                MODEL,
+                "--audio",
+                FOX,
+                "--out",
+                r.to_str().unwrap(),
+                "--ops",
+            ],
+        );
+        assert!(o.status.success(), "xray oracle: {}", stderr(&o));
+        r
+    })
+}
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -200,6 +228,15 @@ fn whisper_cpp_under_xray_on_real_tiny_en() {
     assert_eq!(fd["op"]["point"], "model.encoder.conv2:in");
     let mem = rel_l2(checkpoint(&e, "audio.encoder.memory", 0));
     assert!((1e-3..5e-3).contains(&mem), "memory rel_l2 {mem}");
+    // Told to accept f16-level error, the f32 model passes every checkpoint.
+    let e = compare(
+        &reference,
+        &f32,
+        dir.path(),
+        "f32-policy",
+        &["--policy", F16_POLICY],
+    );
+    assert_eq!(e["verdict"], "pass", "{}", e["first_divergence"]);
 
     // 3. The f16 model fed the reference's log-mel and tokens: the decoder's own error keeps
     // every argmax.
@@ -253,4 +290,74 @@ fn whisper_cpp_under_xray_on_real_tiny_en() {
         checkpoint(&e, "audio.decoder.layer.0.self_attention.probs", 0)["status"],
         "unobserved"
     );
+}
+
+/// Converter bugs planted in the f32 ggml file (fixtures/make_ggml.py --plant) are found at the
+/// op they corrupt, with the mechanism, once f16-level error is accepted (without the policy the
+/// first departure is whisper.cpp's own f16 conv/GELU and every later op is `propagated`).
+#[test]
+fn planted_converter_bugs_are_found_at_the_op_with_a_mechanism() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let reference = reference().to_path_buf();
+    let py = root().join(".venv/bin/python");
+    for (plant, origin, op, mechanism) in [
+        (
+            "wrong_layer=encoder.blocks.1.mlp.0.weight",
+            "audio.encoder.layer.1.out",
+            "encoder.layer.1.fc1",
+            serde_json::json!({"kind": "other_key", "role": "weight", "key": "model.encoder.layers.2.fc1.weight"}),
+        ),
+        (
+            "transpose=encoder.blocks.2.attn.out.weight",
+            "audio.encoder.layer.2.out",
+            "encoder.layer.2.out_proj",
+            serde_json::json!({"kind": "transpose_weight"}),
+        ),
+        (
+            "drop_bias=decoder.blocks.0.mlp.2.bias",
+            "audio.decoder.layer.0.out",
+            "decoder.layer.0.fc2",
+            serde_json::json!({"kind": "bias_missing"}),
+        ),
+    ] {
+        let tag = plant.split('=').next().unwrap();
+        let ggml = dir.path().join(format!("{tag}.bin"));
+        let o = Command::new(&py)
+            .current_dir(root())
+            .args(["fixtures/make_ggml.py", "--model", MODEL, "--out"])
+            .arg(&ggml)
+            .args(["--plant", plant])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "converter: {}", stderr(&o));
+        let got = dir.path().join(tag);
+        let o = engine(
+            ggml.to_str().unwrap(),
+            &got,
+            // A broken decoder runs on to max_length: the reference's 12 tokens are enough.
+            &[
+                "--im2col-stub",
+                "--ops",
+                "--no-neutrality",
+                "--max-new-tokens",
+                "12",
+            ],
+        );
+        assert!(o.status.success(), "engine {tag}: {}", stderr(&o));
+        let d = Dump::load(&got).unwrap();
+        assert_eq!(d.manifest.extra["ggml_model"]["planted"][0]["kind"], tag);
+        let e = compare(&reference, &got, dir.path(), tag, &["--policy", F16_POLICY]);
+        let fd = &e["first_divergence"];
+        assert_eq!(fd["checkpoint"], origin, "{tag}: {fd}");
+        assert_eq!(fd["op"]["op"], op, "{tag}: {fd}");
+        let replay = &fd["op"]["replay"];
+        assert_eq!(replay["local_error"]["verdict"], "convicted", "{tag}");
+        assert_eq!(
+            replay["mechanism"]["counterfactual"], mechanism,
+            "{tag}: {replay}"
+        );
+    }
 }

@@ -241,8 +241,17 @@ fn check(r: Result<(), String>) -> Result<(), Error> {
     r.map_err(Error::Engine)
 }
 
+/// One run at a time per process: the capture session the wrapper reads is process-wide (ggml's
+/// scheduler calls back into a C function with no state of ours to carry).
+static RUNS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Runs whisper.cpp once.
 pub fn run(md: &ModelDir, samples: &[f32], plan: &Plan) -> Result<Run, Error> {
+    let _one = RUNS.lock().unwrap_or_else(|e| e.into_inner());
+    run_locked(md, samples, plan)
+}
+
+fn run_locked(md: &ModelDir, samples: &[f32], plan: &Plan) -> Result<Run, Error> {
     let ctx = Context::load(&plan.ggml, plan.flash).map_err(Error::Engine)?;
     let d = &md.dims;
     let mut session = Session::new(d.clone(), plan.flash, plan.ops, plan.taps);
@@ -365,7 +374,7 @@ pub fn run(md: &ModelDir, samples: &[f32], plan: &Plan) -> Result<Run, Error> {
                 tokens: None,
                 ..plan.clone()
             };
-            run(md, samples, &free)?.tokens
+            run_locked(md, samples, &free)?.tokens
         }
     };
     let text = {

@@ -112,6 +112,7 @@ fn recognition_is_asserted_and_capture_neutral() {
     let e = engine::run(&wrong, &samples, &plan(&ggml))
         .unwrap_err()
         .to_string();
+    eprintln!("recognition error: {e}");
     assert!(e.contains("graph recognition"), "{e}");
     assert!(e.contains("node_") && e.contains("expected"), "{e}");
     assert!(e.contains("encoder.layer.3.fc1"), "{e}");

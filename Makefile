@@ -14,7 +14,7 @@ CARGO ?= cargo
 XRAY := target/release/xray
 AUDIO ?= fixtures/audio/fox.wav
 
-.PHONY: all venv tools fixtures build demo test test-rust test-python test-nopy lint selftest corpus bench candle clean
+.PHONY: all venv tools fixtures build demo test test-rust test-python test-nopy lint selftest corpus bench candle whispercpp whispercpp-tools whispercpp-models clean
 
 all: build
 
@@ -36,10 +36,33 @@ tools:
 fixtures: venv tools
 	$(PY) fixtures/build.py
 
-# The candle engine (engines/candle-whisper) is left out of the plain build (candle-transformers is a
-# long compile); `make test` builds and tests it, `make candle` builds and runs it.
+# whisper.cpp (vendored by whisper-rs-sys) builds with cmake; bindgen needs libclang (Debian).
+# GGML_NATIVE=OFF: the same ggml code (x86-64 + AVX2/FMA/F16C, ggml's non-native defaults) on every
+# machine, whatever CPU built it, so CI and developers measure one engine.
+export GGML_NATIVE := OFF
+whispercpp-tools:
+	@command -v cmake >/dev/null && { ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || ls /usr/lib/*/libclang*.so* >/dev/null 2>&1; } || { \
+	  echo "installing cmake and libclang-dev with apt-get (needed to build whisper.cpp for engines/whispercpp)"; \
+	  $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq cmake libclang-dev; }
+
+# The ggml model files whisper.cpp loads, converted from fixtures/whisper-tiny-en by the project's
+# own converter (fixtures/make_ggml.py), f32 and f16, with openai-whisper's mel filter bank read
+# from its sdist (downloaded once from PyPI; no network after set-up).
+GGML_DIR := fixtures/build/ggml
+OPENAI_WHISPER := 20250625
+OPENAI_SDIST := $(GGML_DIR)/sdist/openai_whisper-$(OPENAI_WHISPER).tar.gz
+$(OPENAI_SDIST): | venv
+	mkdir -p $(GGML_DIR)/sdist
+	$(PY) -m pip download --quiet openai-whisper==$(OPENAI_WHISPER) --no-deps --no-binary :all: -d $(GGML_DIR)/sdist
+$(GGML_DIR)/tiny-en-%.bin: fixtures/make_ggml.py $(OPENAI_SDIST) fixtures/whisper-tiny-en/model.safetensors
+	$(PY) fixtures/make_ggml.py --model fixtures/whisper-tiny-en --ftype $* --out $@
+whispercpp-models: fixtures $(GGML_DIR)/tiny-en-f32.bin $(GGML_DIR)/tiny-en-f16.bin
+
+# The candle engine (engines/candle-whisper) and the whisper.cpp engine (engines/whispercpp: a
+# cmake build of the vendored whisper.cpp + ggml) are left out of the plain build; `make test`
+# builds and tests them, `make candle` / `make whispercpp` build and run them.
 build:
-	$(CARGO) build --release --workspace --exclude xray-candle-whisper
+	$(CARGO) build --release --workspace --exclude xray-candle-whisper --exclude xray-whispercpp
 
 demo: venv fixtures build
 	mkdir -p reports
@@ -47,7 +70,7 @@ demo: venv fixtures build
 	  --evidence reports/demo.evidence.json --report reports/demo.html --markdown reports/demo.md
 	@echo "report: reports/demo.html  evidence: reports/demo.evidence.json"
 
-test-rust: venv fixtures
+test-rust: venv fixtures whispercpp-tools whispercpp-models
 	XRAY_REQUIRE_FIXTURES=1 $(CARGO) test --release --workspace
 
 test-python: venv fixtures
@@ -72,7 +95,7 @@ test-nopy: fixtures
 # proc-macros and build scripts of the release build) and ruff's findings in oracle/ and fixtures/
 # (ruff.toml; ruff is pinned in oracle/requirements.txt).
 RUFF ?= $(VENV)/bin/ruff
-lint: venv
+lint: venv whispercpp-tools
 	$(CARGO) fmt --all -- --check
 	$(RUFF) check --no-cache oracle fixtures
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
@@ -129,6 +152,35 @@ candle: build fixtures
 	  --isolated $(CANDLE_OUT)/candle-mel-fed --isolated $(CANDLE_OUT)/candle-memory-fed \
 	  --evidence $(CANDLE_OUT)/evidence.json \
 	  --report $(CANDLE_OUT)/report.html --markdown $(CANDLE_OUT)/report.md; test $$? -le 1
+
+# whisper.cpp under X-Ray, per model (f32, f16) on $(AUDIO): the reference dump, whisper.cpp as it is
+# (flash attention off, and on), fed the reference's log-mel (its encoder and decoder isolated from
+# its mel) and the reference's log-mel + tokens (teacher-forced), one offline comparison with
+# per-stage local errors; then plain and flash compared again accepting f16-level error
+# (engines/whispercpp/policies/f16-accepted.json). The f32 model runs with --im2col-stub (whisper.cpp 1.8.3 aborts on an f32
+# model's conv otherwise: engines/whispercpp/src/ffi.rs). `xray compare` exits 1 on a divergence
+# (the finding, reported), 2 on an error (fails the target).
+WHISPERCPP_OUT ?= reports/whispercpp
+WCPP = target/release/xray-whispercpp --model fixtures/whisper-tiny-en --audio $(AUDIO) --force --im2col-stub
+whispercpp: build fixtures whispercpp-tools whispercpp-models
+	$(CARGO) build --release -p xray-whispercpp
+	mkdir -p $(WHISPERCPP_OUT)
+	$(XRAY) oracle --model fixtures/whisper-tiny-en --audio $(AUDIO) --out $(WHISPERCPP_OUT)/ref --force --ops
+	set -e; for m in f32 f16; do \
+	  $(WCPP) --ggml $(GGML_DIR)/tiny-en-$$m.bin --out $(WHISPERCPP_OUT)/$$m --ops; \
+	  $(WCPP) --ggml $(GGML_DIR)/tiny-en-$$m.bin --out $(WHISPERCPP_OUT)/$$m-flash --flash-attn --ops; \
+	  $(WCPP) --ggml $(GGML_DIR)/tiny-en-$$m.bin --out $(WHISPERCPP_OUT)/$$m-mel-fed --mel-from $(WHISPERCPP_OUT)/ref --no-neutrality; \
+	  $(WCPP) --ggml $(GGML_DIR)/tiny-en-$$m.bin --out $(WHISPERCPP_OUT)/$$m-fed --mel-from $(WHISPERCPP_OUT)/ref --tokens-from $(WHISPERCPP_OUT)/ref --no-neutrality; \
+	  $(XRAY) compare $(WHISPERCPP_OUT)/ref $(WHISPERCPP_OUT)/$$m --model fixtures/whisper-tiny-en \
+	    --isolated $(WHISPERCPP_OUT)/$$m-mel-fed --isolated $(WHISPERCPP_OUT)/$$m-fed \
+	    --evidence $(WHISPERCPP_OUT)/$$m.evidence.json \
+	    --report $(WHISPERCPP_OUT)/$$m.html --markdown $(WHISPERCPP_OUT)/$$m.md || test $$? -le 1; \
+	  for run in $$m $$m-flash; do \
+	    $(XRAY) compare $(WHISPERCPP_OUT)/ref $(WHISPERCPP_OUT)/$$run --model fixtures/whisper-tiny-en \
+	      --policy engines/whispercpp/policies/f16-accepted.json \
+	      --evidence $(WHISPERCPP_OUT)/$$run.f16-accepted.evidence.json || test $$? -le 1; \
+	  done; \
+	done
 
 clean:
 	$(CARGO) clean

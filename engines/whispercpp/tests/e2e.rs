@@ -1,0 +1,363 @@
+//! whisper.cpp under X-Ray, end to end on the real tiny.en (converted to ggml f32 and f16 by
+//! fixtures/make_ggml.py) and fox.wav: `xray oracle --ops` (the HF reference), this engine plain,
+//! with flash attention and fed the reference's log-mel and tokens, `xray compare --model` on
+//! each, and the findings asserted as measured (README "X-Ray on whisper.cpp").
+//!
+//! The `xray` binary is the one `cargo test --workspace` / `make test` builds next to this test;
+//! the ggml files come from `make whispercpp-models`; the oracle needs the project venv.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use serde_json::Value;
+use xray_core::dump::Dump;
+
+const MODEL: &str = "fixtures/whisper-tiny-en";
+const FOX: &str = "fixtures/audio/fox.wav";
+const F32: &str = "fixtures/build/ggml/tiny-en-f32.bin";
+const F16: &str = "fixtures/build/ggml/tiny-en-f16.bin";
+/// Tolerances at f16 level: the precision whisper.cpp declares for its ops (README, "X-Ray on
+/// whisper.cpp").
+const F16_POLICY: &str = "engines/whispercpp/policies/f16-accepted.json";
+
+/// The reference dump of fox.wav with every op-level point, made once for the tests of this file.
+fn reference() -> &'static Path {
+    static REF: OnceLock<PathBuf> = OnceLock::new();
+    REF.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap().keep();
+        let r = dir.join("ref");
+        let o = run(
+            &xray_bin(),
+            &[
+                "oracle",
+                "--model",
+                MODEL,
+                "--audio",
+                FOX,
+                "--out",
+                r.to_str().unwrap(),
+                "--ops",
+            ],
+        );
+        assert!(o.status.success(), "xray oracle: {}", stderr(&o));
+        r
+    })
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn xray_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>")
+        .join("xray")
+}
+
+fn ready() -> bool {
+    let need = [
+        root().join(MODEL),
+        root().join(FOX),
+        root().join(F32),
+        root().join(F16),
+        root().join(".venv/bin/python"),
+        xray_bin(),
+    ];
+    let missing: Vec<_> = need.iter().filter(|p| !p.exists()).collect();
+    if missing.is_empty() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none(),
+        "{missing:?} missing and XRAY_REQUIRE_FIXTURES is set (make whispercpp-models; cargo test builds xray)"
+    );
+    eprintln!("skipped: {missing:?} missing");
+    false
+}
+
+fn run(bin: &Path, args: &[&str]) -> Output {
+    Command::new(bin)
+        .current_dir(root())
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", bin.display()))
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+fn engine(ggml: &str, out: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "--model",
+        MODEL,
+        "--ggml",
+        ggml,
+        "--audio",
+        FOX,
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    run(Path::new(env!("CARGO_BIN_EXE_xray-whispercpp")), &args)
+}
+
+fn compare(reference: &Path, got: &Path, dir: &Path, tag: &str, args: &[&str]) -> Value {
+    let ev = dir.join(format!("{tag}.evidence.json"));
+    let mut all = vec![
+        "compare",
+        reference.to_str().unwrap(),
+        got.to_str().unwrap(),
+        "--model",
+        MODEL,
+        "--evidence",
+        ev.to_str().unwrap(),
+    ];
+    all.extend_from_slice(args);
+    let o = run(&xray_bin(), &all);
+    assert!(
+        matches!(o.status.code(), Some(0) | Some(1)),
+        "xray compare ({tag}): {}",
+        stderr(&o)
+    );
+    serde_json::from_str(&std::fs::read_to_string(&ev).unwrap()).unwrap()
+}
+
+fn checkpoint<'a>(e: &'a Value, name: &str, step: u64) -> &'a Value {
+    e["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name && c["step"] == step)
+        .unwrap_or_else(|| panic!("{name}@step{step} not in the evidence"))
+}
+
+fn rel_l2(c: &Value) -> f64 {
+    c["metrics"]["rel_l2"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{}: no rel_l2", c["name"]))
+}
+
+#[test]
+fn whisper_cpp_under_xray_on_real_tiny_en() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let reference = dir.path().join("ref");
+    let r = reference.to_str().unwrap();
+    let o = run(
+        &xray_bin(),
+        &[
+            "oracle", "--model", MODEL, "--audio", FOX, "--out", r, "--ops",
+        ],
+    );
+    assert!(o.status.success(), "xray oracle: {}", stderr(&o));
+    let ref_dump = Dump::load(&reference).unwrap();
+
+    // 1. whisper.cpp 1.8.3 cannot run an f32 model: its conv's f16 IM2COL asserts an f16
+    // kernel. The engine refuses the graph (naming the node) before the process would abort.
+    let refused = dir.path().join("refused");
+    let o = engine(F32, &refused, &["--no-neutrality"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("node_0 (IM2COL f16") && e.contains("ggml_compute_forward_im2col_f16"),
+        "{e}"
+    );
+    assert!(!refused.exists());
+
+    // 2. The f32 model with the IM2COL stand-in kernel, every op-level point captured.
+    let f32 = dir.path().join("f32");
+    let o = engine(F32, &f32, &["--im2col-stub", "--ops"]);
+    assert!(o.status.success(), "engine f32: {}", stderr(&o));
+    let d = Dump::load(&f32).unwrap();
+    let m = &d.manifest;
+    assert_eq!(m.producer, "whisper.cpp");
+    assert_eq!(m.tools["whisper.cpp"], "1.8.3");
+    assert_eq!(m.weights_sha256, ref_dump.manifest.weights_sha256);
+    assert_eq!(m.extra["ggml_model"]["ftype"], "f32");
+    assert_eq!(m.extra["ggml_model"]["mel_filters"]["source"], "openai");
+    assert_eq!(m.extra["capture_neutral"]["equal"], true);
+    assert_eq!(m.extra["ggml"]["graph_edits"][0]["nodes"], 2);
+    // The ops computed below f32 although every weight is f32, each with its ggml source.
+    let reduced: Vec<&str> = m.extra["ggml"]["reduced_precision"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["op"].as_str().unwrap())
+        .collect();
+    for op in [
+        "encoder.conv1",
+        "encoder.conv1_gelu",
+        "encoder.layer.0.self_attn",
+        "encoder.layer.0.gelu",
+        "decoder.layer.0.cross_k_cache",
+        "decoder.layer.3.self_v_append",
+    ] {
+        assert!(reduced.contains(&op), "{op} not in {reduced:?}");
+    }
+    assert!(
+        !reduced.contains(&"encoder.layer.0.fc1"),
+        "f32 x f32 MUL_MAT is f32"
+    );
+    assert_eq!(
+        m.extra["ggml"]["types"]["audio.encoder.conv1.out@0"]["type"],
+        "f32"
+    );
+    // Every contract checkpoint is observed (292 on fox, as the reference).
+    let e = compare(&reference, &f32, dir.path(), "f32", &[]);
+    assert_eq!(e["verdict"], "diverged");
+    assert_eq!(e["coverage"]["observed"], 292);
+    assert_eq!(e["transcript"]["tokens_equal"], true);
+    // whisper.cpp's log-mel (with openai-whisper's filter bank) and conv1 are HF's within f32
+    // tolerance; the first departure is its GELU after conv1 (tanh form through an f16 table),
+    // seen at conv2.out and localized to the op by the op-level points.
+    assert_eq!(checkpoint(&e, "audio.frontend.mel", 0)["status"], "pass");
+    assert!(rel_l2(checkpoint(&e, "audio.frontend.mel", 0)) < 1e-5);
+    assert_eq!(
+        checkpoint(&e, "audio.encoder.conv1.out", 0)["status"],
+        "pass"
+    );
+    let fd = &e["first_divergence"];
+    assert_eq!(fd["checkpoint"], "audio.encoder.conv2.out");
+    assert_eq!(fd["op"]["op"], "encoder.conv1_gelu");
+    assert_eq!(fd["op"]["point"], "model.encoder.conv2:in");
+    let mem = rel_l2(checkpoint(&e, "audio.encoder.memory", 0));
+    assert!((1e-3..5e-3).contains(&mem), "memory rel_l2 {mem}");
+    // Told to accept f16-level error, the f32 model passes every checkpoint.
+    let e = compare(
+        &reference,
+        &f32,
+        dir.path(),
+        "f32-policy",
+        &["--policy", F16_POLICY],
+    );
+    assert_eq!(e["verdict"], "pass", "{}", e["first_divergence"]);
+
+    // 3. The f16 model fed the reference's log-mel and tokens: the decoder's own error keeps
+    // every argmax.
+    let fed = dir.path().join("f16-fed");
+    let o = engine(
+        F16,
+        &fed,
+        &["--mel-from", r, "--tokens-from", r, "--no-neutrality"],
+    );
+    assert!(o.status.success(), "engine fed: {}", stderr(&o));
+    let e = compare(&reference, &fed, dir.path(), "f16-fed", &[]);
+    assert_eq!(e["tokens"]["teacher_forced"], true);
+    let fed_list: Vec<&str> = e["fed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["checkpoint"].as_str().unwrap())
+        .collect();
+    assert_eq!(fed_list, ["audio.frontend.mel", "tokens"]);
+    for c in e["checkpoints"].as_array().unwrap() {
+        if c["name"] == "audio.decoder.logits" {
+            assert_eq!(
+                c["metrics"]["logits"]["argmax_agreement"], 1.0,
+                "{}",
+                c["step"]
+            );
+            assert!(
+                rel_l2(c) < 0.02,
+                "logits rel_l2 {} at {}",
+                rel_l2(c),
+                c["step"]
+            );
+        }
+    }
+
+    // 4. Flash attention: the encoder's memory departs 30x further (ggml's CPU flash attention
+    // accumulates V in f16, and whisper.cpp attends to the 36 zero rows that pad its K/V to 1536
+    // without a mask); the tokens are still the reference's on fox.
+    let flash = dir.path().join("f16-flash");
+    let o = engine(F16, &flash, &["--flash-attn", "--no-neutrality"]);
+    assert!(o.status.success(), "engine flash: {}", stderr(&o));
+    let e = compare(&reference, &flash, dir.path(), "f16-flash", &[]);
+    let fmem = rel_l2(checkpoint(&e, "audio.encoder.memory", 0));
+    assert!(
+        fmem > 10.0 * mem && fmem < 0.2,
+        "flash memory rel_l2 {fmem}"
+    );
+    assert_eq!(e["transcript"]["tokens_equal"], true);
+    // No probabilities exist with flash attention: those checkpoints are unobserved.
+    assert_eq!(
+        checkpoint(&e, "audio.decoder.layer.0.self_attention.probs", 0)["status"],
+        "unobserved"
+    );
+}
+
+/// Converter bugs planted in the f32 ggml file (fixtures/make_ggml.py --plant) are found at the
+/// op they corrupt, with the mechanism, once f16-level error is accepted (without the policy the
+/// first departure is whisper.cpp's own f16 conv/GELU and every later op is `propagated`).
+#[test]
+fn planted_converter_bugs_are_found_at_the_op_with_a_mechanism() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let reference = reference().to_path_buf();
+    let py = root().join(".venv/bin/python");
+    for (plant, origin, op, mechanism) in [
+        (
+            "wrong_layer=encoder.blocks.1.mlp.0.weight",
+            "audio.encoder.layer.1.out",
+            "encoder.layer.1.fc1",
+            serde_json::json!({"kind": "other_key", "role": "weight", "key": "model.encoder.layers.2.fc1.weight"}),
+        ),
+        (
+            "transpose=encoder.blocks.2.attn.out.weight",
+            "audio.encoder.layer.2.out",
+            "encoder.layer.2.out_proj",
+            serde_json::json!({"kind": "transpose_weight"}),
+        ),
+        (
+            "drop_bias=decoder.blocks.0.mlp.2.bias",
+            "audio.decoder.layer.0.out",
+            "decoder.layer.0.fc2",
+            serde_json::json!({"kind": "bias_missing"}),
+        ),
+    ] {
+        let tag = plant.split('=').next().unwrap();
+        let ggml = dir.path().join(format!("{tag}.bin"));
+        let o = Command::new(&py)
+            .current_dir(root())
+            .args(["fixtures/make_ggml.py", "--model", MODEL, "--out"])
+            .arg(&ggml)
+            .args(["--plant", plant])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "converter: {}", stderr(&o));
+        let got = dir.path().join(tag);
+        let o = engine(
+            ggml.to_str().unwrap(),
+            &got,
+            // A broken decoder runs on to max_length: the reference's 12 tokens are enough.
+            &[
+                "--im2col-stub",
+                "--ops",
+                "--no-neutrality",
+                "--max-new-tokens",
+                "12",
+            ],
+        );
+        assert!(o.status.success(), "engine {tag}: {}", stderr(&o));
+        let d = Dump::load(&got).unwrap();
+        assert_eq!(d.manifest.extra["ggml_model"]["planted"][0]["kind"], tag);
+        let e = compare(&reference, &got, dir.path(), tag, &["--policy", F16_POLICY]);
+        let fd = &e["first_divergence"];
+        assert_eq!(fd["checkpoint"], origin, "{tag}: {fd}");
+        assert_eq!(fd["op"]["op"], op, "{tag}: {fd}");
+        let replay = &fd["op"]["replay"];
+        assert_eq!(replay["local_error"]["verdict"], "convicted", "{tag}");
+        assert_eq!(
+            replay["mechanism"]["counterfactual"], mechanism,
+            "{tag}: {replay}"
+        );
+    }
+}

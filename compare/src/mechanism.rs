@@ -1273,9 +1273,42 @@ impl ReplayContext<'_> {
             return Ok(ev);
         }
         let mut scored = Vec::new();
-        for g in Activation::ALL.into_iter().filter(|g| *g != f) {
-            let cf = Counterfactual::Activation { function: g };
-            let sc = score(&apply(g, &ue), &xe, &tol);
+        // Another function, or any function (the reference's too) through a half-precision
+        // lookup table: the input rounded, the table's value rounded (a precision, not a logic,
+        // departure when the function is the reference's).
+        let rounded = |t: &ArrayD<f32>, fmt: RoundFormat| {
+            t.mapv(|v| match fmt {
+                RoundFormat::F16 => half::f16::from_f32(v).to_f32(),
+                RoundFormat::Bf16 => half::bf16::from_f32(v).to_f32(),
+            })
+        };
+        let mut cands: Vec<(Counterfactual, ArrayD<f32>)> = Activation::ALL
+            .into_iter()
+            .filter(|g| *g != f)
+            .map(|g| {
+                (
+                    Counterfactual::Activation {
+                        function: g,
+                        table: None,
+                    },
+                    apply(g, &ue),
+                )
+            })
+            .collect();
+        for fmt in [RoundFormat::F16, RoundFormat::Bf16] {
+            for g in Activation::ALL {
+                let y = rounded(&apply(g, &rounded(&ue, fmt)), fmt);
+                cands.push((
+                    Counterfactual::Activation {
+                        function: g,
+                        table: Some(fmt),
+                    },
+                    y,
+                ));
+            }
+        }
+        for (cf, y) in cands {
+            let sc = score(&y, &xe, &tol);
             ev.tried.push(Tried {
                 counterfactual: cf.clone(),
                 residual: sc.map(|x| x.0),

@@ -236,8 +236,12 @@ pub enum Counterfactual {
     /// `function` where the reference computes another (GELU's tanh approximation for the exact
     /// one, SiLU for GELU).
     Activation {
-        /// The function the step computes instead.
+        /// The function the step computes.
         function: Activation,
+        /// Through a lookup table in this format: the input rounded to it, the table's value
+        /// rounded to it (ggml's f16 GELU table); null for the function computed in f32.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        table: Option<RoundFormat>,
     },
 }
 
@@ -289,7 +293,19 @@ impl Counterfactual {
             InputScaled { input, factor } => {
                 format!("with its input {input} multiplied by {factor:.6}")
             }
-            Activation { function } => format!("computing {}", function.name()),
+            Activation {
+                function,
+                table: Option::None,
+            } => format!("computing {}", function.name()),
+            Activation {
+                function,
+                table: Some(t),
+            } => format!(
+                "computing {} through a {} table (input and value rounded to {})",
+                function.name(),
+                t.as_str(),
+                t.as_str()
+            ),
         }
     }
 }

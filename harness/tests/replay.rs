@@ -201,6 +201,7 @@ fn injected_faults_are_convicted_with_their_mechanism() {
     );
     let m = convicted(&ev, "encoder.layer.0.gelu", "activation");
     assert_eq!(m["counterfactual"]["function"], "tanh_gelu", "{m:#}");
+    assert!(m["counterfactual"].get("table").is_none(), "{m:#}");
     let (_, r) = replay(&ev);
     assert_eq!(r["kind"], "elementwise", "{r:#}");
     assert!(r["replay_floor"].as_f64().unwrap() < 1e-6, "{r:#}");

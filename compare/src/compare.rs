@@ -216,6 +216,9 @@ pub struct CompareOptions {
     pub fed: Vec<String>,
     /// Steps after this one are `not_comparable` (the token streams parted there).
     pub comparable_up_to_step: Option<u32>,
+    /// The ids the reference's generation config suppresses (for entries declaring
+    /// `logits_processed: suppression`, and to name undeclared suppression).
+    pub suppression: Option<crate::pipeline::Suppression>,
 }
 
 /// Result of [`compare_graph`].

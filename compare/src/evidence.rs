@@ -88,6 +88,11 @@ pub struct Run {
     /// compare REF GOT`): what `xray repro` cuts a case from. Written only when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dumps: Option<RunDumps>,
+    /// The engine's own weights file, when its dump declares one (`engine_weights`: an engine on
+    /// converted weights; `weights_sha256` is then the HF weights they correspond to). Written
+    /// only when declared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_weights: Option<xray_core::dump::EngineWeights>,
 }
 
 /// Where the two dumps of a run are (absolute paths when X-Ray could resolve them).

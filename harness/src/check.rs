@@ -104,6 +104,7 @@ pub fn reference_dump(run: &OracleRun, family: &str, model_id: &str) -> Dump {
         stats_only: false,
         checkpoints: vec![],
         extra: run.extra.clone(),
+        engine_weights: None,
     };
     if !run.summaries.is_empty() {
         return Dump::stats_only(Manifest {
@@ -508,6 +509,7 @@ pub fn check_against(
         stats_only: opts.stats_only,
         contract_sha256: Some(contract.sha256()),
         dumps: None,
+        engine_weights: None,
     };
     if model.weights().sha256() != ref_run.weights_sha256 {
         notes.push(format!(

@@ -279,6 +279,7 @@ impl OracleRun {
             stats_only: false,
             checkpoints: Vec::new(),
             extra: self.extra.clone(),
+            engine_weights: None,
         });
         for c in &self.checkpoints {
             w.add(&c.name, c.step, c.layout, &c.data);
@@ -880,6 +881,8 @@ fn extract_summaries(
             sha256: None,
             stats: Some(stats.clone()),
             content_sha256: Some(sha.clone()),
+            token_positions: None,
+            logits_processed: None,
         });
     }
     Ok(out)

@@ -22,6 +22,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .audio import from_samples, read_wav, samples_sha256
+from .dump import hf_weights_sha256
 from .contract import Checkpoint, Contract, load_resolved
 from .errors import CaptureError, ContractError, OracleInputError
 from .modeldir import PICKLE_SUFFIXES  # noqa: F401  (re-exported)
@@ -49,13 +50,8 @@ def _sha256_file(path: Path) -> str:
 def check_model_dir(model_dir: str | Path) -> tuple[Path, dict, str]:
     """Refuse anything but a local safetensors Whisper directory. Returns (dir, config, weights sha256)."""
     d, config = _shared_check(model_dir, "whisper")
-    st = sorted(d.glob("*.safetensors"))
-    if len(st) == 1:
-        weights_sha = _sha256_file(st[0])
-    else:  # sharded: hash of the sorted (file name, file hash) list
-        weights_sha = hashlib.sha256(
-            "".join(f"{p.name}:{_sha256_file(p)}\n" for p in st).encode()
-        ).hexdigest()
+    # One rule for every writer: the single file's sha256, or of the sorted shards' list.
+    weights_sha = hf_weights_sha256(d, _sha256_file)
     return d, config, weights_sha
 
 

@@ -200,6 +200,7 @@ pub fn summary(e: &xray_compare::evidence::Evidence) -> String {
     if let Some(p) = &e.op_points {
         s.push_str(&format!("\nxray: {}", p.summary()));
     }
+    let mut printed: Vec<&Vec<String>> = Vec::new();
     if let Some(f) = &e.first_divergence {
         s.push_str(&format!(
             "\nxray: first divergence: {}@step{} (producer {})",
@@ -217,6 +218,7 @@ pub fn summary(e: &xray_compare::evidence::Evidence) -> String {
         }
         if f.suspects.len() > 1 {
             s.push_str(&format!("\nxray: suspects: {}", f.suspects.join(", ")));
+            printed.push(&f.suspects);
         }
         if let Some(op) = &f.op {
             s.push_str(&format!("\nxray: op-level origin: {}", op.summary()));
@@ -237,7 +239,16 @@ pub fn summary(e: &xray_compare::evidence::Evidence) -> String {
             s.push_str(&format!("\nxray:   unobserved region {}", r.summary));
         }
         if f.suspects.len() > 1 {
-            s.push_str(&format!("\nxray:   suspects: {}", f.suspects.join(", ")));
+            // Each list once: independent divergences behind one region share it.
+            if printed.contains(&&f.suspects) {
+                s.push_str(&format!(
+                    "\nxray:   suspects: the same {} as above",
+                    f.suspects.len()
+                ));
+            } else {
+                s.push_str(&format!("\nxray:   suspects: {}", f.suspects.join(", ")));
+                printed.push(&f.suspects);
+            }
         }
     }
     s

@@ -65,6 +65,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let run = oracle.run(&req)?;
     let mut w = run.to_dump(family, &a.model.display().to_string());
     w.manifest.extra.insert("config".into(), config);
+    // The logits processors' lists (`suppress_tokens`, ...), so `xray compare` can name and
+    // honour an engine's processed logits without the model directory.
+    let gp = a.model.join("generation_config.json");
+    if let Ok(text) = std::fs::read_to_string(&gp) {
+        let g: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", gp.display()))?;
+        w.manifest.extra.insert("generation_config".into(), g);
+    }
     w.manifest
         .extra
         .insert("dtype".into(), serde_json::json!(a.dtype));

@@ -14,7 +14,7 @@ CARGO ?= cargo
 XRAY := target/release/xray
 AUDIO ?= fixtures/audio/fox.wav
 
-.PHONY: all venv tools fixtures build demo test test-rust test-python test-nopy lint selftest corpus bench candle clean
+.PHONY: all venv tools fixtures build demo test test-rust test-python test-nopy lint selftest corpus bench candle ctranslate2 clean
 
 all: build
 
@@ -126,6 +126,26 @@ candle: build fixtures
 	  --isolated $(CANDLE_OUT)/candle-mel-fed --isolated $(CANDLE_OUT)/candle-memory-fed \
 	  --evidence $(CANDLE_OUT)/evidence.json \
 	  --report $(CANDLE_OUT)/report.html --markdown $(CANDLE_OUT)/report.md; test $$? -le 1
+
+# CTranslate2's Whisper (engines/ctranslate2, Python; ctranslate2 from oracle/requirements-bench.txt)
+# under X-Ray, per clip: the reference dump, CTranslate2 at f32 and int8, each plain and fed the
+# reference's memory + tokens (its decoder isolated), compared offline. `xray compare` exits 1 on a
+# divergence (int8's finding, reported), 2 on an error (fails the target).
+CT2_OUT ?= reports/ctranslate2
+CT2_CLIPS ?= fox stella
+CT2 = $(PY) engines/ctranslate2/xray_ct2.py --model fixtures/whisper-tiny-en --force
+ctranslate2: build fixtures $(VENV)/.bench-stamp
+	mkdir -p $(CT2_OUT)
+	set -e; for clip in $(CT2_CLIPS); do \
+	  o=$(CT2_OUT)/$$clip; a=fixtures/audio/$$clip.wav; \
+	  $(XRAY) oracle --model fixtures/whisper-tiny-en --audio $$a --out $$o/ref --force; \
+	  for ct in float32 int8; do \
+	    $(CT2) --audio $$a --compute-type $$ct --out $$o/$$ct; \
+	    $(CT2) --audio $$a --compute-type $$ct --out $$o/$$ct-fed --memory-from $$o/ref --tokens-from $$o/ref; \
+	    rc=0; $(XRAY) compare $$o/ref $$o/$$ct --isolated $$o/$$ct-fed --evidence $$o/$$ct.evidence.json \
+	      --markdown $$o/$$ct.md || rc=$$?; test $$rc -le 1; \
+	  done; \
+	done
 
 clean:
 	$(CARGO) clean

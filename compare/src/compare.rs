@@ -291,6 +291,9 @@ pub fn shape_explanation(
                 "{count} {} {dir} along {name} ({x} vs {r} in the reference)",
                 unit(d)
             );
+            if name == "tokens" && x == 1 && r > 1 {
+                t.push_str(": the last position only? An engine that returns the last row declares \"token_positions\": \"last\" on the entry (docs/dump-format.md) and it is compared with the reference's last row");
+            }
             if cache {
                 let what = if d == 1 { "a position" } else { "positions" };
                 t.push_str(&format!(

@@ -762,6 +762,12 @@ pub struct SuppressionFound {
     pub source: String,
     /// The vocabulary size.
     pub vocab: usize,
+    /// The entry declares `logits_processed: suppression` (its ids inside the config's lists
+    /// were compared away; `ids` are then the ones outside them).
+    pub declared: bool,
+    /// The generation config's `begin_suppress_tokens` (to name them when suppressed at a step
+    /// other than 0).
+    pub begin: Vec<usize>,
 }
 
 impl SuppressionFound {
@@ -780,7 +786,47 @@ impl SuppressionFound {
             .copied()
             .filter(|i| self.config_ids.binary_search(i).is_err())
             .collect();
-        let (signature, detail) = if outside.is_empty() {
+        let begin_late: Vec<usize> = if self.step > 0 {
+            outside
+                .iter()
+                .copied()
+                .filter(|i| self.begin.contains(i))
+                .collect()
+        } else {
+            vec![]
+        };
+        let list = |v: &[usize]| {
+            let mut t = v[..v.len().min(8)]
+                .iter()
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(", ");
+            if v.len() > 8 {
+                t.push_str(", ...");
+            }
+            t
+        };
+        let (signature, detail) = if self.declared || !begin_late.is_empty() {
+            (
+                "logits_processed",
+                format!(
+                    "logits processed: suppression at ids {} does not suppress at step {}: {}{}",
+                    self.source,
+                    self.step,
+                    list(&outside),
+                    if begin_late.len() == outside.len() {
+                        " (its begin_suppress_tokens, which apply at the first generated position only, step 0: the engine suppresses them at a later step, e.g. the first position after a forced prefix)".to_string()
+                    } else if !begin_late.is_empty() {
+                        format!(
+                            " ({} of them begin_suppress_tokens, which apply at step 0 only)",
+                            begin_late.len()
+                        )
+                    } else {
+                        String::new()
+                    }
+                ),
+            )
+        } else if outside.is_empty() {
             let how = if self.ids.len() == self.config_ids.len() {
                 "exactly the".to_string()
             } else {
@@ -806,11 +852,7 @@ impl SuppressionFound {
                     self.vocab,
                     outside.len(),
                     self.source,
-                    outside[..outside.len().min(8)]
-                        .iter()
-                        .map(|i| i.to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    list(&outside)
                 ),
             )
         };
@@ -837,9 +879,10 @@ impl DumpPairs<'_> {
                 .contract
                 .get(&e.name)
                 .is_some_and(|s| s.kind.as_deref() == Some("logits"));
-            if !logits || e.logits_processed.is_some() {
+            if !logits {
                 continue;
             }
+            let declared = e.logits_processed.is_some();
             let Pair::Tensors {
                 reference, runtime, ..
             } = self.pair(&e.name, e.step as u32)
@@ -855,6 +898,8 @@ impl DumpPairs<'_> {
                     hit[i % vocab] = true;
                 }
             }
+            // A declared entry's suppressed ids inside the lists were replaced by the
+            // reference's values: what is left is suppressed outside them.
             let ids: Vec<usize> = (0..vocab).filter(|&i| hit[i]).collect();
             if !ids.is_empty() {
                 out.push(SuppressionFound {
@@ -864,6 +909,8 @@ impl DumpPairs<'_> {
                     config_ids: sup.ids_at(e.step as u32),
                     source: sup.source.clone(),
                     vocab,
+                    declared,
+                    begin: sup.begin.clone(),
                 });
             }
         }

@@ -793,6 +793,7 @@ impl Comparison {
             fed,
             tokens,
             op_points: None,
+            reference_variants: vec![],
         };
         e.verdict = e.derive_verdict();
         if e.verdict == Verdict::Diverged && e.first_divergence.is_none() {

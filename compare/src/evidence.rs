@@ -353,6 +353,11 @@ pub struct Evidence {
     /// either dump holds no op-level point).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub op_points: Option<crate::ops::OpPoints>,
+    /// The engine against reference variants (`xray compare --variant DIR`: the HF reference with
+    /// its weights on a named grid), each checkpoint measured against both references. Written
+    /// only when given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reference_variants: Vec<crate::variant::VariantEvidence>,
 }
 
 impl Evidence {
@@ -743,6 +748,7 @@ pub(crate) mod tests {
             fed: vec![],
             tokens: None,
             op_points: None,
+            reference_variants: vec![],
         }
     }
 

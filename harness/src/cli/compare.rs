@@ -56,6 +56,12 @@ pub struct Args {
     /// nearest upstream of it. Repeatable.
     #[arg(long, value_name = "DIR")]
     pub isolated: Vec<PathBuf>,
+    /// A reference variant's dump (`xray oracle --weights-variant SCHEME`: the HF model with its
+    /// weights on a named grid, e.g. int8): every observed checkpoint is also measured against
+    /// it, and the evidence says how much of the divergence it explains (`reference_variants`).
+    /// Repeatable.
+    #[arg(long, value_name = "DIR")]
+    pub variant: Vec<PathBuf>,
 }
 
 /// Compares two dumps (full or stats-only: the same evidence, report and Markdown outputs either
@@ -76,6 +82,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         .input("dump under test", &a.got);
     for d in &a.isolated {
         outputs.input("isolated dump", d);
+    }
+    for d in &a.variant {
+        outputs.input("reference variant dump", d);
     }
     if let Some(m) = &a.model {
         outputs.input("model directory", m);
@@ -271,6 +280,21 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         first_divergent_step: None,
     };
     let mut ev = cmp.into_evidence_with(run, Some(transcript), None, notes, fed, tokens);
+    for dir in &a.variant {
+        let variant = Dump::load(dir)?;
+        let v = xray_compare::variant::compare_variant(
+            &contract,
+            &reference,
+            &got,
+            &variant,
+            opts.suppression.as_ref(),
+            &ev,
+        )
+        .context("comparing with the reference variant")?;
+        super::note(&format!("xray: {}", v.summary));
+        ev.notes.push(v.summary.clone());
+        ev.reference_variants.push(v);
+    }
     if let Some(n) = super::not_compared(&ev) {
         ev.notes.push(n);
     }

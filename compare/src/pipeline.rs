@@ -178,7 +178,7 @@ impl<'a> DumpPairs<'a> {
         suppression: Option<&Suppression>,
     ) -> Result<Vec<String>, Error> {
         let mut last_rows: Vec<String> = Vec::new();
-        let mut processed: Vec<(String, u32, usize, usize)> = Vec::new();
+        let mut processed: Vec<(String, u32, usize, usize, usize)> = Vec::new();
         let sides: Vec<&Dump> = std::iter::once(self.runtime)
             .chain(self.isolated.iter().copied())
             .collect();
@@ -272,7 +272,13 @@ impl<'a> DumpPairs<'a> {
                             }
                         }
                         let rows = g.len() / vocab.max(1);
-                        processed.push((e.name.clone(), e.step as u32, held, rows * ids.len()));
+                        processed.push((
+                            e.name.clone(),
+                            e.step as u32,
+                            held,
+                            rows * ids.len(),
+                            side,
+                        ));
                     }
                 }
                 self.reference_for
@@ -288,27 +294,42 @@ impl<'a> DumpPairs<'a> {
             ));
         }
         if let (Some(sup), false) = (suppression, processed.is_empty()) {
-            let held: usize = processed.iter().map(|p| p.2).sum();
-            let of: usize = processed.iter().map(|p| p.3).sum();
+            let dirs: Vec<String> = std::iter::once(self.runtime)
+                .chain(self.isolated.iter().copied())
+                .map(|d| d.dir.display().to_string())
+                .collect();
+            let mut per_dump = Vec::new();
+            for (side, dir) in dirs.iter().enumerate() {
+                let mine: Vec<_> = processed.iter().filter(|p| p.4 == side + 1).collect();
+                if !mine.is_empty() {
+                    let held: usize = mine.iter().map(|p| p.2).sum();
+                    let of: usize = mine.iter().map(|p| p.3).sum();
+                    per_dump.push(format!("{held} of {of} in {dir}"));
+                }
+            }
             let mut names: Vec<&str> = processed.iter().map(|p| p.0.as_str()).collect();
+            names.sort_unstable();
             names.dedup();
             let at: Vec<String> = names
                 .iter()
                 .map(|n| {
-                    let steps: Vec<u32> = processed
+                    let mut steps: Vec<u32> = processed
                         .iter()
                         .filter(|p| p.0 == *n)
                         .map(|p| p.1)
                         .collect();
+                    steps.sort_unstable();
+                    steps.dedup();
                     format!("{n} at steps {}", int_ranges(&steps))
                 })
                 .collect();
             notes.push(format!(
-                "logits processed: suppression (declared): {} compared outside the ids {} suppresses ({} suppress_tokens at every step, {} begin_suppress_tokens at step 0); the engine holds a suppressed value (<= -1e30) at {held} of those {of} places",
+                "logits processed: suppression (declared): {} compared outside the ids {} suppresses ({} suppress_tokens at every step, {} begin_suppress_tokens at step 0); the engine holds a suppressed value (<= -1e30) at {}",
                 at.join(", "),
                 sup.source,
                 sup.every.len(),
                 sup.begin.len(),
+                per_dump.join(", ")
             ));
         }
         Ok(notes)

@@ -132,9 +132,11 @@ candle: build fixtures
 	  --report $(CANDLE_OUT)/report.html --markdown $(CANDLE_OUT)/report.md; test $$? -le 1
 
 # CTranslate2's Whisper (engines/ctranslate2, Python; ctranslate2 from oracle/requirements-bench.txt)
-# under X-Ray, per clip: the reference dump, CTranslate2 at f32 and int8, each plain and fed the
-# reference's memory + tokens (its decoder isolated), compared offline. `xray compare` exits 1 on a
-# divergence (int8's finding, reported), 2 on an error (fails the target).
+# under X-Ray, per clip: the reference dump and two reference variants (HF weights on CTranslate2's
+# per-row int8 grid; also the GEMM inputs), CTranslate2 at f32 and int8, each plain and fed the
+# reference's memory + tokens (its decoder isolated), compared offline (int8 also against the
+# variants: how much of its divergence int8 explains). `xray compare` exits 1 on a divergence
+# (int8's finding, reported), 2 on an error (fails the target).
 CT2_OUT ?= reports/ctranslate2
 CT2_CLIPS ?= fox stella
 CT2 = $(PY) engines/ctranslate2/xray_ct2.py --model fixtures/whisper-tiny-en --force
@@ -143,10 +145,14 @@ ctranslate2: build fixtures $(VENV)/.bench-stamp
 	set -e; for clip in $(CT2_CLIPS); do \
 	  o=$(CT2_OUT)/$$clip; a=fixtures/audio/$$clip.wav; \
 	  $(XRAY) oracle --model fixtures/whisper-tiny-en --audio $$a --out $$o/ref --force; \
+	  for v in int8 int8_w8a8; do \
+	    $(XRAY) oracle --model fixtures/whisper-tiny-en --audio $$a --out $$o/ref-$$v --force --weights-variant $$v; \
+	  done; \
 	  for ct in float32 int8; do \
 	    $(CT2) --audio $$a --compute-type $$ct --out $$o/$$ct; \
 	    $(CT2) --audio $$a --compute-type $$ct --out $$o/$$ct-fed --memory-from $$o/ref --tokens-from $$o/ref; \
-	    rc=0; $(XRAY) compare $$o/ref $$o/$$ct --isolated $$o/$$ct-fed --evidence $$o/$$ct.evidence.json \
+	    variants=; test $$ct = int8 && variants="--variant $$o/ref-int8 --variant $$o/ref-int8_w8a8"; \
+	    rc=0; $(XRAY) compare $$o/ref $$o/$$ct --isolated $$o/$$ct-fed $$variants --evidence $$o/$$ct.evidence.json \
 	      --markdown $$o/$$ct.md || rc=$$?; test $$rc -le 1; \
 	  done; \
 	done

@@ -698,6 +698,15 @@ pub fn comparable_up_to(a: Option<&TokenAlignment>) -> Option<u32> {
         .and_then(|a| a.parted_at_step)
 }
 
+/// What [`compare_dumps_isolated`] returns: the comparison, the fed edges of every dump, the
+/// token alignment, and one note per declaration kind applied.
+pub type IsolatedComparison = (
+    Comparison,
+    Vec<FedEdge>,
+    Option<TokenAlignment>,
+    Vec<String>,
+);
+
 /// Compare a dump under test with a reference dump through the contract, with any number of
 /// isolated dumps (X-Ray's isolated mode, or an outside engine's runs fed with the reference's
 /// tensors: each checkpoint's local error comes from the run fed nearest upstream of it).
@@ -714,15 +723,7 @@ pub fn compare_dumps_isolated(
     runtime: &Dump,
     isolated: Vec<&Dump>,
     opts: &CompareOptions,
-) -> Result<
-    (
-        Comparison,
-        Vec<FedEdge>,
-        Option<TokenAlignment>,
-        Vec<String>,
-    ),
-    Error,
-> {
+) -> Result<IsolatedComparison, Error> {
     let g = graph_for(contract, reference)?;
     let mut fed = fed_edges(contract, runtime)?;
     let alignment = token_alignment(contract, reference, runtime)?;

@@ -486,7 +486,8 @@ class DumpWriter:
     identity is refused by `xray compare`'s isolation and `xray gate`). `engine_weights` declares
     the engine's own converted weights file: `{"format", "sha256", "file", "source",
     "conversion", "config"}` (format and sha256 required). `extra` is the manifest's `extra`
-    (`config`: the HF config.json; `fed`; `step_argmax`).
+    (`config`: the HF config.json; `fed`; `step_argmax`). Byte-identical to the Rust writer for full
+    dumps; with `stats_only` the statistics are numpy's sums (equal to rounding, not to the bit).
     """
 
     def __init__(self, *, family: str, model_id: str, producer: str, weights_sha256: str, audio_sha256: str,

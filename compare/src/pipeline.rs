@@ -600,6 +600,15 @@ pub fn fed_edges(contract: &Contract, d: &Dump) -> Result<Vec<FedEdge>, Error> {
         let e = e
             .as_object()
             .ok_or_else(|| err(format!("extra.fed.{k} is not an object")))?;
+        // `from` (the reference dump as given to the engine) and `into` (the API that took it)
+        // are free text, but text: anything else is refused, naming the key.
+        for key in ["from", "into"] {
+            if let Some(v) = e.get(key).filter(|v| !v.is_string()) {
+                return Err(err(format!(
+                    "extra.fed.{k}.{key} is {v}, expected a string (from: the reference dump's path as given; into: the engine API that took the tensor)"
+                )));
+            }
+        }
         let text = |key: &str| e.get(key).and_then(|x| x.as_str()).map(str::to_string);
         out.push(FedEdge {
             checkpoint: k.clone(),

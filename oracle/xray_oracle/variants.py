@@ -83,7 +83,8 @@ def apply(model, scheme: str) -> dict:
             targets.append(("embed_tokens", emb, "Embedding"))
             for _, m, kind in targets:
                 w = m.weight
-                if id(w) in seen:  # proj_out is tied to the token embedding
+                if id(w) in seen:  # proj_out is tied to the token embedding: quantized once
+                    kinds.add(kind)
                     continue
                 seen.add(id(w))
                 new = _int8_rows(w)

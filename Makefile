@@ -14,7 +14,7 @@ CARGO ?= cargo
 XRAY := target/release/xray
 AUDIO ?= fixtures/audio/fox.wav
 
-.PHONY: all venv tools fixtures build demo test test-rust test-python test-nopy lint selftest corpus bench candle whispercpp whispercpp-tools whispercpp-models clean
+.PHONY: all venv tools fixtures build demo test test-rust test-python test-nopy lint selftest corpus bench candle whispercpp whispercpp-tools whispercpp-models ctranslate2 clean
 
 all: build
 
@@ -73,8 +73,12 @@ demo: venv fixtures build
 test-rust: venv fixtures whispercpp-tools whispercpp-models
 	XRAY_REQUIRE_FIXTURES=1 $(CARGO) test --release --workspace
 
-test-python: venv fixtures
-	XRAY_REQUIRE_FIXTURES=1 $(PY) -m pytest -q oracle/tests
+# The CTranslate2 engine's e2e test (engines/ctranslate2/tests) runs here too: CI installs ctranslate2
+# (oracle/requirements-bench.txt: one 42.6 MB wheel, 146 MB installed, ~3 s from pip's cache, next
+# to torch's ~1 GB), so under XRAY_REQUIRE_FIXTURES the test fails rather than skips without it. It
+# needs target/release/xray (test-rust builds it first in `make test`).
+test-python: venv fixtures $(VENV)/.bench-stamp
+	XRAY_REQUIRE_FIXTURES=1 $(PY) -m pytest -q oracle/tests engines/ctranslate2/tests
 
 selftest: build fixtures
 	$(XRAY) selftest
@@ -92,12 +96,12 @@ test-nopy: fixtures
 	bash .ci/nopy-check target/release/xray-nopy
 
 # Fails on unformatted Rust, any clippy warning (every target of every member; --release shares the
-# proc-macros and build scripts of the release build) and ruff's findings in oracle/ and fixtures/
+# proc-macros and build scripts of the release build) and ruff's findings in oracle/, fixtures/, engines/
 # (ruff.toml; ruff is pinned in oracle/requirements.txt).
 RUFF ?= $(VENV)/bin/ruff
 lint: venv whispercpp-tools
 	$(CARGO) fmt --all -- --check
-	$(RUFF) check --no-cache oracle fixtures
+	$(RUFF) check --no-cache oracle fixtures engines
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
 
 # `cargo test` leaves target/release/xray built from the same sources (with the dev-dependency
@@ -179,6 +183,30 @@ whispercpp: build fixtures whispercpp-tools whispercpp-models
 	    $(XRAY) compare $(WHISPERCPP_OUT)/ref $(WHISPERCPP_OUT)/$$run --model fixtures/whisper-tiny-en \
 	      --policy engines/whispercpp/policies/f16-accepted.json \
 	      --evidence $(WHISPERCPP_OUT)/$$run.f16-accepted.evidence.json || test $$? -le 1; \
+
+# CTranslate2's Whisper (engines/ctranslate2, Python; ctranslate2 from oracle/requirements-bench.txt)
+# under X-Ray, per clip: the reference dump and two reference variants (HF weights on CTranslate2's
+# per-row int8 grid; also the GEMM inputs), CTranslate2 at f32 and int8, each plain and fed the
+# reference's memory + tokens (its decoder isolated), compared offline (int8 also against the
+# variants: how much of its divergence int8 explains). `xray compare` exits 1 on a divergence
+# (int8's finding, reported), 2 on an error (fails the target).
+CT2_OUT ?= reports/ctranslate2
+CT2_CLIPS ?= fox stella
+CT2 = $(PY) engines/ctranslate2/xray_ct2.py --model fixtures/whisper-tiny-en --force
+ctranslate2: build fixtures $(VENV)/.bench-stamp
+	mkdir -p $(CT2_OUT)
+	set -e; for clip in $(CT2_CLIPS); do \
+	  o=$(CT2_OUT)/$$clip; a=fixtures/audio/$$clip.wav; \
+	  $(XRAY) oracle --model fixtures/whisper-tiny-en --audio $$a --out $$o/ref --force; \
+	  for v in int8 int8_w8a8; do \
+	    $(XRAY) oracle --model fixtures/whisper-tiny-en --audio $$a --out $$o/ref-$$v --force --weights-variant $$v; \
+	  done; \
+	  for ct in float32 int8; do \
+	    $(CT2) --audio $$a --compute-type $$ct --out $$o/$$ct; \
+	    $(CT2) --audio $$a --compute-type $$ct --out $$o/$$ct-fed --memory-from $$o/ref --tokens-from $$o/ref; \
+	    variants=; test $$ct = int8 && variants="--variant $$o/ref-int8 --variant $$o/ref-int8_w8a8"; \
+	    rc=0; $(XRAY) compare $$o/ref $$o/$$ct --isolated $$o/$$ct-fed $$variants --evidence $$o/$$ct.evidence.json \
+	      --markdown $$o/$$ct.md || rc=$$?; test $$rc -le 1; \
 	  done; \
 	done
 

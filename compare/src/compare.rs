@@ -216,6 +216,9 @@ pub struct CompareOptions {
     pub fed: Vec<String>,
     /// Steps after this one are `not_comparable` (the token streams parted there).
     pub comparable_up_to_step: Option<u32>,
+    /// The ids the reference's generation config suppresses (for entries declaring
+    /// `logits_processed: suppression`, and to name undeclared suppression).
+    pub suppression: Option<crate::pipeline::Suppression>,
 }
 
 /// Result of [`compare_graph`].
@@ -288,6 +291,9 @@ pub fn shape_explanation(
                 "{count} {} {dir} along {name} ({x} vs {r} in the reference)",
                 unit(d)
             );
+            if name == "tokens" && x == 1 && r > 1 {
+                t.push_str(": the last position only? An engine that returns the last row declares \"token_positions\": \"last\" on the entry (docs/dump-format.md) and it is compared with the reference's last row");
+            }
             if cache {
                 let what = if d == 1 { "a position" } else { "positions" };
                 t.push_str(&format!(
@@ -787,6 +793,7 @@ impl Comparison {
             fed,
             tokens,
             op_points: None,
+            reference_variants: vec![],
         };
         e.verdict = e.derive_verdict();
         if e.verdict == Verdict::Diverged && e.first_divergence.is_none() {

@@ -88,6 +88,11 @@ pub struct Run {
     /// compare REF GOT`): what `xray repro` cuts a case from. Written only when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dumps: Option<RunDumps>,
+    /// The engine's own weights file, when its dump declares one (`engine_weights`: an engine on
+    /// converted weights; `weights_sha256` is then the HF weights they correspond to). Written
+    /// only when declared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_weights: Option<xray_core::dump::EngineWeights>,
 }
 
 /// Where the two dumps of a run are (absolute paths when X-Ray could resolve them).
@@ -348,6 +353,11 @@ pub struct Evidence {
     /// either dump holds no op-level point).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub op_points: Option<crate::ops::OpPoints>,
+    /// The engine against reference variants (`xray compare --variant DIR`: the HF reference with
+    /// its weights on a named grid), each checkpoint measured against both references. Written
+    /// only when given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reference_variants: Vec<crate::variant::VariantEvidence>,
 }
 
 impl Evidence {
@@ -738,6 +748,7 @@ pub(crate) mod tests {
             fed: vec![],
             tokens: None,
             op_points: None,
+            reference_variants: vec![],
         }
     }
 

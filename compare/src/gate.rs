@@ -254,6 +254,31 @@ pub fn gate(new: &Evidence, baseline: &Evidence, opts: &GateOptions) -> Result<G
             message: format!("different input (allowed): {d}"),
         });
     }
+    // The engine's own converted weights are not identity (the HF weights they correspond to
+    // are, above): a changed file (another conversion or quantization) is gated, and said.
+    let ew = |e: &Evidence| {
+        e.run
+            .engine_weights
+            .as_ref()
+            .map(|w| (w.format.clone(), w.sha256.clone()))
+    };
+    if ew(new) != ew(baseline) {
+        let show = |x: Option<(String, String)>| {
+            x.map_or("none declared".to_string(), |(f, h)| {
+                format!("{f} sha256 {h}")
+            })
+        };
+        findings.push(Finding {
+            checkpoint: None,
+            kind: FindingKind::DifferentInput,
+            failing: false,
+            message: format!(
+                "engine weights file differs (gated anyway: the HF weights it corresponds to are the same): {} vs baseline {}",
+                show(ew(new)),
+                show(ew(baseline))
+            ),
+        });
+    }
     let stats_only: Vec<&str> = [(new, "new"), (baseline, "baseline")]
         .iter()
         .filter(|(e, _)| e.run.stats_only)
@@ -491,6 +516,39 @@ mod tests {
         assert_eq!(dropped, ["a@step0", "b@step0"]);
         assert!(!r.passed());
         assert!(junit_xml(&r).unwrap().contains("type=\"coverage\""));
+    }
+
+    /// A converted engine's own weights file changing (same HF weights) is gated, and said in a
+    /// non-failing finding naming both files.
+    #[test]
+    fn engine_weights_change_is_named_not_refused() {
+        let cps = vec![cp("a", Status::Pass, 1e-6, 1e-5)];
+        let with = |sha: &str| {
+            let mut e = ev(Verdict::Pass, cps.clone());
+            e.run.engine_weights = Some(xray_core::dump::EngineWeights {
+                format: "ctranslate2".into(),
+                sha256: sha.repeat(32),
+                file: None,
+                source: None,
+                conversion: None,
+                config: None,
+            });
+            e
+        };
+        let r = gate(&with("1a"), &with("2b"), &GateOptions::default()).unwrap();
+        assert!(r.passed());
+        let f: Vec<_> = r
+            .findings
+            .iter()
+            .filter(|f| f.message.contains("engine weights file differs"))
+            .collect();
+        assert_eq!(f.len(), 1, "{:?}", r.findings);
+        assert!(!f[0].failing && f[0].message.contains(&"2b".repeat(32)));
+        let r = gate(&with("1a"), &with("1a"), &GateOptions::default()).unwrap();
+        assert!(!r
+            .findings
+            .iter()
+            .any(|f| f.message.contains("engine weights")));
     }
 
     /// Evidence for another clip, other weights, another family or another contract is refused;

@@ -35,5 +35,6 @@ pub mod pipeline;
 pub mod report;
 pub mod signatures;
 pub mod tolerance;
+pub mod variant;
 
 pub use error::{Error, Result};

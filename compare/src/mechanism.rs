@@ -1617,6 +1617,7 @@ mod tests {
             stats_only: false,
             checkpoints: vec![],
             extra: Default::default(),
+            engine_weights: None,
         };
         Dump::from_captured(
             m,

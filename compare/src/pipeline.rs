@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
 use xray_core::contract::Contract;
-use xray_core::dump::{content_sha256, Dump, Stats};
+use xray_core::dump::{content_sha256, Dump, LogitsProcessed, Stats, TokenPositions};
 use xray_core::Layout;
 
 use crate::compare::{
@@ -110,6 +110,9 @@ pub struct DumpPairs<'a> {
     /// fed nothing (X-Ray's isolated mode substitutes every edge), if any.
     isolated_for: HashMap<(String, u32), usize>,
     converted: HashMap<(String, usize, usize), Result<ArrayD<f32>, String>>,
+    /// The reference as a side under test's declarations make it comparable (its last row for
+    /// `token_positions: last`), by `(name, step, side)`.
+    reference_for: HashMap<(String, usize, usize), Result<ArrayD<f32>, String>>,
 }
 
 impl<'a> DumpPairs<'a> {
@@ -158,7 +161,178 @@ impl<'a> DumpPairs<'a> {
             isolated,
             isolated_for: HashMap::new(),
             converted,
+            reference_for: HashMap::new(),
         }
+    }
+
+    /// Applies what the sides under test declare per entry (docs/dump-format.md):
+    /// `token_positions: last` compares the entry against the reference's last position along
+    /// the contract's `tokens` axis; `logits_processed: suppression` compares logits outside the
+    /// suppressed ids (`suppression`, from the reference's generation config): there the
+    /// engine's value is replaced by the reference's raw one, so they add no difference and every
+    /// other id keeps its index. A declaration the contract cannot honour, or suppression with
+    /// no suppress lists, is an error naming the entry and the missing key. Returns one
+    /// line per declaration kind, for the evidence notes.
+    pub fn apply_declarations(
+        &mut self,
+        suppression: Option<&Suppression>,
+    ) -> Result<Vec<String>, Error> {
+        let mut last_rows: Vec<String> = Vec::new();
+        let mut processed: Vec<(String, u32, usize, usize, usize)> = Vec::new();
+        let sides: Vec<&Dump> = std::iter::once(self.runtime)
+            .chain(self.isolated.iter().copied())
+            .collect();
+        for (k, d) in sides.into_iter().enumerate() {
+            let side = 1 + k;
+            for e in &d.manifest.checkpoints {
+                if e.token_positions.is_none() && e.logits_processed.is_none() {
+                    continue;
+                }
+                let id = format!("{}@step{}", e.name, e.step);
+                let err = |reason: String| Error::Manifest {
+                    dump: d.dir.display().to_string(),
+                    reason: format!("{id}: {reason}"),
+                };
+                let Some(spec) = self.contract.get(&e.name) else {
+                    return Err(err(
+                        "declares token_positions/logits_processed but is no checkpoint of the contract".into(),
+                    ));
+                };
+                let Some(r) = self.side(self.reference, 0, &e.name, e.step) else {
+                    continue; // absent from the reference: reported as such by `pair`
+                };
+                let mut r = match r {
+                    Ok(v) => v.to_owned(),
+                    Err(_) => continue,
+                };
+                let Some(g) = self.side(d, side, &e.name, e.step) else {
+                    continue;
+                };
+                let Ok(g) = g.map(|v| v.to_owned()) else {
+                    continue;
+                };
+                let mut g = g;
+                if let Some(TokenPositions::Last) = e.token_positions {
+                    let Some(ax) = spec.axes.iter().position(|a| a == "tokens") else {
+                        return Err(err(format!(
+                            "declares token_positions: last, but the contract's shape {:?} has no 'tokens' axis",
+                            spec.axes
+                        )));
+                    };
+                    if ax >= r.ndim() || g.ndim() != r.ndim() || g.shape()[ax] != 1 {
+                        return Err(err(format!(
+                            "declares token_positions: last, so its 'tokens' axis must hold 1 position; it holds shape {:?} (reference {:?})",
+                            g.shape(),
+                            r.shape()
+                        )));
+                    }
+                    let n = r.shape()[ax];
+                    if n == 0 {
+                        continue;
+                    }
+                    r = r
+                        .slice_axis(ndarray::Axis(ax), ndarray::Slice::from(n - 1..n))
+                        .to_owned();
+                    if !last_rows.contains(&e.name) {
+                        last_rows.push(e.name.clone());
+                    }
+                }
+                if let Some(LogitsProcessed::Suppression) = e.logits_processed {
+                    if spec.kind.as_deref() != Some("logits") {
+                        return Err(err(
+                            "declares logits_processed, but the contract's checkpoint is not logits".into(),
+                        ));
+                    }
+                    let Some(sup) = suppression else {
+                        return Err(err(
+                            "declares logits_processed: suppression, but no suppress list is known: the reference dump carries no extra.generation_config (nor suppress_tokens in extra.config); pass --model DIR with its generation_config.json".into(),
+                        ));
+                    };
+                    let ids = sup.ids_at(e.step as u32);
+                    let vocab = r.shape().last().copied().unwrap_or(0);
+                    if let Some(bad) = ids.iter().find(|&&i| i >= vocab) {
+                        return Err(err(format!(
+                            "suppressed id {bad} (from {}) is outside the vocabulary of {vocab}",
+                            sup.source
+                        )));
+                    }
+                    if g.shape() == r.shape() {
+                        let last = r.ndim() - 1;
+                        let mut held = 0usize;
+                        for (mut gr, rr) in g
+                            .lanes_mut(ndarray::Axis(last))
+                            .into_iter()
+                            .zip(r.lanes(ndarray::Axis(last)))
+                        {
+                            for &i in &ids {
+                                if gr[i] <= SUPPRESSED {
+                                    held += 1;
+                                }
+                                gr[i] = rr[i];
+                            }
+                        }
+                        let rows = g.len() / vocab.max(1);
+                        processed.push((
+                            e.name.clone(),
+                            e.step as u32,
+                            held,
+                            rows * ids.len(),
+                            side,
+                        ));
+                    }
+                }
+                self.reference_for
+                    .insert((e.name.clone(), e.step, side), Ok(r));
+                self.converted.insert((e.name.clone(), e.step, side), Ok(g));
+            }
+        }
+        let mut notes = Vec::new();
+        if !last_rows.is_empty() {
+            notes.push(format!(
+                "token_positions: last (declared): {} compared against the reference's last position at the steps so declared",
+                last_rows.join(", ")
+            ));
+        }
+        if let (Some(sup), false) = (suppression, processed.is_empty()) {
+            let dirs: Vec<String> = std::iter::once(self.runtime)
+                .chain(self.isolated.iter().copied())
+                .map(|d| d.dir.display().to_string())
+                .collect();
+            let mut per_dump = Vec::new();
+            for (side, dir) in dirs.iter().enumerate() {
+                let mine: Vec<_> = processed.iter().filter(|p| p.4 == side + 1).collect();
+                if !mine.is_empty() {
+                    let held: usize = mine.iter().map(|p| p.2).sum();
+                    let of: usize = mine.iter().map(|p| p.3).sum();
+                    per_dump.push(format!("{held} of {of} in {dir}"));
+                }
+            }
+            let mut names: Vec<&str> = processed.iter().map(|p| p.0.as_str()).collect();
+            names.sort_unstable();
+            names.dedup();
+            let at: Vec<String> = names
+                .iter()
+                .map(|n| {
+                    let mut steps: Vec<u32> = processed
+                        .iter()
+                        .filter(|p| p.0 == *n)
+                        .map(|p| p.1)
+                        .collect();
+                    steps.sort_unstable();
+                    steps.dedup();
+                    format!("{n} at steps {}", int_ranges(&steps))
+                })
+                .collect();
+            notes.push(format!(
+                "logits processed: suppression (declared): {} compared outside the ids {} suppresses ({} suppress_tokens at every step, {} begin_suppress_tokens at step 0); the engine holds a suppressed value (<= -1e30) at {}",
+                at.join(", "),
+                sup.source,
+                sup.every.len(),
+                sup.begin.len(),
+                per_dump.join(", ")
+            ));
+        }
+        Ok(notes)
     }
 
     /// For each node, the isolated dump that measures its local error: among the dumps that fed
@@ -230,7 +404,10 @@ impl PairSource for DumpPairs<'_> {
         let layout = spec
             .map(|s| s.layout.to_string())
             .unwrap_or_else(|| "plain".into());
-        let r = self.side(self.reference, 0, name, step_u);
+        let r = match self.reference_for.get(&(name.to_string(), step_u, 1)) {
+            Some(v) => Some(v.as_ref().map(|a| a.view()).map_err(|e| e.clone())),
+            None => self.side(self.reference, 0, name, step_u),
+        };
         let x = self.side(self.runtime, 1, name, step_u);
         let meta_of = |a: &ArrayViewD<f32>| PairMeta {
             shape: a.shape().to_vec(),
@@ -306,6 +483,88 @@ pub fn compare_dumps(
     compare_graph(&g, &pairs, opts)
 }
 
+/// A logits value at or below this is a suppressed id (engines write `-inf`, `f32::MIN`
+/// (-3.4e38) or a large negative constant).
+pub const SUPPRESSED: f32 = -1e30;
+
+/// The token ids a Whisper generation config suppresses: `suppress_tokens` at every step,
+/// `begin_suppress_tokens` at the first generated position (the row step 0's last position
+/// predicts), as transformers' `SuppressTokensLogitsProcessor` and
+/// `SuppressTokensAtBeginLogitsProcessor` apply them in `generate`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Suppression {
+    /// `suppress_tokens`.
+    pub every: Vec<usize>,
+    /// `begin_suppress_tokens`.
+    pub begin: Vec<usize>,
+    /// Where the lists come from (for messages).
+    pub source: String,
+}
+
+impl Suppression {
+    /// The lists of a generation config (or config.json) object; `Ok(None)` when it has neither
+    /// key, an error naming the key when one is not a list of non-negative integers.
+    pub fn from_config(v: &serde_json::Value, source: &str) -> Result<Option<Suppression>, String> {
+        let list = |key: &str| -> Result<Option<Vec<usize>>, String> {
+            match v.get(key) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(serde_json::Value::Array(a)) => a
+                    .iter()
+                    .map(|x| {
+                        x.as_u64()
+                            .filter(|&n| n <= 1 << 24)
+                            .map(|n| n as usize)
+                            .ok_or_else(|| format!("{source}: {key} holds {x}, not a token id"))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(Some),
+                Some(other) => Err(format!(
+                    "{source}: {key} is {other}, not a list of token ids"
+                )),
+            }
+        };
+        let (every, begin) = (list("suppress_tokens")?, list("begin_suppress_tokens")?);
+        if every.is_none() && begin.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(Suppression {
+            every: every.unwrap_or_default(),
+            begin: begin.unwrap_or_default(),
+            source: source.to_string(),
+        }))
+    }
+
+    /// The suppression the reference's manifest records: `extra.generation_config` (what `xray
+    /// oracle` writes), else `extra.config`'s lists.
+    pub fn of_dump(d: &Dump) -> Result<Option<Suppression>, Error> {
+        let err = |reason: String| Error::Manifest {
+            dump: d.dir.display().to_string(),
+            reason,
+        };
+        for key in ["generation_config", "config"] {
+            if let Some(v) = d.manifest.extra.get(key) {
+                if let Some(s) =
+                    Suppression::from_config(v, &format!("extra.{key}")).map_err(err)?
+                {
+                    return Ok(Some(s));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// The ids suppressed at `step`, ascending.
+    pub fn ids_at(&self, step: u32) -> Vec<usize> {
+        let mut v = self.every.clone();
+        if step == 0 {
+            v.extend(&self.begin);
+        }
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+}
+
 /// The checkpoint names a dump's engine was fed with the reference's tensor (`extra.fed` keys,
 /// `tokens` excluded).
 pub fn fed_names(d: &Dump) -> Vec<String> {
@@ -341,6 +600,15 @@ pub fn fed_edges(contract: &Contract, d: &Dump) -> Result<Vec<FedEdge>, Error> {
         let e = e
             .as_object()
             .ok_or_else(|| err(format!("extra.fed.{k} is not an object")))?;
+        // `from` (the reference dump as given to the engine) and `into` (the API that took it)
+        // are free text, but text: anything else is refused, naming the key.
+        for key in ["from", "into"] {
+            if let Some(v) = e.get(key).filter(|v| !v.is_string()) {
+                return Err(err(format!(
+                    "extra.fed.{k}.{key} is {v}, expected a string (from: the reference dump's path as given; into: the engine API that took the tensor)"
+                )));
+            }
+        }
         let text = |key: &str| e.get(key).and_then(|x| x.as_str()).map(str::to_string);
         out.push(FedEdge {
             checkpoint: k.clone(),
@@ -439,12 +707,24 @@ pub fn comparable_up_to(a: Option<&TokenAlignment>) -> Option<u32> {
         .and_then(|a| a.parted_at_step)
 }
 
+/// What [`compare_dumps_isolated`] returns: the comparison, the fed edges of every dump, the
+/// token alignment, and one note per declaration kind applied.
+pub type IsolatedComparison = (
+    Comparison,
+    Vec<FedEdge>,
+    Option<TokenAlignment>,
+    Vec<String>,
+);
+
 /// Compare a dump under test with a reference dump through the contract, with any number of
 /// isolated dumps (X-Ray's isolated mode, or an outside engine's runs fed with the reference's
 /// tensors: each checkpoint's local error comes from the run fed nearest upstream of it).
 /// Reads the dump under test's `extra.fed` (its fed checkpoints count as passing for their
 /// consumers) and lines its tokens up with the reference's (steps after the streams part are
-/// `not_comparable`). Returns the comparison, the fed edges of every dump and the alignment.
+/// `not_comparable`). Applies the entries' declarations ([`DumpPairs::apply_declarations`]) and
+/// names undeclared suppression at a divergent logits checkpoint (signature `logits_processed`).
+/// Returns the comparison, the fed edges of every dump, the alignment and one note per
+/// declaration kind applied.
 /// Zero observed checkpoints is an error naming both dumps.
 pub fn compare_dumps_isolated(
     contract: &Contract,
@@ -452,7 +732,7 @@ pub fn compare_dumps_isolated(
     runtime: &Dump,
     isolated: Vec<&Dump>,
     opts: &CompareOptions,
-) -> Result<(Comparison, Vec<FedEdge>, Option<TokenAlignment>), Error> {
+) -> Result<IsolatedComparison, Error> {
     let g = graph_for(contract, reference)?;
     let mut fed = fed_edges(contract, runtime)?;
     let alignment = token_alignment(contract, reference, runtime)?;
@@ -469,15 +749,204 @@ pub fn compare_dumps_isolated(
         .comparable_up_to_step
         .or(comparable_up_to(alignment.as_ref()));
     let mut pairs = DumpPairs::with_isolated(contract, reference, runtime, isolated);
+    let notes = pairs.apply_declarations(opts.suppression.as_ref())?;
     pairs.choose_isolated(&g, &iso_up_to);
-    let c = compare_graph(&g, &pairs, &opts)?;
+    let mut c = compare_graph(&g, &pairs, &opts)?;
     if !c.checkpoints.iter().any(|c| c.status.is_observed()) {
         return Err(Error::NothingObserved {
             reference: reference.dir.display().to_string(),
             got: runtime.dir.display().to_string(),
         });
     }
-    Ok((c, fed, alignment))
+    if let Some(sup) = opts.suppression.as_ref() {
+        let found = pairs.undeclared_suppression(sup);
+        for fd in c
+            .first_divergence
+            .iter_mut()
+            .chain(c.independent.iter_mut())
+        {
+            if let Some(x) = found
+                .iter()
+                .find(|x| x.checkpoint == fd.checkpoint && x.step == fd.step)
+            {
+                fd.explanation = Some(x.explanation());
+            }
+        }
+    }
+    Ok((c, fed, alignment, notes))
+}
+
+/// Logits of the dump under test holding suppressed values (<= [`SUPPRESSED`]) where the
+/// reference is finite, with no `logits_processed` declared: at one (checkpoint, step), the ids
+/// so set and the ids the generation config suppresses there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SuppressionFound {
+    /// The logits checkpoint.
+    pub checkpoint: String,
+    /// Its step.
+    pub step: u32,
+    /// Ids the engine set to a suppressed value (in any row), ascending.
+    pub ids: Vec<usize>,
+    /// The ids the generation config suppresses at this step.
+    pub config_ids: Vec<usize>,
+    /// Where the lists come from.
+    pub source: String,
+    /// The vocabulary size.
+    pub vocab: usize,
+    /// The entry declares `logits_processed: suppression` (its ids inside the config's lists
+    /// were compared away; `ids` are then the ones outside them).
+    pub declared: bool,
+    /// The generation config's `begin_suppress_tokens` (to name them when suppressed at a step
+    /// other than 0).
+    pub begin: Vec<usize>,
+}
+
+impl SuppressionFound {
+    /// Whether every suppressed id is one the config suppresses.
+    pub fn explained(&self) -> bool {
+        self.ids
+            .iter()
+            .all(|i| self.config_ids.binary_search(i).is_ok())
+    }
+
+    /// The mechanism, as a signature (`logits_processed`) when the ids are the config's.
+    pub fn explanation(&self) -> Explanation {
+        let outside: Vec<usize> = self
+            .ids
+            .iter()
+            .copied()
+            .filter(|i| self.config_ids.binary_search(i).is_err())
+            .collect();
+        let begin_late: Vec<usize> = if self.step > 0 {
+            outside
+                .iter()
+                .copied()
+                .filter(|i| self.begin.contains(i))
+                .collect()
+        } else {
+            vec![]
+        };
+        let list = |v: &[usize]| {
+            let mut t = v[..v.len().min(8)]
+                .iter()
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(", ");
+            if v.len() > 8 {
+                t.push_str(", ...");
+            }
+            t
+        };
+        let (signature, detail) = if self.declared || !begin_late.is_empty() {
+            (
+                "logits_processed",
+                format!(
+                    "logits processed: suppression at ids {} does not suppress at step {}: {}{}",
+                    self.source,
+                    self.step,
+                    list(&outside),
+                    if begin_late.len() == outside.len() {
+                        " (its begin_suppress_tokens, which apply at the first generated position only, step 0: the engine suppresses them at a later step, e.g. the first position after a forced prefix)".to_string()
+                    } else if !begin_late.is_empty() {
+                        format!(
+                            " ({} of them begin_suppress_tokens, which apply at step 0 only)",
+                            begin_late.len()
+                        )
+                    } else {
+                        String::new()
+                    }
+                ),
+            )
+        } else if outside.is_empty() {
+            let how = if self.ids.len() == self.config_ids.len() {
+                "exactly the".to_string()
+            } else {
+                format!("{} of the {}", self.ids.len(), self.config_ids.len())
+            };
+            (
+                "logits_processed",
+                format!(
+                    "logits processed: suppression: the {} of {} ids the engine sets to <= -1e30 are {how} ids {} suppresses at step {} (suppress_tokens{}); the reference's logits are raw proj_out outputs. Declare \"logits_processed\": \"suppression\" on these entries (docs/dump-format.md) to compare them outside the suppressed ids",
+                    self.ids.len(),
+                    self.vocab,
+                    self.source,
+                    self.step,
+                    if self.step == 0 { ", begin_suppress_tokens" } else { "" }
+                ),
+            )
+        } else {
+            (
+                "none",
+                format!(
+                    "{} of {} ids are set to <= -1e30 where the reference is finite; {} of them are not in {}'s suppress lists (first: {}), so suppression does not explain them",
+                    self.ids.len(),
+                    self.vocab,
+                    outside.len(),
+                    self.source,
+                    list(&outside)
+                ),
+            )
+        };
+        Explanation {
+            signature: signature.into(),
+            detail,
+            evidence: serde_json::json!({
+                "suppressed_ids": self.ids.len(),
+                "config_ids": self.config_ids.len(),
+                "outside_config": outside.len(),
+                "source": self.source,
+            }),
+        }
+    }
+}
+
+impl DumpPairs<'_> {
+    /// Every logits entry of the dump under test that declares no `logits_processed` and holds
+    /// suppressed values where the reference is finite ([`SuppressionFound`]).
+    pub fn undeclared_suppression(&self, sup: &Suppression) -> Vec<SuppressionFound> {
+        let mut out = Vec::new();
+        for e in &self.runtime.manifest.checkpoints {
+            let logits = self
+                .contract
+                .get(&e.name)
+                .is_some_and(|s| s.kind.as_deref() == Some("logits"));
+            if !logits {
+                continue;
+            }
+            let declared = e.logits_processed.is_some();
+            let Pair::Tensors {
+                reference, runtime, ..
+            } = self.pair(&e.name, e.step as u32)
+            else {
+                continue;
+            };
+            let Some(vocab) = reference.shape().last().copied().filter(|&v| v > 0) else {
+                continue;
+            };
+            let mut hit = vec![false; vocab];
+            for (i, (r, x)) in reference.iter().zip(runtime.iter()).enumerate() {
+                if *x <= SUPPRESSED && r.is_finite() {
+                    hit[i % vocab] = true;
+                }
+            }
+            // A declared entry's suppressed ids inside the lists were replaced by the
+            // reference's values: what is left is suppressed outside them.
+            let ids: Vec<usize> = (0..vocab).filter(|&i| hit[i]).collect();
+            if !ids.is_empty() {
+                out.push(SuppressionFound {
+                    checkpoint: e.name.clone(),
+                    step: e.step as u32,
+                    ids,
+                    config_ids: sup.ids_at(e.step as u32),
+                    source: sup.source.clone(),
+                    vocab,
+                    declared,
+                    begin: sup.begin.clone(),
+                });
+            }
+        }
+        out
+    }
 }
 
 /// One side of a statistics comparison: the summary of `name@step` in the contract's canonical

@@ -26,6 +26,7 @@ fn manifest(producer: &str) -> Manifest {
         stats_only: false,
         checkpoints: vec![],
         extra: Default::default(),
+        engine_weights: None,
     }
 }
 

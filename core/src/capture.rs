@@ -143,6 +143,8 @@ impl Observer for StatsRecorder {
             sha256: None,
             stats: Some(crate::dump::Stats::of(slice)),
             content_sha256: Some(crate::dump::content_sha256(slice)),
+            token_positions: None,
+            logits_processed: None,
         });
     }
 }

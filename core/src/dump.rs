@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use ndarray::{ArrayD, IxDyn};
 use ndarray_npy::npy::header::Header;
-use ndarray_npy::{ReadDataError, ReadableElement, WriteNpyExt};
+use ndarray_npy::{ReadDataError, ReadableElement};
 use py_literal::Value as PyValue;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -223,6 +223,77 @@ pub struct Entry {
     /// sha256 of the raw f32 payload (stats-only dumps).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content_sha256: Option<String>,
+    /// Which positions of the step the `tokens` axis holds (absent: every position, the
+    /// contract's shape). `last`: only the step's last position, as engines that return the
+    /// last row's logits write step 0; compared against the reference's last row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_positions: Option<TokenPositions>,
+    /// Logits after the engine's logits processors (absent: raw `proj_out` outputs, what the
+    /// reference dumps). `suppression`: the generation config's suppressed ids are set to a huge
+    /// negative value; compared outside those ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logits_processed: Option<LogitsProcessed>,
+}
+
+/// [`Entry::token_positions`]: the positions a checkpoint's `tokens` axis holds.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenPositions {
+    /// Only the step's last position (one row).
+    Last,
+}
+
+/// [`Entry::logits_processed`]: how an engine's logits differ from the raw `proj_out` output by
+/// construction.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum LogitsProcessed {
+    /// The generation config's `suppress_tokens` (every step) and `begin_suppress_tokens` (the
+    /// first generated position, step 0) are set to a huge negative value (or -inf).
+    Suppression,
+}
+
+impl TokenPositions {
+    /// The manifest spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenPositions::Last => "last",
+        }
+    }
+}
+
+impl LogitsProcessed {
+    /// The manifest spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogitsProcessed::Suppression => "suppression",
+        }
+    }
+}
+
+/// [`Manifest::engine_weights`]: the engine's own weights file, for an engine that computes from a
+/// converted copy of the HF weights (CTranslate2's `model.bin`, a ggml or ONNX file). The
+/// manifest's `weights_sha256` stays the identity of the HF weights it corresponds to (converted
+/// from or into), the one every identity check compares.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EngineWeights {
+    /// The engine's weights format (`ctranslate2`, `ggml`, `onnx`, ...).
+    pub format: String,
+    /// sha256 of the engine's weights file bytes.
+    pub sha256: String,
+    /// The file's name (or path) as the engine read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// The HF model (directory or id) whose weights `weights_sha256` identifies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// How the two files relate (the converter and what it changes), free-form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversion: Option<String>,
+    /// The engine's own model config (e.g. CTranslate2's config.json), kept apart from
+    /// `extra.config`, which is always the HF config.json.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<serde_json::Value>,
 }
 
 /// `manifest.json`.
@@ -238,7 +309,9 @@ pub struct Manifest {
     pub model_id: String,
     /// `oracle`, `runtime`, or another engine's name.
     pub producer: String,
-    /// sha256 of the weights file.
+    /// sha256 of the HF weights (the single `.safetensors` file, or the sorted shards' list);
+    /// for an engine on converted weights, of the HF weights they were converted from or into
+    /// (its own file is in `engine_weights`).
     pub weights_sha256: String,
     /// sha256 of the input audio file.
     pub audio_sha256: String,
@@ -259,6 +332,9 @@ pub struct Manifest {
     /// Family-specific extras (e.g. the granite CTC hypothesis).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub extra: BTreeMap<String, serde_json::Value>,
+    /// The engine's own weights file when it computes from converted weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_weights: Option<EngineWeights>,
 }
 
 /// A loaded dump.
@@ -282,15 +358,41 @@ fn derr(path: &Path, reason: impl Into<String>) -> CoreError {
     }
 }
 
-/// Encode an f32 tensor as `.npy` bytes (C order, little-endian, format 1.0) with ndarray-npy.
+/// Encode an f32 tensor as `.npy` bytes (C order, little-endian, format 1.0): exactly the bytes
+/// `numpy.save` (`numpy.lib.format.write_array`, version 1.0) writes, so the Rust and Python
+/// writers agree byte for byte (`core/tests/dump_golden.rs`). The header is numpy's: the dict
+/// literal with a trailing `, `, numpy's spare space for growing the first axis (21 digits), then
+/// spaces and a newline up to a multiple of 64 bytes. Reading goes through ndarray-npy.
 pub fn npy_bytes(t: &Tensor) -> Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(128 + t.len() * 4);
-    t.as_standard_layout()
-        .write_npy(&mut out)
-        .map_err(|e| CoreError::Dump {
-            path: PathBuf::from(format!("<{:?} f32 tensor>", t.shape())),
-            reason: format!("cannot encode as .npy: {e}"),
-        })?;
+    let shape = t.shape();
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let tuple = match dims.as_slice() {
+        [] => "()".to_string(),
+        [one] => format!("({one},)"),
+        many => format!("({})", many.join(", ")),
+    };
+    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {tuple}, }}");
+    // numpy's GROWTH_AXIS_MAX_DIGITS spare space (21 - digits of the first axis).
+    if let Some(first) = dims.first() {
+        header.push_str(&" ".repeat(21usize.saturating_sub(first.len())));
+    }
+    // numpy's `_wrap_header`: magic (6) + version (2) + length (2) + header + '\n', padded with
+    // 1..=64 spaces to the next multiple of 64.
+    let hlen = header.len() + 1;
+    let pad = 64 - (10 + hlen) % 64;
+    let total = u16::try_from(hlen + pad).map_err(|_| CoreError::Dump {
+        path: PathBuf::from(format!("<{shape:?} f32 tensor>")),
+        reason: "shape too long for a .npy 1.0 header".into(),
+    })?;
+    let mut out = Vec::with_capacity(10 + total as usize + t.len() * 4);
+    out.extend_from_slice(b"\x93NUMPY\x01\x00");
+    out.extend_from_slice(&total.to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.resize(out.len() + pad, b' ');
+    out.push(b'\n');
+    for v in t.as_standard_layout().iter() {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
     Ok(out)
 }
 
@@ -417,6 +519,21 @@ impl DumpWriter {
     /// Add one checkpoint tensor (a tensor that cannot be encoded makes [`DumpWriter::write_to`]
     /// fail, naming its file).
     pub fn add(&mut self, name: &str, step: usize, layout: Layout, t: &Tensor) {
+        self.add_declared(name, step, layout, t, None, None);
+    }
+
+    /// [`DumpWriter::add`] with the entry's declarations: which positions its `tokens` axis holds
+    /// ([`Entry::token_positions`]) and whether its logits are processed
+    /// ([`Entry::logits_processed`]).
+    pub fn add_declared(
+        &mut self,
+        name: &str,
+        step: usize,
+        layout: Layout,
+        t: &Tensor,
+        token_positions: Option<TokenPositions>,
+        logits_processed: Option<LogitsProcessed>,
+    ) {
         let data = t.as_standard_layout();
         let slice = data.as_slice().unwrap_or(&[]);
         let entry = Entry {
@@ -429,6 +546,8 @@ impl DumpWriter {
             sha256: None,
             stats: None,
             content_sha256: None,
+            token_positions,
+            logits_processed,
         };
         if self.manifest.stats_only {
             self.manifest.checkpoints.push(Entry {
@@ -673,6 +792,8 @@ impl Dump {
                 sha256: None,
                 stats: None,
                 content_sha256: None,
+                token_positions: None,
+                logits_processed: None,
             });
             tensors.insert((c.name, c.step), c.data);
         }
@@ -707,7 +828,14 @@ impl Dump {
         let mut w = DumpWriter::new(m);
         for e in &self.manifest.checkpoints {
             if let Some(t) = self.get(&e.name, e.step) {
-                w.add(&e.name, e.step, e.layout, t);
+                w.add_declared(
+                    &e.name,
+                    e.step,
+                    e.layout,
+                    t,
+                    e.token_positions,
+                    e.logits_processed,
+                );
             }
         }
         w
@@ -866,6 +994,7 @@ mod tests {
             stats_only: false,
             checkpoints: vec![],
             extra: BTreeMap::new(),
+            engine_weights: None,
         }
     }
 

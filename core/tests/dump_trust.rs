@@ -27,6 +27,7 @@ fn manifest(stats_only: bool) -> Manifest {
         stats_only,
         checkpoints: vec![],
         extra: BTreeMap::new(),
+        engine_weights: None,
     }
 }
 

@@ -76,6 +76,9 @@ pub struct CheckOptions {
     pub no_drill: bool,
     /// Summaries instead of tensors on both sides (`--stats-only`, module docs).
     pub stats_only: bool,
+    /// Reference variants to measure the runtime against as well (`--reference-variant`:
+    /// `int8`, `int8_conv`, `int8_w8a8`, `f16`, `bf16`; `xray_compare::variant`).
+    pub reference_variants: Vec<String>,
 }
 
 /// Everything a check produced.
@@ -104,6 +107,7 @@ pub fn reference_dump(run: &OracleRun, family: &str, model_id: &str) -> Dump {
         stats_only: false,
         checkpoints: vec![],
         extra: run.extra.clone(),
+        engine_weights: None,
     };
     if !run.summaries.is_empty() {
         return Dump::stats_only(Manifest {
@@ -131,6 +135,11 @@ fn check_stats_only(opts: &CheckOptions, family: &str) -> anyhow::Result<()> {
             "measures the f32-vs-f64 noise floor on full tensors",
         ),
         (opts.ops, "--ops", "captures op-level points in full"),
+        (
+            !opts.reference_variants.is_empty(),
+            "--reference-variant",
+            "compares full tensors with a second reference",
+        ),
     ] {
         if given {
             anyhow::bail!("--stats-only keeps no tensors and {flag} {why}: drop one of them");
@@ -508,6 +517,7 @@ pub fn check_against(
         stats_only: opts.stats_only,
         contract_sha256: Some(contract.sha256()),
         dumps: None,
+        engine_weights: None,
     };
     if model.weights().sha256() != ref_run.weights_sha256 {
         notes.push(format!(
@@ -525,6 +535,23 @@ pub fn check_against(
     let mut evidence = cmp.into_evidence(run, Some(transcript), Some(capture_neutral), notes);
     if has_points(&reference) && has_points(&runtime) {
         evidence.op_points = Some(compare_points(&reference, &runtime, &opts.policy));
+    }
+    // Reference variants: the HF model with its weights on a named grid, run like the
+    // reference; the runtime is measured against both (`reference_variants`).
+    for scheme in &opts.reference_variants {
+        progress(&format!("running the {scheme} reference variant (oracle)"));
+        let mut rv = req.clone();
+        rv.weights_variant = Some(scheme.clone());
+        rv.ops = xray_core::ops::PointSelect::None;
+        let v_run = oracle.run(&rv)?;
+        let mut variant = reference_dump(&v_run, family, &opts.model.display().to_string());
+        variant.dir = std::path::PathBuf::from(format!("<{scheme} reference variant>"));
+        let v = xray_compare::variant::compare_variant(
+            &contract, &reference, &runtime, &variant, None, &evidence,
+        )
+        .with_context(|| format!("comparing with the {scheme} reference variant"))?;
+        evidence.notes.push(v.summary.clone());
+        evidence.reference_variants.push(v);
     }
     if !opts.no_drill {
         let drill = Drill {

@@ -42,6 +42,7 @@ pub(crate) fn manifest_for(
         stats_only: false,
         checkpoints: vec![],
         extra: BTreeMap::new(),
+        engine_weights: None,
     }
 }
 

@@ -62,3 +62,59 @@ fn schema_rejects_drift() {
     v["unexpected"] = Value::from(1);
     assert!(!validator().is_valid(&v));
 }
+
+/// A converted engine's `run.engine_weights`, a `reference_variants` entry and the
+/// `logits_processed` signature validate (and round-trip); an engine_weights without its sha256
+/// does not.
+#[test]
+fn engine_weights_and_reference_variants_are_valid() {
+    use xray_compare::variant::{VariantCheckpoint, VariantEvidence};
+    let mut e = common::whisper_evidence(true);
+    e.run.engine_weights = Some(xray_core::dump::EngineWeights {
+        format: "ctranslate2".into(),
+        sha256: "1a".repeat(32),
+        file: Some("model.bin".into()),
+        source: Some("fixtures/whisper-tiny-en".into()),
+        conversion: Some("exact f16 -> f32".into()),
+        config: Some(serde_json::json!({"suppress_ids": [220]})),
+    });
+    let cp = VariantCheckpoint {
+        name: "audio.encoder.memory".into(),
+        step: 0,
+        status: xray_compare::localize::Status::Origin,
+        engine_vs_reference: 3.1e-2,
+        engine_vs_variant: 2.4e-2,
+        variant_vs_reference: 1.9e-2,
+        explained: Some(0.42),
+        consistent: false,
+    };
+    e.reference_variants.push(VariantEvidence {
+        scheme: "int8".into(),
+        description: "weights int8 per row".into(),
+        dump: "ref-int8".into(),
+        checkpoints: vec![cp.clone()],
+        origin: Some(cp),
+        explained_failing: Some(0.79),
+        consistent_failing: (2, 5),
+        summary: "int8 reference variant: ...".into(),
+    });
+    if let Some(x) = e
+        .first_divergence
+        .as_mut()
+        .and_then(|f| f.explanation.as_mut())
+    {
+        x.signature = "logits_processed".into();
+    }
+    let text = e.to_json().unwrap();
+    assert_eq!(
+        xray_compare::evidence::Evidence::from_json(&text, "mem").unwrap(),
+        e
+    );
+    let mut v: Value = serde_json::from_str(&text).unwrap();
+    assert_valid(&v);
+    v["run"]["engine_weights"]
+        .as_object_mut()
+        .unwrap()
+        .remove("sha256");
+    assert!(!validator().is_valid(&v));
+}

@@ -193,6 +193,10 @@ pub struct OracleRequest {
     /// callable) and keep no tensor: [`OracleRun::summaries`] instead of
     /// [`OracleRun::checkpoints`]. Whisper only; float32 only; no op-level points.
     pub stats_only: bool,
+    /// A reference variant (`xray_oracle.variants`: `int8`, `int8_conv`, `int8_w8a8`, `f16`,
+    /// `bf16`): the HF model's weights on that grid, a counterfactual reference
+    /// (`extra.reference_variant` in its dump says what was changed). `None`: the reference.
+    pub weights_variant: Option<String>,
 }
 
 impl OracleRequest {
@@ -235,6 +239,7 @@ impl OracleRequest {
             threads: None,
             ops: PointSelect::None,
             stats_only: false,
+            weights_variant: None,
         }
     }
 }
@@ -279,6 +284,7 @@ impl OracleRun {
             stats_only: false,
             checkpoints: Vec::new(),
             extra: self.extra.clone(),
+            engine_weights: None,
         });
         for c in &self.checkpoints {
             w.add(&c.name, c.step, c.layout, &c.data);
@@ -644,6 +650,9 @@ impl Oracle {
                 kw.set_item("summarize", summarizer(py, summaries.clone()).map_err(e)?)
                     .map_err(e)?;
             }
+            if let Some(v) = &req.weights_variant {
+                kw.set_item("weights_variant", v.as_str()).map_err(e)?;
+            }
             let res = m
                 .call_method(
                     "run",
@@ -880,6 +889,8 @@ fn extract_summaries(
             sha256: None,
             stats: Some(stats.clone()),
             content_sha256: Some(sha.clone()),
+            token_positions: None,
+            logits_processed: None,
         });
     }
     Ok(out)
@@ -898,6 +909,18 @@ fn extract_run(
     let weights_sha256: String = get(py, res, "weights_sha256")?.extract().map_err(data)?;
     let audio_sha256: String = get(py, res, "audio_sha256")?.extract().map_err(data)?;
     let mut extra = BTreeMap::new();
+    if let Ok(v) = res.get_item("weights_variant") {
+        if !v.is_none() {
+            let text: String = py
+                .import("json")
+                .and_then(|j| j.call_method1("dumps", (v,)))
+                .and_then(|s| s.extract())
+                .map_err(data)?;
+            let json: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|x| OracleError::Data(format!("weights_variant: {x}")))?;
+            extra.insert("reference_variant".to_string(), json);
+        }
+    }
     if let Ok(h) = res.get_item("hypothesis") {
         if let Ok(v) = h.extract::<Vec<i64>>() {
             extra.insert("hypothesis".to_string(), serde_json::json!(v));

@@ -28,7 +28,7 @@ from xray_oracle.dump import DumpError, npy_bytes, parse_npy, read_dump, write_d
 )
 def test_npy_bytes_match_numpy_save(a):
     buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")))
+    np.save(buf, np.array(a, dtype=a.dtype.newbyteorder("<"), order="C"))
     assert npy_bytes(a) == buf.getvalue()
     b = parse_npy(npy_bytes(a), "x.npy")
     np.testing.assert_array_equal(a, b)

@@ -22,7 +22,7 @@ __all__ = [
 
 def run(family: str, model_dir: str, audio_path: str, contract_json: str, *, dtype: str = "float32",
         max_new_tokens=None, teacher=None, only=None, threads=None, samples=None, audio_sha256=None,
-        ops=None, summarize=None) -> dict:
+        ops=None, summarize=None, weights_variant=None) -> dict:
     """One entry for the Rust side: dispatch on the family name with the common options.
 
     `teacher` is the granite CTC hypothesis to force; Whisper's reference is never teacher-forced
@@ -58,6 +58,8 @@ def run(family: str, model_dir: str, audio_path: str, contract_json: str, *, dty
         if teacher is not None:
             raise OracleError("whisper: the reference is not teacher-forced; teacher must be None")
         kw = {} if threads is None else {"threads": threads}
+        if weights_variant is not None:
+            kw["weights_variant"] = weights_variant
         return run_whisper(model_dir, audio_path, contract_json, max_new_tokens=max_new_tokens,
                            dtype=dtype, only=only, samples=samples, audio_sha256=audio_sha256, ops=ops,
                            summarize=summarize, **kw)
@@ -65,6 +67,8 @@ def run(family: str, model_dir: str, audio_path: str, contract_json: str, *, dty
         if summarize is not None:
             raise OracleInputError("stats-only capture is implemented for whisper; a granite_nar model is "
                                    "checked with full capture (drop --stats-only)")
+        if weights_variant is not None:
+            raise OracleInputError("reference variants (weights_variant) are implemented for whisper")
         if threads is not None:
             import torch
             torch.set_num_threads(int(threads))

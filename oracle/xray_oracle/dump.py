@@ -4,6 +4,12 @@ A dump made here loads in the Rust harness and vice versa, so an engine under br
 one without Rust. The `.npy` files are written and their headers read by numpy's own format module
 (`numpy.lib.format`, as `numpy.save` writes them: format 1.0, header padded to a multiple of 64
 bytes); loading fails closed, naming the file, on any mismatch with the manifest.
+
+The public writer for engines driven from Python is `DumpWriter` (docs/bring-your-own-engine.md,
+"From Python"): the same API and the same bytes as the Rust `xray_core::dump::DumpWriter` (every
+tensor stored f32; the manifest serialized as serde_json's pretty printer does), pinned by a
+golden test (`core/tests/golden/`, `oracle/tests/test_dump_golden.py`,
+`core/tests/dump_golden.rs`). Imports numpy only.
 """
 from __future__ import annotations
 
@@ -52,7 +58,8 @@ def npy_bytes(array: np.ndarray) -> bytes:
     descr = a.dtype.newbyteorder("<").str
     if descr not in DESCR_TO_NAME:
         raise DumpError(f"dtype {a.dtype} cannot be stored in a dump (allowed: {sorted(DESCR_TO_NAME)})")
-    a = np.ascontiguousarray(a, dtype=np.dtype(descr))
+    # np.array(order="C"), not np.ascontiguousarray: the latter makes a 0-d array 1-d.
+    a = np.array(a, dtype=np.dtype(descr), order="C")
     buf = io.BytesIO()
     try:
         npy_format.write_array(buf, a, version=(1, 0), allow_pickle=False)
@@ -96,6 +103,10 @@ def parse_npy(data: bytes, where: str) -> np.ndarray:
 # Writing
 
 
+TOKEN_POSITIONS = ("last",)
+LOGITS_PROCESSED = ("suppression",)
+
+
 @dataclass
 class DumpCheckpoint:
     """One (checkpoint, step) tensor of a dump."""
@@ -111,6 +122,91 @@ class DumpCheckpoint:
     sha256: Optional[str] = None
     stats: Optional[dict] = None
     content_sha256: Optional[str] = None
+    # declarations (docs/dump-format.md): which positions the `tokens` axis holds ("last"), and
+    # whether logits are processed ("suppression")
+    token_positions: Optional[str] = None
+    logits_processed: Optional[str] = None
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON exactly as serde_json's pretty printer writes it (the Rust writer's manifest bytes)
+
+
+def _json_float(x: float) -> str:
+    """A float as serde_json writes an f64 (ryu's shortest digits in its layout: `0.00001`,
+    `3e-7`, `1e+16`, `12.5`, `3.0`); NaN and infinities as `null`, as serde_json does."""
+    if not math.isfinite(x):
+        return "null"
+    if x == 0.0:
+        return "-0.0" if math.copysign(1.0, x) < 0 else "0.0"
+    r = repr(float(x))
+    sign = ""
+    if r.startswith("-"):
+        sign, r = "-", r[1:]
+    mant, _, ex = r.partition("e")
+    ip, _, fp = mant.partition(".")
+    digits = (ip + fp).lstrip("0")
+    e = (int(ex) if ex else 0) - len(fp)
+    stripped = digits.rstrip("0")
+    e += len(digits) - len(stripped)
+    d, n = stripped, len(stripped)
+    kk = n + e
+    if 0 <= e and kk <= 16:
+        out = d + "0" * e + ".0"
+    elif 0 < kk <= 16:
+        out = d[:kk] + "." + d[kk:]
+    elif -5 < kk <= 0:
+        out = "0." + "0" * (-kk) + d
+    elif n == 1:
+        out = f"{d}e{kk - 1:+d}"
+    else:
+        out = f"{d[0]}.{d[1:]}e{kk - 1:+d}"
+    return sign + out
+
+
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _json_str(t: str) -> str:
+    out = []
+    for ch in t:
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif ord(ch) < 0x20:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def json_text(v, indent: int = 0) -> str:
+    """`v` as serde_json's `to_string_pretty` writes it (two-space indent, `": "`, empty
+    containers as `[]` / `{}`, keys in the dict's order, UTF-8 unescaped)."""
+    pad = "  " * indent
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    if isinstance(v, (float, np.floating)):
+        return _json_float(float(v))
+    if isinstance(v, str):
+        return _json_str(v)
+    if isinstance(v, (list, tuple)):
+        if not v:
+            return "[]"
+        return "[\n" + ",\n".join(pad + "  " + json_text(x, indent + 1) for x in v) + "\n" + pad + "]"
+    if isinstance(v, dict):
+        if not v:
+            return "{}"
+        items = []
+        for k, x in v.items():
+            if not isinstance(k, str):
+                raise DumpError(f"manifest key {k!r} is not a string")
+            items.append(pad + "  " + _json_str(k) + ": " + json_text(x, indent + 1))
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    raise DumpError(f"manifest value {v!r} ({type(v).__name__}) is not JSON")
 
 
 SKETCH_LEN = 32
@@ -216,6 +312,8 @@ def write_dump(
     stats_only: bool = False,
     overwrite: bool = False,
     extra: Optional[dict] = None,
+    engine_weights: Optional[dict] = None,
+    _rust_manifest: bool = False,
 ) -> Path:
     """Write a dump atomically: everything goes into a temporary sibling directory that is renamed
     into place at the end. An existing `out_dir` is an error unless `overwrite`.
@@ -244,6 +342,10 @@ def write_dump(
             descr = a.dtype.newbyteorder("<").str
             if descr not in DESCR_TO_NAME:
                 raise DumpError(f"checkpoint {c.name}@step{c.step}: dtype {a.dtype} is not storable ({sorted(DTYPES)})")
+            if c.token_positions is not None and c.token_positions not in TOKEN_POSITIONS:
+                raise DumpError(f"checkpoint {c.name}@step{c.step}: token_positions {c.token_positions!r} is not one of {TOKEN_POSITIONS}")
+            if c.logits_processed is not None and c.logits_processed not in LOGITS_PROCESSED:
+                raise DumpError(f"checkpoint {c.name}@step{c.step}: logits_processed {c.logits_processed!r} is not one of {LOGITS_PROCESSED}")
             entry = {
                 "name": c.name,
                 "step": c.step,
@@ -262,6 +364,10 @@ def write_dump(
                 (tmp / fname).write_bytes(data)
                 entry["file"] = fname
                 entry["sha256"] = sha256_bytes(data)
+            if c.token_positions is not None:
+                entry["token_positions"] = c.token_positions
+            if c.logits_processed is not None:
+                entry["logits_processed"] = c.logits_processed
             entries.append(entry)
         manifest = {
             "schema": SCHEMA,
@@ -280,8 +386,18 @@ def write_dump(
         if extra:
             # Family extras live under one "extra" key (what the Rust reader's Manifest.extra reads).
             manifest["extra"] = dict(extra)
+        if engine_weights:
+            manifest["engine_weights"] = _engine_weights(engine_weights)
+        if _rust_manifest:
+            # DumpWriter: what the Rust writer's Manifest serializes: tokens and transcript always,
+            # `tools` and `extra` as BTreeMaps (keys sorted; nested objects keep their order).
+            manifest["tokens"] = manifest["tokens"] or []
+            manifest["transcript"] = manifest["transcript"] or ""
+            manifest["tools"] = dict(sorted(manifest["tools"].items()))
+            if "extra" in manifest:
+                manifest["extra"] = dict(sorted(manifest["extra"].items()))
         manifest = {k: v for k, v in manifest.items() if v is not None or k in ("weights_sha256", "audio_sha256")}
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        (tmp / "manifest.json").write_text(json_text(manifest) + "\n", encoding="utf-8")
         os.chmod(tmp, 0o755)
         old_files = dump_target(out, overwrite)  # again: the directory may have changed meanwhile
         if out.exists():
@@ -308,6 +424,115 @@ def write_dump(
             shutil.rmtree(tmp, ignore_errors=True)  # our own fresh mkdtemp directory
         raise
     return out
+
+
+ENGINE_WEIGHTS_KEYS = ("format", "sha256", "file", "source", "conversion", "config")
+
+
+def _engine_weights(ew: dict) -> dict:
+    """`engine_weights` in the Rust struct's field order, checked: `format` and a 64-hex `sha256`
+    are required; no other key than ENGINE_WEIGHTS_KEYS."""
+    if not isinstance(ew, dict):
+        raise DumpError(f"engine_weights must be a dict, got {type(ew).__name__}")
+    unknown = sorted(set(ew) - set(ENGINE_WEIGHTS_KEYS))
+    if unknown:
+        raise DumpError(f"engine_weights: unknown key(s) {unknown} (allowed: {ENGINE_WEIGHTS_KEYS})")
+    for key in ("format", "sha256"):
+        if not isinstance(ew.get(key), str) or not ew[key]:
+            raise DumpError(f"engine_weights lacks {key!r} (a non-empty string)")
+    _check_sha("engine_weights.sha256", ew["sha256"])
+    return {k: ew[k] for k in ENGINE_WEIGHTS_KEYS if ew.get(k) is not None}
+
+
+def _check_sha(what: str, v) -> None:
+    if not isinstance(v, str) or len(v) != 64 or any(c not in "0123456789abcdef" for c in v):
+        raise DumpError(f"{what} must be a sha256 (64 lowercase hex digits), got {v!r}")
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file's bytes (an audio file's `audio_sha256`; an engine's weights file)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def hf_weights_sha256(model_dir: str | Path, sha_file=file_sha256) -> str:
+    """The `weights_sha256` of an HF model directory, as the oracle computes it: the sha256 of its
+    single `.safetensors` file, or of `"{name}:{sha256}\\n"` over the sorted shards."""
+    st = sorted(Path(model_dir).glob("*.safetensors"))
+    if not st:
+        raise DumpError(f"{model_dir}: no .safetensors file (the HF weights' identity is their sha256)")
+    if len(st) == 1:
+        return sha_file(st[0])
+    return hashlib.sha256("".join(f"{p.name}:{sha_file(p)}\n" for p in st).encode()).hexdigest()
+
+
+class DumpWriter:
+    """The public writer for engines driven from Python; the same API and bytes as the Rust
+    `xray_core::dump::DumpWriter`.
+
+        w = DumpWriter(family="whisper", model_id="fixtures/whisper-tiny-en", producer="my-engine",
+                       weights_sha256=hf_weights_sha256(model_dir), audio_sha256=file_sha256(wav))
+        w.add("audio.encoder.memory", 0, "token_major", memory)             # [1500, 384]
+        w.add("audio.decoder.logits", 0, "token_major", last_row[None],     # [1, vocab]
+              token_positions="last", logits_processed="suppression")
+        w.tokens, w.transcript = tokens, text
+        w.write("out/dump")                                                 # atomic
+
+    Every tensor is stored as f32 (`<f4`), as the Rust writer stores it (token ids too: the
+    contract's ids are f32). `weights_sha256` and `audio_sha256` are required (a dump without an
+    identity is refused by `xray compare`'s isolation and `xray gate`). `engine_weights` declares
+    the engine's own converted weights file: `{"format", "sha256", "file", "source",
+    "conversion", "config"}` (format and sha256 required). `extra` is the manifest's `extra`
+    (`config`: the HF config.json; `fed`; `step_argmax`). Byte-identical to the Rust writer for full
+    dumps; with `stats_only` the statistics are numpy's sums (equal to rounding, not to the bit).
+    """
+
+    def __init__(self, *, family: str, model_id: str, producer: str, weights_sha256: str, audio_sha256: str,
+                 tools: Optional[dict] = None, engine_weights: Optional[dict] = None, stats_only: bool = False):
+        _check_sha("weights_sha256", weights_sha256)
+        _check_sha("audio_sha256", audio_sha256)
+        for key, v in (("family", family), ("model_id", model_id), ("producer", producer)):
+            if not isinstance(v, str) or not v:
+                raise DumpError(f"{key} must be a non-empty string")
+        if producer in ("oracle", "runtime"):
+            raise DumpError(f"producer {producer!r} is X-Ray's own; name your engine")
+        self.family, self.model_id, self.producer = family, model_id, producer
+        self.weights_sha256, self.audio_sha256 = weights_sha256, audio_sha256
+        self.tools = dict(tools or {})
+        self.engine_weights = None if engine_weights is None else _engine_weights(engine_weights)
+        self.stats_only = bool(stats_only)
+        self.tokens: list[int] = []
+        self.transcript: str = ""
+        self.extra: dict = {}
+        self.checkpoints: list[DumpCheckpoint] = []
+
+    def add(self, name: str, step: int, layout: str, array, *, token_positions: Optional[str] = None,
+            logits_processed: Optional[str] = None) -> None:
+        """One tensor per (contract checkpoint, step), batch squeezed, in the contract's shape (a
+        `token_positions="last"` entry holds one position on the `tokens` axis)."""
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise DumpError(f"checkpoint {name}: step {step!r} must be a non-negative integer")
+        a = np.asarray(array)
+        if a.dtype.kind not in "fiub":
+            raise DumpError(f"checkpoint {name}@step{step}: dtype {a.dtype} is not numeric")
+        self.checkpoints.append(DumpCheckpoint(
+            name=name, step=step, array=np.array(a, dtype="<f4", order="C"), layout=layout,
+            token_positions=token_positions, logits_processed=logits_processed,
+        ))
+
+    def write(self, out_dir: str | Path, *, overwrite: bool = False) -> Path:
+        """Write atomically (temp sibling + rename); an existing X-Ray dump only with
+        `overwrite` (the CLI's --force), anything else never."""
+        return write_dump(
+            out_dir, self.checkpoints, family=self.family, model_id=self.model_id, producer=self.producer,
+            weights_sha256=self.weights_sha256, audio_sha256=self.audio_sha256, tools=self.tools,
+            tokens=[int(t) for t in self.tokens], transcript=self.transcript, stats_only=self.stats_only,
+            overwrite=overwrite, extra=self.extra or None, engine_weights=self.engine_weights,
+            _rust_manifest=True,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,7 +601,11 @@ def read_dump(path: str | Path) -> Dump:
         shape = e["shape"]
         if not isinstance(shape, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape):
             raise DumpError(f"{where}: shape {shape!r} is not a list of non-negative integers")
-        c = DumpCheckpoint(name=name, step=step, array=None, layout=e["layout"], shape=list(shape), dtype=e["dtype"])
+        for key, allowed in (("token_positions", TOKEN_POSITIONS), ("logits_processed", LOGITS_PROCESSED)):
+            if e.get(key) is not None and e[key] not in allowed:
+                raise DumpError(f"{where}: {key} {e[key]!r} is not one of {allowed}")
+        c = DumpCheckpoint(name=name, step=step, array=None, layout=e["layout"], shape=list(shape), dtype=e["dtype"],
+                           token_positions=e.get("token_positions"), logits_processed=e.get("logits_processed"))
         if stats_only:
             if "stats" not in e or "content_sha256" not in e:
                 raise DumpError(f"{where}: a stats-only entry needs 'stats' and 'content_sha256'")

@@ -22,12 +22,14 @@ from typing import Any, Optional
 import numpy as np
 
 from .audio import from_samples, read_wav, samples_sha256
+from .dump import hf_weights_sha256
 from .contract import Checkpoint, Contract, load_resolved
 from .errors import CaptureError, ContractError, OracleInputError
 from .modeldir import PICKLE_SUFFIXES  # noqa: F401  (re-exported)
 from .modeldir import check_model_dir as _shared_check
 from . import transforms
 from .ops import OpRecorder, parse_ops
+from . import variants
 
 DTYPES = ("float32", "float64")
 
@@ -49,13 +51,8 @@ def _sha256_file(path: Path) -> str:
 def check_model_dir(model_dir: str | Path) -> tuple[Path, dict, str]:
     """Refuse anything but a local safetensors Whisper directory. Returns (dir, config, weights sha256)."""
     d, config = _shared_check(model_dir, "whisper")
-    st = sorted(d.glob("*.safetensors"))
-    if len(st) == 1:
-        weights_sha = _sha256_file(st[0])
-    else:  # sharded: hash of the sorted (file name, file hash) list
-        weights_sha = hashlib.sha256(
-            "".join(f"{p.name}:{_sha256_file(p)}\n" for p in st).encode()
-        ).hexdigest()
+    # One rule for every writer: the single file's sha256, or of the sorted shards' list.
+    weights_sha = hf_weights_sha256(d, _sha256_file)
     return d, config, weights_sha
 
 
@@ -239,6 +236,7 @@ def run_whisper(
     audio_sha256: Optional[str] = None,
     ops=None,
     summarize=None,
+    weights_variant: Optional[str] = None,
 ) -> dict:
     """Run the HF Whisper reference on one WAV and capture the contract's checkpoints.
 
@@ -267,6 +265,10 @@ def run_whisper(
       array is not kept, and each checkpoint entry carries "shape" and "summary" (that int)
       instead of "array". float32 only, no op-level points.
 
+    - weights_variant: a reference variant (`xray_oracle.variants`: "int8", "int8_conv",
+      "int8_w8a8", "f16", "bf16"): the model's weights put on that grid after loading; the result
+      then carries "weights_variant" (what was changed). None (default): the reference itself.
+
     Returns {"family", "tokens", "transcript", "checkpoints": [{"name", "step", "layout",
     "array"}], "op_points": [same keys, in firing order; [] without ops], "tools",
     "weights_sha256", "audio_sha256", "config", "dims", "dtype", "step_tokens"}; arrays are C-contiguous float32 (float64 when dtype="float64"), batch squeezed,
@@ -282,6 +284,9 @@ def run_whisper(
     if attn_implementation not in ("eager", "sdpa"):
         raise OracleInputError(f"attn_implementation {attn_implementation!r} is not 'eager' or 'sdpa'")
     ops = parse_ops(ops)
+    variants.check(weights_variant)
+    if weights_variant is not None and dtype != "float32":
+        raise OracleInputError("a weights variant is a float32 reference (dtype float32)")
     if summarize is not None and (dtype != "float32" or ops is not None):
         raise OracleInputError("stats-only capture (summarize) is float32 with no op-level points")
     d, config, weights_sha = check_model_dir(model_dir)
@@ -302,7 +307,7 @@ def run_whisper(
         torch.set_num_threads(threads)
     try:
         return _run(d, config, weights_sha, contract, selected, audio, max_new_tokens, dtype, attn_implementation, ops,
-                    summarize)
+                    summarize, weights_variant)
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -318,11 +323,11 @@ _loaded: dict[tuple, tuple] = {}
 _run_lock = threading.Lock()
 
 
-def _load(d: Path, weights_sha: str, dtype: str, attn_implementation: str):
+def _load(d: Path, weights_sha: str, dtype: str, attn_implementation: str, weights_variant=None):
     import torch
     from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizer
 
-    key = (str(d.resolve()), weights_sha, dtype, attn_implementation)
+    key = (str(d.resolve()), weights_sha, dtype, attn_implementation, weights_variant)
     if key not in _loaded:
         fe = WhisperFeatureExtractor.from_pretrained(str(d), local_files_only=True)
         tokenizer = WhisperTokenizer.from_pretrained(str(d), local_files_only=True)
@@ -336,6 +341,8 @@ def _load(d: Path, weights_sha: str, dtype: str, attn_implementation: str):
         model.eval()
         if dtype == "float64":
             model = model.double()
+        variant = variants.apply(model, weights_variant) if weights_variant is not None else None
+        model._xray_variant = variant
         if len(_loaded) >= 2:  # at most two (f32 and f64 of one model)
             _loaded.pop(next(iter(_loaded)))
         _loaded[key] = (fe, tokenizer, model)
@@ -344,14 +351,16 @@ def _load(d: Path, weights_sha: str, dtype: str, attn_implementation: str):
 
 
 def _run(d: Path, config: dict, weights_sha: str, contract: Contract, selected: list[Checkpoint], audio,
-         max_new_tokens: Optional[int], dtype: str, attn_implementation: str, ops=None, summarize=None) -> dict:
+         max_new_tokens: Optional[int], dtype: str, attn_implementation: str, ops=None, summarize=None,
+         weights_variant=None) -> dict:
     with _run_lock:
         return _run_locked(d, config, weights_sha, contract, selected, audio, max_new_tokens, dtype,
-                           attn_implementation, ops, summarize)
+                           attn_implementation, ops, summarize, weights_variant)
 
 
 def _run_locked(d: Path, config: dict, weights_sha: str, contract: Contract, selected: list[Checkpoint], audio,
-                max_new_tokens: Optional[int], dtype: str, attn_implementation: str, ops, summarize) -> dict:
+                max_new_tokens: Optional[int], dtype: str, attn_implementation: str, ops, summarize,
+                weights_variant=None) -> dict:
     import torch
     import transformers
 
@@ -359,7 +368,7 @@ def _run_locked(d: Path, config: dict, weights_sha: str, contract: Contract, sel
     transformers.utils.logging.disable_progress_bar()
     tdtype = torch.float64 if dtype == "float64" else torch.float32
 
-    fe, tokenizer, model = _load(d, weights_sha, dtype, attn_implementation)
+    fe, tokenizer, model = _load(d, weights_sha, dtype, attn_implementation, weights_variant)
     if fe.sampling_rate != audio.sample_rate:
         raise OracleInputError(f"{d / 'preprocessor_config.json'}: sampling_rate {fe.sampling_rate}, the oracle feeds 16000 Hz")
     expected_frames = 2 * model.config.max_source_positions
@@ -409,6 +418,7 @@ def _run_locked(d: Path, config: dict, weights_sha: str, contract: Contract, sel
         "config": config,
         "dims": dict(contract.dims),
         "dtype": dtype,
+        "weights_variant": getattr(model, "_xray_variant", None),
         "attn_implementation": attn_implementation,
         "step_tokens": rec.step_input_ids,
     }

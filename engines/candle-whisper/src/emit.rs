@@ -25,6 +25,7 @@
 //!     stats_only: false,
 //!     checkpoints: vec![],
 //!     extra: Default::default(),
+//!     engine_weights: None,
 //! });
 //! // One tensor per (contract checkpoint, step), batch squeezed, in the contract's shape.
 //! let memory = ndarray::ArrayD::<f32>::zeros(ndarray::IxDyn(&[1500, 384]));
@@ -273,6 +274,7 @@ pub fn dump(
         stats_only: false,
         checkpoints: vec![],
         extra,
+        engine_weights: None,
     });
     w.add(MEL, 0, Layout::ChannelMajor, &array(&obs.mel)?);
     w.add(MEMORY, 0, Layout::TokenMajor, &array(&obs.memory)?);

@@ -160,6 +160,25 @@ pub struct Provenance {
     pub taps_off_tokens: Option<Vec<i32>>,
 }
 
+/// The engine's own weights file as the manifest declares it (`engine_weights`), from
+/// `extra.ggml_model` (the converter's sidecar, checked against the file's bytes); `None` when the
+/// sidecar has no sha256.
+fn engine_weights(prov: &Provenance) -> Option<xray_core::dump::EngineWeights> {
+    let g = &prov.ggml_model;
+    let text = |k: &str| g.get(k).and_then(Value::as_str).map(str::to_string);
+    Some(xray_core::dump::EngineWeights {
+        format: "ggml".into(),
+        sha256: text("sha256")?,
+        file: text("file").or_else(|| text("path")),
+        source: Some(prov.model_id.clone()),
+        conversion: Some(format!(
+            "fixtures/make_ggml.py{}",
+            text("ftype").map_or(String::new(), |f| format!(" (ftype {f})"))
+        )),
+        config: None,
+    })
+}
+
 /// The dump of one run.
 pub fn dump(md: &ModelDir, prov: &Provenance, run: &Run) -> Result<DumpWriter, Error> {
     let tools = BTreeMap::from([
@@ -242,6 +261,7 @@ pub fn dump(md: &ModelDir, prov: &Provenance, run: &Run) -> Result<DumpWriter, E
         stats_only: false,
         checkpoints: vec![],
         extra,
+        engine_weights: engine_weights(prov),
     });
     for c in &run.captured {
         let shape: Vec<usize> = match &c.tap.shape {

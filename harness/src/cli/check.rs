@@ -75,6 +75,12 @@ pub struct Args {
     /// Stop at the origin checkpoint: no re-run capturing the op-level points of its region.
     #[arg(long)]
     pub no_drill: bool,
+    /// Also run a reference variant, the HF model with its weights on a named grid (`int8`:
+    /// per-row symmetric, as CTranslate2 quantizes; `int8_conv`, `int8_w8a8`, `f16`, `bf16`), and
+    /// measure the runtime against both references (`reference_variants` in the evidence: how much
+    /// of a divergence the grid explains). Repeatable. Whisper.
+    #[arg(long, value_name = "SCHEME", value_parser = ["int8", "int8_conv", "int8_w8a8", "f16", "bf16"])]
+    pub reference_variant: Vec<String>,
     /// Keep per-checkpoint summaries (moments, order-sensitive sketch, content hash) instead of
     /// tensors on both sides, for models whose full capture does not fit in memory; checkpoints
     /// are judged by their estimated rel_l2. Not with --isolate, --calibrate or --ops; --dumps
@@ -135,6 +141,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         ops: a.ops,
         no_drill: a.no_drill,
         stats_only: a.stats_only,
+        reference_variants: a.reference_variant.clone(),
     };
     let t0 = std::time::Instant::now();
     let mut out = check(&opts, &|m| {
@@ -422,6 +429,7 @@ fn run_corpus(a: Args) -> anyhow::Result<ExitCode> {
         ops: a.ops,
         no_drill: a.no_drill,
         stats_only: a.stats_only,
+        reference_variants: a.reference_variant.clone(),
     };
     let t0 = std::time::Instant::now();
     let progress =

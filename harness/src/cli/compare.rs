@@ -12,7 +12,7 @@ use xray_compare::compare::CompareOptions;
 use xray_compare::evidence::{Run, Transcript, Verdict};
 use xray_compare::ops::{both_have_points, compare_points, dump_points, has_points, localize_op};
 use xray_compare::pipeline::{
-    compare_dumps_isolated, compare_stats_dumps, oracle_versions, token_alignment,
+    compare_dumps_isolated, compare_stats_dumps, oracle_versions, token_alignment, Suppression,
 };
 use xray_compare::report;
 use xray_compare::tolerance::Policy;
@@ -56,6 +56,12 @@ pub struct Args {
     /// nearest upstream of it. Repeatable.
     #[arg(long, value_name = "DIR")]
     pub isolated: Vec<PathBuf>,
+    /// A reference variant's dump (`xray oracle --weights-variant SCHEME`: the HF model with its
+    /// weights on a named grid, e.g. int8): every observed checkpoint is also measured against
+    /// it, and the evidence says how much of the divergence it explains (`reference_variants`).
+    /// Repeatable.
+    #[arg(long, value_name = "DIR")]
+    pub variant: Vec<PathBuf>,
 }
 
 /// Compares two dumps (full or stats-only: the same evidence, report and Markdown outputs either
@@ -76,6 +82,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         .input("dump under test", &a.got);
     for d in &a.isolated {
         outputs.input("isolated dump", d);
+    }
+    for d in &a.variant {
+        outputs.input("reference variant dump", d);
     }
     if let Some(m) = &a.model {
         outputs.input("model directory", m);
@@ -102,15 +111,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             ));
         }
         // Local errors measured on other weights or audio would measure nothing.
-        if what == "isolated"
-            && (d.manifest.weights_sha256 != reference.manifest.weights_sha256
-                || d.manifest.audio_sha256 != reference.manifest.audio_sha256)
-        {
-            return Err(anyhow!(
-                "{}: other weights or audio than the reference {}",
-                d.dir.display(),
-                a.reference.display()
-            ));
+        if what == "isolated" {
+            if let Some(diff) = identity_difference(&reference, d) {
+                return Err(anyhow!(
+                    "{}: {diff}; an isolated run must use the reference's weights and audio",
+                    d.dir.display()
+                ));
+            }
         }
     }
     let config = match &a.model {
@@ -139,9 +146,24 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         Some(p) => Policy::load(p)?,
         None => Policy::default(),
     };
+    // The suppress lists (for `logits_processed` entries and to name undeclared suppression):
+    // the model directory's generation_config.json with --model, else the reference's manifest.
+    let suppression = match &a.model {
+        Some(m) => match std::fs::read_to_string(m.join("generation_config.json")) {
+            Ok(text) => {
+                let p = m.join("generation_config.json");
+                let v: serde_json::Value =
+                    serde_json::from_str(&text).map_err(|e| anyhow!("{}: {e}", p.display()))?;
+                Suppression::from_config(&v, &p.display().to_string()).map_err(|e| anyhow!(e))?
+            }
+            Err(_) => Suppression::of_dump(&reference)?,
+        },
+        None => Suppression::of_dump(&reference)?,
+    };
     let opts = CompareOptions {
         policy,
         require_all: a.require_all,
+        suppression,
         ..Default::default()
     };
     let stats_only = reference.manifest.stats_only || got.manifest.stats_only;
@@ -152,7 +174,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             a.got.display()
         ));
     }
-    let (cmp, fed, tokens) = if stats_only {
+    let (cmp, fed, tokens, declared) = if stats_only {
         // Stats-only (large-model) dumps: each checkpoint judged from its summaries (order-
         // sensitive sketch, mean, rms, counts), localized along the same graph.
         // The token alignment from the manifests, so a parting is placed at its step; the
@@ -167,6 +189,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             compare_stats_dumps(&contract, &reference, &got, &opts).context("comparing")?,
             vec![],
             tokens,
+            vec![],
         )
     } else {
         compare_dumps_isolated(
@@ -193,17 +216,33 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             notes.push(msg);
         }
     }
-    if reference.manifest.weights_sha256 != got.manifest.weights_sha256 {
-        notes.push(format!(
-            "weights sha256 differ: reference {} vs {}",
-            reference.manifest.weights_sha256, got.manifest.weights_sha256
-        ));
+    // Identity: the HF weights (`weights_sha256`, for a converted engine the source its
+    // `engine_weights` were converted from or into) and the audio; a difference is said on the
+    // console, naming which.
+    if let Some(diff) = identity_difference(&reference, &got) {
+        super::note(&format!("xray: note: {diff}"));
+        notes.push(diff);
     }
-    if reference.manifest.audio_sha256 != got.manifest.audio_sha256 {
-        notes.push(format!(
-            "audio sha256 differ: reference {} vs {}",
-            reference.manifest.audio_sha256, got.manifest.audio_sha256
-        ));
+    if let Some(ew) = &got.manifest.engine_weights {
+        let msg = format!(
+            "engine weights: {} ({}, sha256 {}), declared to correspond to the HF weights sha256 {}{}{}",
+            ew.file.as_deref().unwrap_or("(file not named)"),
+            ew.format,
+            short(&ew.sha256),
+            short(&got.manifest.weights_sha256),
+            ew.source.as_ref().map_or(String::new(), |s| format!(" ({s})")),
+            ew.conversion.as_ref().map_or(String::new(), |c| format!(": {c}")),
+        );
+        super::note(&format!("xray: {msg}"));
+        notes.push(msg);
+    }
+    if let Some(msg) = config_difference(&reference, &got, a.model.is_some(), &config) {
+        super::note(&format!("xray: note: {msg}"));
+        notes.push(msg);
+    }
+    for n in declared {
+        super::note(&format!("xray: {n}"));
+        notes.push(n);
     }
     let run = Run {
         family: reference.manifest.family.clone(),
@@ -224,6 +263,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             reference: super::absolute(&a.reference),
             got: super::absolute(&a.got),
         }),
+        engine_weights: got.manifest.engine_weights.clone(),
     };
     if let Some(t) = tokens.as_ref().filter(|t| t.teacher_forced) {
         notes.push(format!(
@@ -240,6 +280,21 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         first_divergent_step: None,
     };
     let mut ev = cmp.into_evidence_with(run, Some(transcript), None, notes, fed, tokens);
+    for dir in &a.variant {
+        let variant = Dump::load(dir)?;
+        let v = xray_compare::variant::compare_variant(
+            &contract,
+            &reference,
+            &got,
+            &variant,
+            opts.suppression.as_ref(),
+            &ev,
+        )
+        .context("comparing with the reference variant")?;
+        super::note(&format!("xray: {}", v.summary));
+        ev.notes.push(v.summary.clone());
+        ev.reference_variants.push(v);
+    }
     if let Some(n) = super::not_compared(&ev) {
         ev.notes.push(n);
     }
@@ -280,6 +335,87 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     } else {
         super::exit_fail()
     })
+}
+
+/// The first 12 hex digits of a sha256 (console lines).
+fn short(sha: &str) -> &str {
+    sha.get(..12).unwrap_or(sha)
+}
+
+/// What differs between the reference's identity and a dump's, in one sentence naming which
+/// (weights, audio or both, with both sides' sha256 and, for a converted engine, its own file),
+/// or `None` when both match.
+fn identity_difference(reference: &Dump, d: &Dump) -> Option<String> {
+    let (r, m) = (&reference.manifest, &d.manifest);
+    let mut parts = Vec::new();
+    if r.weights_sha256 != m.weights_sha256 {
+        let own = match &m.engine_weights {
+            Some(ew) => format!(
+                " (its own {} file {} is sha256 {})",
+                ew.format,
+                ew.file.as_deref().unwrap_or("?"),
+                short(&ew.sha256)
+            ),
+            None if m.producer != "oracle" && m.producer != "runtime" => " (an engine on converted weights declares the HF weights it was converted from as weights_sha256 and its own file as engine_weights: docs/dump-format.md)".to_string(),
+            None => String::new(),
+        };
+        parts.push(format!(
+            "weights differ: the reference computed on weights sha256 {} ({}), {} declares {}{own}",
+            short(&r.weights_sha256),
+            r.model_id,
+            d.dir.display(),
+            short(&m.weights_sha256),
+        ));
+    }
+    if r.audio_sha256 != m.audio_sha256 {
+        parts.push(format!(
+            "audio differs: the reference's audio sha256 {}, {}'s {}",
+            short(&r.audio_sha256),
+            d.dir.display(),
+            short(&m.audio_sha256)
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
+/// `extra.config` is the HF config.json the contract resolves from; a dump under test that
+/// carries another one (a converted engine's own config.json) is named here, with the keys that
+/// differ from the config the comparison used.
+fn config_difference(
+    reference: &Dump,
+    got: &Dump,
+    from_model: bool,
+    used: &serde_json::Value,
+) -> Option<String> {
+    let theirs = got.manifest.extra.get("config")?;
+    if theirs == used {
+        return None;
+    }
+    let (a, b) = (used.as_object(), theirs.as_object());
+    let mut keys: Vec<String> = match (a, b) {
+        (Some(a), Some(b)) => a
+            .keys()
+            .chain(b.keys())
+            .filter(|k| a.get(*k) != b.get(*k))
+            .cloned()
+            .collect(),
+        _ => vec!["(not an object)".into()],
+    };
+    keys.sort();
+    keys.dedup();
+    let n = keys.len();
+    keys.truncate(8);
+    Some(format!(
+        "{}'s extra.config is not the config the contract was resolved from ({}): {n} keys differ ({}{}); extra.config must be the HF config.json of the weights weights_sha256 names (a converted engine's own config goes in engine_weights.config)",
+        got.dir.display(),
+        if from_model {
+            "--model's config.json".to_string()
+        } else {
+            format!("{}'s extra.config", reference.dir.display())
+        },
+        keys.join(", "),
+        if n > 8 { ", ..." } else { "" }
+    ))
 }
 
 /// With `--model DIR`, the suspects of every divergence behind an unobserved region come from

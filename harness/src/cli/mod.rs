@@ -200,6 +200,7 @@ pub fn summary(e: &xray_compare::evidence::Evidence) -> String {
     if let Some(p) = &e.op_points {
         s.push_str(&format!("\nxray: {}", p.summary()));
     }
+    let mut printed: Vec<&Vec<String>> = Vec::new();
     if let Some(f) = &e.first_divergence {
         s.push_str(&format!(
             "\nxray: first divergence: {}@step{} (producer {})",
@@ -217,6 +218,7 @@ pub fn summary(e: &xray_compare::evidence::Evidence) -> String {
         }
         if f.suspects.len() > 1 {
             s.push_str(&format!("\nxray: suspects: {}", f.suspects.join(", ")));
+            printed.push(&f.suspects);
         }
         if let Some(op) = &f.op {
             s.push_str(&format!("\nxray: op-level origin: {}", op.summary()));
@@ -225,7 +227,24 @@ pub fn summary(e: &xray_compare::evidence::Evidence) -> String {
             }
         }
     }
-    for f in &e.independent {
+    // Consecutive independent divergences of one checkpoint with the same signature and
+    // suspects are one finding over several steps: the first is printed, the rest named.
+    let mut i = 0;
+    while i < e.independent.len() {
+        let f = &e.independent[i];
+        let sig = |x: &xray_compare::evidence::FirstDivergence| {
+            x.explanation.as_ref().map(|x| x.signature.clone())
+        };
+        let mut j = i + 1;
+        while j < e.independent.len()
+            && e.independent[j].checkpoint == f.checkpoint
+            && sig(&e.independent[j]) == sig(f)
+            && e.independent[j].suspects == f.suspects
+        {
+            j += 1;
+        }
+        let same = &e.independent[i + 1..j];
+        i = j;
         s.push_str(&format!(
             "\nxray: independent divergence: {}@step{}",
             f.checkpoint, f.step
@@ -237,7 +256,25 @@ pub fn summary(e: &xray_compare::evidence::Evidence) -> String {
             s.push_str(&format!("\nxray:   unobserved region {}", r.summary));
         }
         if f.suspects.len() > 1 {
-            s.push_str(&format!("\nxray:   suspects: {}", f.suspects.join(", ")));
+            // Each list once: independent divergences behind one region share it.
+            if printed.contains(&&f.suspects) {
+                s.push_str(&format!(
+                    "\nxray:   suspects: the same {} as above",
+                    f.suspects.len()
+                ));
+            } else {
+                s.push_str(&format!("\nxray:   suspects: {}", f.suspects.join(", ")));
+                printed.push(&f.suspects);
+            }
+        }
+        if !same.is_empty() {
+            let steps: Vec<u32> = same.iter().map(|x| x.step).collect();
+            s.push_str(&format!(
+                "\nxray: independent divergence: {}@step{} likewise (signature {}, the same suspects; each in the evidence)",
+                f.checkpoint,
+                xray_compare::evidence::int_ranges(&steps),
+                sig(f).unwrap_or_else(|| "-".into())
+            ));
         }
     }
     s

@@ -35,6 +35,12 @@ pub struct Args {
     /// Also capture every op-level point (`{hf_module}:in` / `:out`, docs/dump-format.md).
     #[arg(long)]
     pub ops: bool,
+    /// A reference variant: the HF model with its weights on a named grid (`int8`: per-row
+    /// symmetric int8 of every Linear and the token embedding, as CTranslate2 quantizes;
+    /// `int8_conv`: also the convolutions; `int8_w8a8`: also each Linear's input per row; `f16`,
+    /// `bf16`), for `xray compare --variant` (docs/bring-your-own-engine.md).
+    #[arg(long, value_name = "SCHEME", value_parser = ["int8", "int8_conv", "int8_w8a8", "f16", "bf16"])]
+    pub weights_variant: Option<String>,
 }
 
 /// Runs the reference and writes its dump.
@@ -62,9 +68,24 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if a.ops {
         req = req.with_ops(xray_core::ops::PointSelect::All);
     }
+    if a.weights_variant.is_some() && a.dtype != "float32" {
+        return Err(anyhow::anyhow!(
+            "--weights-variant is a float32 reference; drop --dtype {}",
+            a.dtype
+        ));
+    }
+    req.weights_variant = a.weights_variant.clone();
     let run = oracle.run(&req)?;
     let mut w = run.to_dump(family, &a.model.display().to_string());
     w.manifest.extra.insert("config".into(), config);
+    // The logits processors' lists (`suppress_tokens`, ...), so `xray compare` can name and
+    // honour an engine's processed logits without the model directory.
+    let gp = a.model.join("generation_config.json");
+    if let Ok(text) = std::fs::read_to_string(&gp) {
+        let g: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", gp.display()))?;
+        w.manifest.extra.insert("generation_config".into(), g);
+    }
     w.manifest
         .extra
         .insert("dtype".into(), serde_json::json!(a.dtype));

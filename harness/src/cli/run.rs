@@ -97,6 +97,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             extra: [("config".to_string(), super::read_config(&a.model)?)]
                 .into_iter()
                 .collect(),
+            engine_weights: None,
         };
         let w = xray_core::dump::DumpWriter::new(manifest);
         outputs.write_dump("out", &a.out, &w, a.force);

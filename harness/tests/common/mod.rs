@@ -122,6 +122,7 @@ pub fn run_info() -> Run {
         stats_only: false,
         contract_sha256: Some("ef".repeat(32)),
         dumps: None,
+        engine_weights: None,
     }
 }
 

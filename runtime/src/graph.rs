@@ -522,6 +522,31 @@ pub struct RunCtx<'a> {
     pub faults: Option<&'a FaultPlan>,
     /// Op-level points to hand to the observer (none by default).
     pub points: Option<&'a PointSelect>,
+    /// Wall time of every op run, when set (`xray bench --profile`).
+    pub profile: Option<&'a mut OpProfile>,
+}
+
+/// Wall time per op of the runs it was handed to ([`RunCtx::profile`]): what `xray bench
+/// --profile` prints per op kind, and per GEMM shape as GFLOP/s.
+#[derive(Debug, Default, Clone)]
+pub struct OpProfile {
+    /// One entry per op run, in execution order.
+    pub runs: Vec<OpRun>,
+}
+
+/// One timed op run.
+#[derive(Debug, Clone)]
+pub struct OpRun {
+    /// Op name (`enc.block.3.mlp.fc1`).
+    pub op: String,
+    /// Op kind (`linear`, `attention`, ...).
+    pub kind: &'static str,
+    /// Input shapes.
+    pub inputs: Vec<Vec<usize>>,
+    /// Weight shapes, in the kernel's weight-role order.
+    pub weights: Vec<Vec<usize>>,
+    /// Wall seconds of the kernel call.
+    pub seconds: f64,
 }
 
 fn endpoint(g: &Graph, (op, port): (usize, usize), output: bool) -> String {
@@ -1043,12 +1068,22 @@ impl Graph {
                 step: ctx.step,
                 weights_f16: &ws_f16,
             };
+            let t0 = ctx.profile.is_some().then(std::time::Instant::now);
             let mut outs = kernel
                 .run(&kctx, &ins, &ws)
                 .map_err(|reason| RuntimeError::Op {
                     op: op.name.clone(),
                     reason,
                 })?;
+            if let (Some(p), Some(t0)) = (ctx.profile.as_deref_mut(), t0) {
+                p.runs.push(OpRun {
+                    op: op.name.clone(),
+                    kind: kernel.kind(),
+                    inputs: ins.iter().map(|t| t.shape().to_vec()).collect(),
+                    weights: ws.iter().map(|t| t.shape().to_vec()).collect(),
+                    seconds: t0.elapsed().as_secs_f64(),
+                });
+            }
             if outs.len() != op.outputs.len() {
                 return Err(RuntimeError::Op {
                     op: op.name.clone(),

@@ -56,6 +56,122 @@ pub struct Args {
     /// (JSON key `corpus`).
     #[arg(long, value_name = "WAV|DIR", num_args = 1..)]
     pub corpus: Vec<PathBuf>,
+    /// Also time every op of `--reps` runtime encoder runs: wall time per op kind, and GFLOP/s
+    /// per GEMM shape (JSON key `profile`).
+    #[arg(long)]
+    pub profile: bool,
+}
+
+/// The CPU this bench ran on: vendor and model from /proc/cpuinfo, the SIMD level the runtime's
+/// kernels dispatch to, and the GEMM path the encoder's linears take.
+fn cpu_info() -> serde_json::Value {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |k: &str| {
+        info.lines()
+            .find(|l| l.split(':').next().map(str::trim) == Some(k))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+    };
+    serde_json::json!({
+        "vendor": field("vendor_id"),
+        "model": field("model name"),
+        "isa": xray_runtime::kernels::isa(),
+        "gemm_path": xray_runtime::kernels::gemm_path(),
+    })
+}
+
+/// Floating-point work of one op run where its kind has a closed form (linear: `2 m k n`;
+/// attention: `4 Tq Tk d`, scores and context); `None` elsewhere.
+fn op_flops(r: &xray_runtime::graph::OpRun) -> Option<f64> {
+    match r.kind {
+        "linear" => {
+            let (x, w) = (r.inputs.first()?, r.weights.first()?);
+            let m: usize = x[..x.len().checked_sub(1)?].iter().product();
+            Some(2.0 * m as f64 * w[1] as f64 * w[0] as f64)
+        }
+        "attention" => {
+            let (q, k) = (r.inputs.first()?, r.inputs.get(1)?);
+            let tq: usize = q[..q.len().checked_sub(1)?].iter().product();
+            let tk: usize = k[..k.len().checked_sub(1)?].iter().product();
+            Some(4.0 * (tq * tk) as f64 * *q.last()? as f64)
+        }
+        _ => None,
+    }
+}
+
+/// The per-op profile of `runs` encoder runs: ms per run by op kind (with GFLOP/s where the kind
+/// has a closed form) and by linear shape.
+fn profile_report(p: &xray_runtime::graph::OpProfile, runs: usize) -> serde_json::Value {
+    use std::collections::BTreeMap;
+    let per = runs.max(1) as f64;
+    let mut kinds: BTreeMap<&str, (f64, f64, usize)> = BTreeMap::new();
+    let mut shapes: BTreeMap<String, (f64, f64, usize)> = BTreeMap::new();
+    let mut total = 0.0;
+    for r in &p.runs {
+        total += r.seconds;
+        let f = op_flops(r).unwrap_or(0.0);
+        let e = kinds.entry(r.kind).or_default();
+        e.0 += r.seconds;
+        e.1 += f;
+        e.2 += 1;
+        if r.kind == "linear" {
+            let (x, w) = (&r.inputs[0], &r.weights[0]);
+            let m: usize = x[..x.len() - 1].iter().product();
+            let e = shapes.entry(format!("{m}x{}x{}", w[1], w[0])).or_default();
+            e.0 += r.seconds;
+            e.1 += f;
+            e.2 += 1;
+        }
+    }
+    let row = |(s, f, n): (f64, f64, usize)| {
+        serde_json::json!({
+            "ms_per_run": s * 1e3 / per,
+            "share": if total > 0.0 { s / total } else { 0.0 },
+            "ops_per_run": n as f64 / per,
+            "gflops": (f > 0.0 && s > 0.0).then(|| f / s / 1e9),
+        })
+    };
+    serde_json::json!({
+        "runs": runs,
+        "ms_per_run": total * 1e3 / per,
+        "by_kind": kinds.into_iter().map(|(k, v)| (k.to_string(), row(v))).collect::<serde_json::Map<_, _>>(),
+        "linear_by_shape_mxkxn": shapes.into_iter().map(|(k, v)| (k, row(v))).collect::<serde_json::Map<_, _>>(),
+    })
+}
+
+/// The profile as text lines.
+fn profile_text(p: &serde_json::Value) -> String {
+    let mut out = format!(
+        "encoder profile ({} runs, {:.1} ms per run inside the ops)\n",
+        p["runs"],
+        p["ms_per_run"].as_f64().unwrap_or(f64::NAN)
+    );
+    for (title, key) in [
+        ("op kind", "by_kind"),
+        ("linear m x k x n", "linear_by_shape_mxkxn"),
+    ] {
+        if let Some(m) = p[key].as_object() {
+            let mut rows: Vec<_> = m.iter().collect();
+            rows.sort_by(|a, b| {
+                b.1["ms_per_run"]
+                    .as_f64()
+                    .unwrap_or(0.0)
+                    .total_cmp(&a.1["ms_per_run"].as_f64().unwrap_or(0.0))
+            });
+            for (k, v) in rows {
+                out.push_str(&format!(
+                    "  {title:<16} {k:<22} {:>8.2} ms {:>5.1} %  x{:<4}{}\n",
+                    v["ms_per_run"].as_f64().unwrap_or(0.0),
+                    100.0 * v["share"].as_f64().unwrap_or(0.0),
+                    v["ops_per_run"].as_f64().unwrap_or(0.0),
+                    v["gflops"]
+                        .as_f64()
+                        .map_or(String::new(), |g| format!(" {g:>6.1} GFLOP/s")),
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// `--corpus`: one `xray check` process over every clip (`--evidence-dir`) against one process
@@ -356,6 +472,20 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     // seconds apart, so machine drift between repetitions cancels (the ratio of the two medians
     // is printed alongside).
     let overhead = median(cpair) - 1.0;
+    let profile = if a.profile {
+        let mut prof = xray_runtime::graph::OpProfile::default();
+        for _ in 0..a.reps.max(1) {
+            let feeds: Feeds = [(mel_name.clone(), mel.clone())].into_iter().collect();
+            let mut ctx = RunCtx {
+                profile: Some(&mut prof),
+                ..Default::default()
+            };
+            g.run(model.weights(), feeds, &[mem_edge], &mut ctx)?;
+        }
+        profile_report(&prof, a.reps.max(1))
+    } else {
+        serde_json::Value::Null
+    };
     let corpus = if a.corpus.is_empty() {
         serde_json::Value::Null
     } else {
@@ -365,6 +495,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         "model": a.model.display().to_string(),
         "threads": threads,
         "cpu_model": info.get("cpu_model"),
+        "cpu": cpu_info(),
         "reps": a.reps,
         "versions": {"torch": info.get("torch"), "transformers": info.get("transformers"),
                      "ctranslate2": info.get("ctranslate2")},
@@ -382,6 +513,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         "capture_overhead_of_medians": con / coff - 1.0,
         "peak_rss_bytes": peak_rss_bytes(),
         "corpus": corpus,
+        "profile": profile,
         "targets": {"encoder_ratio": 0.8, "encoder_ratio_ct2": 0.8, "decode_step_ratio": 0.3,
                     "decode_step_ratio_ct2": 0.5, "capture_overhead": 0.05},
     });
@@ -432,6 +564,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 num("single_check_seconds"),
                 num("per_clip_speedup"),
             ));
+        }
+        if !profile.is_null() {
+            text.push_str(&profile_text(&profile));
         }
         super::say(&text)?;
     }

@@ -70,8 +70,32 @@ impl Kernel for Conv1d {
         if b.len() != co {
             return Err(format!("bias has {} elements, expected {co}", b.len()));
         }
-        // im2col: cols[(ci * k + j), t] = x[ci, t * stride + j - padding] (0 outside).
         let kk = c * kw;
+        if super::gemm512::available() && x.len() == c * l && w.len() == co * kk {
+            // y[co, t] = W[co, (ci, j)] . x[ci, t * stride + j - padding]: the packed GEMM with
+            // W as its rows and the input's windows packed straight into its panels (no im2col
+            // matrix), the bias per output row.
+            let (stride, pad) = (self.stride, self.padding);
+            let pack = |p: usize, dst: &mut [f32]| {
+                let nr = super::gemm512::NR;
+                let cols = nr.min(lo - p * nr);
+                for ci in 0..c {
+                    let xr = &x[ci * l..(ci + 1) * l];
+                    for j in 0..kw {
+                        let row = &mut dst[(ci * kw + j) * nr..(ci * kw + j) * nr + cols];
+                        for (jt, v) in row.iter_mut().enumerate() {
+                            let q = ((p * nr + jt) * stride + j) as isize - pad as isize;
+                            if q >= 0 && (q as usize) < l {
+                                *v = xr[q as usize];
+                            }
+                        }
+                    }
+                }
+            };
+            let y = super::gemm512::gemm(co, kk, lo, w, pack, super::gemm512::Bias::Rows(b))?;
+            return Ok(vec![tensor(&[co, lo], y)?]);
+        }
+        // im2col: cols[(ci * k + j), t] = x[ci, t * stride + j - padding] (0 outside).
         let mut cols = vec![0f32; kk * lo];
         par_rows(&mut cols, lo, lo, |r0, part| {
             for (i, row) in part.chunks_exact_mut(lo).enumerate() {

@@ -15,11 +15,10 @@
 
 use std::cell::RefCell;
 
-/// Query rows of one microtile.
-const MR: usize = 6;
-/// Columns of one microtile (four 16-lane registers): keys per score panel, and the head width
-/// the context product needs.
-pub(crate) const NR: usize = 64;
+pub(crate) use super::gemm512::NR;
+/// Query rows of one microtile, and its columns (four 16-lane registers): keys per score panel,
+/// and the head width the context product needs (the linear's microkernel, [`super::gemm512`]).
+use super::gemm512::{Epilogue, MR};
 /// Keys per block of the context product's sum (see [`block`]).
 const KC: usize = 256;
 /// Query rows per task: `BQ x keys` scores (48 x 1536 x 4 B = 288 KB for Whisper's encoder) stay
@@ -226,6 +225,7 @@ fn block(
                     sp,
                     &mut sc[r0 * sp + j0..],
                     sp,
+                    Epilogue::Store,
                 )?;
             }
         }
@@ -270,20 +270,17 @@ fn block(
         // the running sum (a chain of 1500 fused multiply-adds per element loses more to
         // rounding than blocks of KC do; the order is fixed, the bits the same for every split).
         let vh = &c.v[hi * v_hs..];
-        let mut tile = [0f32; MR * NR];
         for r0 in (0..rp).step_by(MR) {
             let acc = &mut ot[r0 * NR..(r0 + MR) * NR];
             for k0 in (0..s).step_by(KC) {
                 let kn = KC.min(s - k0);
                 let a = &sc[r0 * sp + k0..];
-                if k0 == 0 {
-                    microkernel(kn, a, sp, &vh[k0 * v_rs..], v_rs, acc, NR)?;
+                let epi = if k0 == 0 {
+                    Epilogue::Store
                 } else {
-                    microkernel(kn, a, sp, &vh[k0 * v_rs..], v_rs, &mut tile, NR)?;
-                    for (o, x) in acc.iter_mut().zip(&tile) {
-                        *o += x;
-                    }
-                }
+                    Epilogue::Add
+                };
+                microkernel(kn, a, sp, &vh[k0 * v_rs..], v_rs, acc, NR, epi)?;
             }
         }
         for (i, src) in ot.chunks_exact(NR).take(rows).enumerate() {
@@ -300,9 +297,11 @@ fn block(
     })
 }
 
-/// `C[MR x NR] = A[MR x k] B[k x NR]`: A's rows `lda` apart, B's rows `ldb` apart (NR contiguous
-/// values each), C's rows `ldc` apart. Each element is one chain of fused multiply-adds in `k`
-/// order (its bits depend only on its own row of A and column of B).
+/// `C[MR x NR] (epilogue) A[MR x k] B[k x NR]` ([`super::gemm512::microkernel`]) over slices:
+/// A's rows `lda` apart, B's rows `ldb` apart (NR contiguous values each), C's rows `ldc` apart,
+/// the extents checked. Each element is one chain of fused multiply-adds in `k` order (its bits
+/// depend only on its own row of A and column of B).
+#[allow(clippy::too_many_arguments)]
 fn microkernel(
     k: usize,
     a: &[f32],
@@ -311,10 +310,20 @@ fn microkernel(
     ldb: usize,
     c: &mut [f32],
     ldc: usize,
+    epi: Epilogue,
 ) -> Result<(), String> {
     if k == 0 {
-        for r in 0..MR {
-            c[r * ldc..r * ldc + NR].fill(0.0);
+        // An empty sum: C = 0 (Store) or unchanged (Add).
+        match epi {
+            Epilogue::Store => {
+                for r in 0..MR {
+                    c[r * ldc..r * ldc + NR].fill(0.0);
+                }
+            }
+            Epilogue::Add => {}
+            Epilogue::Bias(_) | Epilogue::RowBias(_) => {
+                return Err("attention microkernel: no bias epilogue".into())
+            }
         }
         return Ok(());
     }
@@ -325,7 +334,18 @@ fn microkernel(
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: the extents were checked above; AVX-512F and FMA by the caller (available()).
-        unsafe { x86::microkernel(k, a.as_ptr(), lda, b.as_ptr(), ldb, c.as_mut_ptr(), ldc) };
+        unsafe {
+            super::gemm512::microkernel(
+                k,
+                a.as_ptr(),
+                lda,
+                b.as_ptr(),
+                ldb,
+                c.as_mut_ptr(),
+                ldc,
+                epi,
+            )
+        };
         Ok(())
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -352,43 +372,7 @@ unsafe fn exp_row(x: &mut [f32], n: usize) -> f32 {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     #![allow(unsafe_op_in_unsafe_fn)]
-    use super::MR;
     use std::arch::x86_64::*;
-
-    #[target_feature(enable = "avx512f,fma")]
-    pub unsafe fn microkernel(
-        k: usize,
-        a: *const f32,
-        lda: usize,
-        b: *const f32,
-        ldb: usize,
-        c: *mut f32,
-        ldc: usize,
-    ) {
-        let mut acc = [[_mm512_setzero_ps(); 4]; MR];
-        let mut ap = a;
-        let mut bp = b;
-        for _ in 0..k {
-            let b0 = _mm512_loadu_ps(bp);
-            let b1 = _mm512_loadu_ps(bp.add(16));
-            let b2 = _mm512_loadu_ps(bp.add(32));
-            let b3 = _mm512_loadu_ps(bp.add(48));
-            for (r, acc_r) in acc.iter_mut().enumerate() {
-                let av = _mm512_set1_ps(*ap.add(r * lda));
-                acc_r[0] = _mm512_fmadd_ps(av, b0, acc_r[0]);
-                acc_r[1] = _mm512_fmadd_ps(av, b1, acc_r[1]);
-                acc_r[2] = _mm512_fmadd_ps(av, b2, acc_r[2]);
-                acc_r[3] = _mm512_fmadd_ps(av, b3, acc_r[3]);
-            }
-            ap = ap.add(1);
-            bp = bp.add(ldb);
-        }
-        for (r, acc_r) in acc.iter().enumerate() {
-            for (j, v) in acc_r.iter().enumerate() {
-                _mm512_storeu_ps(c.add(r * ldc + 16 * j), *v);
-            }
-        }
-    }
 
     /// Cephes exp (the constants of `super::super::simd::exp_f32`) with fused multiply-adds and
     /// `2^n` by `vscalefps`. NaN stays NaN.

@@ -81,6 +81,9 @@ impl Kernel for Linear {
         };
         let mut y;
         match self.strategy {
+            MatmulStrategy::Gemm if super::gemm512::available() && x.len() == m * k => {
+                y = super::gemm512::linear(m, k, n, x, w, b)?;
+            }
             MatmulStrategy::Gemm => {
                 // The bias rows, then `y += x W^T` (no zero fill first).
                 y = match b {

@@ -20,6 +20,7 @@ pub mod conv1d;
 pub mod embedding;
 pub(crate) mod flash;
 pub mod gelu;
+pub(crate) mod gemm512;
 pub mod gqa;
 pub mod kv_append;
 pub mod layer_norm;
@@ -292,6 +293,32 @@ pub(crate) fn par_zip_map(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Sy
     // least `n` values).
     unsafe { y.set_len(n) };
     y
+}
+
+/// The SIMD level the runtime's own kernels dispatch to on this CPU: "avx512" (AVX-512F + FMA:
+/// the fused attention, the GEMV and elementwise kernels' widest builds), "avx2" (AVX2 + FMA), or
+/// "scalar".
+pub fn isa() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let fma = std::arch::is_x86_feature_detected!("fma");
+        if fma && std::arch::is_x86_feature_detected!("avx512f") {
+            return "avx512";
+        }
+        if fma && std::arch::is_x86_feature_detected!("avx2") {
+            return "avx2";
+        }
+    }
+    "scalar"
+}
+
+/// The GEMM path the encoder's linears and convolutions take on this CPU.
+pub fn gemm_path() -> &'static str {
+    match isa() {
+        "avx512" => "linear: packed 6x64 AVX-512 microkernel (kernels::gemm512); conv: gemm crate 0.19, AVX-512 (x86-v4) kernels",
+        "avx2" => "gemm crate 0.19, AVX2 + FMA (x86-v3) kernels",
+        _ => "gemm crate 0.19, portable kernels",
+    }
 }
 
 /// Below this many multiply-adds a GEMM runs on one thread.

@@ -44,6 +44,7 @@ impl RunHooks<'_> {
             substitute: self.substitute,
             faults: self.faults,
             points: self.points,
+            profile: None,
         }
     }
 }

@@ -88,6 +88,7 @@ pub fn runtime_dump_audio(
             substitute,
             faults,
             points: capture.points,
+            profile: None,
         };
         model.run(a, opts, &mut hooks)?
     };
@@ -121,6 +122,7 @@ pub fn runtime_stats_dump_audio(
             substitute: None,
             faults,
             points: None,
+            profile: None,
         };
         model.run(a, opts, &mut hooks)?
     };

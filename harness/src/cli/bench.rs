@@ -56,8 +56,9 @@ pub struct Args {
     /// (JSON key `corpus`).
     #[arg(long, value_name = "WAV|DIR", num_args = 1..)]
     pub corpus: Vec<PathBuf>,
-    /// Also time every op of `--reps` runtime encoder runs: wall time per op kind, and GFLOP/s
-    /// per GEMM shape (JSON key `profile`).
+    /// Also time every op of `--reps` runtime encoder runs and greedy decodes: wall time per op
+    /// kind, per encoder forward and per decode step, and GFLOP/s per GEMM shape (JSON key
+    /// `profile`).
     #[arg(long)]
     pub profile: bool,
 }
@@ -99,8 +100,8 @@ fn op_flops(r: &xray_runtime::graph::OpRun) -> Option<f64> {
     }
 }
 
-/// The per-op profile of `runs` encoder runs: ms per run by op kind (with GFLOP/s where the kind
-/// has a closed form) and by linear shape.
+/// The per-op profile of `runs` runs (encoder forwards, or decode steps): ms per run by op kind
+/// (with GFLOP/s where the kind has a closed form) and by linear shape.
 fn profile_report(p: &xray_runtime::graph::OpProfile, runs: usize) -> serde_json::Value {
     use std::collections::BTreeMap;
     let per = runs.max(1) as f64;
@@ -140,9 +141,9 @@ fn profile_report(p: &xray_runtime::graph::OpProfile, runs: usize) -> serde_json
 }
 
 /// The profile as text lines.
-fn profile_text(p: &serde_json::Value) -> String {
+fn profile_text(what: &str, p: &serde_json::Value) -> String {
     let mut out = format!(
-        "encoder profile ({} runs, {:.1} ms per run inside the ops)\n",
+        "{what} profile ({} runs, {:.2} ms per run inside the ops)\n",
         p["runs"],
         p["ms_per_run"].as_f64().unwrap_or(f64::NAN)
     );
@@ -482,7 +483,30 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             };
             g.run(model.weights(), feeds, &[mem_edge], &mut ctx)?;
         }
-        profile_report(&prof, a.reps.max(1))
+        // The decoder: `n_full` greedy steps on the installed memory, every op timed (the
+        // prefill step included; the report is per step).
+        let mut dprof = xray_runtime::graph::OpProfile::default();
+        let mut steps = 0;
+        for _ in 0..a.reps.max(1) {
+            let mut sess = xray_runtime::models::whisper::decode::DecoderSession::new();
+            sess.install_memory(memory.clone(), None);
+            let out = wm.generate(
+                &mut sess,
+                &RunOptions {
+                    max_new_tokens: Some(n_full),
+                    teacher_tokens: None,
+                },
+                &mut RunHooks {
+                    profile: Some(&mut dprof),
+                    ..Default::default()
+                },
+            )?;
+            steps += out.predicted.len();
+        }
+        serde_json::json!({
+            "encoder": profile_report(&prof, a.reps.max(1)),
+            "decode_step": profile_report(&dprof, steps),
+        })
     } else {
         serde_json::Value::Null
     };
@@ -566,7 +590,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             ));
         }
         if !profile.is_null() {
-            text.push_str(&profile_text(&profile));
+            text.push_str(&profile_text("encoder", &profile["encoder"]));
+            text.push_str(&profile_text("decode step", &profile["decode_step"]));
         }
         super::say(&text)?;
     }

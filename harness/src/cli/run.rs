@@ -76,6 +76,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 substitute: None,
                 faults: Some(&faults),
                 points: Some(&points),
+                profile: None,
             },
         )?;
         faults.confirm_fired()?;

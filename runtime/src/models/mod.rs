@@ -30,6 +30,8 @@ pub struct RunHooks<'a> {
     pub faults: Option<&'a FaultPlan>,
     /// Op-level points to capture ([`xray_core::ops`]); none by default.
     pub points: Option<&'a xray_core::ops::PointSelect>,
+    /// Times every op run (`xray bench --profile`); none by default.
+    pub profile: Option<&'a mut crate::graph::OpProfile>,
 }
 
 impl RunHooks<'_> {
@@ -44,7 +46,7 @@ impl RunHooks<'_> {
             substitute: self.substitute,
             faults: self.faults,
             points: self.points,
-            profile: None,
+            profile: self.profile.as_deref_mut(),
         }
     }
 }

@@ -118,15 +118,27 @@ fn attention_with(
         out.fill(0.0);
         return Ok(());
     }
-    // Keys padded to whole panels; the packed K^T of every head: `[H, D, SP]`.
+    // Keys padded to whole panels; the packed K^T of every head, panel by panel: `[H, SP / NR,
+    // D, NR]` (a panel is one contiguous 16 KB block: rows `sp` apart would map a panel's 64
+    // rows onto a few L1 sets and evict it between microtiles).
     let sp = s.div_ceil(NR) * NR;
     let mut kt = vec![0f32; h * d * sp];
     let (k_rs, k_hs) = c.strides(s, d);
-    let pack = |hi: usize, dst: &mut [f32]| {
+    // Token-major values are re-packed per head, `[H, S, NR]` contiguous (rows `H * NR` apart
+    // alias in L1 the same way); head-major ones already are.
+    let mut vp = vec![0f32; if c.token_major { h * s * NR } else { 0 }];
+    let pack = |hi: usize, dst: &mut [f32], vdst: &mut [f32]| {
         for j in 0..s {
             let row = &c.k[j * k_rs + hi * k_hs..j * k_rs + hi * k_hs + d];
+            let panel = &mut dst[(j / NR) * d * NR..];
             for (kk, &x) in row.iter().enumerate() {
-                dst[kk * sp + j] = x;
+                panel[kk * NR + j % NR] = x;
+            }
+        }
+        if !vdst.is_empty() {
+            let (v_rs, v_hs) = c.strides(s, NR);
+            for (j, out) in vdst.chunks_exact_mut(NR).enumerate() {
+                out.copy_from_slice(&c.v[j * v_rs + hi * v_hs..j * v_rs + hi * v_hs + NR]);
             }
         }
     };
@@ -145,10 +157,19 @@ fn attention_with(
         }
     }
     let base = OutPtr(out.as_mut_ptr());
-    let run = |(hi, t0, rows, pb): Task, kt: &[f32]| -> Result<(), String> {
+    let run = |(hi, t0, rows, pb): Task, kt: &[f32], vp: &[f32]| -> Result<(), String> {
+        // This head's values and their row stride.
+        let (vh, v_rs) = if vp.is_empty() {
+            let (v_rs, v_hs) = c.strides(s, NR);
+            (&c.v[hi * v_hs..], v_rs)
+        } else {
+            (&vp[hi * s * NR..(hi + 1) * s * NR], NR)
+        };
         block(
             c,
             &kt[hi * d * sp..(hi + 1) * d * sp],
+            vh,
+            v_rs,
             sp,
             hi,
             t0,
@@ -161,30 +182,55 @@ fn attention_with(
     match super::pool().filter(|_| parallel && work >= super::PAR_MIN_WORK) {
         Some(pool) => pool.install(|| {
             use rayon::prelude::*;
+            let vchunk = if vp.is_empty() { 0 } else { s * NR };
             kt.par_chunks_mut(d * sp)
+                .zip(par_chunks_or_empty(&mut vp, vchunk, h))
                 .enumerate()
-                .for_each(|(hi, dst)| pack(hi, dst));
-            let kt = &kt;
+                .for_each(|(hi, (dst, vdst))| pack(hi, dst, vdst));
+            let (kt, vp) = (&kt, &vp);
             tasks
                 .into_par_iter()
                 .with_max_len(1)
-                .try_for_each(|task| run(task, kt))
+                .try_for_each(|task| run(task, kt, vp))
         }),
         None => {
+            let vchunk = if vp.is_empty() { 0 } else { s * NR };
             for (hi, dst) in kt.chunks_mut(d * sp).enumerate() {
-                pack(hi, dst);
+                let vdst: &mut [f32] = if vchunk == 0 {
+                    &mut []
+                } else {
+                    &mut vp[hi * vchunk..(hi + 1) * vchunk]
+                };
+                pack(hi, dst, vdst);
             }
-            tasks.into_iter().try_for_each(|task| run(task, &kt))
+            tasks.into_iter().try_for_each(|task| run(task, &kt, &vp))
         }
     }
 }
 
-/// One task: rows `t0 .. t0 + rows` of head `hi` (`kt` the head's packed K^T), the context
-/// written through `out`.
+/// `h` mutable chunks of `v` of `chunk` values each, or `h` empty slices when `chunk` is 0.
+fn par_chunks_or_empty(
+    v: &mut [f32],
+    chunk: usize,
+    h: usize,
+) -> rayon::vec::IntoIter<&mut [f32]> {
+    use rayon::prelude::*;
+    let parts: Vec<&mut [f32]> = if chunk == 0 {
+        (0..h).map(|_| -> &mut [f32] { &mut [] }).collect()
+    } else {
+        v.chunks_mut(chunk).collect()
+    };
+    parts.into_par_iter()
+}
+
+/// One task: rows `t0 .. t0 + rows` of head `hi` (`kt` the head's packed K^T, `vh` its values
+/// with rows `v_rs` apart), the context written through `out`.
 #[allow(clippy::too_many_arguments)]
 fn block(
     c: &Call,
     kt: &[f32],
+    vh: &[f32],
+    v_rs: usize,
     sp: usize,
     hi: usize,
     t0: usize,
@@ -195,7 +241,6 @@ fn block(
     let (t, s, d) = (c.t, c.s, c.d);
     let rp = rows.div_ceil(MR) * MR;
     let (q_rs, q_hs) = c.strides(t, d);
-    let (v_rs, v_hs) = c.strides(s, NR);
     let (o_rs, o_hs) = c.strides(t, NR);
     SCRATCH.with(|cell| {
         let mut buf = cell.borrow_mut();
@@ -221,8 +266,8 @@ fn block(
                     d,
                     &qb[r0 * d..],
                     d,
-                    &kt[j0..],
-                    sp,
+                    &kt[j0 * d..],
+                    NR,
                     &mut sc[r0 * sp + j0..],
                     sp,
                     Epilogue::Store,
@@ -269,7 +314,6 @@ fn block(
         // The context in blocks of KC keys: each block's products summed from 0, then added to
         // the running sum (a chain of 1500 fused multiply-adds per element loses more to
         // rounding than blocks of KC do; the order is fixed, the bits the same for every split).
-        let vh = &c.v[hi * v_hs..];
         for r0 in (0..rp).step_by(MR) {
             let acc = &mut ot[r0 * NR..(r0 + MR) * NR];
             for k0 in (0..s).step_by(KC) {

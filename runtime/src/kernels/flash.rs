@@ -209,11 +209,7 @@ fn attention_with(
 }
 
 /// `h` mutable chunks of `v` of `chunk` values each, or `h` empty slices when `chunk` is 0.
-fn par_chunks_or_empty(
-    v: &mut [f32],
-    chunk: usize,
-    h: usize,
-) -> rayon::vec::IntoIter<&mut [f32]> {
+fn par_chunks_or_empty(v: &mut [f32], chunk: usize, h: usize) -> rayon::vec::IntoIter<&mut [f32]> {
     use rayon::prelude::*;
     let parts: Vec<&mut [f32]> = if chunk == 0 {
         (0..h).map(|_| -> &mut [f32] { &mut [] }).collect()

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 
 use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
 
-use crate::evidence::{CheckpointEvidence, Evidence, Verdict};
+use crate::evidence::{CheckpointEvidence, Evidence, Run, Verdict};
 use crate::localize::Status;
 use crate::Error;
 
@@ -166,24 +166,25 @@ fn growth(
     }
 }
 
-/// The facts that identify what a piece of evidence is about, as `(what, new, baseline)` where
-/// they differ or either side lacks them; `fixed` are the ones no option overrides.
-fn identity_differences(new: &Evidence, baseline: &Evidence) -> (Vec<String>, Vec<String>) {
+/// The facts that identify what a piece of evidence is about (family, contract, weights, audio),
+/// as `what new vs OTHER old` (`other` names the old side: `baseline`, `earlier`) where they
+/// differ or either side lacks them: `(fixed, input)`, `fixed` the ones no option overrides,
+/// `input` the ones `allow_different_input` does.
+pub fn identity_differences(n: &Run, b: &Run, other: &str) -> (Vec<String>, Vec<String>) {
     let show = |v: &Option<String>| match v {
         Some(s) if s.len() > 12 => format!("{}..", &s[..12]),
         Some(s) => s.clone(),
         None => "not recorded".into(),
     };
     let differs = |a: &Option<String>, b: &Option<String>| a.is_none() || b.is_none() || a != b;
-    let (n, b) = (&new.run, &baseline.run);
     let mut fixed = vec![];
     let mut input = vec![];
     if n.family != b.family {
-        fixed.push(format!("family {} vs baseline {}", n.family, b.family));
+        fixed.push(format!("family {} vs {other} {}", n.family, b.family));
     }
     if differs(&n.contract_sha256, &b.contract_sha256) {
         fixed.push(format!(
-            "contract sha256 {} vs baseline {} (regenerate the baseline with this X-Ray)",
+            "contract sha256 {} vs {other} {} (regenerate the {other} with this X-Ray)",
             show(&n.contract_sha256),
             show(&b.contract_sha256)
         ));
@@ -193,10 +194,38 @@ fn identity_differences(new: &Evidence, baseline: &Evidence) -> (Vec<String>, Ve
         ("audio", &n.audio_sha256, &b.audio_sha256),
     ] {
         if differs(x, y) {
-            input.push(format!("{what} sha256 {} vs baseline {}", show(x), show(y)));
+            input.push(format!("{what} sha256 {} vs {other} {}", show(x), show(y)));
         }
     }
     (fixed, input)
+}
+
+/// Why `earlier` evidence is not evidence of the check `planned` describes (empty when it is):
+/// the gate's identity ([`identity_differences`], none of it overridable), then what the check
+/// was asked to do (`isolated`, `stats_only`, `settings`: the policy and the options). What
+/// `xray check --resume` requires of a clip's evidence before it keeps it.
+pub fn run_differences(planned: &Run, earlier: &Run) -> Vec<String> {
+    let (fixed, input) = identity_differences(planned, earlier, "earlier");
+    let mut out: Vec<String> = fixed.into_iter().chain(input).collect();
+    for (what, a, b) in [
+        ("isolated", planned.isolated, earlier.isolated),
+        ("stats_only", planned.stats_only, earlier.stats_only),
+    ] {
+        if a != b {
+            out.push(format!("{what} {a} vs earlier {b}"));
+        }
+    }
+    match (&planned.settings, &earlier.settings) {
+        (Some(a), Some(b)) => out.extend(
+            a.differences(b)
+                .into_iter()
+                .map(|d| format!("settings: {d}")),
+        ),
+        (_, None) => out
+            .push("settings not recorded (evidence of another X-Ray or of `xray compare`)".into()),
+        (None, Some(_)) => out.push("settings of the planned check not known".into()),
+    }
+    out
 }
 
 /// Two corpora are of one model: the family, contract and (unless `allow_different_input`)
@@ -206,7 +235,7 @@ pub(crate) fn same_model(
     baseline: &Evidence,
     opts: &GateOptions,
 ) -> Result<(), Error> {
-    let (fixed, input) = identity_differences(new, baseline);
+    let (fixed, input) = identity_differences(&new.run, &baseline.run, "baseline");
     let input: Vec<String> = input
         .into_iter()
         .filter(|d| !d.starts_with("audio"))
@@ -227,7 +256,7 @@ pub(crate) fn same_model(
 /// never passes. Verdicts are the content's ([`Evidence::effective_verdict`]).
 pub fn gate(new: &Evidence, baseline: &Evidence, opts: &GateOptions) -> Result<GateReport, Error> {
     let mut findings = Vec::new();
-    let (fixed, input) = identity_differences(new, baseline);
+    let (fixed, input) = identity_differences(&new.run, &baseline.run, "baseline");
     if !fixed.is_empty() || (!input.is_empty() && !opts.allow_different_input) {
         let overridable = fixed.is_empty();
         return Err(Error::IdentityMismatch {

@@ -395,6 +395,7 @@ impl References {
 }
 
 /// `f32` / `f64` for progress lines.
+#[cfg(feature = "oracle")]
 fn short_dtype(dtype: &str) -> &str {
     match dtype {
         "float64" => "f64",

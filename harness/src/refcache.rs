@@ -448,7 +448,7 @@ impl Cache {
             ));
         }
         let dump = Dump::load(&dump_dir)
-            .map_err(|e| anyhow!("reference cache entry: {e} (corrupt or tampered); {remove}"))?;
+            .map_err(|e| anyhow!("reference cache entry corrupt or tampered: {e}; {remove}"))?;
         if let Some(f) = dump.unlisted.first() {
             return Err(corrupt(
                 &dump_dir.join(f),

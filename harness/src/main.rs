@@ -24,8 +24,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the runtime and the HF reference on one input, compare, localize, write evidence
-    /// (built without the oracle: the reference from --reference-cache only).
+    /// Run the runtime and the HF reference on one input, compare, localize, write evidence.
+    // Built without the oracle: the reference from --reference-cache only.
     Check(cli::check::Args),
     /// Run the runtime and write its dump.
     Run(cli::run::Args),

@@ -630,6 +630,65 @@ mod tests {
         }
     }
 
+    /// Issue 23 item 4: what `xray check --resume` requires of earlier evidence: the gate's
+    /// identity with nothing overridable, then isolation, stats-only and every setting.
+    #[test]
+    fn resume_requires_the_same_identity_and_settings() {
+        use crate::evidence::CheckSettings;
+        let mut planned = ev(Verdict::Pass, vec![]).run;
+        planned.settings = Some(CheckSettings {
+            policy_sha256: "aa".repeat(32),
+            max_steps: Some(4),
+            drill: true,
+            threads: Some(1),
+            ..Default::default()
+        });
+        assert!(run_differences(&planned, &planned).is_empty());
+        // The model path as spelled and the cache record are not identity.
+        let mut same = planned.clone();
+        same.model_path = "elsewhere/model".into();
+        same.reference_cache = Some(Default::default());
+        assert!(run_differences(&planned, &same).is_empty());
+        let changed = |f: &dyn Fn(&mut Run)| {
+            let mut e = planned.clone();
+            f(&mut e);
+            run_differences(&planned, &e)
+        };
+        let settings =
+            |f: &dyn Fn(&mut CheckSettings)| changed(&|r| f(r.settings.as_mut().unwrap()));
+        for (d, want) in [
+            (
+                changed(&|r| r.audio_sha256 = Some("00".repeat(32))),
+                "audio sha256",
+            ),
+            (changed(&|r| r.weights_sha256 = None), "weights sha256"),
+            (
+                changed(&|r| r.contract_sha256 = Some("01".repeat(32))),
+                "contract sha256",
+            ),
+            (changed(&|r| r.family = "granite_nar".into()), "family"),
+            (changed(&|r| r.isolated = true), "isolated"),
+            (changed(&|r| r.stats_only = true), "stats_only"),
+            (changed(&|r| r.settings = None), "settings not recorded"),
+            (
+                settings(&|s| s.policy_sha256 = "bb".repeat(32)),
+                "settings: policy_sha256",
+            ),
+            (
+                settings(&|s| s.max_steps = None),
+                "settings: max_steps 4 vs earlier null",
+            ),
+            (
+                settings(&|s| s.faults = vec!["gelu_tanh".into()]),
+                "settings: faults",
+            ),
+            (settings(&|s| s.drill = false), "settings: drill"),
+        ] {
+            assert_eq!(d.len(), 1, "{want}: {d:?}");
+            assert!(d[0].starts_with(want), "{want}: {d:?}");
+        }
+    }
+
     /// Issue 24 item 13: evidence that observed nothing is no gate input (it used to pass as
     /// "0 checkpoints checked"); a recorded verdict is not believed over the checkpoints.
     #[test]

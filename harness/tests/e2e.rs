@@ -274,10 +274,9 @@ fn xray_with(bin: &Path, args: &[&str], env: &[(&str, &Path)]) -> std::process::
     c.output().expect("run xray")
 }
 
-/// `check --model whisper-rand-a --audio fox --max-steps STEPS --reference-cache CACHE
-/// --evidence EV`.
-fn cached_check<'a>(steps: &'a str, cache: &'a Path, ev: &'a Path) -> Vec<&'a str> {
-    vec![
+/// `check --model whisper-rand-a --audio fox --max-steps STEPS --evidence EV EXTRA..`.
+fn fox_check<'a>(steps: &'a str, ev: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec![
         "check",
         "--model",
         RAND_A,
@@ -285,11 +284,16 @@ fn cached_check<'a>(steps: &'a str, cache: &'a Path, ev: &'a Path) -> Vec<&'a st
         FOX,
         "--max-steps",
         steps,
-        "--reference-cache",
-        cache.to_str().unwrap(),
         "--evidence",
         ev.to_str().unwrap(),
-    ]
+    ];
+    a.extend_from_slice(extra);
+    a
+}
+
+/// [`fox_check`] with `--reference-cache CACHE`.
+fn cached_check<'a>(steps: &'a str, cache: &'a Path, ev: &'a Path) -> Vec<&'a str> {
+    fox_check(steps, ev, &["--reference-cache", cache.to_str().unwrap()])
 }
 
 /// Evidence without `run.reference_cache` (what differs between a cold and a warm check).
@@ -348,18 +352,8 @@ fn a_warm_reference_cache_check_never_starts_the_oracle() {
     let mark = poison.join("imported");
     let env = [("XRAY_ORACLE_PATH", poison.as_path())];
     // The probe bites: a check that runs the oracle imports the package and fails.
-    let plain = [
-        "check",
-        "--model",
-        RAND_A,
-        "--audio",
-        FOX,
-        "--max-steps",
-        "3",
-        "--evidence",
-    ];
     let x = t("x.json");
-    let o = xray_with(bin, &[&plain[..], &[x.to_str().unwrap()]].concat(), &env);
+    let o = xray_with(bin, &fox_check("3", &x, &[]), &env);
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     assert!(stderr(&o).contains("poisoned"), "{}", stderr(&o));
     assert!(mark.exists(), "the poisoned package was imported");
@@ -559,15 +553,7 @@ fn the_python_free_build_checks_from_the_cache_and_refuses_a_miss() {
     assert!(!t("miss.json").exists());
     // No cache at all: refused before the model loads.
     let x = t("x.json");
-    let o = run(&[
-        "check",
-        "--model",
-        RAND_A,
-        "--audio",
-        FOX,
-        "--evidence",
-        x.to_str().unwrap(),
-    ]);
+    let o = run(&fox_check("3", &x, &[]));
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
     assert!(

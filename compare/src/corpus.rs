@@ -450,7 +450,7 @@ pub fn same_model<'a>(
     };
     let check = |p: &Path, e: &Evidence| -> Result<(), Error> {
         // The gate's identity, but for the audio (a corpus's clips differ by design).
-        let (fixed, input) = crate::gate::identity_differences(&e.run, &first.run, "first clip's");
+        let (fixed, input) = crate::gate::identity_differences(&e.run, &first.run, "");
         let why: Vec<String> = fixed
             .into_iter()
             .chain(input.into_iter().filter(|d| !d.starts_with("audio")))

@@ -167,9 +167,9 @@ fn growth(
 }
 
 /// The facts that identify what a piece of evidence is about (family, contract, weights, audio),
-/// as `what new vs OTHER old` (`other` names the old side: `baseline`, `earlier`) where they
-/// differ or either side lacks them: `(fixed, input)`, `fixed` the ones no option overrides,
-/// `input` the ones `allow_different_input` does.
+/// as `what new vs OTHER old` (`other` names the old side: `baseline`, `earlier`; empty: no
+/// name) where they differ or either side lacks them: `(fixed, input)`, `fixed` the ones no
+/// option overrides, `input` the ones `allow_different_input` does.
 pub fn identity_differences(n: &Run, b: &Run, other: &str) -> (Vec<String>, Vec<String>) {
     let show = |v: &Option<String>| match v {
         Some(s) if s.len() > 12 => format!("{}..", &s[..12]),
@@ -177,14 +177,19 @@ pub fn identity_differences(n: &Run, b: &Run, other: &str) -> (Vec<String>, Vec<
         None => "not recorded".into(),
     };
     let differs = |a: &Option<String>, b: &Option<String>| a.is_none() || b.is_none() || a != b;
+    let vs = if other.is_empty() {
+        "vs".to_string()
+    } else {
+        format!("vs {other}")
+    };
     let mut fixed = vec![];
     let mut input = vec![];
     if n.family != b.family {
-        fixed.push(format!("family {} vs {other} {}", n.family, b.family));
+        fixed.push(format!("family {} {vs} {}", n.family, b.family));
     }
     if differs(&n.contract_sha256, &b.contract_sha256) {
         fixed.push(format!(
-            "contract sha256 {} vs {other} {} (regenerate the {other} with this X-Ray)",
+            "contract sha256 {} {vs} {} (made through another contract: regenerate it with this X-Ray)",
             show(&n.contract_sha256),
             show(&b.contract_sha256)
         ));
@@ -194,7 +199,7 @@ pub fn identity_differences(n: &Run, b: &Run, other: &str) -> (Vec<String>, Vec<
         ("audio", &n.audio_sha256, &b.audio_sha256),
     ] {
         if differs(x, y) {
-            input.push(format!("{what} sha256 {} vs {other} {}", show(x), show(y)));
+            input.push(format!("{what} sha256 {} {vs} {}", show(x), show(y)));
         }
     }
     (fixed, input)

@@ -576,6 +576,100 @@ mod tests {
         assert_eq!(public_version("5.24.0"), "5.24.0");
     }
 
+    /// Every input of a reference changes its key: each request field, each content hash, a
+    /// model file, the versions; the paths do not.
+    #[test]
+    fn every_input_of_the_reference_is_in_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("m");
+        std::fs::create_dir_all(&model).unwrap();
+        let cfg = serde_json::json!({
+            "num_mel_bins": 80, "max_source_positions": 1500, "d_model": 384,
+            "decoder_attention_heads": 6, "vocab_size": 51864,
+            "encoder_layers": 1, "decoder_layers": 1
+        });
+        std::fs::write(model.join("config.json"), cfg.to_string()).unwrap();
+        std::fs::write(model.join("generation_config.json"), "{}").unwrap();
+        std::fs::write(model.join(".hidden"), "not read").unwrap();
+        let weights = model.join("model.safetensors");
+        std::fs::write(&weights, "weights").unwrap();
+        let contract = xray_core::contract::Contract::for_family("whisper", &cfg).unwrap();
+        let conv = serde_json::json!({"samples_sha256": "11".repeat(32)});
+        let req = OracleRequest::new(&model, Path::new("a.wav"), &contract).with_samples(
+            &[0.0],
+            &"22".repeat(32),
+            conv,
+        );
+        let v = Versions {
+            torch: "2.11.0".into(),
+            transformers: "5.24.0".into(),
+            source: "test".into(),
+        };
+        let key = |r: &OracleRequest, w: &str, v: &Versions| {
+            KeyMaterial::of(r, &weights, w, v).unwrap().key()
+        };
+        let base = key(&req, "ab", &v);
+        assert_eq!(base, key(&req, "ab", &v), "deterministic");
+        let m = KeyMaterial::of(&req, &weights, "ab", &v).unwrap();
+        assert_eq!(
+            m.model_files.keys().collect::<Vec<_>>(),
+            ["config.json", "generation_config.json"],
+            "the weights and hidden files are not model files"
+        );
+        // Paths are not content.
+        let mut moved = req.clone();
+        moved.audio = "elsewhere/b.wav".into();
+        assert_eq!(key(&moved, "ab", &v), base);
+        let with = |f: &dyn Fn(&mut OracleRequest)| {
+            let mut r = req.clone();
+            f(&mut r);
+            key(&r, "ab", &v)
+        };
+        let mut keys = vec![
+            base.clone(),
+            key(&req, "cd", &v),
+            key(
+                &req,
+                "ab",
+                &Versions {
+                    torch: "2.10.0".into(),
+                    ..v.clone()
+                },
+            ),
+            key(
+                &req,
+                "ab",
+                &Versions {
+                    transformers: "5.23.0".into(),
+                    ..v.clone()
+                },
+            ),
+            with(&|r| r.dtype = "float64".into()),
+            with(&|r| r.max_new_tokens = Some(3)),
+            with(&|r| r.teacher = Some(vec![1, 2])),
+            with(&|r| r.only = Some(vec![])),
+            with(&|r| r.threads = Some(2)),
+            with(&|r| r.ops = PointSelect::All),
+            with(&|r| r.ops = PointSelect::Only(["x:out".to_string()].into())),
+            with(&|r| r.stats_only = true),
+            with(&|r| r.weights_variant = Some("int8".into())),
+            with(&|r| r.audio_sha256 = Some("33".repeat(32))),
+            with(&|r| {
+                r.audio_conversion = Some(serde_json::json!({"samples_sha256": "44".repeat(32)}))
+            }),
+        ];
+        std::fs::write(model.join("generation_config.json"), "{\"x\": 1}").unwrap();
+        keys.push(key(&req, "ab", &v));
+        let n = keys.len();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), n, "every change gives another key");
+        // No samples, no key.
+        let mut bare = req.clone();
+        bare.audio_conversion = None;
+        assert!(KeyMaterial::of(&bare, &weights, "ab", &v).is_err());
+    }
+
     #[test]
     fn the_build_hashed_these_oracle_sources() {
         let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("../oracle");

@@ -1078,3 +1078,47 @@ impl TorchBench {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A distribution's version comes from its dist-info (`Name:` matched normalized, the local
+    /// label kept); none, or two, is an error naming the site-packages.
+    #[test]
+    fn distribution_versions_are_read_from_dist_info() {
+        let dir = tempfile::tempdir().unwrap();
+        let sp = dir.path().join("lib/python3.11/site-packages");
+        let dist = |stem: &str, meta: &str| {
+            let d = sp.join(format!("{stem}.dist-info"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("METADATA"), meta).unwrap();
+        };
+        dist(
+            "torch-2.11.0+cpu",
+            "Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0+cpu\n\nVersion: 9.9 in the body\n",
+        );
+        dist("torchaudio-2.11.0", "Name: torchaudio\nVersion: 2.11.0\n");
+        dist(
+            "Transformers-5.24.0",
+            "Name: Transformers\nVersion: 5.24.0\n",
+        );
+        let o = Oracle {
+            venv: dir.path().to_path_buf(),
+            site_packages: sp.clone(),
+            package_root: dir.path().to_path_buf(),
+            venv_source: "test".into(),
+            package_source: "test".into(),
+        };
+        assert_eq!(o.distribution_version("torch").unwrap(), "2.11.0+cpu");
+        assert_eq!(o.distribution_version("transformers").unwrap(), "5.24.0");
+        let err = o.distribution_version("numpy").unwrap_err().to_string();
+        assert!(
+            err.contains("no numpy distribution") && err.contains("site-packages"),
+            "{err}"
+        );
+        dist("torch-2.10.0", "Name: torch\nVersion: 2.10.0\n");
+        let err = o.distribution_version("torch").unwrap_err().to_string();
+        assert!(err.contains("2 torch distributions"), "{err}");
+    }
+}

@@ -337,7 +337,7 @@ fn a_warm_reference_cache_check_never_starts_the_oracle() {
     assert_eq!(key.len(), 64);
     assert_eq!(rc["dir"], cache.to_str().unwrap());
     // One entry, complete, nothing temporary left.
-    assert_eq!(names(&cache), [key.clone()]);
+    assert_eq!(names(&cache), std::slice::from_ref(&key));
     assert_eq!(names(&cache.join(&key)), ["dump", "entry.json"]);
     common::assert_schema_valid(&cold);
 

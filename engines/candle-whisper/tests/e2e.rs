@@ -1,6 +1,6 @@
 //! candle-transformers' Whisper under X-Ray, end to end on the real tiny.en and a committed clip:
 //! `xray oracle` (the HF reference), this engine (plain and with each isolation feed), `xray
-//! compare` on each pair, and the finding asserted as measured (README "X-Ray on candle").
+//! compare` on each pair, and the finding asserted as measured (docs/engines/candle.md).
 //!
 //! The `xray` binary is the one `cargo test --workspace` / `make test` builds next to this test
 //! (target/<profile>/xray); the oracle needs the project venv (`make venv fixtures`).

@@ -1,7 +1,8 @@
 //! whisper.cpp under X-Ray, end to end on the real tiny.en (converted to ggml f32 and f16 by
 //! fixtures/make_ggml.py) and fox.wav: `xray oracle --ops` (the HF reference), this engine plain,
 //! with flash attention and fed the reference's log-mel and tokens, `xray compare --model` on
-//! each, and the findings asserted as measured (README "X-Ray on whisper.cpp").
+//! each, and the findings asserted as measured (docs/engines/whispercpp.md, "X-Ray on
+//! whisper.cpp").
 //!
 //! The `xray` binary is the one `cargo test --workspace` / `make test` builds next to this test;
 //! the ggml files come from `make whispercpp-models`; the oracle needs the project venv.
@@ -17,8 +18,8 @@ const MODEL: &str = "fixtures/whisper-tiny-en";
 const FOX: &str = "fixtures/audio/fox.wav";
 const F32: &str = "fixtures/build/ggml/tiny-en-f32.bin";
 const F16: &str = "fixtures/build/ggml/tiny-en-f16.bin";
-/// Tolerances at f16 level: the precision whisper.cpp declares for its ops (README, "X-Ray on
-/// whisper.cpp").
+/// Tolerances at f16 level: the precision whisper.cpp declares for its ops
+/// (docs/engines/whispercpp.md, "X-Ray on whisper.cpp").
 const F16_POLICY: &str = "engines/whispercpp/policies/f16-accepted.json";
 
 /// The reference dump of fox.wav with every op-level point, made once for the tests of this file.

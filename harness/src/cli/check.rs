@@ -111,6 +111,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         anyhow::bail!("{}", xray_harness::check::NEEDS_CACHE);
     }
     if let Some(c) = &a.reference_cache {
+        // A reference the oracle computes is stored there: checked before anything runs (an
+        // xray without the oracle only reads it).
+        #[cfg(feature = "oracle")]
+        super::writable_dir("reference-cache", c)?;
         // The cache is written into: never the model directory or inside it.
         let (c, m) = (corpus::canonical_path(c), corpus::canonical_path(&a.model));
         if c.starts_with(&m) {

@@ -530,6 +530,18 @@ impl Outputs {
     }
 }
 
+/// `dir` (or, when it does not exist yet, its nearest existing ancestor) must be a directory
+/// this process can create files in: checked before anything runs for a directory written into
+/// later (`--reference-cache`, which only an xray with the oracle writes to).
+#[cfg(feature = "oracle")]
+pub fn writable_dir(what: &str, dir: &std::path::Path) -> anyhow::Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        anyhow::bail!("--{what} {}: exists and is not a directory", dir.display());
+    }
+    writable_ancestor(what, &dir.join(".xray-probe"))
+        .map_err(|e| anyhow::anyhow!("{}", e.to_string().replace("/.xray-probe", "")))
+}
+
 /// The nearest existing ancestor of `p` must be a directory this process can create files in.
 fn writable_ancestor(what: &str, p: &std::path::Path) -> anyhow::Result<()> {
     let mut a = p.parent();

@@ -70,7 +70,9 @@ demo: venv fixtures build
 	  --evidence reports/demo.evidence.json --report reports/demo.html --markdown reports/demo.md
 	@echo "report: reports/demo.html  evidence: reports/demo.evidence.json"
 
-test-rust: venv fixtures whispercpp-tools whispercpp-models
+# harness/tests/e2e.rs runs target/release/xray-nopy (made by test-nopy) on a reference cache the
+# oracle build fills.
+test-rust: venv fixtures whispercpp-tools whispercpp-models test-nopy
 	XRAY_REQUIRE_FIXTURES=1 $(CARGO) test --release --workspace
 
 # The CTranslate2 engine's e2e test (engines/ctranslate2/tests) runs here too: CI installs ctranslate2
@@ -84,7 +86,9 @@ selftest: build fixtures
 	$(XRAY) selftest
 
 # The comparison side without Python: `xray` built with --no-default-features (no oracle, no
-# libpython) runs the runtime, compares with the committed oracle dump, gates (.ci/nopy-check).
+# libpython) runs the runtime, compares with the committed oracle dump, gates, and refuses a check
+# without a reference cache or with a miss (.ci/nopy-check; its warm-cache check is in
+# harness/tests/e2e.rs, which needs an oracle build to fill the cache).
 # Built in the same target directory (only the xray crate differs), copied aside to xray-nopy, and
 # target/release/xray put back as it was (or removed): a failed `make test` never leaves a
 # Python-free binary under the name `make demo` and the docs use. test-rust rebuilds it.

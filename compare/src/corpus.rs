@@ -129,6 +129,15 @@ pub struct ClipSummary {
     /// Why the clip could not be checked (verdict `error`, no evidence).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The evidence is an earlier run's, kept by `xray check --resume` (valid, and of this run's
+    /// model, contract, policy and options); `seconds` are that run's when its summary listed
+    /// them, else 0 (not measured). Written only when true.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub resumed: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl ClipSummary {
@@ -146,6 +155,7 @@ impl ClipSummary {
             worst_margin: worst_margin(e),
             seconds,
             error: None,
+            resumed: false,
         }
     }
 
@@ -160,6 +170,7 @@ impl ClipSummary {
             worst_margin: None,
             seconds,
             error: Some(error.to_string()),
+            resumed: false,
         }
     }
 }
@@ -333,7 +344,7 @@ impl Summary {
         s.push_str("| clip | verdict | origin | tokens equal | worst margin | seconds |\n|---|---|---|---|---|---|\n");
         for c in &self.clips {
             s.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {:.1} |\n",
+                "| {} | {} | {} | {} | {} | {} |\n",
                 md_code(&c.audio, true),
                 c.verdict.as_str(),
                 match (&c.origin, &c.error) {
@@ -348,7 +359,11 @@ impl Summary {
                     .as_ref()
                     .map(|m| format!("{:.3} ({})", m.margin, esc_md(&m.criterion)))
                     .unwrap_or_else(|| "-".into()),
-                c.seconds
+                if c.resumed {
+                    format!("{:.1} (resumed)", c.seconds)
+                } else {
+                    format!("{:.1}", c.seconds)
+                }
             ));
         }
         s
@@ -404,7 +419,10 @@ impl Corpus {
                 path: p.display().to_string(),
                 reason: format!("clip {:?}: {e}", c.audio),
             })?;
-            rows.push(ClipSummary::of(&c.audio, &c.evidence, &e, c.seconds));
+            rows.push(ClipSummary {
+                resumed: c.resumed,
+                ..ClipSummary::of(&c.audio, &c.evidence, &e, c.seconds)
+            });
             evidence.push(Some((path, e)));
         }
         same_model(evidence.iter().flatten().map(|(p, e)| (p.as_path(), e)))?;
@@ -430,25 +448,13 @@ pub fn same_model<'a>(
     let Some((first_path, first)) = items.next() else {
         return Ok(());
     };
-    let show = |v: &Option<String>| match v {
-        Some(s) if s.len() > 12 => format!("{}..", &s[..12]),
-        Some(s) => s.clone(),
-        None => "not recorded".into(),
-    };
     let check = |p: &Path, e: &Evidence| -> Result<(), Error> {
-        let (a, b) = (&e.run, &first.run);
-        let mut why = Vec::new();
-        if a.family != b.family {
-            why.push(format!("family {} vs {}", a.family, b.family));
-        }
-        for (what, x, y) in [
-            ("weights", &a.weights_sha256, &b.weights_sha256),
-            ("contract", &a.contract_sha256, &b.contract_sha256),
-        ] {
-            if x.is_none() || y.is_none() || x != y {
-                why.push(format!("{what} sha256 {} vs {}", show(x), show(y)));
-            }
-        }
+        // The gate's identity, but for the audio (a corpus's clips differ by design).
+        let (fixed, input) = crate::gate::identity_differences(&e.run, &first.run, "");
+        let why: Vec<String> = fixed
+            .into_iter()
+            .chain(input.into_iter().filter(|d| !d.starts_with("audio")))
+            .collect();
         if why.is_empty() {
             Ok(())
         } else {

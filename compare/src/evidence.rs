@@ -93,6 +93,88 @@ pub struct Run {
     /// only when declared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_weights: Option<xray_core::dump::EngineWeights>,
+    /// Where the reference came from when `xray check --reference-cache DIR` was given: its
+    /// content key and whether it was read from the cache (no oracle run) or computed and
+    /// stored. Written only with a cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_cache: Option<ReferenceCache>,
+    /// What `xray check` was asked to do besides its inputs (the policy, the options that change
+    /// the evidence): `xray check --resume` keeps a clip's evidence only when these are the
+    /// run's. Written by `xray check`; not gate identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<CheckSettings>,
+}
+
+/// `run.reference_cache`: the reference's cache key and whether it was a hit, then the other
+/// references the check read through the cache (calibration, reference variants, drill-down
+/// points), each with its own key.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReferenceCache {
+    /// The cache directory as given.
+    pub dir: String,
+    /// The reference's content key (64 hex digits: `docs/reference-cache.md`).
+    pub key: String,
+    /// Read from the cache (`true`: the oracle did not run for it) or computed by the oracle and
+    /// stored (`false`).
+    pub hit: bool,
+    /// The check's other references through the cache, in the order they were read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub also: Vec<CacheLookup>,
+}
+
+/// One reference read through the cache besides the check's own.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CacheLookup {
+    /// What it was for (`calibration (float64)`, `reference variant int8`, `drill-down points`).
+    pub what: String,
+    /// Its content key.
+    pub key: String,
+    /// Read from the cache, or computed and stored.
+    pub hit: bool,
+}
+
+/// `run.settings`: the options of `xray check` that change its evidence, besides its inputs
+/// (model, audio, contract: the gate's identity) and what `run` records already (`isolated`,
+/// `stats_only`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CheckSettings {
+    /// sha256 of the tolerance policy in force (`Policy::sha256`: the built-in one included).
+    pub policy_sha256: String,
+    /// `--max-steps` (null: the model's own limit).
+    pub max_steps: Option<usize>,
+    /// `--calibrate`.
+    pub calibrate: bool,
+    /// `--teacher-force`.
+    pub teacher_force: bool,
+    /// `--ops`: every op-level point captured from the start.
+    pub ops: bool,
+    /// The drill-down ran when needed (`false`: `--no-drill`).
+    pub drill: bool,
+    /// Faults planted (`--inject`), as given.
+    pub faults: Vec<String>,
+    /// Reference variants measured (`--reference-variant`).
+    pub reference_variants: Vec<String>,
+    /// The oracle's torch threads.
+    pub threads: Option<usize>,
+}
+
+impl CheckSettings {
+    /// The fields that differ from `other`'s, as `name this vs earlier other` (empty when equal).
+    pub fn differences(&self, other: &CheckSettings) -> Vec<String> {
+        let (a, b) = (serde_json::json!(self), serde_json::json!(other));
+        let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+            return vec!["settings do not serialize".into()];
+        };
+        a.iter()
+            .filter(|(k, v)| b.get(*k) != Some(*v))
+            .map(|(k, v)| {
+                format!(
+                    "{k} {v} vs earlier {}",
+                    b.get(k).cloned().unwrap_or(serde_json::Value::Null)
+                )
+            })
+            .collect()
+    }
 }
 
 /// Where the two dumps of a run are (absolute paths when X-Ray could resolve them).

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 
 use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
 
-use crate::evidence::{CheckpointEvidence, Evidence, Verdict};
+use crate::evidence::{CheckpointEvidence, Evidence, Run, Verdict};
 use crate::localize::Status;
 use crate::Error;
 
@@ -166,24 +166,30 @@ fn growth(
     }
 }
 
-/// The facts that identify what a piece of evidence is about, as `(what, new, baseline)` where
-/// they differ or either side lacks them; `fixed` are the ones no option overrides.
-fn identity_differences(new: &Evidence, baseline: &Evidence) -> (Vec<String>, Vec<String>) {
+/// The facts that identify what a piece of evidence is about (family, contract, weights, audio),
+/// as `what new vs OTHER old` (`other` names the old side: `baseline`, `earlier`; empty: no
+/// name) where they differ or either side lacks them: `(fixed, input)`, `fixed` the ones no
+/// option overrides, `input` the ones `allow_different_input` does.
+pub fn identity_differences(n: &Run, b: &Run, other: &str) -> (Vec<String>, Vec<String>) {
     let show = |v: &Option<String>| match v {
         Some(s) if s.len() > 12 => format!("{}..", &s[..12]),
         Some(s) => s.clone(),
         None => "not recorded".into(),
     };
     let differs = |a: &Option<String>, b: &Option<String>| a.is_none() || b.is_none() || a != b;
-    let (n, b) = (&new.run, &baseline.run);
+    let vs = if other.is_empty() {
+        "vs".to_string()
+    } else {
+        format!("vs {other}")
+    };
     let mut fixed = vec![];
     let mut input = vec![];
     if n.family != b.family {
-        fixed.push(format!("family {} vs baseline {}", n.family, b.family));
+        fixed.push(format!("family {} {vs} {}", n.family, b.family));
     }
     if differs(&n.contract_sha256, &b.contract_sha256) {
         fixed.push(format!(
-            "contract sha256 {} vs baseline {} (regenerate the baseline with this X-Ray)",
+            "contract sha256 {} {vs} {} (made through another contract: regenerate it with this X-Ray)",
             show(&n.contract_sha256),
             show(&b.contract_sha256)
         ));
@@ -193,10 +199,38 @@ fn identity_differences(new: &Evidence, baseline: &Evidence) -> (Vec<String>, Ve
         ("audio", &n.audio_sha256, &b.audio_sha256),
     ] {
         if differs(x, y) {
-            input.push(format!("{what} sha256 {} vs baseline {}", show(x), show(y)));
+            input.push(format!("{what} sha256 {} {vs} {}", show(x), show(y)));
         }
     }
     (fixed, input)
+}
+
+/// Why `earlier` evidence is not evidence of the check `planned` describes (empty when it is):
+/// the gate's identity ([`identity_differences`], none of it overridable), then what the check
+/// was asked to do (`isolated`, `stats_only`, `settings`: the policy and the options). What
+/// `xray check --resume` requires of a clip's evidence before it keeps it.
+pub fn run_differences(planned: &Run, earlier: &Run) -> Vec<String> {
+    let (fixed, input) = identity_differences(planned, earlier, "earlier");
+    let mut out: Vec<String> = fixed.into_iter().chain(input).collect();
+    for (what, a, b) in [
+        ("isolated", planned.isolated, earlier.isolated),
+        ("stats_only", planned.stats_only, earlier.stats_only),
+    ] {
+        if a != b {
+            out.push(format!("{what} {a} vs earlier {b}"));
+        }
+    }
+    match (&planned.settings, &earlier.settings) {
+        (Some(a), Some(b)) => out.extend(
+            a.differences(b)
+                .into_iter()
+                .map(|d| format!("settings: {d}")),
+        ),
+        (_, None) => out
+            .push("settings not recorded (evidence of another X-Ray or of `xray compare`)".into()),
+        (None, Some(_)) => out.push("settings of the planned check not known".into()),
+    }
+    out
 }
 
 /// Two corpora are of one model: the family, contract and (unless `allow_different_input`)
@@ -206,7 +240,7 @@ pub(crate) fn same_model(
     baseline: &Evidence,
     opts: &GateOptions,
 ) -> Result<(), Error> {
-    let (fixed, input) = identity_differences(new, baseline);
+    let (fixed, input) = identity_differences(&new.run, &baseline.run, "baseline");
     let input: Vec<String> = input
         .into_iter()
         .filter(|d| !d.starts_with("audio"))
@@ -227,7 +261,7 @@ pub(crate) fn same_model(
 /// never passes. Verdicts are the content's ([`Evidence::effective_verdict`]).
 pub fn gate(new: &Evidence, baseline: &Evidence, opts: &GateOptions) -> Result<GateReport, Error> {
     let mut findings = Vec::new();
-    let (fixed, input) = identity_differences(new, baseline);
+    let (fixed, input) = identity_differences(&new.run, &baseline.run, "baseline");
     if !fixed.is_empty() || (!input.is_empty() && !opts.allow_different_input) {
         let overridable = fixed.is_empty();
         return Err(Error::IdentityMismatch {
@@ -598,6 +632,65 @@ mod tests {
                 ) => assert!(!e.to_string().contains("--allow-different-input"), "{e}"),
                 other => panic!("family/contract difference was gated: {other:?}"),
             }
+        }
+    }
+
+    /// Issue 23 item 4: what `xray check --resume` requires of earlier evidence: the gate's
+    /// identity with nothing overridable, then isolation, stats-only and every setting.
+    #[test]
+    fn resume_requires_the_same_identity_and_settings() {
+        use crate::evidence::CheckSettings;
+        let mut planned = ev(Verdict::Pass, vec![]).run;
+        planned.settings = Some(CheckSettings {
+            policy_sha256: "aa".repeat(32),
+            max_steps: Some(4),
+            drill: true,
+            threads: Some(1),
+            ..Default::default()
+        });
+        assert!(run_differences(&planned, &planned).is_empty());
+        // The model path as spelled and the cache record are not identity.
+        let mut same = planned.clone();
+        same.model_path = "elsewhere/model".into();
+        same.reference_cache = Some(Default::default());
+        assert!(run_differences(&planned, &same).is_empty());
+        let changed = |f: &dyn Fn(&mut Run)| {
+            let mut e = planned.clone();
+            f(&mut e);
+            run_differences(&planned, &e)
+        };
+        let settings =
+            |f: &dyn Fn(&mut CheckSettings)| changed(&|r| f(r.settings.as_mut().unwrap()));
+        for (d, want) in [
+            (
+                changed(&|r| r.audio_sha256 = Some("00".repeat(32))),
+                "audio sha256",
+            ),
+            (changed(&|r| r.weights_sha256 = None), "weights sha256"),
+            (
+                changed(&|r| r.contract_sha256 = Some("01".repeat(32))),
+                "contract sha256",
+            ),
+            (changed(&|r| r.family = "granite_nar".into()), "family"),
+            (changed(&|r| r.isolated = true), "isolated"),
+            (changed(&|r| r.stats_only = true), "stats_only"),
+            (changed(&|r| r.settings = None), "settings not recorded"),
+            (
+                settings(&|s| s.policy_sha256 = "bb".repeat(32)),
+                "settings: policy_sha256",
+            ),
+            (
+                settings(&|s| s.max_steps = None),
+                "settings: max_steps 4 vs earlier null",
+            ),
+            (
+                settings(&|s| s.faults = vec!["gelu_tanh".into()]),
+                "settings: faults",
+            ),
+            (settings(&|s| s.drill = false), "settings: drill"),
+        ] {
+            assert_eq!(d.len(), 1, "{want}: {d:?}");
+            assert!(d[0].starts_with(want), "{want}: {d:?}");
         }
     }
 

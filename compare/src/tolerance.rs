@@ -446,6 +446,16 @@ impl Policy {
         Ok(())
     }
 
+    /// sha256 of the policy as parsed ([`PolicySpec`] serialized: the same defaults, rules and
+    /// calibration hash alike however the file is spaced; the built-in policy has one too). What
+    /// `run.settings.policy_sha256` records: `xray check --resume` keeps evidence of this policy
+    /// only.
+    pub fn sha256(&self) -> String {
+        // A PolicySpec serializes (finite numbers, string keys) or the derive is broken.
+        let text = serde_json::to_string(&self.spec).unwrap_or_default();
+        xray_core::sha256_hex(text.as_bytes())
+    }
+
     /// The policy as written.
     pub fn spec(&self) -> &PolicySpec {
         &self.spec

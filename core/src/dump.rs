@@ -567,7 +567,7 @@ impl DumpWriter {
         };
         self.manifest.checkpoints.push(Entry {
             file: Some(file.clone()),
-            sha256: Some(hex::encode(Sha256::digest(&bytes))),
+            sha256: Some(crate::sha256_hex(&bytes)),
             ..entry
         });
         self.files.push((file, bytes));
@@ -919,7 +919,7 @@ impl Dump {
             }
             let p = dir.join(file);
             let bytes = std::fs::read(&p).map_err(|e| CoreError::io(&p, e))?;
-            let got = hex::encode(Sha256::digest(&bytes));
+            let got = crate::sha256_hex(&bytes);
             match &e.sha256 {
                 Some(want) if *want == got => {}
                 Some(want) => {

@@ -6,6 +6,7 @@
 //! | [`contract`] | the per-family checkpoint contracts (`core/contracts/*.json`), parsed and resolved once against a model config |
 //! | [`dump`] | the `xray.dump` format: manifest, `.npy` tensors, atomic writer, checked loader |
 //! | [`ops`] | op-level points: `{module}:{in|out}` names at the reference's module boundaries, and which a run emits |
+//! | [`reference`] | [`reference::OracleRequest`]: what a reference run is asked for (run by the oracle, keyed by the reference cache) |
 //! | [`replay`] | reference replay: the counterfactuals a module is re-run with and what the replay reports about it |
 //! | [`capture`] | the capture API: [`capture::Observer`] (an engine calls it at each checkpoint), [`capture::Recorder`], [`capture::StatsRecorder`], [`capture::Substitute`] (isolation) |
 //!
@@ -25,6 +26,7 @@ pub mod contract;
 pub mod dump;
 pub mod error;
 pub mod ops;
+pub mod reference;
 pub mod replay;
 
 pub use error::{CoreError, Result};
@@ -103,6 +105,13 @@ pub type Shape = Vec<Dim>;
 pub fn fmt_shape(s: &[Dim]) -> String {
     let parts: Vec<String> = s.iter().map(|d| d.to_string()).collect();
     format!("[{}]", parts.join(", "))
+}
+
+/// The sha256 of `bytes` as lower-case hex: the one spelling of every content hash X-Ray writes
+/// (dump files, contracts, policies, the reference cache's keys).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(bytes))
 }
 
 /// Core version string recorded by engines that use only this crate.

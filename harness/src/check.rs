@@ -20,13 +20,24 @@
 //! estimated rel_l2), localized along the same graph. Isolated mode, calibration and `--ops` need
 //! full tensors and are refused; the drill-down still runs (it captures only the origin region's
 //! op-level points, in full).
+//!
+//! Every reference a check reads (its own, the f64 calibration run, reference variants, the
+//! drill-down's points) comes through [`References`]: from the reference cache when one is given
+//! (`--reference-cache`, [`crate::refcache`]), else from the oracle, which is discovered and
+//! started only on the first reference the cache does not hold. A check whose references are
+//! all cached never starts Python; one that diverges starts it to replay the origin op (replay
+//! re-runs an HF module on the runtime's own tensors, which no cache holds), and an `xray` built
+//! without the oracle notes that replay did not run. Without the oracle, a miss is an error.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Context};
-use xray_core::dump::{Dump, Manifest};
-use xray_oracle::{Oracle, OracleRequest, OracleRun};
+use xray_compare::evidence::{CacheLookup, CheckSettings, ReferenceCache};
+use xray_core::dump::Dump;
+use xray_core::reference::OracleRequest;
+#[cfg(feature = "oracle")]
+use xray_oracle::{Oracle, OracleRun};
 use xray_runtime::audio::{load_wav, Audio};
 use xray_runtime::faults::FaultPlan;
 use xray_runtime::models::{self, Alignment, RunHooks, RunOptions, SpeechModel};
@@ -79,6 +90,9 @@ pub struct CheckOptions {
     /// Reference variants to measure the runtime against as well (`--reference-variant`:
     /// `int8`, `int8_conv`, `int8_w8a8`, `f16`, `bf16`; `xray_compare::variant`).
     pub reference_variants: Vec<String>,
+    /// Read references from this cache and store the ones the oracle computes there
+    /// (`--reference-cache`, [`crate::refcache`]).
+    pub reference_cache: Option<PathBuf>,
 }
 
 /// Everything a check produced.
@@ -92,8 +106,9 @@ pub struct CheckOutput {
 }
 
 /// The reference run as an in-memory dump (stats-only when the run was: its summaries).
+#[cfg(feature = "oracle")]
 pub fn reference_dump(run: &OracleRun, family: &str, model_id: &str) -> Dump {
-    let m = Manifest {
+    let m = xray_core::dump::Manifest {
         schema: xray_core::dump::SCHEMA.into(),
         version: xray_core::dump::VERSION,
         family: family.into(),
@@ -110,7 +125,7 @@ pub fn reference_dump(run: &OracleRun, family: &str, model_id: &str) -> Dump {
         engine_weights: None,
     };
     if !run.summaries.is_empty() {
-        return Dump::stats_only(Manifest {
+        return Dump::stats_only(xray_core::dump::Manifest {
             checkpoints: run.summaries.clone(),
             ..m
         });
@@ -165,7 +180,7 @@ fn bits_equal(a: &[Tensor], b: &[Tensor]) -> bool {
 /// policy naming reference ids the run does not carry is an error, never a free run.
 fn teacher_for(
     align: Alignment,
-    reference: &OracleRun,
+    reference: &xray_core::dump::Manifest,
     teacher_force: bool,
 ) -> anyhow::Result<Option<Vec<i64>>> {
     match align {
@@ -202,27 +217,247 @@ fn load_checked(
     Ok(model)
 }
 
-/// What [`check_corpus`] hands each clip to: the clip, its check (or why it failed), seconds.
-pub type ClipSink<'a> =
-    dyn FnMut(&std::path::Path, anyhow::Result<CheckOutput>, f64) -> anyhow::Result<()> + 'a;
+/// Why an `xray` built without the oracle refuses a check without a reference cache.
+pub const NEEDS_CACHE: &str = "this xray is built without the oracle: `xray check` reads its references from --reference-cache DIR (filled by an xray built with the oracle, the default features)";
+
+/// Where a check's references come from: the reference cache when one is given, and the oracle,
+/// discovered on first use (finding its venv starts no Python; running it does). A check whose
+/// references are all in the cache never starts the interpreter.
+pub struct References {
+    cache: Option<crate::refcache::Cache>,
+    #[cfg(feature = "oracle")]
+    oracle: std::cell::OnceCell<Oracle>,
+    versions: std::cell::OnceCell<crate::refcache::Versions>,
+}
+
+/// A reference a check compares with: the request it answers, its dump, and how the cache served
+/// it (`None` without a cache).
+pub struct Reference {
+    /// The request (the runtime side is checked against its samples; the drill-down, variants
+    /// and calibration derive theirs from it).
+    pub req: OracleRequest,
+    /// The reference dump.
+    pub dump: Dump,
+    /// Its cache key and whether it was a hit.
+    pub lookup: Option<CacheLookup>,
+}
+
+impl References {
+    /// References from `cache` (when given) and the oracle.
+    pub fn new(cache: Option<&Path>) -> anyhow::Result<References> {
+        Ok(References {
+            cache: cache.map(crate::refcache::Cache::open).transpose()?,
+            #[cfg(feature = "oracle")]
+            oracle: std::cell::OnceCell::new(),
+            versions: std::cell::OnceCell::new(),
+        })
+    }
+
+    /// References from an oracle already discovered, no cache (the self-test).
+    #[cfg(feature = "oracle")]
+    pub fn with_oracle(oracle: Oracle) -> References {
+        References {
+            cache: None,
+            oracle: std::cell::OnceCell::from(oracle),
+            versions: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The oracle, discovered on the first call (no Python is started by discovering it).
+    #[cfg(feature = "oracle")]
+    pub fn oracle(&self) -> anyhow::Result<&Oracle> {
+        if let Some(o) = self.oracle.get() {
+            return Ok(o);
+        }
+        let o = Oracle::discover()?;
+        Ok(self.oracle.get_or_init(|| o))
+    }
+
+    /// Fails now when a reference could not be computed later: without a cache the oracle must
+    /// be there (discovered before the first clip; an `xray` without it cannot check at all).
+    pub fn ready(&self) -> anyhow::Result<()> {
+        if self.cache.is_some() {
+            return Ok(());
+        }
+        #[cfg(feature = "oracle")]
+        return self.oracle().map(drop);
+        #[cfg(not(feature = "oracle"))]
+        anyhow::bail!("{NEEDS_CACHE}")
+    }
+
+    /// The torch and transformers versions references are keyed by: the oracle venv's
+    /// (installed), or, without the oracle, the pinned ones.
+    fn versions(&self) -> anyhow::Result<&crate::refcache::Versions> {
+        if let Some(v) = self.versions.get() {
+            return Ok(v);
+        }
+        #[cfg(feature = "oracle")]
+        let v = crate::refcache::Versions::installed(self.oracle()?)?;
+        #[cfg(not(feature = "oracle"))]
+        let v = crate::refcache::Versions::pinned()?;
+        Ok(self.versions.get_or_init(|| v))
+    }
+
+    /// The reference `req` asks for (`what` names it in messages and the evidence): from the
+    /// cache when it holds it (verified), else computed by the oracle (and stored when there is a
+    /// cache). `model` is the runtime model checked against it (its weights' sha256 keys it).
+    pub fn fetch(
+        &self,
+        model: &dyn SpeechModel,
+        req: &OracleRequest,
+        what: &str,
+        progress: &dyn Fn(&str),
+    ) -> anyhow::Result<(Dump, Option<CacheLookup>)> {
+        let model_id = req.model_dir.display().to_string();
+        let Some(cache) = &self.cache else {
+            #[cfg(feature = "oracle")]
+            {
+                progress(&format!(
+                    "running the HF {what} (oracle, {})",
+                    short_dtype(&req.dtype)
+                ));
+                let run = self.oracle()?.run(req)?;
+                return Ok((reference_dump(&run, model.family(), &model_id), None));
+            }
+            #[cfg(not(feature = "oracle"))]
+            {
+                let _ = (model, progress, model_id);
+                anyhow::bail!(
+                    "the {what}: this xray is built without the oracle: give --reference-cache DIR"
+                );
+            }
+        };
+        let w = model.weights();
+        let material =
+            crate::refcache::KeyMaterial::of(req, w.path(), w.sha256(), self.versions()?)?;
+        let key = material.key();
+        if let crate::refcache::Found::Hit(mut dump) = cache.lookup(&material)? {
+            progress(&format!(
+                "the HF {what} from the reference cache (key {})",
+                &key[..12]
+            ));
+            // A label, not content: the model directory of this check.
+            dump.manifest.model_id = model_id;
+            let lookup = CacheLookup {
+                what: what.into(),
+                key,
+                hit: true,
+            };
+            return Ok((*dump, Some(lookup)));
+        }
+        #[cfg(feature = "oracle")]
+        {
+            progress(&format!(
+                "running the HF {what} (oracle, {}; not in the reference cache: key {})",
+                short_dtype(&req.dtype),
+                &key[..12]
+            ));
+            let oracle = self.oracle()?;
+            // The key names the oracle code this xray was built with: the package imported must
+            // be that code, or the entry would lie about what computed it.
+            let imported = crate::refcache::oracle_sources_sha256(&oracle.package_root)?;
+            if imported != crate::refcache::ORACLE_SOURCES_SHA256 {
+                anyhow::bail!(
+                    "--reference-cache: the oracle package {} ({}) is not the one this xray was built from (its sources' sha256 {} vs {}): its references cannot be keyed; rebuild xray from it, or drop --reference-cache",
+                    oracle.package_root.join("xray_oracle").display(),
+                    oracle.package_source,
+                    &imported[..12],
+                    &crate::refcache::ORACLE_SOURCES_SHA256[..12]
+                );
+            }
+            let run = oracle.run(req)?;
+            let dump = reference_dump(&run, model.family(), &model_id);
+            cache.store(&material, &dump)?;
+            let lookup = CacheLookup {
+                what: what.into(),
+                key,
+                hit: false,
+            };
+            Ok((dump, Some(lookup)))
+        }
+        #[cfg(not(feature = "oracle"))]
+        {
+            let v = self.versions()?;
+            anyhow::bail!(
+                "reference cache miss: {} holds no {what} for this check (key {key}; torch {} and transformers {} {}); this xray is built without the oracle and cannot compute it: run the same check once with an xray built with the oracle to fill the cache",
+                cache.dir().display(),
+                v.torch,
+                v.transformers,
+                v.source
+            )
+        }
+    }
+
+    /// The cache directory, when there is one.
+    pub fn cache_dir(&self) -> Option<&Path> {
+        self.cache.as_ref().map(|c| c.dir())
+    }
+}
+
+/// `f32` / `f64` for progress lines.
+#[cfg(feature = "oracle")]
+fn short_dtype(dtype: &str) -> &str {
+    match dtype {
+        "float64" => "f64",
+        "float32" => "f32",
+        d => d,
+    }
+}
+
+/// What [`check_corpus`] hands each clip to: the clip, its check (`None`: not checked, its
+/// earlier evidence kept by `keep`), or why it failed, and seconds.
+pub type ClipSink<'a> = dyn FnMut(&std::path::Path, anyhow::Result<Option<CheckOutput>>, f64) -> anyhow::Result<()>
+    + 'a;
+
+/// What [`check_corpus`] asks of each clip before any runs (`xray check --resume`): given the
+/// run its evidence would describe ([`planned_run`]), whether its earlier evidence is kept (not
+/// checked again). An error stops the corpus before the first clip runs.
+pub type ClipKeep<'a> = dyn Fn(&std::path::Path, &Run) -> anyhow::Result<bool> + 'a;
 
 /// A corpus in one process: the runtime model is loaded once and the oracle started once (the
 /// reference model is loaded by the first clip's run and reused), then each clip of `clips` is
 /// checked with `opts` (its `audio` replaced) and handed to `each` with its wall time in
 /// seconds. A clip's own failure (a file the runtime refuses, a clip longer than the model's
-/// window) is passed to `each`, not returned; `each` returning an error stops the corpus.
-/// Returns the seconds spent loading before the first clip.
+/// window) is passed to `each`, not returned; `each` returning an error stops the corpus. With
+/// `keep`, every clip is asked first (before any runs) whether its earlier evidence stands; a
+/// kept clip is handed to `each` as `Ok(None)` and not checked. Returns the seconds spent
+/// loading before the first clip.
 pub fn check_corpus(
     opts: &CheckOptions,
     clips: &[PathBuf],
     progress: &dyn Fn(&str),
+    keep: Option<&ClipKeep>,
     each: &mut ClipSink,
 ) -> anyhow::Result<f64> {
     let t0 = std::time::Instant::now();
     let model = load_checked(opts, progress)?;
-    let oracle = Oracle::discover()?;
+    let refs = References::new(opts.reference_cache.as_deref())?;
+    refs.ready()?;
+    let mut kept = vec![false; clips.len()];
+    if let Some(keep) = keep {
+        for (k, clip) in kept.iter_mut().zip(clips) {
+            // A clip that does not decode is checked (and fails) like any other.
+            if let Ok(audio) = load_wav(clip, 16000) {
+                let o = CheckOptions {
+                    audio: clip.clone(),
+                    ..opts.clone()
+                };
+                *k = keep(clip, &planned_run(model.as_ref(), &o, &audio))?;
+            }
+        }
+    }
     let load = t0.elapsed().as_secs_f64();
     for (i, clip) in clips.iter().enumerate() {
+        if kept[i] {
+            progress(&format!(
+                "clip {}/{}: {}: kept (its evidence is valid and of this run)",
+                i + 1,
+                clips.len(),
+                clip.display()
+            ));
+            each(clip, Ok(None), 0.0)?;
+            continue;
+        }
         progress(&format!(
             "clip {}/{}: {}",
             i + 1,
@@ -238,11 +473,10 @@ pub fn check_corpus(
         let r = load_wav(clip, 16000)
             .map_err(anyhow::Error::from)
             .and_then(|audio| {
-                let req = reference_request(model.as_ref(), &o, &audio)?;
-                let ref_run = oracle.run(&req)?;
-                check_against(model.as_ref(), &oracle, &req, &ref_run, &o, &audio, &|_| {})
+                let reference = fetch_reference(model.as_ref(), &refs, &o, &audio, &|_| {})?;
+                check_against(model.as_ref(), &refs, &reference, &o, &audio, &|_| {})
             });
-        each(clip, r, t.elapsed().as_secs_f64())?;
+        each(clip, r.map(Some), t.elapsed().as_secs_f64())?;
     }
     Ok(load)
 }
@@ -256,19 +490,23 @@ pub fn check(opts: &CheckOptions, progress: &dyn Fn(&str)) -> anyhow::Result<Che
     // validated and converted once, before the oracle starts: a file the runtime refuses never
     // costs a reference run, and both engines get these samples.
     let audio = load_wav(&opts.audio, 16000)?;
-    let req = reference_request(model.as_ref(), opts, &audio)?;
-    let oracle = Oracle::discover()?;
-    progress("running the HF reference (oracle, f32)");
-    let ref_run = oracle.run(&req)?;
-    check_against(
-        model.as_ref(),
-        &oracle,
-        &req,
-        &ref_run,
-        opts,
-        &audio,
-        progress,
-    )
+    let refs = References::new(opts.reference_cache.as_deref())?;
+    refs.ready()?;
+    let reference = fetch_reference(model.as_ref(), &refs, opts, &audio, progress)?;
+    check_against(model.as_ref(), &refs, &reference, opts, &audio, progress)
+}
+
+/// The check's own reference ([`reference_request`] through `refs`).
+fn fetch_reference(
+    model: &dyn SpeechModel,
+    refs: &References,
+    opts: &CheckOptions,
+    audio: &Audio,
+    progress: &dyn Fn(&str),
+) -> anyhow::Result<Reference> {
+    let req = reference_request(model, opts, audio)?;
+    let (dump, lookup) = refs.fetch(model, &req, "reference", progress)?;
+    Ok(Reference { req, dump, lookup })
 }
 
 /// The oracle request a check makes: `audio` (the file `opts.audio` decoded and converted by the
@@ -292,14 +530,46 @@ pub fn reference_request(
     Ok(req)
 }
 
-/// The runtime side of a check against a reference run that is already there (the self-test
+/// What a check's evidence records about the check before any reference runs: the gate's
+/// identity (family, contract, the weights the runtime read, the audio file) and the settings
+/// (policy and options). [`check_against`] writes its `run` from it (weights, audio and versions
+/// then the reference's own); `xray check --resume` compares earlier evidence with it.
+pub fn planned_run(model: &dyn SpeechModel, opts: &CheckOptions, audio: &Audio) -> Run {
+    Run {
+        family: model.family().into(),
+        model_path: opts.model.display().to_string(),
+        weights_sha256: Some(model.weights().sha256().to_string()),
+        audio_sha256: Some(audio.sha256.clone()),
+        runtime_version: xray_runtime::version(),
+        oracle: None,
+        isolated: opts.isolate,
+        stats_only: opts.stats_only,
+        contract_sha256: Some(model.contract().sha256()),
+        dumps: None,
+        engine_weights: None,
+        reference_cache: None,
+        settings: Some(CheckSettings {
+            policy_sha256: opts.policy.sha256(),
+            max_steps: opts.max_steps,
+            calibrate: opts.calibrate,
+            teacher_force: opts.teacher_force,
+            ops: opts.ops,
+            drill: !opts.no_drill,
+            faults: opts.fault_names.clone(),
+            reference_variants: opts.reference_variants.clone(),
+            threads: opts.threads,
+        }),
+    }
+}
+
+/// The runtime side of a check against a reference that is already there (the self-test
 /// reuses one reference for every planted fault), on `audio`: the decoded file the reference
-/// request was made from (the file is not read again).
+/// request was made from (the file is not read again). Further references (calibration,
+/// variants, the drill-down's points) come through `refs`.
 pub fn check_against(
     model: &dyn SpeechModel,
-    oracle: &Oracle,
-    req: &OracleRequest,
-    ref_run: &OracleRun,
+    refs: &References,
+    reference: &Reference,
     opts: &CheckOptions,
     audio: &Audio,
     progress: &dyn Fn(&str),
@@ -310,12 +580,15 @@ pub fn check_against(
         .alignment();
     let generative = align == Alignment::ReferenceTokens;
     let contract = model.contract().clone();
-    let reference = reference_dump(ref_run, family, &opts.model.display().to_string());
+    let req = &reference.req;
+    let mut lookups: Vec<CacheLookup> = reference.lookup.iter().cloned().collect();
+    let ref_m = reference.dump.manifest.clone();
+    let reference = reference.dump.clone();
 
     let teacher_force = opts.teacher_force || (opts.isolate && !generative);
     let mut run_opts = RunOptions {
         max_new_tokens: opts.max_steps,
-        teacher_tokens: teacher_for(align, ref_run, teacher_force)?,
+        teacher_tokens: teacher_for(align, &ref_m, teacher_force)?,
     };
     if let Some(w) = &opts.warmup_audio {
         // Stale-cache bugs show only when a second input reuses state from the first.
@@ -391,8 +664,8 @@ pub fn check_against(
     // the reference's (then the free run is the same computation).
     let (runtime_tokens, runtime_text) = match align {
         Alignment::ReferenceTokens => {
-            let prefix = ref_run.tokens.len().saturating_sub(out_on.predicted.len());
-            if ref_run.tokens.get(prefix..) == Some(&out_on.predicted[..]) {
+            let prefix = ref_m.tokens.len().saturating_sub(out_on.predicted.len());
+            if ref_m.tokens.get(prefix..) == Some(&out_on.predicted[..]) {
                 (out_on.predicted.clone(), out_on.transcript.clone())
             } else {
                 progress(
@@ -414,9 +687,9 @@ pub fn check_against(
     };
     let ref_generated: Vec<i64> = match align {
         Alignment::ReferenceTokens => {
-            ref_run.tokens[ref_run.tokens.len().saturating_sub(out_on.predicted.len())..].to_vec()
+            ref_m.tokens[ref_m.tokens.len().saturating_sub(out_on.predicted.len())..].to_vec()
         }
-        _ => ref_run.tokens.clone(),
+        _ => ref_m.tokens.clone(),
     };
 
     let isolated = if opts.isolate {
@@ -424,7 +697,7 @@ pub fn check_against(
         let sub = DumpSubstitute(&reference);
         let ro = RunOptions {
             max_new_tokens: opts.max_steps,
-            teacher_tokens: teacher_for(align, ref_run, true)?,
+            teacher_tokens: teacher_for(align, &ref_m, true)?,
         };
         Some(
             runtime_dump_audio(
@@ -475,8 +748,9 @@ pub fn check_against(
         progress("calibrating: oracle in f64 for the noise floor");
         let mut r64 = req.clone();
         r64.dtype = "float64".into();
-        let f64_run = oracle.run(&r64)?;
-        let f64_dump = reference_dump(&f64_run, family, "");
+        let (f64_dump, lookup) =
+            refs.fetch(model, &r64, "calibration reference (float64)", progress)?;
+        lookups.extend(lookup);
         for ((name, step), t32) in &reference.tensors {
             if let Some(t64) = f64_dump.get(name, *step) {
                 if t64.shape() == t32.shape() {
@@ -506,29 +780,24 @@ pub fn check_against(
     } else {
         compare_dumps(&contract, &reference, &runtime, isolated.as_ref(), &copts)?
     };
+    // The identity and settings once (`planned_run`); the weights, audio and versions the
+    // reference itself records.
     let run = Run {
-        family: family.into(),
-        model_path: opts.model.display().to_string(),
-        weights_sha256: Some(ref_run.weights_sha256.clone()),
-        audio_sha256: Some(ref_run.audio_sha256.clone()),
-        runtime_version: xray_runtime::version(),
-        oracle: Some(oracle_versions(&ref_run.tools)),
-        isolated: opts.isolate,
-        stats_only: opts.stats_only,
-        contract_sha256: Some(contract.sha256()),
-        dumps: None,
-        engine_weights: None,
+        weights_sha256: Some(ref_m.weights_sha256.clone()),
+        audio_sha256: Some(ref_m.audio_sha256.clone()),
+        oracle: Some(oracle_versions(&ref_m.tools)),
+        ..planned_run(model, opts, a)
     };
-    if model.weights().sha256() != ref_run.weights_sha256 {
+    if model.weights().sha256() != ref_m.weights_sha256 {
         notes.push(format!(
             "weights differ: runtime read sha256 {}, oracle {}",
             model.weights().sha256(),
-            ref_run.weights_sha256
+            ref_m.weights_sha256
         ));
     }
     let transcript = Transcript {
         runtime: runtime_text,
-        reference: ref_run.transcript.clone(),
+        reference: ref_m.transcript.clone(),
         tokens_equal: runtime_tokens == ref_generated,
         first_divergent_step: None,
     };
@@ -539,12 +808,12 @@ pub fn check_against(
     // Reference variants: the HF model with its weights on a named grid, run like the
     // reference; the runtime is measured against both (`reference_variants`).
     for scheme in &opts.reference_variants {
-        progress(&format!("running the {scheme} reference variant (oracle)"));
         let mut rv = req.clone();
         rv.weights_variant = Some(scheme.clone());
         rv.ops = xray_core::ops::PointSelect::None;
-        let v_run = oracle.run(&rv)?;
-        let mut variant = reference_dump(&v_run, family, &opts.model.display().to_string());
+        let (mut variant, lookup) =
+            refs.fetch(model, &rv, &format!("{scheme} reference variant"), progress)?;
+        lookups.extend(lookup);
         variant.dir = std::path::PathBuf::from(format!("<{scheme} reference variant>"));
         let v = xray_compare::variant::compare_variant(
             &contract, &reference, &runtime, &variant, None, &evidence,
@@ -556,13 +825,24 @@ pub fn check_against(
     if !opts.no_drill {
         let drill = Drill {
             model,
-            oracle,
+            refs,
             req,
             audio: a,
             run_opts: &run_opts,
             opts,
         };
-        drill.localize(&mut evidence, &reference, &runtime, progress)?;
+        drill.localize(&mut evidence, &reference, &runtime, progress, &mut lookups)?;
+    }
+    if let Some(dir) = refs.cache_dir() {
+        let mut all = lookups.into_iter();
+        if let Some(first) = all.next() {
+            evidence.run.reference_cache = Some(ReferenceCache {
+                dir: dir.display().to_string(),
+                key: first.key,
+                hit: first.hit,
+                also: all.collect(),
+            });
+        }
     }
     Ok(CheckOutput {
         evidence,
@@ -583,7 +863,7 @@ fn heads_of(from: &[usize], to: &[usize]) -> Option<usize> {
 /// What a drill-down re-runs: both engines on the same input, teacher-forced and faulted alike.
 struct Drill<'a> {
     model: &'a dyn SpeechModel,
-    oracle: &'a Oracle,
+    refs: &'a References,
     req: &'a OracleRequest,
     audio: &'a xray_runtime::audio::Audio,
     run_opts: &'a RunOptions,
@@ -661,13 +941,15 @@ impl Drill<'_> {
     /// between the origin's passing inputs and the origin, capture the op-level points of that
     /// region on both sides (from the dumps when they already hold them, `--ops`) and set
     /// `first_divergence.op` to the first that differs ([`localize_op`]), with its signature (the
-    /// reference weight of a linear op from the model's own weights).
+    /// reference weight of a linear op from the model's own weights). The reference cache's
+    /// lookups for the region's points are added to `lookups`.
     fn localize(
         &self,
         ev: &mut Evidence,
         reference: &Dump,
         runtime: &Dump,
         progress: &dyn Fn(&str),
+        lookups: &mut Vec<CacheLookup>,
     ) -> anyhow::Result<()> {
         let Some(fd) = ev.first_divergence.as_mut() else {
             return Ok(());
@@ -733,12 +1015,11 @@ impl Drill<'_> {
                     req.stats_only = false;
                     req.only = Some(Vec::new());
                 }
-                let run = self.oracle.run(&req)?;
-                reference_dump(
-                    &run,
-                    self.model.family(),
-                    &self.opts.model.display().to_string(),
-                )
+                let (d, lookup) =
+                    self.refs
+                        .fetch(self.model, &req, "reference's drill-down points", progress)?;
+                lookups.extend(lookup);
+                d
             };
             x_ops = self.runtime_only(&names)?;
             (&r_ops, &x_ops)
@@ -767,18 +1048,28 @@ impl Drill<'_> {
         if let Some(op) = fd.op.as_mut() {
             // Reference replay: the module re-run on the runtime's own input clears or convicts
             // the op and tests the mechanisms of its kind.
-            progress(&format!("replay: {} on the runtime's own input", op.module));
-            ev.notes.extend(crate::replay::replay_origin(
-                op,
-                &nodes,
-                r,
-                x,
-                &self.opts.policy,
-                self.oracle,
-                self.model.family(),
-                &self.opts.model,
-                Some(g),
-            ));
+            #[cfg(feature = "oracle")]
+            match self.refs.oracle() {
+                Ok(oracle) => {
+                    progress(&format!("replay: {} on the runtime's own input", op.module));
+                    ev.notes.extend(crate::replay::replay_origin(
+                        op,
+                        &nodes,
+                        r,
+                        x,
+                        &self.opts.policy,
+                        oracle,
+                        self.model.family(),
+                        &self.opts.model,
+                        Some(g),
+                    ));
+                }
+                Err(e) => ev
+                    .notes
+                    .push(format!("replay: not run, the oracle is unavailable: {e:#}")),
+            }
+            #[cfg(not(feature = "oracle"))]
+            ev.notes.push(crate::replay::not_built(&op.module));
         }
         Ok(())
     }

@@ -24,8 +24,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    #[cfg(feature = "oracle")]
     /// Run the runtime and the HF reference on one input, compare, localize, write evidence.
+    // Built without the oracle: the reference from --reference-cache only.
     Check(cli::check::Args),
     /// Run the runtime and write its dump.
     Run(cli::run::Args),
@@ -77,7 +77,7 @@ fn long_version() -> String {
 #[cfg(not(feature = "oracle"))]
 fn long_version() -> String {
     format!(
-        "{}\nbuilt without the oracle feature: compare, gate, report, list, faults and run only (no Python)",
+        "{}\nbuilt without the oracle feature: compare, gate, report, list, faults, run, and check from a reference cache (--reference-cache) only (no Python)",
         env!("CARGO_PKG_VERSION")
     )
 }
@@ -118,7 +118,6 @@ fn main() -> ExitCode {
         }
     }
     let result = match cli.command {
-        #[cfg(feature = "oracle")]
         Command::Check(a) => cli::check::run(a),
         Command::Run(a) => cli::run::run(a),
         #[cfg(feature = "oracle")]

@@ -2,22 +2,44 @@
 //! module the drill-down names is re-run by the oracle on the engine's own input
 //! ([`xray_oracle::Oracle::replay`]), which clears or convicts the op and tests the mechanisms of
 //! its kind (`xray_compare::mechanism`). This module adapts the oracle to the comparison
-//! library's [`Replayer`] and the runtime graph to its engine-op lookup.
+//! library's [`Replayer`] and the runtime graph to its engine-op lookup (the graph helpers, and
+//! the note of an `xray` without the oracle, are in every build).
+//!
+//! [`Replayer`]: xray_compare::mechanism::Replayer
 
 use std::collections::HashMap;
+#[cfg(feature = "oracle")]
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "oracle")]
 use ndarray::ArrayD;
-use xray_compare::mechanism::{apply, EngineOp, ReplayBatch, ReplayContext, ReplayInput, Replayer};
+use xray_compare::mechanism::EngineOp;
+#[cfg(feature = "oracle")]
+use xray_compare::mechanism::{apply, ReplayBatch, ReplayContext, ReplayInput, Replayer};
+#[cfg(feature = "oracle")]
 use xray_compare::ops::OpDivergence;
+#[cfg(feature = "oracle")]
 use xray_compare::tolerance::{Dtype, Policy};
+#[cfg(feature = "oracle")]
 use xray_core::dump::Dump;
-use xray_core::ops::{parse_point, PointNode, Side};
+#[cfg(feature = "oracle")]
+use xray_core::ops::PointNode;
+use xray_core::ops::{parse_point, Side};
+#[cfg(feature = "oracle")]
 use xray_core::replay::Counterfactual;
+#[cfg(feature = "oracle")]
 use xray_oracle::{Oracle, ReplayRequest};
 use xray_runtime::graph::Graph;
 
+/// What an `xray` built without the oracle says in place of replaying `module`.
+pub fn not_built(module: &str) -> String {
+    format!(
+        "replay: this xray is built without the oracle feature; with it {module} would be re-run through the HF reference on the engine's own input, clearing or convicting the op and naming the counterfactual (transposed weight, missing bias, wrong epsilon, ...) that reproduces its output"
+    )
+}
+
 /// The oracle as a [`Replayer`] of one model.
+#[cfg(feature = "oracle")]
 pub struct OracleReplayer<'a> {
     /// The interpreter.
     pub oracle: &'a Oracle,
@@ -27,6 +49,7 @@ pub struct OracleReplayer<'a> {
     pub model_dir: PathBuf,
 }
 
+#[cfg(feature = "oracle")]
 impl Replayer for OracleReplayer<'_> {
     fn replay(
         &self,
@@ -129,6 +152,7 @@ pub fn attention_points(g: &Graph, op: &str) -> Option<Vec<String>> {
 /// and records the evidence on it; a cleared op is no longer named. Returns the notes (the
 /// console line first). Replay failures become a note, never an error of the check.
 #[allow(clippy::too_many_arguments)]
+#[cfg(feature = "oracle")]
 pub fn replay_origin(
     op: &mut OpDivergence,
     nodes: &[PointNode],
@@ -203,6 +227,7 @@ pub fn replay_origin(
 }
 
 /// The runtime kernel kind that computes a module of this kind.
+#[cfg(feature = "oracle")]
 fn kernel_kind(k: xray_core::replay::ModuleKind) -> Option<&'static str> {
     use xray_core::replay::ModuleKind::*;
     Some(match k {

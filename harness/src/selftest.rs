@@ -9,7 +9,9 @@ use xray_oracle::Oracle;
 use xray_runtime::faults::{catalogue, plant, FaultPlan, Planted};
 use xray_runtime::models;
 
-use crate::check::{check_against, reference_request, CheckOptions};
+use crate::check::{
+    check_against, reference_dump, reference_request, CheckOptions, Reference, References,
+};
 use xray_core::ops::PointSelect;
 
 /// One self-test case: fault name, the planted fault, the expected origin, whether it needs a
@@ -130,7 +132,7 @@ pub fn selftest(
     only: &[String],
     progress: &dyn Fn(&str),
 ) -> anyhow::Result<Vec<Row>> {
-    let oracle = Oracle::discover()?;
+    let refs = References::with_oracle(Oracle::discover()?);
     let mut rows = Vec::new();
     for fx in fixtures {
         let model = models::load(&fx.model)?;
@@ -152,7 +154,13 @@ pub fn selftest(
         // the runtime.
         let audio = xray_runtime::audio::load_wav(&fx.audio, 16000)?;
         let req = reference_request(model.as_ref(), &base, &audio)?.with_ops(PointSelect::All);
-        let ref_run = oracle.run(&req)?;
+        let ref_run = refs.oracle()?.run(&req)?;
+        let reference = Reference {
+            dump: reference_dump(&ref_run, family, &fx.model.display().to_string()),
+            req,
+            lookup: None,
+        };
+        drop(ref_run);
         let mut cases: Vec<Case> = vec![("clean".into(), None, "-".into(), false, "", "")];
         for e in catalogue().into_iter().filter(|e| e.family == family) {
             if !only.is_empty() && !only.iter().any(|o| o == e.name) {
@@ -185,15 +193,7 @@ pub fn selftest(
                 warmup_audio: second.then(|| fx.second_audio.clone()),
                 ..base.clone()
             };
-            let out = check_against(
-                model.as_ref(),
-                &oracle,
-                &req,
-                &ref_run,
-                &opts,
-                &audio,
-                &|_| {},
-            )?;
+            let out = check_against(model.as_ref(), &refs, &reference, &opts, &audio, &|_| {})?;
             let ev = out.evidence;
             let (reported, signature) = match &ev.first_divergence {
                 Some(f) => (

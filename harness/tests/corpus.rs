@@ -89,12 +89,14 @@ fn run_model(name: &str, dir: &Path, clips: &[Clip], corpus: &Path) -> FamilyRes
         model: dir.to_path_buf(),
         ..Default::default()
     };
-    check_corpus(&opts, &paths, &|_| {}, &mut |path, out, _| {
+    check_corpus(&opts, &paths, &|_| {}, None, &mut |path, out, _| {
         let clip = fit
             .iter()
             .find(|c| corpus.join(&c.file) == path)
             .expect("a clip of the corpus");
-        let out = out.unwrap_or_else(|e| panic!("{name} on {}: {e:#}", clip.file));
+        let out = out
+            .unwrap_or_else(|e| panic!("{name} on {}: {e:#}", clip.file))
+            .expect("no clip is kept without --resume");
         let ev = &out.evidence;
         r.pairs += 1;
         r.checkpoints += ev.checkpoints.len();

@@ -367,3 +367,196 @@ fn dangling_links_and_loops_among_the_clips_are_refused_by_name() {
     );
     assert!(!out.exists(), "nothing written");
 }
+
+// ----------------------------------------------------------------------------------------------
+// Issue 23 item 4: a corpus run killed at any point resumes (`--resume`), re-checking only the
+// clips without valid evidence, and never mixes evidence of another run.
+
+/// A summary without its timing fields (`seconds`, `load_seconds`) and the `resumed` marks.
+fn untimed(mut s: serde_json::Value) -> serde_json::Value {
+    s.as_object_mut().unwrap().remove("load_seconds");
+    for c in s["clips"].as_array_mut().unwrap() {
+        let c = c.as_object_mut().unwrap();
+        c.remove("seconds");
+        c.remove("resumed");
+    }
+    s
+}
+
+/// The inode of a file (a rewrite, atomic by rename, gives a new one).
+fn inode(p: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .ino()
+}
+
+#[test]
+fn a_killed_corpus_run_resumes_to_the_summary_of_an_uninterrupted_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (full, part) = (tmp.path().join("full"), tmp.path().join("part"));
+    // `xray check` of the committed clips on whisper-rand-a, 4 steps, into `dir`; `extra` may
+    // replace the model or the steps (the later of a repeated option is refused by clap, so
+    // they are given here once).
+    let args = |dir: &std::path::Path, extra: &[&str]| -> Vec<String> {
+        let pick = |flag: &str, default: &str| -> String {
+            extra
+                .iter()
+                .position(|a| *a == flag)
+                .map_or(default.to_string(), |i| extra[i + 1].to_string())
+        };
+        let mut a: Vec<String> = vec![
+            "check".into(),
+            "--model".into(),
+            pick("--model", "fixtures/build/whisper-rand-a"),
+            "--audio".into(),
+            "fixtures/audio".into(),
+            "--max-steps".into(),
+            pick("--max-steps", "4"),
+            "--evidence-dir".into(),
+            dir.to_str().unwrap().into(),
+        ];
+        let mut i = 0;
+        while i < extra.len() {
+            if extra[i] == "--model" || extra[i] == "--max-steps" {
+                i += 2;
+                continue;
+            }
+            a.push(extra[i].to_string());
+            i += 1;
+        }
+        a
+    };
+    let run = |dir: &std::path::Path, extra: &[&str]| {
+        let a = args(dir, extra);
+        xray(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let o = run(&full, &[]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+
+    // The same run, killed (SIGKILL) as soon as its first clip's evidence is there.
+    let log = std::fs::File::create(tmp.path().join("killed.log")).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_xray"))
+        .current_dir(common::root())
+        .args(args(&part, &[]))
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let first = part.join("fox.evidence.json");
+    let t0 = std::time::Instant::now();
+    while !first.exists() {
+        assert!(
+            t0.elapsed().as_secs() < 300,
+            "no evidence after 300 s: {}",
+            std::fs::read_to_string(tmp.path().join("killed.log")).unwrap_or_default()
+        );
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the run ended ({status}) before its first evidence");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        !part.join("summary.json").exists(),
+        "killed before its summary"
+    );
+    let missing = ["stella", "weather"]
+        .iter()
+        .filter(|c| !part.join(format!("{c}.evidence.json")).exists())
+        .count();
+    assert!(missing > 0, "the kill came after every clip was checked");
+    let fox = inode(&first);
+
+    // Without --resume (or --force) the unfinished run is refused; both together too.
+    let o = run(&part, &[]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("unfinished"), "{}", stderr(&o));
+    let o = run(&part, &["--resume", "--force"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+
+    // Evidence of another run is refused by name before anything runs: another policy or
+    // option (settings) or another model (identity, as the gate checks it).
+    let policy = tmp.path().join("policy.json");
+    std::fs::write(
+        &policy,
+        r#"{"defaults": {"f32": {"atol": 2e-4, "rtol": 1e-3, "max_outlier_fraction": 0.001, "max_rel_l2": 5e-5}}}"#,
+    )
+    .unwrap();
+    for (extra, want) in [
+        (
+            vec!["--resume", "--policy", policy.to_str().unwrap()],
+            "settings: policy_sha256",
+        ),
+        (
+            vec!["--resume", "--max-steps", "2"],
+            "settings: max_steps 2 vs earlier 4",
+        ),
+        (
+            vec!["--resume", "--model", "fixtures/build/whisper-rand-b"],
+            "weights sha256",
+        ),
+    ] {
+        let o = run(&part, &extra);
+        let err = stderr(&o);
+        assert_eq!(code(&o), 2, "{extra:?}: {err}");
+        assert!(
+            err.contains("fox.evidence.json is evidence of another run") && err.contains(want),
+            "{extra:?}: {err}"
+        );
+        assert!(!err.contains("clip 1/"), "{extra:?}: {err}");
+        assert!(!part.join("summary.json").exists());
+    }
+
+    // Resumed: the kept clip is not checked again (its file untouched), the rest are, and the
+    // summary is the uninterrupted run's but for timing.
+    let o = run(&part, &["--resume"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("fox.wav: kept (its evidence is valid and of this run)"),
+        "{err}"
+    );
+    assert_eq!(err.matches(": kept (").count(), 3 - missing, "{err}");
+    assert_eq!(inode(&first), fox, "the kept evidence was rewritten");
+    assert_eq!(untimed(summary(&part)), untimed(summary(&full)));
+    assert_eq!(summary(&part)["clips"][0]["resumed"], true);
+    for c in ["fox", "stella", "weather"] {
+        let name = format!("{c}.evidence.json");
+        assert_eq!(
+            std::fs::read_to_string(part.join(&name)).unwrap(),
+            std::fs::read_to_string(full.join(&name)).unwrap(),
+            "{name}"
+        );
+    }
+
+    // Evidence that does not load (its verdict edited against its checkpoints) is checked
+    // again; valid evidence is kept.
+    let stella = part.join("stella.evidence.json");
+    let text = std::fs::read_to_string(&stella).unwrap();
+    std::fs::write(
+        &stella,
+        text.replacen("\"verdict\": \"pass\"", "\"verdict\": \"diverged\"", 1),
+    )
+    .unwrap();
+    let o = run(&part, &["--resume"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("stella.evidence.json") && err.contains("its clip is checked again"),
+        "{err}"
+    );
+    assert_eq!(err.matches(": kept (").count(), 2, "{err}");
+    assert_eq!(inode(&first), fox);
+    assert_eq!(untimed(summary(&part)), untimed(summary(&full)));
+    // A clip's evidence not in this corpus (another shard): refused, not removed.
+    let o = run(&part, &["--resume", "--shard", "1/2"]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("a clip this corpus does not have"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(part.join("stella.evidence.json").exists());
+}

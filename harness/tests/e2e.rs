@@ -258,3 +258,307 @@ fn calibrated_mode_gates_at_the_reference_noise_floor() {
         assert!(c["tolerance"]["max_rel_l2"].as_f64().unwrap() > 0.0);
     }
 }
+
+// ----------------------------------------------------------------------------------------------
+// Issue 23 item 3: the reference cache (`xray check --reference-cache DIR`).
+
+/// `xray` (or `bin`) from the repository root with `env` set.
+fn xray_with(bin: &Path, args: &[&str], env: &[(&str, &Path)]) -> std::process::Output {
+    let mut c = std::process::Command::new(bin);
+    c.current_dir(root())
+        .env_remove("XRAY_TRACEBACK")
+        .args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run xray")
+}
+
+/// `check --model whisper-rand-a --audio fox --max-steps STEPS --evidence EV EXTRA..`.
+fn fox_check<'a>(steps: &'a str, ev: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec![
+        "check",
+        "--model",
+        RAND_A,
+        "--audio",
+        FOX,
+        "--max-steps",
+        steps,
+        "--evidence",
+        ev.to_str().unwrap(),
+    ];
+    a.extend_from_slice(extra);
+    a
+}
+
+/// [`fox_check`] with `--reference-cache CACHE`.
+fn cached_check<'a>(steps: &'a str, cache: &'a Path, ev: &'a Path) -> Vec<&'a str> {
+    fox_check(steps, ev, &["--reference-cache", cache.to_str().unwrap()])
+}
+
+/// Evidence without `run.reference_cache` (what differs between a cold and a warm check).
+fn without_cache_record(mut e: serde_json::Value) -> serde_json::Value {
+    e["run"].as_object_mut().unwrap().remove("reference_cache");
+    e
+}
+
+/// The names in a directory, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+/// A cold check fills the cache; a warm one reads it without the oracle: with an oracle package
+/// that fails (and leaves a mark) when imported, the warm check passes, the mark is absent, and
+/// its evidence is the cold one's but for `run.reference_cache.hit`. The same package makes a
+/// check without the cache fail with the mark (the probe can fail), and cannot fill the cache
+/// (a package other than the one xray was built from is refused before Python starts).
+#[test]
+fn a_warm_reference_cache_check_never_starts_the_oracle() {
+    let bin = Path::new(env!("CARGO_BIN_EXE_xray"));
+    let tmp = tempfile::tempdir().unwrap();
+    let t = |n: &str| tmp.path().join(n);
+    let cache = t("cache");
+    let o = xray(&cached_check("3", &cache, &t("cold.json")));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("not in the reference cache"),
+        "{}",
+        stderr(&o)
+    );
+    let cold = evidence(&t("cold.json"));
+    let rc = &cold["run"]["reference_cache"];
+    assert_eq!(rc["hit"], false, "{rc}");
+    let key = rc["key"].as_str().unwrap().to_string();
+    assert_eq!(key.len(), 64);
+    assert_eq!(rc["dir"], cache.to_str().unwrap());
+    // One entry, complete, nothing temporary left.
+    assert_eq!(names(&cache), std::slice::from_ref(&key));
+    assert_eq!(names(&cache.join(&key)), ["dump", "entry.json"]);
+    common::assert_schema_valid(&cold);
+
+    // An oracle package that marks its import and fails.
+    let poison = t("poison");
+    std::fs::create_dir_all(poison.join("xray_oracle")).unwrap();
+    std::fs::write(
+        poison.join("xray_oracle/__init__.py"),
+        "import pathlib\npathlib.Path(__file__).parent.parent.joinpath('imported').write_text('yes')\nraise ImportError('poisoned oracle package imported')\n",
+    )
+    .unwrap();
+    let mark = poison.join("imported");
+    let env = [("XRAY_ORACLE_PATH", poison.as_path())];
+    // The probe bites: a check that runs the oracle imports the package and fails.
+    let x = t("x.json");
+    let o = xray_with(bin, &fox_check("3", &x, &[]), &env);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("poisoned"), "{}", stderr(&o));
+    assert!(mark.exists(), "the poisoned package was imported");
+    std::fs::remove_file(&mark).unwrap();
+
+    // Warm: passes without importing it.
+    let o = xray_with(bin, &cached_check("3", &cache, &t("warm.json")), &env);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(!mark.exists(), "a warm check imported the oracle package");
+    let err = stderr(&o);
+    assert!(err.contains("from the reference cache"), "{err}");
+    assert!(!err.contains("running the HF reference"), "{err}");
+    let warm = evidence(&t("warm.json"));
+    assert_eq!(warm["run"]["reference_cache"]["hit"], true);
+    assert_eq!(warm["run"]["reference_cache"]["key"], key.as_str());
+    assert_eq!(without_cache_record(warm), without_cache_record(cold));
+
+    // A miss with that package: refused before Python starts, nothing stored.
+    let o = xray_with(bin, &cached_check("2", &cache, &t("miss.json")), &env);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("is not the one this xray was built from"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!mark.exists());
+    assert_eq!(names(&cache), [key]);
+}
+
+/// A cache entry that does not verify is an error naming the file (exit 2, no evidence), never a
+/// pass and never a silent recomputation; X-Ray leaves the entry where it is.
+#[test]
+fn a_tampered_reference_cache_entry_is_an_error_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = |n: &str| tmp.path().join(n);
+    let cache = t("cache");
+    let o = xray(&cached_check("2", &cache, &t("cold.json")));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let key = names(&cache).remove(0);
+    let entry = cache.join(&key);
+    let json = |p: &Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    };
+    let sha = |p: &Path| {
+        use std::process::Command;
+        let o = Command::new("sha256sum").arg(p).output().unwrap();
+        String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    type Tamper<'a> = Box<dyn Fn(&Path) + 'a>;
+    let npy: String = names(&entry.join("dump"))
+        .into_iter()
+        .find(|n| n.ends_with(".npy"))
+        .unwrap();
+    let cases: Vec<(&str, Tamper<'_>, String)> = vec![
+        (
+            "a tensor's byte",
+            Box::new({
+                let npy = npy.clone();
+                move |e: &Path| {
+                    let p = e.join("dump").join(&npy);
+                    let mut b = std::fs::read(&p).unwrap();
+                    let n = b.len() - 1;
+                    b[n] ^= 1;
+                    std::fs::write(&p, b).unwrap();
+                }
+            }),
+            npy.clone(),
+        ),
+        (
+            "the manifest's transcript",
+            Box::new(|e: &Path| {
+                let p = e.join("dump/manifest.json");
+                let mut m = json(&p);
+                m["transcript"] = " something else".into();
+                std::fs::write(&p, serde_json::to_string_pretty(&m).unwrap()).unwrap();
+            }),
+            "dump/manifest.json".into(),
+        ),
+        (
+            "the manifest's audio, its sha256 forged in entry.json",
+            Box::new(move |e: &Path| {
+                let p = e.join("dump/manifest.json");
+                let mut m = json(&p);
+                m["audio_sha256"] = "00".repeat(32).into();
+                std::fs::write(&p, serde_json::to_string_pretty(&m).unwrap()).unwrap();
+                let ep = e.join("entry.json");
+                let mut en = json(&ep);
+                en["manifest_sha256"] = sha(&p).into();
+                std::fs::write(&ep, serde_json::to_string_pretty(&en).unwrap()).unwrap();
+            }),
+            "dump/manifest.json: audio_sha256".into(),
+        ),
+        (
+            "the key's material",
+            Box::new(|e: &Path| {
+                let p = e.join("entry.json");
+                let mut en = json(&p);
+                en["material"]["threads"] = 2.into();
+                std::fs::write(&p, serde_json::to_string_pretty(&en).unwrap()).unwrap();
+            }),
+            "entry.json".into(),
+        ),
+        (
+            "a stray file",
+            Box::new(|e: &Path| std::fs::write(e.join("notes.txt"), b"mine").unwrap()),
+            "notes.txt".into(),
+        ),
+    ];
+    for (what, tamper, named) in cases {
+        let c = t(&format!("c-{}", what.len()));
+        copy_dir(&entry.join("dump"), &c.join(&key).join("dump"));
+        std::fs::copy(entry.join("entry.json"), c.join(&key).join("entry.json")).unwrap();
+        tamper(&c.join(&key));
+        let before = names(&c.join(&key));
+        let ev = t("tampered.json");
+        let o = xray(&cached_check("2", &c, &ev));
+        let err = stderr(&o);
+        assert_eq!(code(&o), 2, "{what}: {err}");
+        let last = err.lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("xray: error: reference cache entry")
+                && last.contains(&named)
+                && last.contains("corrupt or tampered"),
+            "{what}: {err}"
+        );
+        assert_eq!(err.matches("error").count(), 1, "{what}: one line: {err}");
+        assert!(!err.contains("running the HF reference"), "{what}: {err}");
+        assert!(!ev.exists(), "{what}: no evidence from a bad entry");
+        assert_eq!(
+            names(&c.join(&key)),
+            before,
+            "{what}: the entry is left alone"
+        );
+    }
+}
+
+/// The Python-free `xray` (`make test-nopy` builds `xray-nopy` beside this one) accepts the
+/// cache the oracle build filled, with the same evidence, and refuses a miss or a check without
+/// a cache with one line, exit 2.
+#[test]
+fn the_python_free_build_checks_from_the_cache_and_refuses_a_miss() {
+    let nopy = Path::new(env!("CARGO_BIN_EXE_xray")).with_file_name("xray-nopy");
+    if !nopy.exists() {
+        assert!(
+            std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none(),
+            "{} is missing (run `make test-nopy`)",
+            nopy.display()
+        );
+        eprintln!("skipped: {} is missing", nopy.display());
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let t = |n: &str| tmp.path().join(n);
+    let cache = t("cache");
+    let o = xray(&cached_check("3", &cache, &t("cold.json")));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let run = |args: &[&str]| {
+        std::process::Command::new(&nopy)
+            .current_dir(root())
+            .env_remove("LD_LIBRARY_PATH")
+            .env_remove("PYTHONHOME")
+            .env_remove("PYTHONPATH")
+            .args(args)
+            .output()
+            .expect("run xray-nopy")
+    };
+    let o = run(&cached_check("3", &cache, &t("warm.json")));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let (cold, warm) = (evidence(&t("cold.json")), evidence(&t("warm.json")));
+    assert_eq!(warm["run"]["reference_cache"]["hit"], true);
+    assert_eq!(without_cache_record(warm), without_cache_record(cold));
+    let o = run(&[
+        "gate",
+        "--evidence",
+        t("warm.json").to_str().unwrap(),
+        "--baseline",
+        t("cold.json").to_str().unwrap(),
+    ]);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stdout));
+    // A miss: one line naming the cache, the key and the versions it keyed by.
+    let o = run(&cached_check("2", &cache, &t("miss.json")));
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    let err = stderr(&o);
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with(&format!(
+            "xray: error: reference cache miss: {} holds no reference",
+            cache.display()
+        )) && last.contains("oracle/requirements.txt pins"),
+        "{err}"
+    );
+    assert_eq!(err.matches("error").count(), 1, "{err}");
+    assert!(!t("miss.json").exists());
+    // No cache at all: refused before the model loads.
+    let x = t("x.json");
+    let o = run(&fox_check("3", &x, &[]));
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert_eq!(stderr(&o).lines().count(), 1, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("built without the oracle") && stderr(&o).contains("--reference-cache"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -20,13 +20,15 @@ use numpy::PyReadonlyArrayDyn;
 use pyo3::prelude::*;
 use pyo3::types::{PyCFunction, PyDict, PyList, PyTuple};
 use xray_core::capture::Captured;
-use xray_core::contract::Contract;
 use xray_core::dump::{content_sha256, DumpWriter, Entry, Manifest, Stats};
 use xray_core::ops::{is_point, PointSelect};
 use xray_core::Layout;
 
 mod replay;
 pub use replay::{ReplayRequest, Replayed};
+/// The request type lives in `xray-core` (no Python): the reference cache keys it in an `xray`
+/// built without the oracle too.
+pub use xray_core::reference::OracleRequest;
 
 /// Oracle errors.
 #[derive(Debug, thiserror::Error)]
@@ -153,95 +155,6 @@ pub struct Oracle {
     pub venv_source: String,
     /// Why this package root: `XRAY_ORACLE_PATH`, or the X-Ray checkout it belongs to.
     pub package_source: String,
-}
-
-/// One reference run request.
-#[derive(Debug, Clone)]
-pub struct OracleRequest {
-    /// Family (`whisper`, `granite_nar`).
-    pub family: String,
-    /// HF model directory.
-    pub model_dir: PathBuf,
-    /// The audio file (named in messages; read by Python only when `samples` is `None`).
-    pub audio: PathBuf,
-    /// The decoded, converted 16 kHz mono samples (`xray_runtime::audio::load_wav`): the
-    /// oracle is fed exactly what the runtime is fed and never decodes the file itself.
-    pub samples: Option<Vec<f32>>,
-    /// sha256 of the audio FILE bytes (with `samples`).
-    pub audio_sha256: Option<String>,
-    /// How the file became `samples` (recorded as `extra.audio` in the reference's dump).
-    pub audio_conversion: Option<serde_json::Value>,
-    /// The family's contract resolved against the model's config: Python receives its
-    /// [`Contract::resolved_json`] and evaluates nothing; the captured shapes are checked
-    /// against it (symbols and their relations) when the run returns.
-    pub contract: Contract,
-    /// `float32` (default) or `float64` (calibration).
-    pub dtype: String,
-    /// Cap on generated tokens.
-    pub max_new_tokens: Option<usize>,
-    /// Teacher forcing (granite: CTC hypothesis ids).
-    pub teacher: Option<Vec<i64>>,
-    /// Only these checkpoint globs.
-    pub only: Option<Vec<String>>,
-    /// torch thread count.
-    pub threads: Option<usize>,
-    /// Op-level points to capture besides the contract's checkpoints (`xray_core::ops`):
-    /// [`PointSelect::None`] (default) captures none.
-    pub ops: PointSelect,
-    /// Summarize each checkpoint as it is captured ([`Stats::of`] and [`content_sha256`], the
-    /// functions the runtime's `StatsRecorder` uses, called from Python through a Rust
-    /// callable) and keep no tensor: [`OracleRun::summaries`] instead of
-    /// [`OracleRun::checkpoints`]. Whisper only; float32 only; no op-level points.
-    pub stats_only: bool,
-    /// A reference variant (`xray_oracle.variants`: `int8`, `int8_conv`, `int8_w8a8`, `f16`,
-    /// `bf16`): the HF model's weights on that grid, a counterfactual reference
-    /// (`extra.reference_variant` in its dump says what was changed). `None`: the reference.
-    pub weights_variant: Option<String>,
-}
-
-impl OracleRequest {
-    /// Feed these already decoded and converted samples instead of the path: `file_sha256` is the
-    /// sha256 of the audio FILE bytes, `conversion` how the file became these samples (both are
-    /// recorded in the reference's dump).
-    pub fn with_samples(
-        mut self,
-        samples: &[f32],
-        file_sha256: &str,
-        conversion: serde_json::Value,
-    ) -> Self {
-        self.samples = Some(samples.to_vec());
-        self.audio_sha256 = Some(file_sha256.to_string());
-        self.audio_conversion = Some(conversion);
-        self
-    }
-
-    /// Capture these op-level points too: they follow the contract's checkpoints in
-    /// [`OracleRun::checkpoints`], in firing order.
-    pub fn with_ops(mut self, ops: PointSelect) -> Self {
-        self.ops = ops;
-        self
-    }
-
-    /// A float32 request with no options (the family is the contract's).
-    pub fn new(model_dir: &Path, audio: &Path, contract: &Contract) -> Self {
-        OracleRequest {
-            family: contract.family.clone(),
-            model_dir: model_dir.to_path_buf(),
-            audio: audio.to_path_buf(),
-            samples: None,
-            audio_sha256: None,
-            audio_conversion: None,
-            contract: contract.clone(),
-            dtype: "float32".into(),
-            max_new_tokens: None,
-            teacher: None,
-            only: None,
-            threads: None,
-            ops: PointSelect::None,
-            stats_only: false,
-            weights_variant: None,
-        }
-    }
 }
 
 /// What the reference produced.
@@ -443,6 +356,62 @@ impl Oracle {
             venv_source,
             package_source,
         })
+    }
+
+    /// The version of distribution `name` (`torch`, `transformers`) installed in the venv, read
+    /// from its `*.dist-info/METADATA` (`Name:` and `Version:`, as `importlib.metadata` reads
+    /// them) without starting Python or importing anything. An error names the site-packages
+    /// when none is installed, or when two are (a stale copy left beside a newer one).
+    pub fn distribution_version(&self, name: &str) -> Result<String> {
+        let norm = |s: &str| s.to_ascii_lowercase().replace(['-', '.'], "_");
+        let env = |reason: String| OracleError::Environment {
+            reason,
+            fix: "run `make venv` (oracle/requirements.txt)".into(),
+        };
+        let rd = std::fs::read_dir(&self.site_packages)
+            .map_err(|e| env(format!("{}: {e}", self.site_packages.display())))?;
+        let mut found: Vec<(String, PathBuf)> = Vec::new();
+        for e in rd.flatten() {
+            let dir = e.path();
+            let fname = e.file_name().to_string_lossy().to_string();
+            let Some(stem) = fname.strip_suffix(".dist-info") else {
+                continue;
+            };
+            if !norm(stem).starts_with(&format!("{}_", norm(name))) {
+                continue;
+            }
+            let meta = dir.join("METADATA");
+            let Ok(text) = std::fs::read_to_string(&meta) else {
+                continue;
+            };
+            let field = |key: &str| {
+                text.lines()
+                    .take_while(|l| !l.is_empty())
+                    .find_map(|l| l.strip_prefix(key).map(|v| v.trim().to_string()))
+            };
+            if field("Name:").is_some_and(|n| norm(&n) == norm(name)) {
+                match field("Version:") {
+                    Some(v) if !v.is_empty() => found.push((v, meta)),
+                    _ => return Err(env(format!("{} has no Version:", meta.display()))),
+                }
+            }
+        }
+        match found.as_slice() {
+            [(v, _)] => Ok(v.clone()),
+            [] => Err(env(format!(
+                "no {name} distribution is installed in {} (no {name}-*.dist-info)",
+                self.site_packages.display()
+            ))),
+            many => Err(env(format!(
+                "{} {name} distributions are installed in {}: {}",
+                many.len(),
+                self.site_packages.display(),
+                many.iter()
+                    .map(|(v, m)| format!("{v} ({})", m.display()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+        }
     }
 
     /// Where the environment is, for `xray --version` (never starts Python).
@@ -1107,5 +1076,49 @@ impl TorchBench {
                 .and_then(|r| r.extract())
                 .map_err(|e| py_err(py, e))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A distribution's version comes from its dist-info (`Name:` matched normalized, the local
+    /// label kept); none, or two, is an error naming the site-packages.
+    #[test]
+    fn distribution_versions_are_read_from_dist_info() {
+        let dir = tempfile::tempdir().unwrap();
+        let sp = dir.path().join("lib/python3.11/site-packages");
+        let dist = |stem: &str, meta: &str| {
+            let d = sp.join(format!("{stem}.dist-info"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("METADATA"), meta).unwrap();
+        };
+        dist(
+            "torch-2.11.0+cpu",
+            "Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0+cpu\n\nVersion: 9.9 in the body\n",
+        );
+        dist("torchaudio-2.11.0", "Name: torchaudio\nVersion: 2.11.0\n");
+        dist(
+            "Transformers-5.24.0",
+            "Name: Transformers\nVersion: 5.24.0\n",
+        );
+        let o = Oracle {
+            venv: dir.path().to_path_buf(),
+            site_packages: sp.clone(),
+            package_root: dir.path().to_path_buf(),
+            venv_source: "test".into(),
+            package_source: "test".into(),
+        };
+        assert_eq!(o.distribution_version("torch").unwrap(), "2.11.0+cpu");
+        assert_eq!(o.distribution_version("transformers").unwrap(), "5.24.0");
+        let err = o.distribution_version("numpy").unwrap_err().to_string();
+        assert!(
+            err.contains("no numpy distribution") && err.contains("site-packages"),
+            "{err}"
+        );
+        dist("torch-2.10.0", "Name: torch\nVersion: 2.10.0\n");
+        let err = o.distribution_version("torch").unwrap_err().to_string();
+        assert!(err.contains("2 torch distributions"), "{err}");
     }
 }

@@ -715,8 +715,14 @@ impl Contract {
     /// sha256 of the contract text: which contract a comparison was made through (evidence
     /// records it; `xray gate` refuses evidence made through another contract).
     pub fn sha256(&self) -> String {
-        use sha2::{Digest, Sha256};
-        hex::encode(Sha256::digest(self.text.as_bytes()))
+        crate::sha256_hex(self.text.as_bytes())
+    }
+
+    /// sha256 of [`Contract::resolved_json`]'s text: the contract as resolved against one model's
+    /// config (its dims, repeats and expanded checkpoints), what the oracle is sent; the reference
+    /// cache keys a reference by it (`xray check --reference-cache`).
+    pub fn resolved_sha256(&self) -> String {
+        crate::sha256_hex(self.resolved_json().to_string().as_bytes())
     }
 
     /// Parse a family's embedded contract and resolve it against a model's config.json value.

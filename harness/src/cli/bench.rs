@@ -260,15 +260,6 @@ fn corpus_timing(a: &Args, threads: usize) -> anyhow::Result<serde_json::Value> 
     Ok(v)
 }
 
-/// Peak resident set size of this process so far, in bytes (`VmHWM` of /proc/self/status, what
-/// getrusage's `ru_maxrss` reports, read without unsafe code); `None` off Linux.
-pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
 /// `a / b` when both exist.
 fn ratio(a: f64, b: Option<f64>) -> Option<f64> {
     b.map(|b| a / b)
@@ -535,7 +526,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         "decode_step_ratio_ct2": ratio(d_rt, d_ct2),
         "capture_overhead": overhead,
         "capture_overhead_of_medians": con / coff - 1.0,
-        "peak_rss_bytes": peak_rss_bytes(),
+        "peak_rss_bytes": super::peak_rss_bytes(),
         "corpus": corpus,
         "profile": profile,
         "targets": {"encoder_ratio": 0.8, "encoder_ratio_ct2": 0.8, "decode_step_ratio": 0.3,

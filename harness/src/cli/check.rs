@@ -1,10 +1,12 @@
-//! `xray check --model DIR --audio WAV`: runtime + oracle + compare in one process.
+//! `xray check --model DIR --audio WAV`: runtime + oracle + compare in one process (built
+//! without the oracle: the reference from `--reference-cache` only).
 
-use std::path::PathBuf;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use xray_compare::corpus;
-use xray_compare::evidence::Verdict;
+use xray_compare::evidence::{Evidence, Run, Verdict};
 use xray_compare::report;
 use xray_compare::tolerance::Policy;
 use xray_harness::check::{check, check_corpus, CheckOptions};
@@ -63,6 +65,19 @@ pub struct Args {
     /// under --evidence-dir (its evidence this run does not rewrite is removed).
     #[arg(long)]
     pub force: bool,
+    /// Corpus mode: continue an earlier run in --evidence-dir (killed, or with clips that could
+    /// not be checked): a clip whose evidence there is valid and of this run (family, contract,
+    /// weights and audio, as `xray gate` identifies evidence, and the same policy and options)
+    /// is kept, the others are checked; evidence of another run is refused (exit 2).
+    #[arg(long)]
+    pub resume: bool,
+    /// Read the reference from this directory when it holds one under the check's content key
+    /// (weights, model files, audio samples, resolved contract, oracle code, torch and
+    /// transformers versions, dtype, op points, max steps, ...), else compute it and store it
+    /// there: a check whose references are cached runs without the oracle (no torch import).
+    /// An xray built without the oracle needs it and refuses a miss (docs/reference-cache.md).
+    #[arg(long, value_name = "DIR")]
+    pub reference_cache: Option<PathBuf>,
     /// torch threads for the oracle (default 1: deterministic and immune to oversubscription).
     #[arg(long, value_parser = super::positive)]
     pub threads: Option<usize>,
@@ -91,10 +106,34 @@ pub struct Args {
 
 /// Runs the check. Exit 0 pass, 1 divergence, 2 input error.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    #[cfg(not(feature = "oracle"))]
+    if a.reference_cache.is_none() {
+        anyhow::bail!("{}", xray_harness::check::NEEDS_CACHE);
+    }
+    if let Some(c) = &a.reference_cache {
+        // A reference the oracle computes is stored there: checked before anything runs (an
+        // xray without the oracle only reads it).
+        #[cfg(feature = "oracle")]
+        super::writable_dir("reference-cache", c)?;
+        // The cache is written into: never the model directory or inside it.
+        let (c, m) = (corpus::canonical_path(c), corpus::canonical_path(&a.model));
+        if c.starts_with(&m) {
+            anyhow::bail!(
+                "--reference-cache {}: is inside the model directory {}, an input of this command; give another directory",
+                c.display(),
+                m.display()
+            );
+        }
+    }
     let corpus = a.audio.len() > 1
         || a.audio.iter().any(|p| p.is_dir())
         || a.evidence_dir.is_some()
         || a.shard.is_some();
+    if a.resume && !corpus {
+        anyhow::bail!(
+            "--resume continues a corpus run: give --evidence-dir DIR (the run's directory)"
+        );
+    }
     if corpus {
         return run_corpus(a);
     }
@@ -142,6 +181,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         no_drill: a.no_drill,
         stats_only: a.stats_only,
         reference_variants: a.reference_variant.clone(),
+        reference_cache: a.reference_cache.clone(),
     };
     let t0 = std::time::Instant::now();
     let mut out = check(&opts, &|m| {
@@ -182,7 +222,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     super::note(&super::summary(ev));
     super::note(&format!("xray: evidence {}", evidence_path.display()));
-    if let Some(b) = super::bench::peak_rss_bytes() {
+    if let Some(b) = super::peak_rss_bytes() {
         // Both models and the oracle live in this process: the whole check's footprint.
         super::note(&format!("xray: peak RSS {:.0} MB (VmHWM)", b as f64 / 1e6));
     }
@@ -395,8 +435,16 @@ fn run_corpus(a: Args) -> anyhow::Result<ExitCode> {
             anyhow::bail!("{flag} is for one clip; a corpus writes DIR/<clip>.evidence.json and DIR/summary.json|md");
         }
     }
-    let earlier = check_corpus_dir(&dir, a.force)?;
+    if a.resume && a.force {
+        anyhow::bail!("--resume keeps an earlier run's valid evidence and --force replaces the run: give one of them");
+    }
+    let earlier = check_corpus_dir(&dir, a.force || a.resume)?;
     let clips = corpus_clips(&a)?;
+    let resumed = if a.resume {
+        Resume::read(&dir, &clips, &earlier)?
+    } else {
+        Resume::default()
+    };
     // Every output of the run, each clip's evidence included, is checked before it starts.
     let mut outputs = super::Outputs::default();
     outputs.file("evidence-dir", &dir.join("summary.json"));
@@ -430,48 +478,80 @@ fn run_corpus(a: Args) -> anyhow::Result<ExitCode> {
         no_drill: a.no_drill,
         stats_only: a.stats_only,
         reference_variants: a.reference_variant.clone(),
+        reference_cache: a.reference_cache.clone(),
     };
     let t0 = std::time::Instant::now();
     let progress =
         |m: &str| super::note(&format!("xray: {m} [{:.1}s]", t0.elapsed().as_secs_f64()));
     let mut rows = Vec::new();
     let mut written: Vec<PathBuf> = Vec::new();
-    let load = check_corpus(&opts, &clips, &progress, &mut |clip, r, secs| {
-        let shown = clip.display().to_string();
-        let row = match r {
-            Ok(out) => {
-                let name = format!("{}.evidence.json", clip_stem(clip));
-                if outputs.write_evidence(&dir.join(&name), &out.evidence.to_json()?) {
-                    written.push(dir.join(&name));
-                    corpus::ClipSummary::of(&shown, &name, &out.evidence, secs)
-                } else {
-                    // The summary never names a file that does not hold this run's evidence.
-                    corpus::ClipSummary::failed(
+    let keep = |clip: &Path, planned: &Run| resumed.keep(&dir, clip, planned);
+    let load = check_corpus(
+        &opts,
+        &clips,
+        &progress,
+        a.resume.then_some(&keep as &xray_harness::check::ClipKeep),
+        &mut |clip, r, secs| {
+            let shown = clip.display().to_string();
+            let name = format!("{}.evidence.json", clip_stem(clip));
+            let row = match r {
+                Ok(None) => match resumed.evidence.get(&dir.join(&name)) {
+                    Some(e) => {
+                        written.push(dir.join(&name));
+                        corpus::ClipSummary {
+                            resumed: true,
+                            ..corpus::ClipSummary::of(
+                                &shown,
+                                &name,
+                                e,
+                                resumed.seconds.get(&name).copied().unwrap_or(0.0),
+                            )
+                        }
+                    }
+                    None => corpus::ClipSummary::failed(
                         &shown,
-                        &format!(
-                            "its evidence (verdict {}) could not be written to {}",
-                            out.evidence.effective_verdict().as_str(),
-                            dir.join(&name).display()
-                        ),
+                        &format!("kept by --resume, but {name} was not read"),
                         secs,
-                    )
+                    ),
+                },
+                Ok(Some(out)) => {
+                    if outputs.write_evidence(&dir.join(&name), &out.evidence.to_json()?) {
+                        written.push(dir.join(&name));
+                        corpus::ClipSummary::of(&shown, &name, &out.evidence, secs)
+                    } else {
+                        // The summary never names a file that does not hold this run's evidence.
+                        corpus::ClipSummary::failed(
+                            &shown,
+                            &format!(
+                                "its evidence (verdict {}) could not be written to {}",
+                                out.evidence.effective_verdict().as_str(),
+                                dir.join(&name).display()
+                            ),
+                            secs,
+                        )
+                    }
                 }
-            }
-            Err(e) => corpus::ClipSummary::failed(&shown, &format!("{e:#}"), secs),
-        };
-        super::note(&format!(
-            "xray:   {} {}{}",
-            row.verdict.as_str(),
-            shown,
-            row.origin
-                .as_deref()
-                .or(row.error.as_deref())
-                .map(|o| format!(" ({o})"))
-                .unwrap_or_default()
-        ));
-        rows.push(row);
-        Ok(())
-    })?;
+                Err(e) => corpus::ClipSummary::failed(&shown, &format!("{e:#}"), secs),
+            };
+            super::note(&format!(
+                "xray:   {} {}{}{}",
+                row.verdict.as_str(),
+                shown,
+                row.origin
+                    .as_deref()
+                    .or(row.error.as_deref())
+                    .map(|o| format!(" ({o})"))
+                    .unwrap_or_default(),
+                if row.resumed {
+                    " (kept: earlier evidence)"
+                } else {
+                    ""
+                }
+            ));
+            rows.push(row);
+            Ok(())
+        },
+    )?;
     let summary = corpus::Summary::new(
         &a.model.display().to_string(),
         a.shard.clone(),
@@ -523,4 +603,71 @@ fn run_corpus(a: Args) -> anyhow::Result<ExitCode> {
     ));
     outputs.finish()?;
     Ok(super::corpus_exit(&summary))
+}
+
+/// What `--resume` reads of the earlier run before anything runs: each clip's evidence that
+/// loads (schema, verdict consistent with its checkpoints: `Evidence::load`), and the seconds
+/// its summary recorded, when the run got that far.
+#[derive(Default)]
+struct Resume {
+    evidence: HashMap<PathBuf, Evidence>,
+    seconds: HashMap<String, f64>,
+}
+
+impl Resume {
+    /// The earlier run in `dir`, whose evidence files are `earlier` (X-Ray's, by content). An
+    /// evidence file of a clip not in `clips` is refused (another corpus or shard: keeping it
+    /// would mix runs, removing it would lose it); one that does not load is checked again.
+    fn read(dir: &Path, clips: &[PathBuf], earlier: &[PathBuf]) -> anyhow::Result<Resume> {
+        let ours: Vec<PathBuf> = clips
+            .iter()
+            .map(|c| dir.join(format!("{}.evidence.json", clip_stem(c))))
+            .collect();
+        if let Some(stray) = earlier.iter().find(|p| !ours.contains(p)) {
+            anyhow::bail!(
+                "--resume: {} is the evidence of a clip this corpus does not have (another corpus or shard?): give the same clips, a new directory, or --force to replace the run",
+                stray.display()
+            );
+        }
+        let mut r = Resume::default();
+        for p in earlier {
+            match Evidence::load(p) {
+                Ok(e) => {
+                    r.evidence.insert(p.clone(), e);
+                }
+                Err(e) => super::note(&format!("xray: --resume: {e}; its clip is checked again")),
+            }
+        }
+        let sp = dir.join("summary.json");
+        if let Ok(text) = std::fs::read_to_string(&sp) {
+            if let Ok(s) = corpus::Summary::from_json(&text, &sp.display().to_string()) {
+                r.seconds = s
+                    .clips
+                    .into_iter()
+                    .filter(|c| !c.evidence.is_empty())
+                    .map(|c| (c.evidence, c.seconds))
+                    .collect();
+            }
+        }
+        Ok(r)
+    }
+
+    /// Whether `clip`'s earlier evidence is kept: it loaded, and it is evidence of the run
+    /// `planned` describes (`xray_compare::gate::run_differences`: the gate's identity, then the
+    /// policy and options); evidence of another run is an error naming the file.
+    fn keep(&self, dir: &Path, clip: &Path, planned: &Run) -> anyhow::Result<bool> {
+        let p = dir.join(format!("{}.evidence.json", clip_stem(clip)));
+        let Some(e) = self.evidence.get(&p) else {
+            return Ok(false);
+        };
+        let why = xray_compare::gate::run_differences(planned, &e.run);
+        if why.is_empty() {
+            return Ok(true);
+        }
+        anyhow::bail!(
+            "--resume: {} is evidence of another run ({}); a corpus directory holds one model, contract, policy and set of options: give the same ones, a new directory, or --force to replace the run",
+            p.display(),
+            why.join("; ")
+        )
+    }
 }

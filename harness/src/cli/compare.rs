@@ -264,6 +264,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             got: super::absolute(&a.got),
         }),
         engine_weights: got.manifest.engine_weights.clone(),
+        ..Default::default()
     };
     if let Some(t) = tokens.as_ref().filter(|t| t.teacher_forced) {
         notes.push(format!(
@@ -552,8 +553,5 @@ fn replay(
     _model_dir: Option<&std::path::Path>,
     _policy: &Policy,
 ) -> Vec<String> {
-    vec![format!(
-        "replay: this xray is built without the oracle feature; with it (and --model DIR) {} would be re-run through the HF reference on the dump's own input, clearing or convicting the op and naming the counterfactual (transposed weight, missing bias, wrong epsilon, ...) that reproduces its output",
-        op.module
-    )]
+    vec![xray_harness::replay::not_built(&op.module)]
 }

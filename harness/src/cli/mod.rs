@@ -34,7 +34,6 @@ pub fn note(text: &str) {
 
 #[cfg(feature = "oracle")]
 pub mod bench;
-#[cfg(feature = "oracle")]
 pub mod check;
 pub mod compare;
 pub mod contract;
@@ -50,6 +49,15 @@ pub mod run;
 #[cfg(feature = "oracle")]
 pub mod selftest;
 pub mod summarize;
+
+/// Peak resident set size of this process so far, in bytes (`VmHWM` of /proc/self/status, what
+/// getrusage's `ru_maxrss` reports, read without unsafe code); `None` off Linux.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
 
 /// `p` as an absolute path (resolved against the working directory; symbolic links kept), as
 /// text; `p` itself when that fails.
@@ -520,6 +528,18 @@ impl Outputs {
             Err(anyhow::anyhow!("{}", self.failed.join("; ")))
         }
     }
+}
+
+/// `dir` (or, when it does not exist yet, its nearest existing ancestor) must be a directory
+/// this process can create files in: checked before anything runs for a directory written into
+/// later (`--reference-cache`, which only an xray with the oracle writes to).
+#[cfg(feature = "oracle")]
+pub fn writable_dir(what: &str, dir: &std::path::Path) -> anyhow::Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        anyhow::bail!("--{what} {}: exists and is not a directory", dir.display());
+    }
+    writable_ancestor(what, &dir.join(".xray-probe"))
+        .map_err(|e| anyhow::anyhow!("{}", e.to_string().replace("/.xray-probe", "")))
 }
 
 /// The nearest existing ancestor of `p` must be a directory this process can create files in.

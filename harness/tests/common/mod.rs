@@ -121,8 +121,7 @@ pub fn run_info() -> Run {
         isolated: false,
         stats_only: false,
         contract_sha256: Some("ef".repeat(32)),
-        dumps: None,
-        engine_weights: None,
+        ..Default::default()
     }
 }
 

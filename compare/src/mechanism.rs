@@ -47,14 +47,14 @@ use crate::tolerance::Tolerance;
 /// One module input handed to a [`Replayer`].
 #[derive(Debug, Clone)]
 pub struct ReplayInput<'a> {
-    /// The tensor, as an op-level point holds it (no batch axis).
+    /// The tensor, as its op-level point holds it (the form the contract's point rules declare).
     pub array: &'a ArrayD<f32>,
     /// Its layout.
     pub layout: Layout,
     /// An embedding's input given as rows of its table (ids looked up), not ids.
     pub ids_from_rows: bool,
-    /// More named inputs (an attention core's `key` and `value`, token-major).
-    pub extra: Vec<(String, ArrayD<f32>)>,
+    /// More named inputs with their layouts (an attention core's `key` and `value`).
+    pub extra: Vec<(String, ArrayD<f32>, Layout)>,
 }
 
 /// What one replay call returns: the module's description and one output per counterfactual
@@ -279,7 +279,7 @@ fn score(
 struct Site<'a> {
     module: String,
     input_name: String,
-    input: &'a ArrayD<f32>,
+    input: std::borrow::Cow<'a, ArrayD<f32>>,
     input_layout: Layout,
     ids_from_rows: bool,
     out_name: String,
@@ -291,7 +291,9 @@ struct Site<'a> {
 
 /// The engine's input and output of `module` at `step`: its `:in` (under any alias) and `:out`
 /// points. An embedding whose ids the engine does not emit is fed the reference's output rows
-/// (ids are feeds: both engines read the same).
+/// (ids are feeds: both engines read the same). An engine input held in another layout than the
+/// reference's point (the contract's declared one) is converted between the two declared
+/// layouts, as the comparison does; the replay refuses any other.
 fn site<'a>(
     nodes: &[PointNode],
     reference: &'a Dump,
@@ -315,7 +317,16 @@ fn site<'a>(
             }
             None => return None,
         };
-    let reference = match (held(reference, &aliases(nodes, &inp), step), r_out) {
+    let r_in = held(reference, &aliases(nodes, &inp), step);
+    // No transform between the two: handed over as held, for the replay to refuse by name.
+    let (input, input_layout) = match r_in
+        .filter(|&(_, _, rl)| !ids_from_rows && rl != input_layout)
+        .and_then(|(_, _, rl)| Some((in_layout(input, input_layout, rl)?, rl)))
+    {
+        Some((converted, rl)) => (std::borrow::Cow::Owned(converted), rl),
+        None => (std::borrow::Cow::Borrowed(input), input_layout),
+    };
+    let reference = match (r_in, r_out) {
         (Some((_, ri, rl)), Some((_, ro, _))) if !ids_from_rows => Some((ri, rl, ro)),
         _ => None,
     };
@@ -648,7 +659,7 @@ fn region_modules(cx: &ReplayContext<'_>, origin: &str, step: u32) -> Vec<String
 impl ReplayContext<'_> {
     fn input<'b>(&self, s: &'b Site<'_>) -> ReplayInput<'b> {
         ReplayInput {
-            array: s.input,
+            array: &s.input,
             layout: s.input_layout,
             ids_from_rows: s.ids_from_rows,
             extra: Vec::new(),
@@ -1380,15 +1391,21 @@ impl ReplayContext<'_> {
             array: &q,
             layout: Layout::TokenMajor,
             ids_from_rows: false,
-            extra: vec![("key".into(), k), ("value".into(), v)],
+            extra: vec![
+                ("key".into(), k, Layout::TokenMajor),
+                ("value".into(), v, Layout::TokenMajor),
+            ],
         };
         let (info, outs) = self
             .replayer
             .replay(parent, &input, &[Counterfactual::None])?;
-        let (clean, _) = outs
+        let (clean, layout) = outs
             .into_iter()
             .next()
             .ok_or("the replay returned nothing")??;
+        // The engine's rows in the layout the replay returns (its point rule's).
+        let x = in_layout(&x, Layout::TokenMajor, layout)
+            .ok_or_else(|| format!("{} has no {layout} form", op.point))?;
         let tol = (self.tolerance)(&op.point);
         let sc = score(&clean, &x, &tol);
         let replay_floor = (|| {
@@ -1398,14 +1415,17 @@ impl ReplayContext<'_> {
                 array: &rq,
                 layout: Layout::TokenMajor,
                 ids_from_rows: false,
-                extra: vec![("key".into(), rk), ("value".into(), rv)],
+                extra: vec![
+                    ("key".into(), rk, Layout::TokenMajor),
+                    ("value".into(), rv, Layout::TokenMajor),
+                ],
             };
             let (_, o) = self
                 .replayer
                 .replay(parent, &inp, &[Counterfactual::None])
                 .ok()?;
-            let (r, _) = o.into_iter().next()?.ok()?;
-            score(&r, &rx, &tol).map(|x| x.0)
+            let (r, l) = o.into_iter().next()?.ok()?;
+            score(&r, &in_layout(&rx, Layout::TokenMajor, l)?, &tol).map(|x| x.0)
         })();
         let passes = sc.is_some_and(|x| x.2);
         let local = LocalError {

@@ -1059,7 +1059,7 @@ impl Drill<'_> {
                         x,
                         &self.opts.policy,
                         oracle,
-                        self.model.family(),
+                        self.model.contract(),
                         &self.opts.model,
                         Some(g),
                     ));

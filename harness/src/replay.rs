@@ -10,6 +10,8 @@
 use std::collections::HashMap;
 #[cfg(feature = "oracle")]
 use std::path::{Path, PathBuf};
+#[cfg(feature = "oracle")]
+use std::sync::Arc;
 
 #[cfg(feature = "oracle")]
 use ndarray::ArrayD;
@@ -20,6 +22,8 @@ use xray_compare::mechanism::{apply, ReplayBatch, ReplayContext, ReplayInput, Re
 use xray_compare::ops::OpDivergence;
 #[cfg(feature = "oracle")]
 use xray_compare::tolerance::{Dtype, Policy};
+#[cfg(feature = "oracle")]
+use xray_core::contract::Contract;
 #[cfg(feature = "oracle")]
 use xray_core::dump::Dump;
 #[cfg(feature = "oracle")]
@@ -45,6 +49,9 @@ pub struct OracleReplayer<'a> {
     pub oracle: &'a Oracle,
     /// The family (its loader builds the reference).
     pub family: String,
+    /// Its contract resolved against the model's config (`Contract::resolved_json`): the point
+    /// rules that declare the form and layout of every tensor the oracle is handed and returns.
+    pub contract: Arc<String>,
     /// The reference model directory.
     pub model_dir: PathBuf,
 }
@@ -62,6 +69,7 @@ impl Replayer for OracleReplayer<'_> {
         };
         let mut req = ReplayRequest::new(
             &self.family,
+            self.contract.clone(),
             &self.model_dir,
             module,
             input.array.clone(),
@@ -160,7 +168,7 @@ pub fn replay_origin(
     candidate: &Dump,
     policy: &Policy,
     oracle: &Oracle,
-    family: &str,
+    contract: &Contract,
     model_dir: &Path,
     graph: Option<&Graph>,
 ) -> Vec<String> {
@@ -183,7 +191,8 @@ pub fn replay_origin(
     };
     let replayer = OracleReplayer {
         oracle,
-        family: family.to_string(),
+        family: contract.family.clone(),
+        contract: Arc::new(contract.resolved_json().to_string()),
         model_dir: model_dir.to_path_buf(),
     };
     let cx = ReplayContext {

@@ -13,28 +13,35 @@ use xray_core::Layout;
 
 use crate::{py_err, Oracle, OracleError, Result};
 
-/// One replay: module `module` of `family`'s reference in `model_dir`, fed `input`.
+/// One replay: module `module` of `family`'s reference in `model_dir`, fed `input`. Every tensor
+/// in and out is an op-level point in the form and layout the contract's `points` rules declare
+/// (docs/checkpoint-contracts.md, "Op-level points"): the oracle undoes the input's rule to feed
+/// the module and applies the output's; a point no rule declares, or a tensor in another layout
+/// than its rule's, is refused naming the point.
 #[derive(Debug, Clone)]
 pub struct ReplayRequest {
     /// Family (`whisper`, `granite_nar`): which loader builds the reference.
     pub family: String,
+    /// The family's contract resolved against the model's config
+    /// (`Contract::resolved_json`, `xray.contract.resolved/v1`): its point rules.
+    pub contract: std::sync::Arc<String>,
     /// HF model directory.
     pub model_dir: PathBuf,
     /// `float32` (default) or `float64`.
     pub dtype: String,
     /// Dotted module path from the model's root (`model.encoder.layers.2.fc1`).
     pub module: String,
-    /// The module's first positional input as an op-level point holds it (no batch axis, in
-    /// `layout`): the engine's own `{module}:in`. For an embedding: its ids, or with
-    /// `ids_from_rows` rows of its table (the reference's `{module}:out`), whose ids are looked up.
+    /// The module's first positional input as its op-level point holds it (the engine's own
+    /// `{module}:in`, in its declared form). For an embedding: its ids, or with `ids_from_rows`
+    /// rows of its table (the reference's `{module}:out`), whose ids are looked up.
     pub input: ArrayD<f32>,
-    /// The input's layout (`channel_major` `[C, T]`, `token_major` `[T, F]`, `plain`).
+    /// The input's layout: its point rule's (another is refused).
     pub layout: Layout,
     /// An embedding's input is rows of its table, not ids.
     pub ids_from_rows: bool,
-    /// More named inputs: an attention core's `key` and `value` (token-major `[T, D]`; `input`
-    /// is then its queries).
-    pub extra: Vec<(String, ArrayD<f32>)>,
+    /// More named inputs with their layouts: an attention core's `key` and `value` (its
+    /// `k_proj:out` and `v_proj:out`; `input` is then its queries, `q_proj:out`).
+    pub extra: Vec<(String, ArrayD<f32>, Layout)>,
     /// The counterfactual of [`Replayed::output`] (`Counterfactual::None`: the clean replay).
     pub counterfactual: Counterfactual,
     /// More counterfactuals on the same input, in the same call ([`Replayed::also`]).
@@ -42,9 +49,10 @@ pub struct ReplayRequest {
 }
 
 impl ReplayRequest {
-    /// A clean float32 replay of `module` on `input`.
+    /// A clean float32 replay of `module` on `input`, under the resolved contract `contract`.
     pub fn new(
         family: &str,
+        contract: std::sync::Arc<String>,
         model_dir: &Path,
         module: &str,
         input: ArrayD<f32>,
@@ -52,6 +60,7 @@ impl ReplayRequest {
     ) -> Self {
         ReplayRequest {
             family: family.into(),
+            contract,
             model_dir: model_dir.to_path_buf(),
             dtype: "float32".into(),
             module: module.into(),
@@ -70,9 +79,10 @@ impl ReplayRequest {
 pub struct Replayed {
     /// The module: class, kind, the parameters it read (and same-shape keys), settings.
     pub info: ModuleInfo,
-    /// Its output under [`ReplayRequest::counterfactual`], as a point holds it (no batch axis).
+    /// Its output under [`ReplayRequest::counterfactual`], as its op-level point holds it (the
+    /// form its rule declares).
     pub output: ArrayD<f32>,
-    /// The output's layout.
+    /// The output's layout (its point rule's).
     pub layout: Layout,
     /// One per [`ReplayRequest::also`]: the output, or why the counterfactual does not apply.
     pub also: Vec<std::result::Result<ArrayD<f32>, String>>,
@@ -103,6 +113,7 @@ impl Oracle {
             };
             let kw = PyDict::new(py);
             kw.set_item("dtype", req.dtype.as_str()).map_err(e)?;
+            kw.set_item("contract", req.contract.as_str()).map_err(e)?;
             kw.set_item("ids_from_rows", req.ids_from_rows).map_err(e)?;
             if !req.also.is_empty() {
                 let also = req.also.iter().map(cf).collect::<Result<Vec<String>>>()?;
@@ -111,9 +122,9 @@ impl Oracle {
             }
             if !req.extra.is_empty() {
                 let extra = PyDict::new(py);
-                for (k, a) in &req.extra {
+                for (k, a, l) in &req.extra {
                     extra
-                        .set_item(k.as_str(), PyArrayDyn::from_array(py, a))
+                        .set_item(k.as_str(), (PyArrayDyn::from_array(py, a), l.to_string()))
                         .map_err(e)?;
                 }
                 kw.set_item("extra", extra).map_err(e)?;

@@ -45,7 +45,7 @@ def test_granite_nar_extensions_arrive_resolved():
     assert c.symbols and c.lists["captures"]
     assert c.get("enc.cat_out").inputs[-1] == "enc.ctc_logits"
     assert c.get("dec.flat_embeds").reference.kwarg == "inputs_embeds"
-    assert c.get("proj.qformer.out").reference.transform == ["flatten_windows"]
+    assert c.get("proj.qformer.out").reference.transform == [{"flatten_windows": {"per_window": "n_query"}}]
 
 
 def test_anything_but_a_complete_resolved_contract_is_refused(tmp_path):

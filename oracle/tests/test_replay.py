@@ -18,6 +18,7 @@ from xray_oracle.ops import OpRecorder
 GRANITE = REPO / "fixtures" / "build" / "granite-nar-tiny"
 
 _points: dict = {}
+FRAMES = 43
 
 
 def whisper_points() -> dict:
@@ -41,7 +42,9 @@ def granite_points() -> dict:
         require_fixture(GRANITE)
         m = rp.load_model("granite_nar", str(GRANITE))
         g = torch.Generator().manual_seed(0)
-        feats = torch.randn(1, 40, m.config.encoder.input_dim, generator=g)
+        # 43 frames: no whole number of the conformer's context blocks (10) or projector windows (15),
+        # so the reference pads both.
+        feats = torch.randn(1, FRAMES, m.config.encoder.input_dim, generator=g)
         contract = load_resolved(resolved_contract(GRANITE), "granite_nar")
         rec = OpRecorder(m, "all", contract, symbols=lambda: {"enc_frames": int(feats.shape[1])})
         with rec, torch.no_grad():
@@ -53,7 +56,13 @@ def granite_points() -> dict:
 def replay_w(module: str, cf=None, **kw):
     pts = whisper_points()
     p = pts[f"{module}:in"]
-    return rp.replay("whisper", str(RAND_A), module, p["array"], p["layout"], json.dumps(cf or {}), **kw)
+    return rp.replay("whisper", str(RAND_A), module, p["array"], p["layout"], json.dumps(cf or {}),
+                     contract=resolved_contract(RAND_A), **kw)
+
+
+def replay_g(module: str, array, layout: str, cf=None, **kw):
+    kw.setdefault("contract", resolved_contract(GRANITE))
+    return rp.replay("granite_nar", str(GRANITE), module, array, layout, json.dumps(cf or {}), **kw)
 
 
 def test_every_module_replays_its_own_output_exactly():
@@ -62,11 +71,12 @@ def test_every_module_replays_its_own_output_exactly():
     assert len(modules) > 30
     for mod in modules:
         out = pts[f"{mod}:out"]
+        c = resolved_contract(RAND_A)
         if mod.endswith("embed_positions") or mod.endswith("embed_tokens"):
-            r = rp.replay("whisper", str(RAND_A), mod, out["array"], out["layout"], ids_from_rows=True)
+            r = rp.replay("whisper", str(RAND_A), mod, out["array"], out["layout"], ids_from_rows=True, contract=c)
         else:
             inp = pts[f"{mod}:in"]
-            r = rp.replay("whisper", str(RAND_A), mod, inp["array"], inp["layout"])
+            r = rp.replay("whisper", str(RAND_A), mod, inp["array"], inp["layout"], contract=c)
         assert r["layout"] == out["layout"], mod
         assert r["output"].shape == out["array"].shape, mod
         assert np.abs(r["output"] - out["array"]).max() <= 1e-6, mod
@@ -84,7 +94,9 @@ def test_granite_modules_replay_their_own_output():
         if kind == "embedding":
             continue  # the relative-position table: its ids are distances
         inp = pts[f"{mod}:in"]
-        r = rp.replay("granite_nar", str(GRANITE), mod, inp["array"], inp["layout"])
+        r = replay_g(mod, inp["array"], inp["layout"])
+        assert r["layout"] == pts[name]["layout"], mod
+        assert r["output"].shape == pts[name]["array"].shape, mod
         assert np.abs(r["output"] - pts[name]["array"]).max() <= 1e-6, mod
         checked.add(kind)
     # Conformer linears and convs, its LayerNorms and BatchNorm, the LM's RMSNorms.
@@ -173,7 +185,7 @@ def test_rms_and_batch_norm_counterfactuals():
     rms = next(n.rsplit(":", 1)[0] for n in pts if n.endswith("input_layernorm:in"))
     m = g.get_submodule(rms)
     x = torch.from_numpy(pts[f"{rms}:in"]["array"])
-    r = lambda cf: rp.replay("granite_nar", str(GRANITE), rms, x.numpy(), "token_major", json.dumps(cf))["output"]  # noqa: E731
+    r = lambda cf: replay_g(rms, x.numpy(), "token_major", cf)["output"]  # noqa: E731
     norm = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.variance_epsilon)
     np.testing.assert_allclose(r({"kind": "weight_plus_one"}), ((1 + m.weight.detach()) * norm).numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(r({"kind": "affine_missing"}), norm.numpy(), rtol=1e-5, atol=1e-6)
@@ -183,14 +195,15 @@ def test_rms_and_batch_norm_counterfactuals():
     b = g.get_submodule(bn)
     xb = pts[f"{bn}:in"]
     assert xb["layout"] == "channel_major"
-    got = rp.replay("granite_nar", str(GRANITE), bn, xb["array"], "channel_major", '{"kind": "batch_statistics"}')["output"]
+    got = replay_g(bn, xb["array"], "channel_major", {"kind": "batch_statistics"})["output"]
     t = torch.from_numpy(xb["array"])
     want = (t - t.mean(1, keepdim=True)) / torch.sqrt(t.var(1, keepdim=True, unbiased=False) + b.eps)
     want = want * b.weight.detach()[:, None] + b.bias.detach()[:, None]
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-5)
-    # A token-major input is transposed to the module's [C, T].
-    tm = rp.replay("granite_nar", str(GRANITE), bn, xb["array"].T.copy(), "token_major")["output"]
-    assert np.abs(tm - pts[f"{bn}:out"]["array"]).max() <= 1e-6
+    # The contract declares the point channel-major: a token-major tensor is refused, naming it,
+    # never transposed on a guess.
+    with pytest.raises(OracleInputError, match=rf"{bn}:in arrives token_major; .* declares it channel_major"):
+        replay_g(bn, xb["array"].T.copy(), "token_major")
 
 
 def test_conv_counterfactuals_do_what_they_say():
@@ -217,10 +230,13 @@ def test_embedding_ids_from_rows_and_offset():
     out = pts[f"{mod}:out"]
     ids = pts[f"{mod}:in"]["array"]
     table = rp.load_model("whisper", str(RAND_A)).get_submodule(mod).weight.detach().numpy()
-    a = rp.replay("whisper", str(RAND_A), mod, out["array"], out["layout"], ids_from_rows=True)
-    b = rp.replay("whisper", str(RAND_A), mod, ids, "plain")
+    c = resolved_contract(RAND_A)
+    a = rp.replay("whisper", str(RAND_A), mod, out["array"], out["layout"], ids_from_rows=True, contract=c)
+    b = rp.replay("whisper", str(RAND_A), mod, ids, "plain", contract=c)
     assert np.array_equal(a["output"], out["array"]) and np.array_equal(b["output"], out["array"])
-    sh = rp.replay("whisper", str(RAND_A), mod, ids, "plain", '{"kind": "id_offset", "by": 1}')["output"]
+    assert a["points"] == {"inputs": [f"{mod}:out"], "output": f"{mod}:out"}
+    assert b["points"] == {"inputs": [f"{mod}:in"], "output": f"{mod}:out"}
+    sh = rp.replay("whisper", str(RAND_A), mod, ids, "plain", '{"kind": "id_offset", "by": 1}', contract=c)["output"]
     assert np.array_equal(sh, table[ids.astype(int) + 1])
 
 
@@ -231,7 +247,8 @@ def test_many_counterfactuals_in_one_call_and_refusals():
     assert isinstance(r["outputs"][1], np.ndarray)
     assert "does not apply" in r["outputs"][2]
     with pytest.raises(OracleInputError, match="has no module"):
-        rp.replay("whisper", str(RAND_A), "model.encoder.layers.9.fc1", np.zeros((2, 64), np.float32), "token_major")
+        rp.replay("whisper", str(RAND_A), "model.encoder.layers.9.fc1", np.zeros((2, 64), np.float32), "token_major",
+                  contract=resolved_contract(RAND_A))
     with pytest.raises(OracleInputError, match="not a key"):
         replay_w(mod, {"kind": "other_key", "role": "weight", "key": "nope.weight"})
 
@@ -239,7 +256,11 @@ def test_many_counterfactuals_in_one_call_and_refusals():
 def _core(family, model_dir, pts, parent, cf=None):
     o = "o_proj" if f"{parent}.o_proj:in" in pts else "out_proj"
     q, k, v = (pts[f"{parent}.{p}:out"]["array"] for p in ("q_proj", "k_proj", "v_proj"))
-    r = rp.replay(family, str(model_dir), parent, q, "token_major", json.dumps(cf or {}), extra={"key": k, "value": v})
+    r = rp.replay(family, str(model_dir), parent, q, "token_major", json.dumps(cf or {}),
+                  extra={"key": (k, "token_major"), "value": (v, "token_major")}, contract=resolved_contract(model_dir))
+    assert r["points"] == {"inputs": [f"{parent}.{p}:out" for p in ("q_proj", "k_proj", "v_proj")],
+                           "output": f"{parent}.{o}:in"}
+    assert r["layout"] == pts[f"{parent}.{o}:in"]["layout"]
     return r, pts[f"{parent}.{o}:in"]["array"]
 
 
@@ -287,3 +308,118 @@ def test_attention_counterfactuals_change_the_output():
     base = _core("granite_nar", GRANITE, g, gp)[0]["output"]
     shifted = _core("granite_nar", GRANITE, g, gp, {"kind": "rope_offset", "by": 1})[0]["output"]
     assert np.abs(shifted - base).max() > 1e-5
+
+
+def _contract_with(model_dir, points) -> dict:
+    """The model's resolved contract with its point rules replaced by `points` (a function of
+    the resolved rules)."""
+    d = json.loads(resolved_contract(model_dir))
+    d["points"] = points(d["points"])
+    return d
+
+
+def test_a_point_no_rule_declares_is_refused_naming_it():
+    mod = "model.encoder.layers.0.fc1"
+    p = whisper_points()[f"{mod}:in"]
+    run = lambda c: rp.replay("whisper", str(RAND_A), mod, p["array"], p["layout"], contract=c)  # noqa: E731
+    # Without the catch-all rule nothing declares a linear's points: its input is named.
+    bare = _contract_with(RAND_A, lambda rules: [r for r in rules if r["module"] != "**"])
+    with pytest.raises(OracleInputError, match=rf"op-level point '{mod}:in': no rule of the contract's 'points'"):
+        run(bare)
+    # Only its input declared: its output is named.
+    only_in = _contract_with(RAND_A, lambda rules: [
+        {"module": mod, "sides": ["in"], "layout": "token_major", "transform": ["squeeze_batch"]}])
+    with pytest.raises(OracleInputError, match=rf"op-level point '{mod}:out': no rule"):
+        run(only_in)
+    # An attention core whose keys' point is undeclared (declared, the same contract replays it).
+    parent = "model.encoder.layers.0.self_attn"
+    pts = whisper_points()
+
+    def attention_rules(k_sides):
+        rule = lambda m, sides: {"module": f"{parent}.{m}", "sides": sides, "layout": "token_major",  # noqa: E731
+                                 "transform": ["squeeze_batch"]}
+        return _contract_with(RAND_A, lambda _: [rule("q_proj", ["out"]), rule("k_proj", k_sides),
+                                                 rule("v_proj", ["out"]), rule("out_proj", ["in"])])
+
+    q, k, v = (pts[f"{parent}.{x}:out"]["array"] for x in ("q_proj", "k_proj", "v_proj"))
+    extra = {"key": (k, "token_major"), "value": (v, "token_major")}
+    core = lambda c: rp.replay("whisper", str(RAND_A), parent, q, "token_major", extra=extra, contract=c)  # noqa: E731
+    assert np.abs(core(attention_rules(["out"]))["output"] - pts[f"{parent}.out_proj:in"]["array"]).max() <= 1e-6
+    with pytest.raises(OracleInputError, match=rf"op-level point '{parent}.k_proj:out': no rule"):
+        core(attention_rules(["in"]))
+    # Every replay needs the contract: no default, no guess.
+    with pytest.raises(OracleInputError, match="no resolved contract"):
+        rp.replay("whisper", str(RAND_A), mod, p["array"], p["layout"])
+    with pytest.raises(OracleInputError, match="is for family 'whisper', not 'granite_nar'"):
+        rp.replay("granite_nar", str(require_fixture(GRANITE)), mod, p["array"], p["layout"],
+                  contract=resolved_contract(RAND_A))
+
+
+def _seen(module_path: str, model_dir, family: str, fn):
+    """What `fn()` makes module `module_path` of the cached reference receive: the shape of its
+    first positional input."""
+    m = rp.load_model(family, str(model_dir)).get_submodule(module_path)
+    seen = []
+    h = m.register_forward_pre_hook(lambda _m, args: seen.append(tuple(args[0].shape)))
+    try:
+        out = fn()
+    finally:
+        h.remove()
+    return seen, out
+
+
+def _hf_input_shape(module_path: str) -> tuple:
+    """The shape the granite reference's own forward pass feeds `module_path` (before any rule)."""
+    m = rp.load_model("granite_nar", str(GRANITE))
+    g = torch.Generator().manual_seed(0)
+    feats = torch.randn(1, FRAMES, m.config.encoder.input_dim, generator=g)
+    with torch.no_grad():
+        seen, _ = _seen(module_path, GRANITE, "granite_nar", lambda: m(feats))
+    return seen[0]
+
+
+def test_granite_inputs_are_brought_to_the_module_by_their_declared_rules():
+    pts = granite_points()
+    # A conformer attention projection: the reference pads its input to whole context blocks; the
+    # engine's point is the frames. Replayed on the frames (batch axis re-added), cropped back.
+    to_q = "encoder.layers.0.attn.to_q"
+    assert _hf_input_shape(to_q) == (1, 50, 64), "the reference pads 43 frames to 5 blocks of 10"
+    inp, out = pts[f"{to_q}:in"], pts[f"{to_q}:out"]
+    assert inp["array"].shape == (FRAMES, 64)
+    seen, r = _seen(to_q, GRANITE, "granite_nar", lambda: replay_g(to_q, inp["array"], inp["layout"]))
+    assert seen == [(1, FRAMES, 64)]
+    assert r["output"].shape == out["array"].shape and np.abs(r["output"] - out["array"]).max() <= 1e-6
+    # Q-Former points: windows restored by each rule's per_window, the keys' from the encoder
+    # states' windows (proj_block = 15 rows), the queries' n_query = 3.
+    for mod, rows in [("projector.qformer.layers.0.cross_attention.k_proj", 15),
+                      ("projector.qformer.layers.1.cross_attention.q_proj", 3),
+                      ("projector.qformer.layers.0.mlp.fc1", 3)]:
+        hf = _hf_input_shape(mod)
+        assert hf == (3, rows, 48), (mod, hf)
+        inp, out = pts[f"{mod}:in"], pts[f"{mod}:out"]
+        assert inp["array"].shape == (3 * rows, 48), mod
+        seen, r = _seen(mod, GRANITE, "granite_nar", lambda mod=mod, inp=inp: replay_g(mod, inp["array"], inp["layout"]))
+        assert seen == [hf], mod
+        assert r["output"].shape == out["array"].shape and np.abs(r["output"] - out["array"]).max() <= 1e-6, mod
+    # The declaration, not the tensor, decides: read with the queries' rule the keys' 45 rows are
+    # windows of 3 (not what the module saw), and the queries' 9 rows are no windows of 15.
+    k_proj = "projector.qformer.layers.0.cross_attention.k_proj"
+    as_queries = _contract_with(GRANITE, lambda rules: [r for r in rules if not r["module"].endswith(".k_proj")])
+    seen, _ = _seen(k_proj, GRANITE, "granite_nar",
+                    lambda: replay_g(k_proj, pts[f"{k_proj}:in"]["array"], "token_major", contract=as_queries))
+    assert seen == [(15, 3, 48)]
+    q_proj = "projector.qformer.layers.0.cross_attention.q_proj"
+    as_keys = _contract_with(GRANITE, lambda rules: [
+        {**r, "transform": [{"flatten_windows": {"per_window": "proj_block"}}]} if r["module"] == "projector.qformer.**"
+        else r for r in rules])
+    with pytest.raises(OracleInputError, match=rf"op-level point {q_proj}:in .*flatten_windows expects "
+                                               r"\[windows \* proj_block = 15, d\], got shape \[9, 48\]"):
+        replay_g(q_proj, pts[f"{q_proj}:in"]["array"], "token_major", contract=as_keys)
+    # A crop is undone only for a module that maps the cropped entries one by one.
+    conv = "encoder.layers.0.conv.depth_conv.conv"
+    padded_conv = _contract_with(GRANITE, lambda rules: [
+        {**r, "transform": ["squeeze_batch", {"crop": {"axis": 1, "to": "enc_frames"}}]}
+        if r["module"] == "encoder.layers.*.conv.depth_conv.conv" else r for r in rules])
+    with pytest.raises(OracleInputError, match=rf"op-level point {conv}:in: the reference pads it "
+                                               r"\(crop\(axis 1 to enc_frames\)\) and a conv1d mixes"):
+        replay_g(conv, pts[f"{conv}:in"]["array"], "channel_major", contract=padded_conv)

@@ -12,11 +12,20 @@ Rules:
 - the model is loaded once per process, by the family's own loader (`whisper._load`,
   `granite_nar.load_granite_nar`: `from_pretrained(local_files_only=True)` / safetensors, never
   `trust_remote_code`, never a pickle), cached by model directory, weights sha256 and dtype;
-- the input arrives without its batch axis, in an op-level point's layout (`xray_oracle.ops`:
-  `channel_major` `[C, T]` for a Conv1d / BatchNorm1d, `token_major` `[T, F]` otherwise); it is
-  converted to the module's layout and the batch axis of 1 is re-added; the output comes back
-  like a point (batch axis dropped, float32, `_output_layout`: the replayed module's own output,
-  called on the engine's already-aligned input, so no point rule's crop or flatten applies);
+- every tensor replay receives or returns is an op-level point, in the layout and form the
+  family contract's `points` rules declare for it (`contract.Contract.point_rule`, the rules the
+  recorder `xray_oracle.ops` brings the reference's points to the engine's form by): an input
+  arrives in its rule's layout (another layout is refused, naming the point) and is brought back
+  to the form the module takes by undoing its rule's transforms (`transforms.undo`, the one
+  implementation: the batch axis re-added, a Q-Former's windows restored); the output is brought
+  to the engine's form by its own point's rule (`transforms.apply`) and returned in its layout.
+  A point no rule declares is an error naming it, never a guessed layout. Which points: a
+  module's `{module}:in` and `{module}:out` (an embedding fed rows: its `:out` both ways); an
+  attention core's `q_proj:out`, `k_proj:out`, `v_proj:out` and `out_proj:in` / `o_proj:in`;
+- a crop the input's rule declares (the reference padded that axis) is undone as the engine's
+  entries only, so it is replayed only for a module that maps those entries one by one (a
+  linear or a norm over the last axis); the crop's symbol is bound to the engine tensor's length
+  there, and the output's rule crops to it;
 - an embedding's ids are `ids` (token ids or positions, any float holding integers), or, with
   `ids_from_rows`, recovered from rows of the table (the reference's own output at the point:
   every row is looked up in the table exactly);
@@ -38,6 +47,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from . import transforms
 from .errors import OracleInputError
 
 _models: dict[tuple, Any] = {}
@@ -141,8 +151,9 @@ def _attention_setup(model, path: str, module) -> dict:
 
 
 def _attention_call(model, path: str, module, q, k, v, cf: dict):
-    """The weightless core of an attention module from its projections' outputs (`[T, D]` each,
-    no batch axis) to its output projection's input, under counterfactual `cf`."""
+    """The weightless core of an attention module from its projections' outputs (`[1, T, D]`
+    each, as the module computes them) to its output projection's input (`[1, T, D]`), under
+    counterfactual `cf`."""
     import torch
 
     setup = _attention_setup(model, path, module)
@@ -162,7 +173,10 @@ def _attention_call(model, path: str, module, q, k, v, cf: dict):
     elif kind != "none":
         raise ReplayError(f"replay {path}: counterfactual {kind!r} does not apply to an attention core")
     hd = int(module.head_dim)
-    tq, tk = q.shape[0], k.shape[0]
+    if not (q.dim() == k.dim() == v.dim() == 3 and q.shape[0] == k.shape[0] == v.shape[0] == 1):
+        raise ReplayError(f"replay {path}: the attention core takes [1, T, D] projections, got "
+                          f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+    tq, tk = q.shape[1], k.shape[1]
     qs = q.reshape(1, tq, -1, hd).transpose(1, 2)
     ks = k.reshape(1, tk, -1, hd).transpose(1, 2)
     vs = v.reshape(1, tk, -1, hd).transpose(1, 2)
@@ -261,22 +275,83 @@ def module_info(model, path: str, module) -> dict:
     return {"module": path, "class": type(module).__name__, "kind": kind, "params": params, "settings": settings}
 
 
-def _to_module_layout(module, kind: str, array: np.ndarray, layout: str):
-    """A point's tensor (no batch axis) as the module takes it, batch axis re-added."""
+# Kinds that map every entry along all but the last axis independently: replaying one on the
+# entries the engine holds of a cropped (reference-padded) axis gives what it computed for them.
+_ROW_WISE = ("linear", "layer_norm", "rms_norm")
+
+_contracts: dict[str, Any] = {}
+
+
+def _contract(family: str, contract):
+    """The resolved contract (`contract.Contract`, or its JSON text / dict / path), loaded once per
+    text and checked to be `family`'s."""
+    from .contract import Contract, load_resolved
+    from .errors import ContractError
+
+    if isinstance(contract, Contract):
+        if contract.family != family:
+            raise ReplayError(f"replay: the resolved contract is for family {contract.family!r}, not {family!r}")
+        return contract
+    if contract is None:
+        raise ReplayError("replay: no resolved contract (its op-level point rules declare every tensor's layout)")
+    key = contract if isinstance(contract, str) else json.dumps(contract, sort_keys=True, default=str)
+    if key not in _contracts:
+        if len(_contracts) > 4:
+            _contracts.pop(next(iter(_contracts)))
+        try:
+            _contracts[key] = load_resolved(contract, family)
+        except ContractError as e:
+            raise ReplayError(f"replay: {e}") from None
+    return _contracts[key]
+
+
+def _rule(contract, point: str):
+    from .errors import ContractError
+
+    try:
+        return contract.point_rule(point)
+    except ContractError as e:
+        raise ReplayError(f"replay: {e}") from None
+
+
+def _to_module(contract, point: str, array, layout: str, symbols: dict, kind: str) -> np.ndarray:
+    """Engine point `point` (in `layout`) in the form the reference module takes it: its rule's
+    layout required, its transforms undone."""
+    from .errors import CaptureError, ContractError
+
+    rule = _rule(contract, point)
+    if layout != rule.layout:
+        raise ReplayError(f"replay: op-level point {point} arrives {layout}; the contract's points rule "
+                          f"{rule.module!r} declares it {rule.layout}")
+    crops = [t for t in rule.transform if isinstance(t, dict) and "crop" in t]
+    if crops and kind not in _ROW_WISE:
+        raise ReplayError(f"replay: op-level point {point}: the reference pads it ({transforms.describe(crops[0])}) "
+                          f"and a {kind} mixes entries along it; its padded input is not the engine's")
+    where = f"replay: op-level point {point} (rule {rule.module!r})"
+    try:
+        return transforms.undo(np.asarray(array), rule.transform, where, contract.dims, symbols)
+    except (CaptureError, ContractError) as e:
+        raise ReplayError(str(e)) from None
+
+
+def _to_engine(contract, point: str, array: np.ndarray, symbols: dict) -> tuple[np.ndarray, str]:
+    """The module's output (as it computed it) in engine point `point`'s form, and its layout."""
+    from .errors import CaptureError, ContractError
+
+    rule = _rule(contract, point)
+    where = f"replay: op-level point {point} (rule {rule.module!r})"
+    try:
+        return transforms.apply(array, rule.transform, where, contract.dims, symbols), rule.layout
+    except (CaptureError, ContractError) as e:
+        raise ReplayError(str(e)) from None
+
+
+def _tensor(module, a: np.ndarray):
     import torch
 
-    a = np.asarray(array)
-    if a.ndim == 2:
-        channel = kind in ("conv1d", "batch_norm")
-        if layout == "channel_major" and not channel:
-            a = a.T
-        elif layout == "token_major" and channel:
-            a = a.T
-        elif layout not in ("channel_major", "token_major", "plain"):
-            raise ReplayError(f"replay {type(module).__name__}: input layout {layout!r} is not a point layout")
     p = next(module.parameters(), None)
     dt = p.dtype if p is not None else torch.float32
-    return torch.from_numpy(np.ascontiguousarray(a)).to(dt).unsqueeze(0)
+    return torch.from_numpy(np.ascontiguousarray(a)).to(dt)
 
 
 def _ids(module, path: str, array: np.ndarray, from_rows: bool):
@@ -473,35 +548,39 @@ def _embedding_call(model, path: str, module, ids, cf: dict):
     out = F.embedding(ids, w)
     if k == "output_scale":
         out = out * float(cf["factor"])
-    return out.unsqueeze(0) if out.dim() == 1 else out
+    return out
 
 
-def _output_layout(module, array: np.ndarray) -> str:
-    """The layout of a replayed module's output, batch axis dropped: `[channels, time]` for an
-    `nn.Conv1d` / `nn.BatchNorm1d` (they take and return `[batch, channels, time]`), `[tokens,
-    features]` for the other modules' rank-2 outputs, `plain` otherwise. The module was called on
-    the engine's own input in the engine's form, so this is the form of the engine's point too."""
-    import torch
-
-    if array.ndim == 2:
-        return "channel_major" if isinstance(module, (torch.nn.Conv1d, torch.nn.BatchNorm1d)) else "token_major"
-    return "plain"
+def _points(module: str, mod, kind: str, ids_from_rows: bool) -> tuple[dict, str]:
+    """The op-level points a replay of `module` receives (by role: `input`, an attention core's
+    `input` (queries), `key`, `value`) and the one it returns."""
+    if kind == "attention":
+        o = "out_proj" if hasattr(mod, "out_proj") else "o_proj"
+        return ({"input": f"{module}.q_proj:out", "key": f"{module}.k_proj:out", "value": f"{module}.v_proj:out"},
+                f"{module}.{o}:in")
+    return {"input": f"{module}:out" if ids_from_rows else f"{module}:in"}, f"{module}:out"
 
 
 def replay(family: str, model_dir: str, module: str, array, layout: str, counterfactual="{}", *,
-           dtype: str = "float32", ids_from_rows: bool = False, counterfactuals=None, extra=None) -> dict:
-    """Run module `module` (dotted path) of the reference on `array` (a point: no batch axis, in
-    `layout`) under `counterfactual` (JSON text or dict; `{"kind": "none"}` by default).
+           contract=None, dtype: str = "float32", ids_from_rows: bool = False, counterfactuals=None,
+           extra=None) -> dict:
+    """Run module `module` (dotted path) of the reference on `array` (the engine's op-level point,
+    in `layout`) under `counterfactual` (JSON text or dict; `{"kind": "none"}` by default).
+    `contract` is the family's resolved contract (`xray.contract.resolved/v1`: JSON text, dict,
+    path or `contract.Contract`): its `points` rules declare the layout and form of every tensor
+    in and out (module docstring).
 
-    Returns `{"info": ModuleInfo dict, "output": float32 array (no batch axis), "layout": str}`;
-    with `counterfactuals` (a list of JSON texts or dicts) also `"outputs"`: one array per entry,
-    or a one-line string saying why that counterfactual does not apply. An attention module's
-    core is replayed from its projections' outputs: `array` is the queries (`q_proj:out`),
-    `extra` holds `key` and `value` (`k_proj:out`, `v_proj:out`, every step's rows up to this one
-    for a decoder's self-attention), all token-major; the output is `out_proj:in` / `o_proj:in`."""
+    Returns `{"info": ModuleInfo dict, "output": float32 array, "layout": str, "points": {"inputs":
+    [...], "output": name}}`, the output in its point's declared form and layout; with
+    `counterfactuals` (a list of JSON texts or dicts) also `"outputs"`: one array per entry, or a
+    one-line string saying why that counterfactual does not apply. An attention module's core is
+    replayed from its projections' outputs: `array` is the queries (`q_proj:out`), `extra` maps
+    `key` and `value` to `(array, layout)` (`k_proj:out`, `v_proj:out`, every step's rows up to
+    this one for a decoder's self-attention); the output is `out_proj:in` / `o_proj:in`."""
     import torch
 
     model = load_model(family, model_dir, dtype)
+    c = _contract(family, contract)
     try:
         mod = model.get_submodule(module)
     except AttributeError:
@@ -510,6 +589,20 @@ def replay(family: str, model_dir: str, module: str, array, layout: str, counter
         raise ReplayError(f"replay: the {type(model).__name__} has no module {module!r}{_nearby(model, module)}") from None
     kind = module_kind(mod)
     info = module_info(model, module, mod)
+    if ids_from_rows and kind != "embedding":
+        raise ReplayError(f"replay {module}: ids_from_rows is for an embedding; this is a {kind} ({type(mod).__name__})")
+    ins, out_point = _points(module, mod, kind, ids_from_rows)
+    given = {"input": (array, layout)}
+    if kind == "attention":
+        if not extra or "key" not in extra or "value" not in extra:
+            raise ReplayError(f"replay {module}: an attention core needs extra 'key' and 'value' besides the queries")
+        for name in ("key", "value"):
+            v = extra[name]
+            if not (isinstance(v, (tuple, list)) and len(v) == 2 and isinstance(v[1], str)):
+                raise ReplayError(f"replay {module}: extra {name!r} is not (array, layout)")
+            given[name] = (v[0], v[1])
+    symbols: dict = {}
+    x = {role: _to_module(c, ins[role], *given[role], symbols, kind) for role in ins}
 
     def parse(cf):
         if isinstance(cf, str):
@@ -518,44 +611,32 @@ def replay(family: str, model_dir: str, module: str, array, layout: str, counter
             raise ReplayError(f"replay {module}: a counterfactual is a JSON object, got {type(cf).__name__}")
         return cf or {"kind": "none"}
 
-    kv = None
-    if kind == "attention":
-        if not extra or "key" not in extra or "value" not in extra:
-            raise ReplayError(f"replay {module}: an attention core needs extra 'key' and 'value' besides the queries")
-        p = next(mod.parameters())
-        x = torch.from_numpy(np.ascontiguousarray(array)).to(p.dtype)
-        kv = [torch.from_numpy(np.ascontiguousarray(extra[n])).to(p.dtype) for n in ("key", "value")]
-    elif kind == "embedding":
-        x = _ids(mod, module, array, ids_from_rows)
-    elif ids_from_rows:
-        raise ReplayError(f"replay {module}: ids_from_rows is for an embedding; this is a {kind} ({type(mod).__name__})")
+    if kind == "embedding":
+        ids = _ids(mod, module, x["input"], ids_from_rows)
     else:
-        x = _to_module_layout(mod, kind, array, layout)
+        t = {role: _tensor(mod, a) for role, a in x.items()}
 
     def one(cf):
         with torch.no_grad():
             if kind == "attention":
-                out = _attention_call(model, module, mod, x, kv[0], kv[1], cf)
+                out = _attention_call(model, module, mod, t["input"], t["key"], t["value"], cf)
             elif kind == "embedding":
-                out = _embedding_call(model, module, mod, x, cf)
+                out = _embedding_call(model, module, mod, ids, cf)
             else:
-                out = _call(model, module, mod, kind, x, cf)
+                out = _call(model, module, mod, kind, t["input"], cf)
         if isinstance(out, (tuple, list)):
             out = out[0]
-        out = out.detach()
-        if out.dim() >= 1 and out.shape[0] == 1:
-            out = out[0]
-        out = out.to(torch.float32) if out.dtype != torch.float64 else out
-        a = np.ascontiguousarray(out.cpu().numpy()).astype(np.float32, copy=False)
-        return a
+        a = np.ascontiguousarray(out.detach().to(torch.float32).cpu().numpy())
+        return _to_engine(c, out_point, a, symbols)
 
-    first = one(parse(counterfactual))
-    res = {"info": info, "output": first, "layout": "token_major" if kind == "attention" else _output_layout(mod, first)}
+    first, out_layout = one(parse(counterfactual))
+    res = {"info": info, "output": first, "layout": out_layout,
+           "points": {"inputs": [ins[r] for r in ins], "output": out_point}}
     if counterfactuals is not None:
         outs = []
         for cf in counterfactuals:
             try:
-                outs.append(one(parse(cf)))
+                outs.append(one(parse(cf))[0])
             except (ReplayError, RuntimeError, ValueError) as e:
                 outs.append(" ".join(str(e).split()))
         res["outputs"] = outs

@@ -155,12 +155,18 @@ pub enum Hook {
 
 /// A transform the oracle applies to a captured reference tensor, in order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Transform {
     /// Drop a leading batch axis of 1.
     SqueezeBatch,
-    /// `[windows, per_window, d]` -> `[windows * per_window, d]`.
-    FlattenWindows,
+    /// `[windows, per_window, d]` -> `[windows * per_window, d]`
+    /// (`{"flatten_windows": {"per_window": "n_query"}}`): `per_window` names the dim of the
+    /// window's length, checked on the reference's tensor and what a replay needs to restore the
+    /// windows of an engine's flat rows.
+    FlattenWindows {
+        /// A dim of the contract.
+        per_window: String,
+    },
     /// `[T, heads * head_dim]` -> `[heads, T, head_dim]` (needs dims `heads` and `head_dim`).
     SplitHeads,
     /// Keep the first `to` entries along `axis` (`{"crop": {"axis": 0, "to": "enc_frames"}}`):
@@ -822,23 +828,33 @@ impl Contract {
         })
     }
 
-    /// Point rules: valid patterns, and every `crop` names a dim or a symbol.
+    /// Point rules: valid patterns; every transform's names resolve ([`Self::check_transforms`]).
     fn check_point_rules(&self) -> Result<()> {
         for r in &self.points {
             r.check().map_err(|e| cerr(&self.family, e))?;
-            for t in &r.transform {
-                if let Transform::Crop { to, .. } = t {
-                    if !self.dims.contains_key(to) && !self.symbols.contains_key(to) {
-                        return Err(cerr(
-                            &self.family,
-                            format!(
-                                "points rule '{}': crop to '{to}', which is neither a dim nor a symbol",
-                                r.module
-                            ),
-                        ));
-                    }
+            self.check_transforms(&r.transform, &format!("points rule '{}'", r.module))?;
+        }
+        for c in &self.checkpoints {
+            self.check_transforms(&c.reference.transform, &format!("checkpoint '{}'", c.name))?;
+        }
+        Ok(())
+    }
+
+    /// A `crop` names a dim or a symbol; a `flatten_windows` names a dim (its window's length).
+    fn check_transforms(&self, transforms: &[Transform], what: &str) -> Result<()> {
+        for t in transforms {
+            let bad = match t {
+                Transform::Crop { to, .. }
+                    if !self.dims.contains_key(to) && !self.symbols.contains_key(to) =>
+                {
+                    format!("crop to '{to}', which is neither a dim nor a symbol")
                 }
-            }
+                Transform::FlattenWindows { per_window } if !self.dims.contains_key(per_window) => {
+                    format!("flatten_windows per_window '{per_window}', which is not a dim")
+                }
+                _ => continue,
+            };
+            return Err(cerr(&self.family, format!("{what}: {bad}")));
         }
         Ok(())
     }
@@ -1200,6 +1216,49 @@ mod tests {
             e.contains("unknown field") || e.contains("does not parse"),
             "{e}"
         );
+        // A window flattening names its window's length (a dim): without it no replay could
+        // restore the windows; a name that is no dim is refused, on a point rule and a checkpoint.
+        let qformer = base["points"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|r| r["module"] == "projector.qformer.**")
+            .unwrap();
+        let e =
+            parse(&|v| v["points"][qformer]["transform"] = serde_json::json!(["flatten_windows"]));
+        assert!(e.contains("does not parse"), "{e}");
+        let e = parse(&|v| {
+            v["points"][qformer]["transform"] =
+                serde_json::json!([{"flatten_windows": {"per_window": "enc_frames"}}])
+        });
+        assert!(
+            e.contains("points rule 'projector.qformer.**': flatten_windows per_window 'enc_frames', which is not a dim"),
+            "{e}"
+        );
+        let ck = base["checkpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|c| c["name"] == "proj.qformer.out")
+            .unwrap();
+        let e = parse(&|v| {
+            v["checkpoints"][ck]["reference"]["transform"] =
+                serde_json::json!([{"flatten_windows": {"per_window": "nope"}}])
+        });
+        assert!(
+            e.contains("checkpoint 'proj.qformer.out': flatten_windows per_window 'nope'"),
+            "{e}"
+        );
+        let e = parse(&|v| {
+            v["points"][qformer]["transform"] =
+                serde_json::json!([{"flatten_windows": {"per_window": "n_query", "x": 1}}])
+        });
+        assert!(e.contains("does not parse"), "{e}");
+        let e = parse(&|v| {
+            v["points"][0]["transform"] =
+                serde_json::json!([{"crop": {"axis": 0, "to": "enc_frames", "x": 1}}])
+        });
+        assert!(e.contains("does not parse"), "{e}");
     }
 
     #[test]

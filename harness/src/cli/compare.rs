@@ -311,6 +311,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             &mut ev,
             &reference,
             &got,
+            &contract,
             model.as_deref(),
             a.model.as_deref(),
             &opts.policy,
@@ -458,6 +459,7 @@ fn op_level(
     ev: &mut xray_compare::evidence::Evidence,
     reference: &Dump,
     got: &Dump,
+    contract: &Contract,
     model: Option<&dyn SpeechModel>,
     model_dir: Option<&std::path::Path>,
     policy: &Policy,
@@ -487,7 +489,16 @@ fn op_level(
         };
         ev.notes.push(note);
         if let Some(op) = fd.op.as_mut() {
-            let notes = replay(op, &nodes(step), reference, got, model, model_dir, policy);
+            let notes = replay(
+                op,
+                &nodes(step),
+                reference,
+                got,
+                contract,
+                model,
+                model_dir,
+                policy,
+            );
             ev.notes.extend(notes);
         }
         return;
@@ -511,11 +522,13 @@ fn op_level(
 /// the oracle, the named module is re-run on the dump's own input, which clears or convicts the
 /// op and names the counterfactual that reproduces its output.
 #[cfg(feature = "oracle")]
+#[allow(clippy::too_many_arguments)]
 fn replay(
     op: &mut xray_compare::ops::OpDivergence,
     nodes: &[xray_core::ops::PointNode],
     reference: &Dump,
     got: &Dump,
+    contract: &Contract,
     model: Option<&dyn SpeechModel>,
     model_dir: Option<&std::path::Path>,
     policy: &Policy,
@@ -534,7 +547,7 @@ fn replay(
             got,
             policy,
             &oracle,
-            &reference.manifest.family,
+            contract,
             dir,
             model.map(|m| m.graph()),
         ),
@@ -544,11 +557,13 @@ fn replay(
 
 /// Without the oracle feature: one line of what replay would add.
 #[cfg(not(feature = "oracle"))]
+#[allow(clippy::too_many_arguments)]
 fn replay(
     op: &mut xray_compare::ops::OpDivergence,
     _nodes: &[xray_core::ops::PointNode],
     _reference: &Dump,
     _got: &Dump,
+    _contract: &Contract,
     _model: Option<&dyn SpeechModel>,
     _model_dir: Option<&std::path::Path>,
     _policy: &Policy,

@@ -1,5 +1,5 @@
 //! 1-D convolution over channel-major `[channels, time]` input: on AVX-512 the packed GEMM of
-//! [`super::gemm512`] with the input's windows packed into its panels, elsewhere im2col + sgemm.
+//! `gemm512` with the input's windows packed into its panels, elsewhere im2col + sgemm.
 
 use super::{data, dims, fixed, par_init_rows, par_rows, rank, sgemm, tensor, RowInit};
 use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};

@@ -2,7 +2,7 @@
 //!
 //! Two matmul strategies exist and each op says which one it uses ([`MatmulStrategy`]):
 //! `gemm` (fast for many rows: the encoder, conv, the one-off cross-K/V projection; on AVX-512 the
-//! packed 6 x 64 microkernel of [`gemm512`], elsewhere the `gemm` crate's packed sgemm) and `row_stable` (every output element is one fixed-order dot product, so
+//! packed 6 x 64 microkernel of `gemm512`, elsewhere the `gemm` crate's packed sgemm) and `row_stable` (every output element is one fixed-order dot product, so
 //! a row's result does not depend on how many rows are computed with it: the decoder, where the
 //! full-window formula must equal incremental decode bit for bit, and where a decode step is a
 //! GEMV that streams the weights once instead of packing them).
@@ -48,9 +48,9 @@ use crate::graph::{Dim, Shape};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MatmulStrategy {
-    /// Packed, blocked GEMM ([`gemm512`] on AVX-512, else the `gemm` crate). Fast for many rows;
+    /// Packed, blocked GEMM (`gemm512` on AVX-512, else the `gemm` crate). Fast for many rows;
     /// with the `gemm` crate a row's rounding may depend on the blocking, so results are only
-    /// reproducible for the same shapes ([`gemm512`]'s depend on `k` only).
+    /// reproducible for the same shapes (`gemm512`'s depend on `k` only).
     Gemm,
     /// One fixed-order dot product per output element: a row's result is the same whatever the
     /// number of rows computed with it (M = 1 decode step == row of an M = T full window).

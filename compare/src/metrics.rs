@@ -36,9 +36,23 @@ pub struct WorstElement {
     /// Unravelled (C-order) index into the tensor.
     pub index: Vec<usize>,
     /// Reference value at `index`.
+    #[serde(deserialize_with = "finite_f32")]
     pub reference: f32,
     /// Runtime value at `index`.
+    #[serde(deserialize_with = "finite_f32")]
     pub runtime: f32,
+}
+
+/// A finite f32 read from JSON: a number past f32's range would become an infinity (which writes
+/// back as `null`), so evidence holding one is refused, not read as a different value.
+fn finite_f32<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f32, D::Error> {
+    let v = <f64 as Deserialize>::deserialize(d)?;
+    let x = v as f32;
+    if x.is_finite() {
+        Ok(x)
+    } else {
+        Err(serde::de::Error::custom(format!("{v} is not a finite f32")))
+    }
 }
 
 /// Non-finite value counts on each side.
@@ -743,6 +757,23 @@ mod tests {
     use super::*;
     use approx::assert_relative_eq;
     use ndarray::{ArrayD, IxDyn};
+
+    /// A worst element past f32's range is refused on reading, not read as an infinity (which
+    /// would write back as `null` and read back as something else).
+    #[test]
+    fn a_worst_element_past_f32_range_is_refused() {
+        let read = |r: &str| {
+            serde_json::from_str::<WorstElement>(&format!(
+                r#"{{"index": [0], "reference": {r}, "runtime": 0.5}}"#
+            ))
+        };
+        assert!(read("1e39").is_err_and(|e| e.to_string().contains("not a finite f32")));
+        assert!(read("-3.5e38").is_err());
+        let w = read("1.5").expect("a finite value reads");
+        let back: WorstElement =
+            serde_json::from_str(&serde_json::to_string(&w).expect("writes")).expect("reads back");
+        assert_eq!(back, w);
+    }
 
     fn arr(shape: &[usize], v: Vec<f32>) -> ArrayD<f32> {
         ArrayD::from_shape_vec(IxDyn(shape), v).unwrap()

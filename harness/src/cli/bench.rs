@@ -82,19 +82,22 @@ fn cpu_info() -> serde_json::Value {
 }
 
 /// Floating-point work of one op run where its kind has a closed form (linear: `2 m k n`;
-/// attention: `4 Tq Tk d`, scores and context); `None` elsewhere.
+/// attention: `4 H Tq Tk d`, scores and context); `None` elsewhere.
 fn op_flops(r: &xray_runtime::graph::OpRun) -> Option<f64> {
     match r.kind {
         "linear" => {
             let (x, w) = (r.inputs.first()?, r.weights.first()?);
             let m: usize = x[..x.len().checked_sub(1)?].iter().product();
-            Some(2.0 * m as f64 * w[1] as f64 * w[0] as f64)
+            Some(2.0 * m as f64 * *w.get(1)? as f64 * *w.first()? as f64)
         }
         "attention" => {
+            // q, k token-major `[T, H * D]`, `[S, H * D]` or head-major `[H, T, D]`, `[H, S, D]`.
             let (q, k) = (r.inputs.first()?, r.inputs.get(1)?);
-            let tq: usize = q[..q.len().checked_sub(1)?].iter().product();
-            let tk: usize = k[..k.len().checked_sub(1)?].iter().product();
-            Some(4.0 * (tq * tk) as f64 * *q.last()? as f64)
+            match (q.as_slice(), k.as_slice()) {
+                ([t, hd], [s, _]) => Some(4.0 * (t * s) as f64 * *hd as f64),
+                ([h, t, d], [_, s, _]) => Some(4.0 * (h * t * s) as f64 * *d as f64),
+                _ => None,
+            }
         }
         _ => None,
     }
@@ -115,10 +118,13 @@ fn profile_report(p: &xray_runtime::graph::OpProfile, runs: usize) -> serde_json
         e.0 += r.seconds;
         e.1 += f;
         e.2 += 1;
-        if r.kind == "linear" {
-            let (x, w) = (&r.inputs[0], &r.weights[0]);
+        if let (true, Some(x), Some([n, k])) = (
+            r.kind == "linear",
+            r.inputs.first().filter(|x| !x.is_empty()),
+            r.weights.first().map(|w| w.as_slice()),
+        ) {
             let m: usize = x[..x.len() - 1].iter().product();
-            let e = shapes.entry(format!("{m}x{}x{}", w[1], w[0])).or_default();
+            let e = shapes.entry(format!("{m}x{k}x{n}")).or_default();
             e.0 += r.seconds;
             e.1 += f;
             e.2 += 1;

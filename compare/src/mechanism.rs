@@ -510,10 +510,18 @@ fn output_hypotheses(
     ev: &mut ReplayEvidence,
     scored: &mut Vec<(Counterfactual, f64, f64, bool)>,
     clean: &ArrayD<f32>,
+    layout: Layout,
     engine: &ArrayD<f32>,
     tol: &Tolerance,
 ) {
     let mut cands: Vec<(Counterfactual, ArrayD<f32>)> = Vec::new();
+    if let Some(axis) = time_axis(clean, layout) {
+        for by in [1i64, -1, 2, -2] {
+            if let Some(c) = shifted(clean, engine, axis, by) {
+                cands.push((Counterfactual::OutputShifted { by }, c));
+            }
+        }
+    }
     if let Some(f) = solve_scale(clean, engine).filter(|f| (f - 1.0).abs() > 1e-4) {
         cands.push((
             Counterfactual::OutputScale { factor: f },
@@ -543,6 +551,98 @@ fn output_hypotheses(
             scored.push((cf, sc.0, sc.1, sc.2));
         }
     }
+}
+
+/// The time axis of a rank-2 tensor in `layout`: a token-major one's rows, a channel-major
+/// one's columns; none for any other (its axes are not known to be time).
+fn time_axis(t: &ArrayD<f32>, layout: Layout) -> Option<usize> {
+    match (t.ndim(), layout) {
+        (2, Layout::TokenMajor) => Some(0),
+        (2, Layout::ChannelMajor) => Some(1),
+        _ => None,
+    }
+}
+
+/// `clean` shifted by `by` frames along `axis` (the engine's frame `t` is the reference's
+/// `t - by`); the `|by|` frames shifted in take the engine's own values, so they are not judged.
+/// `None` when the shapes differ or the axis is too short for the shift to leave a frame.
+fn shifted(clean: &ArrayD<f32>, engine: &ArrayD<f32>, axis: usize, by: i64) -> Option<ArrayD<f32>> {
+    use ndarray::{Axis, Slice};
+    let n = clean.len_of(Axis(axis));
+    let k = by.unsigned_abs() as usize;
+    if clean.shape() != engine.shape() || k == 0 || k >= n / 2 {
+        return None;
+    }
+    let mut out = engine.clone();
+    let (dst, src) = if by > 0 {
+        (k..n, 0..n - k)
+    } else {
+        (0..n - k, k..n)
+    };
+    out.slice_axis_mut(Axis(axis), Slice::from(dst))
+        .assign(&clean.slice_axis(Axis(axis), Slice::from(src)));
+    Some(out)
+}
+
+/// The heads of an attention core's output (`[T, H * head_dim]` token-major, or `[H, T,
+/// head_dim]` head-major) in another order: each engine slot matched to the reference head it is
+/// nearest (squared difference). `None` when every slot holds its own head, the shapes differ,
+/// or the matching is not a permutation.
+fn heads_permuted(
+    clean: &ArrayD<f32>,
+    layout: Layout,
+    engine: &ArrayD<f32>,
+    head_dim: usize,
+) -> Option<(Counterfactual, ArrayD<f32>)> {
+    use ndarray::{Axis, Slice};
+    if clean.shape() != engine.shape() || head_dim == 0 {
+        return None;
+    }
+    let (axis, width) = match (clean.ndim(), layout) {
+        (2, Layout::TokenMajor) => (1, head_dim),
+        (3, Layout::HeadMajor) => (0, 1),
+        _ => return None,
+    };
+    let n = clean.len_of(Axis(axis));
+    if n % width != 0 || n / width < 2 {
+        return None;
+    }
+    let heads = n / width;
+    let block = |t: &ArrayD<f32>, h: usize| {
+        t.slice_axis(Axis(axis), Slice::from(h * width..(h + 1) * width))
+            .to_owned()
+    };
+    let mut slots = Vec::with_capacity(heads);
+    for i in 0..heads {
+        let e = block(engine, i);
+        let best = (0..heads)
+            .map(|h| {
+                let d: f64 = block(clean, h)
+                    .iter()
+                    .zip(e.iter())
+                    .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+                    .sum();
+                (h, d)
+            })
+            .filter(|(_, d)| d.is_finite())
+            .min_by(|a, b| a.1.total_cmp(&b.1))?;
+        slots.push(best.0);
+    }
+    let mut seen = vec![false; heads];
+    for &h in &slots {
+        if std::mem::replace(&mut seen[h], true) {
+            return None;
+        }
+    }
+    if slots.iter().enumerate().all(|(i, h)| i == *h) {
+        return None;
+    }
+    let mut out = clean.clone();
+    for (i, &h) in slots.iter().enumerate() {
+        out.slice_axis_mut(Axis(axis), Slice::from(i * width..(i + 1) * width))
+            .assign(&block(clean, h));
+    }
+    Some((Counterfactual::HeadsPermuted { slots }, out))
 }
 
 /// Least-squares `s` with `engine ~ s * replay`.
@@ -846,7 +946,7 @@ impl ReplayContext<'_> {
             tol,
         );
         // Scalars: an output scale by least squares on the clean replay; the output rounded.
-        output_hypotheses(ev, &mut scored, &clean.0, engine, tol);
+        output_hypotheses(ev, &mut scored, &clean.0, clean.1, engine, tol);
         // A norm's epsilon: every decade, then golden section around the best.
         if info.kind.is_norm() {
             let own = info.float("eps").unwrap_or(-1.0);
@@ -1329,7 +1429,7 @@ impl ReplayContext<'_> {
                 scored.push((cf, sc.0, sc.1, sc.2));
             }
         }
-        output_hypotheses(&mut ev, &mut scored, &clean, &xe, &tol);
+        output_hypotheses(&mut ev, &mut scored, &clean, xrl, &xe, &tol);
         choose(&mut ev, &op.point, &scored, &|_| None);
         Ok(ev)
     }
@@ -1515,7 +1615,18 @@ impl ReplayContext<'_> {
                 scored.extend(self.try_all(&mut ev, parent, &input, &[cf], &x, &tol));
             }
         }
-        output_hypotheses(&mut ev, &mut scored, &clean, &x, &tol);
+        if let Some((cf, c)) = heads_permuted(&clean, layout, &x, hd as usize) {
+            let sc = score(&c, &x, &tol);
+            ev.tried.push(Tried {
+                counterfactual: cf.clone(),
+                residual: sc.map(|x| x.0),
+                skipped: None,
+            });
+            if let Some(sc) = sc {
+                scored.push((cf, sc.0, sc.1, sc.2));
+            }
+        }
+        output_hypotheses(&mut ev, &mut scored, &clean, layout, &x, &tol);
         choose(&mut ev, parent, &scored, &|cf| match cf {
             Counterfactual::AttentionScale { value } => Some(format!(
                 "the module's scale is {own:.6}; this is {:.6} times it{}",
@@ -1755,6 +1866,74 @@ mod tests {
         let ev = origin(&Counterfactual::None);
         assert_eq!(ev.local_error.verdict, ReplayVerdict::Cleared);
         assert!(ev.mechanism.is_none() && ev.tried.is_empty());
+    }
+
+    /// A deterministic tensor with no two equal blocks.
+    fn ramp(shape: &[usize]) -> ArrayD<f32> {
+        let n: usize = shape.iter().product();
+        ArrayD::from_shape_vec(
+            ndarray::IxDyn(shape),
+            (0..n)
+                .map(|i| ((i * 7919) % 101) as f32 / 17.0 - 2.5)
+                .collect(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn heads_in_another_order_are_solved_slot_by_slot() {
+        // [T = 5, H = 3 x head_dim 4], token-major: slots 0 and 2 exchanged.
+        let clean = ramp(&[5, 12]);
+        let mut engine = clean.clone();
+        for t in 0..5 {
+            for d in 0..4 {
+                engine[[t, d]] = clean[[t, 8 + d]];
+                engine[[t, 8 + d]] = clean[[t, d]];
+            }
+        }
+        let (cf, out) = heads_permuted(&clean, Layout::TokenMajor, &engine, 4).expect("solved");
+        assert_eq!(
+            cf,
+            Counterfactual::HeadsPermuted {
+                slots: vec![2, 1, 0]
+            }
+        );
+        assert_eq!(out, engine);
+        assert!(cf
+            .phrase()
+            .contains("slot 0 holds head 2, slot 2 holds head 0"));
+        // Every slot holding its own head is no permutation; nor is a head read twice.
+        assert!(heads_permuted(&clean, Layout::TokenMajor, &clean, 4).is_none());
+        let mut twice = clean.clone();
+        for t in 0..5 {
+            for d in 0..4 {
+                twice[[t, 4 + d]] = clean[[t, d]];
+            }
+        }
+        assert!(heads_permuted(&clean, Layout::TokenMajor, &twice, 4).is_none());
+        // A layout whose heads are not known is not tried.
+        assert!(heads_permuted(&clean, Layout::ChannelMajor, &engine, 4).is_none());
+    }
+
+    #[test]
+    fn a_shift_in_time_leaves_the_frames_shifted_in_unjudged() {
+        // Channel-major [C = 3, T = 8]: the engine one frame late, frame 0 its own.
+        let clean = ramp(&[3, 8]);
+        let mut engine = clean.clone();
+        for c in 0..3 {
+            for t in 1..8 {
+                engine[[c, t]] = clean[[c, t - 1]];
+            }
+            engine[[c, 0]] = 42.0;
+        }
+        let axis = time_axis(&clean, Layout::ChannelMajor).unwrap();
+        assert_eq!(axis, 1);
+        assert_eq!(shifted(&clean, &engine, axis, 1).unwrap(), engine);
+        assert_ne!(shifted(&clean, &engine, axis, -1).unwrap(), engine);
+        // Token-major: time is the rows; a shift that leaves less than half is not tried.
+        assert_eq!(time_axis(&clean, Layout::TokenMajor), Some(0));
+        assert!(shifted(&clean, &engine, 1, 4).is_none());
+        assert_eq!(time_axis(&ramp(&[2, 3, 4]), Layout::HeadMajor), None);
     }
 
     #[test]

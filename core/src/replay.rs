@@ -211,6 +211,20 @@ pub enum Counterfactual {
     },
     /// Attention core: keys and values swapped.
     KvSwapped,
+    /// Attention core: the heads of its output in another order (a head split or merge that
+    /// reads the wrong head). Output slot `i` holds the reference's head `slots[i]`. Solved on
+    /// the clean replay: each slot matched to the head it is nearest.
+    HeadsPermuted {
+        /// The head each output slot holds.
+        slots: Vec<usize>,
+    },
+    /// The output shifted by `by` frames along its time axis (positive: late; an off-by-one in
+    /// a frame index or padding put on the wrong side). Computed on the clean replay; the `|by|`
+    /// frames shifted in, which the reference does not hold, are not judged.
+    OutputShifted {
+        /// Frames; positive means the engine's frame `t` holds the reference's frame `t - by`.
+        by: i64,
+    },
     /// Attention core with rotary positions: the queries' positions shifted by `by` against the
     /// keys' (a position counter off by one on one side; shifting both changes nothing).
     RopeOffset {
@@ -288,6 +302,16 @@ impl Counterfactual {
             CausalMask { on: true } => "with a causal mask".into(),
             CausalMask { on: false } => "without its causal mask".into(),
             KvSwapped => "with keys and values swapped".into(),
+            HeadsPermuted { slots } => {
+                let moved: Vec<String> = slots
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, h)| i != *h)
+                    .map(|(i, h)| format!("slot {i} holds head {h}"))
+                    .collect();
+                format!("with its heads permuted ({})", moved.join(", "))
+            }
+            OutputShifted { by } => format!("with its output shifted by {by:+} frame(s) in time"),
             RopeOffset { by } => format!("with the queries' rotary positions shifted by {by:+}"),
             InputDropped { input } => format!("without its input {input}"),
             InputScaled { input, factor } => {

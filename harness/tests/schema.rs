@@ -118,3 +118,25 @@ fn engine_weights_and_reference_variants_are_valid() {
         .remove("sha256");
     assert!(!validator().is_valid(&v));
 }
+
+/// The counterfactuals solved on the clean replay (heads permuted, output shifted) validate
+/// against the schema's `counterfactual`, and a field it does not declare does not.
+#[test]
+fn solved_counterfactuals_are_valid() {
+    use xray_core::replay::Counterfactual;
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/evidence.schema.json");
+    let schema: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    let sub = serde_json::json!({"$ref": "#/$defs/counterfactual", "$defs": schema["$defs"]});
+    let v = jsonschema::validator_for(&sub).expect("valid JSON Schema");
+    for cf in [
+        Counterfactual::HeadsPermuted {
+            slots: vec![1, 0, 2],
+        },
+        Counterfactual::OutputShifted { by: -1 },
+        Counterfactual::KvSwapped,
+    ] {
+        let j = serde_json::to_value(&cf).unwrap();
+        assert!(v.is_valid(&j), "{j}");
+    }
+    assert!(!v.is_valid(&serde_json::json!({"kind": "heads_permuted", "heads": [1, 0]})));
+}

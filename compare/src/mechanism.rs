@@ -604,7 +604,7 @@ fn heads_permuted(
         _ => return None,
     };
     let n = clean.len_of(Axis(axis));
-    if n % width != 0 || n / width < 2 {
+    if !n.is_multiple_of(width) || n / width < 2 {
         return None;
     }
     let heads = n / width;

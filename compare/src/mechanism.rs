@@ -515,6 +515,9 @@ fn output_hypotheses(
     tol: &Tolerance,
 ) {
     let mut cands: Vec<(Counterfactual, ArrayD<f32>)> = Vec::new();
+    if let Some(c) = features_permuted(clean, layout, engine) {
+        cands.push(c);
+    }
     if let Some(axis) = time_axis(clean, layout) {
         for by in [1i64, -1, 2, -2] {
             if let Some(c) = shifted(clean, engine, axis, by) {
@@ -582,6 +585,67 @@ fn shifted(clean: &ArrayD<f32>, engine: &ArrayD<f32>, axis: usize, by: i64) -> O
     out.slice_axis_mut(Axis(axis), Slice::from(dst))
         .assign(&clean.slice_axis(Axis(axis), Slice::from(src)));
     Some(out)
+}
+
+/// At most this many rows (frames) are used to match features; the match is then judged on
+/// the whole tensor.
+const MATCH_ROWS: usize = 64;
+
+/// The features of a rank-2 output (a token-major one's columns, a channel-major one's rows) in
+/// another order: each engine feature matched to the reference feature it is nearest (squared
+/// difference over the first [`MATCH_ROWS`] frames). `None` when every feature is its own, the
+/// shapes differ, or the matching is not a permutation.
+fn features_permuted(
+    clean: &ArrayD<f32>,
+    layout: Layout,
+    engine: &ArrayD<f32>,
+) -> Option<(Counterfactual, ArrayD<f32>)> {
+    use ndarray::Axis;
+    if clean.shape() != engine.shape() || clean.ndim() != 2 {
+        return None;
+    }
+    let feat = match layout {
+        Layout::TokenMajor => 1,
+        Layout::ChannelMajor => 0,
+        _ => return None,
+    };
+    let n = clean.len_of(Axis(feat));
+    if n < 2 {
+        return None;
+    }
+    let rows = clean.len_of(Axis(1 - feat)).min(MATCH_ROWS);
+    let column = |t: &ArrayD<f32>, i: usize| -> Vec<f64> {
+        let c = t.index_axis(Axis(feat), i);
+        c.iter().take(rows).map(|&v| v as f64).collect()
+    };
+    let cols: Vec<Vec<f64>> = (0..n).map(|i| column(clean, i)).collect();
+    let mut slots = Vec::with_capacity(n);
+    let mut seen = vec![false; n];
+    for i in 0..n {
+        let e = column(engine, i);
+        let (best, _) = cols
+            .iter()
+            .enumerate()
+            .map(|(h, c)| {
+                let d: f64 = c.iter().zip(&e).map(|(a, b)| (a - b).powi(2)).sum();
+                (h, d)
+            })
+            .filter(|(_, d)| d.is_finite())
+            .min_by(|a, b| a.1.total_cmp(&b.1))?;
+        if std::mem::replace(&mut seen[best], true) {
+            return None;
+        }
+        slots.push(best);
+    }
+    if slots.iter().enumerate().all(|(i, h)| i == *h) {
+        return None;
+    }
+    let mut out = clean.clone();
+    for (i, &h) in slots.iter().enumerate() {
+        out.index_axis_mut(Axis(feat), i)
+            .assign(&clean.index_axis(Axis(feat), h));
+    }
+    Some((Counterfactual::FeaturesPermuted { slots }, out))
 }
 
 /// The heads of an attention core's output (`[T, H * head_dim]` token-major, or `[H, T,
@@ -1913,6 +1977,33 @@ mod tests {
         assert!(heads_permuted(&clean, Layout::TokenMajor, &twice, 4).is_none());
         // A layout whose heads are not known is not tried.
         assert!(heads_permuted(&clean, Layout::ChannelMajor, &engine, 4).is_none());
+    }
+
+    #[test]
+    fn features_in_another_order_are_matched_one_by_one() {
+        // Token-major [T = 6, D = 5]: features 1 and 3 exchanged, 4 moved to 0 and 0 to 4.
+        let clean = ramp(&[6, 5]);
+        let order = [4usize, 3, 2, 1, 0];
+        let mut engine = clean.clone();
+        for t in 0..6 {
+            for (i, &h) in order.iter().enumerate() {
+                engine[[t, i]] = clean[[t, h]];
+            }
+        }
+        let (cf, out) = features_permuted(&clean, Layout::TokenMajor, &engine).expect("solved");
+        assert_eq!(
+            cf,
+            Counterfactual::FeaturesPermuted {
+                slots: order.to_vec()
+            }
+        );
+        assert_eq!(out, engine);
+        assert!(cf.phrase().contains("4 of 5 moved"), "{}", cf.phrase());
+        assert!(features_permuted(&clean, Layout::TokenMajor, &clean).is_none());
+        // Channel-major: the features are the rows.
+        let t = clean.t().to_owned().into_dyn();
+        let e = engine.t().to_owned().into_dyn();
+        assert!(features_permuted(&t, Layout::ChannelMajor, &e).is_some());
     }
 
     #[test]

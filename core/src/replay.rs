@@ -218,6 +218,14 @@ pub enum Counterfactual {
         /// The head each output slot holds.
         slots: Vec<usize>,
     },
+    /// The output's features (its last axis; a channel-major output's channels) in another
+    /// order: feature `i` holds the reference's feature `slots[i]` (a weight whose output rows a
+    /// converter permuted, or failed to: a rotary interleave, a head order). Solved on the clean
+    /// replay, each feature matched to the one it is nearest.
+    FeaturesPermuted {
+        /// The reference feature each output feature holds.
+        slots: Vec<usize>,
+    },
     /// The output shifted by `by` frames along its time axis (positive: late; an off-by-one in
     /// a frame index or padding put on the wrong side). Computed on the clean replay; the `|by|`
     /// frames shifted in, which the reference does not hold, are not judged.
@@ -310,6 +318,26 @@ impl Counterfactual {
                     .map(|(i, h)| format!("slot {i} holds head {h}"))
                     .collect();
                 format!("with its heads permuted ({})", moved.join(", "))
+            }
+            FeaturesPermuted { slots } => {
+                let moved: Vec<(usize, usize)> = slots
+                    .iter()
+                    .copied()
+                    .enumerate()
+                    .filter(|(i, h)| i != h)
+                    .collect();
+                let shown: Vec<String> = moved
+                    .iter()
+                    .take(4)
+                    .map(|(i, h)| format!("{i} holds {h}"))
+                    .collect();
+                format!(
+                    "with its output features permuted ({} of {} moved: {}{})",
+                    moved.len(),
+                    slots.len(),
+                    shown.join(", "),
+                    if moved.len() > 4 { ", ..." } else { "" }
+                )
             }
             OutputShifted { by } => format!("with its output shifted by {by:+} frame(s) in time"),
             RopeOffset { by } => format!("with the queries' rotary positions shifted by {by:+}"),

@@ -275,6 +275,14 @@ fn weights_read_wrong_are_named_by_replay() {
             "weight_rounded",
         ),
         (
+            // A converter's rotary permute (HF's llama `permute`) applied to a model without
+            // rotary positions: q's rows interleaved within each head, its bias with them.
+            "q-rows-interleaved",
+            "p = 'model.encoder.layers.1.self_attn.q_proj.'; r = lambda a: a.reshape(4, 8, 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)\nw[p + 'weight'], w[p + 'bias'] = r(w[p + 'weight']), r(w[p + 'bias'])",
+            "encoder.layer.1.q_proj",
+            "features_permuted",
+        ),
+        (
             "embed-scaled",
             "k = 'model.decoder.embed_tokens.weight'; w[k] = w[k] * np.float32(8.0)",
             "decoder.embed_tokens",
@@ -293,6 +301,13 @@ fn weights_read_wrong_are_named_by_replay() {
                 "model.encoder.layers.1.fc2.weight"
             ),
             "fc1-f16" => assert_eq!(m["counterfactual"]["format"], "f16"),
+            "q-rows-interleaved" => {
+                let slots = m["counterfactual"]["slots"].as_array().unwrap();
+                assert_eq!(slots.len(), 64);
+                // Head 0's rows: 0, 2, 4, ... then 1, 3, 5, ...
+                assert_eq!(slots[..3], [0, 2, 4].map(serde_json::Value::from));
+                assert_eq!(slots[8], 1);
+            }
             "embed-scaled" => {
                 assert!((m["counterfactual"]["factor"].as_f64().unwrap() - 8.0).abs() < 1e-4);
                 assert_eq!(m["hint"], "sqrt(64)", "{m:#}");

@@ -133,6 +133,9 @@ fn solved_counterfactuals_are_valid() {
             slots: vec![1, 0, 2],
         },
         Counterfactual::OutputShifted { by: -1 },
+        Counterfactual::FeaturesPermuted {
+            slots: vec![0, 2, 1],
+        },
         Counterfactual::KvSwapped,
     ] {
         let j = serde_json::to_value(&cf).unwrap();

@@ -99,7 +99,7 @@ fn guard(what: &str, present: bool, how: &str, required: bool, ledger: Option<&P
     if required {
         panic!("{line}, and {REQUIRE_VAR} is set");
     }
-    skip(&line, ledger);
+    emit(&line, ledger);
     false
 }
 
@@ -117,7 +117,7 @@ pub fn require_cpu(features: &[&str]) -> bool {
         test_name(),
         lacking.join(", ")
     );
-    skip(&line, ledger().as_deref());
+    emit(&line, ledger().as_deref());
     false
 }
 
@@ -151,8 +151,17 @@ fn ledger() -> Option<PathBuf> {
     std::env::var_os(LEDGER_VAR).map(PathBuf::from)
 }
 
+/// A skip for a reason that is neither a fixture nor a tool (so never fatal): prints and records
+/// `SKIPPED <test>: <reason>`. Call it just before the test returns.
+pub fn skip(reason: &str) {
+    emit(
+        &format!("SKIPPED {}: {reason}", test_name()),
+        ledger().as_deref(),
+    );
+}
+
 /// Print a skip line and append it to the ledger, if any.
-fn skip(line: &str, ledger: Option<&Path>) {
+fn emit(line: &str, ledger: Option<&Path>) {
     eprintln!("{line}");
     if let Some(ledger) = ledger {
         record(ledger, line);

@@ -4,12 +4,12 @@
 //! reported `ok`. These guards make the skip visible and countable instead:
 //!
 //! - each skip prints one line to stderr, `SKIPPED <binary>::<test>: <what> is missing (<how>)`
-//!   (`cargo test -- --nocapture` or a failing neighbour shows it);
+//!   (written past libtest's output capture, so `cargo test` shows it);
 //! - each skip appends that line to the ledger file named by `XRAY_SKIP_LEDGER` when it is set
 //!   (`make test` points it at `target/test-skips.txt`, truncates it first and prints the count
 //!   and the lines at the end: `.ci/skips`);
 //! - under `XRAY_REQUIRE_FIXTURES` (set by `make test`, which builds every fixture first) a
-//!   missing fixture or tool panics with the same line: a skip must not pass for a result there;
+//!   missing fixture or tool panics naming the same: a skip must not pass for a result there;
 //! - [`require_cpu`] skips only when the CPU lacks a feature (`is_x86_feature_detected!`), so on a
 //!   CPU that has it the test always runs; a CPU is not a fixture, so that skip is recorded and
 //!   printed even under `XRAY_REQUIRE_FIXTURES`, never fatal.
@@ -86,7 +86,7 @@ pub fn require_tool(tool: &str, how: &str) -> bool {
 }
 
 /// The general guard: `true` when `present`; else `false` after printing and recording
-/// `SKIPPED <test>: <what> is missing (<how>)`, or a panic with that line when `required`.
+/// `SKIPPED <test>: <what> is missing (<how>)`, or a panic naming the same when `required`.
 pub fn require(what: &str, present: bool, how: &str, required: bool) -> bool {
     guard(what, present, how, required, ledger().as_deref())
 }
@@ -95,11 +95,11 @@ fn guard(what: &str, present: bool, how: &str, required: bool, ledger: Option<&P
     if present {
         return true;
     }
-    let line = format!("SKIPPED {}: {what} is missing ({how})", test_name());
+    let body = format!("{}: {what} is missing ({how})", test_name());
     if required {
-        panic!("{line}, and {REQUIRE_VAR} is set");
+        panic!("{body}, and {REQUIRE_VAR} is set: a missing fixture fails here");
     }
-    emit(&line, ledger);
+    emit(&format!("SKIPPED {body}"), ledger);
     false
 }
 
@@ -161,8 +161,10 @@ pub fn skip(reason: &str) {
 }
 
 /// Print a skip line and append it to the ledger, if any.
+/// Written to the stderr handle, not through `eprintln!`, which libtest captures (and shows only
+/// for a failing test): the line is visible in `cargo test`'s output.
 fn emit(line: &str, ledger: Option<&Path>) {
-    eprintln!("{line}");
+    let _ = writeln!(std::io::stderr(), "{line}");
     if let Some(ledger) = ledger {
         record(ledger, line);
     }

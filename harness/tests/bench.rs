@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{code, root, stderr, xray};
+use common::{code, stderr, xray};
 
 const RAND: &str = "fixtures/build/whisper-rand-a";
 const FOX: &str = "fixtures/audio/fox.wav";

@@ -8,6 +8,7 @@
 //! | [`ops`] | op-level points: `{module}:{in|out}` names at the reference's module boundaries, and which a run emits |
 //! | [`reference`] | [`reference::OracleRequest`]: what a reference run is asked for (run by the oracle, keyed by the reference cache) |
 //! | [`replay`] | reference replay: the counterfactuals a module is re-run with and what the replay reports about it |
+//! | [`testing`] | the one test guard: a missing fixture or CPU feature is a printed, recorded skip, or a failure under `XRAY_REQUIRE_FIXTURES` |
 //! | [`capture`] | the capture API: [`capture::Observer`] (an engine calls it at each checkpoint), [`capture::Recorder`], [`capture::StatsRecorder`], [`capture::Substitute`] (isolation) |
 //!
 //! X-Ray's own runtime, the HF oracle, the comparison library and outside engines (see
@@ -28,6 +29,7 @@ pub mod error;
 pub mod ops;
 pub mod reference;
 pub mod replay;
+pub mod testing;
 
 pub use error::{CoreError, Result};
 

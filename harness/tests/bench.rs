@@ -5,17 +5,13 @@
 
 mod common;
 
-use common::{code, root, stderr, xray};
+use common::{code, stderr, xray};
 
 const RAND: &str = "fixtures/build/whisper-rand-a";
 const FOX: &str = "fixtures/audio/fox.wav";
 
 fn ready() -> bool {
-    let ok = root().join(RAND).join("config.json").is_file();
-    if !ok && std::env::var_os("XRAY_REQUIRE_FIXTURES").is_some() {
-        panic!("fixtures missing (run `make fixtures`)");
-    }
-    ok
+    common::ready(&["fixtures/build/whisper-rand-a/config.json"])
 }
 
 fn positive(v: &serde_json::Value, key: &str) -> f64 {

@@ -32,15 +32,7 @@ const DUMP: &str = "fixtures/dumps/whisper-rand-a.fox";
 /// A fixture built by `make fixtures`, or `None` (skip with a notice); a missing one fails the
 /// test when `XRAY_REQUIRE_FIXTURES` is set (`make test`).
 fn fixture(rel: &str) -> Option<String> {
-    if root().join(rel).exists() {
-        return Some(rel.to_string());
-    }
-    assert!(
-        std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none(),
-        "fixture {rel} is missing and XRAY_REQUIRE_FIXTURES is set (run `make fixtures`)"
-    );
-    eprintln!("SKIP: fixture {rel} is missing (run `make fixtures`)");
-    None
+    xray_core::testing::require_fixture(rel).map(|_| rel.to_string())
 }
 
 #[test]

@@ -11,16 +11,10 @@ use std::process::{Command, Output};
 use common::{root, stderr, xray};
 
 fn ready() -> bool {
-    let ok = root()
-        .join("fixtures/build/whisper-rand-a/config.json")
-        .is_file()
-        && root()
-            .join("fixtures/build/granite-nar-tiny/config.json")
-            .is_file();
-    if !ok && std::env::var_os("XRAY_REQUIRE_FIXTURES").is_some() {
-        panic!("fixtures missing (run `make fixtures`)");
-    }
-    ok
+    common::ready(&[
+        "fixtures/build/whisper-rand-a/config.json",
+        "fixtures/build/granite-nar-tiny/config.json",
+    ])
 }
 
 /// Exit 2 and the error is the last stderr line, one line, with no Python traceback.
@@ -190,7 +184,7 @@ fn unexpected_python_exceptions_are_one_line_with_type_and_place() {
 
 #[test]
 fn stereo_44k_audio_is_converted_once_and_both_engines_get_the_same_samples() {
-    if !ready() || Command::new("sox").arg("--version").output().is_err() {
+    if !ready() || !xray_core::testing::require_tool("sox", "`make tools` installs it") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -309,8 +309,7 @@ fn candle_dump_without_points_is_refused_naming_what_is_missing() {
         return;
     }
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_xray")).with_file_name("xray-candle-whisper");
-    if !bin.exists() {
-        eprintln!("skipped: {} is not built", bin.display());
+    if !xray_core::testing::require_all(&[&bin], "`cargo build --release -p xray-candle-whisper`") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

@@ -54,14 +54,10 @@ fn plant(dir: &Path) -> (PathBuf, PathBuf) {
 }
 
 fn fixtures_ready() -> bool {
-    let ok = root()
-        .join("fixtures/build/whisper-rand-a/config.json")
-        .is_file()
-        && root().join(".venv").exists();
-    if !ok && std::env::var_os("XRAY_REQUIRE_FIXTURES").is_some() {
-        panic!("fixtures or .venv missing (run `make fixtures`)");
-    }
-    ok
+    xray_core::testing::require_all(
+        &["fixtures/build/whisper-rand-a/config.json", ".venv"],
+        xray_core::testing::MAKE_FIXTURES,
+    )
 }
 
 #[test]
@@ -336,7 +332,7 @@ fn a_broken_numpy_in_the_venv_is_one_line_not_a_panic() {
         .status()
         .is_ok_and(|s| s.success());
     if system_numpy {
-        eprintln!("skip: the interpreter itself has numpy, which shadows the venv's");
+        xray_core::testing::skip("the interpreter itself has numpy, which shadows the venv's");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

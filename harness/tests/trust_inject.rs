@@ -10,16 +10,9 @@ fn repo() -> PathBuf {
 
 #[test]
 fn run_refuses_a_target_that_matches_nothing() {
-    let model = repo().join("fixtures/build/whisper-rand-a");
-    if !model.exists() {
-        assert!(
-            std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none(),
-            "fixture {} missing",
-            model.display()
-        );
-        eprintln!("SKIP: {} missing (make fixtures)", model.display());
+    let Some(model) = xray_core::testing::require_fixture("fixtures/build/whisper-rand-a") else {
         return;
-    }
+    };
     let out = tempfile::tempdir().expect("tempdir");
     for spec in [
         "nan_one@no.such.checkpoint",

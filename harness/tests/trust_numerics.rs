@@ -286,14 +286,7 @@ fn element_bound_scales_with_the_tensor_magnitude() {
 /// The reported false alarm itself: clean whisper-rand-a on stella.wav.
 #[test]
 fn stella_on_whisper_rand_a_is_not_a_false_alarm() {
-    if !root()
-        .join("fixtures/build/whisper-rand-a/config.json")
-        .is_file()
-    {
-        assert!(
-            std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none(),
-            "run make fixtures"
-        );
+    if !common::ready(&["fixtures/build/whisper-rand-a/config.json"]) {
         return;
     }
     let e = check(

@@ -57,11 +57,7 @@ fn plain_16k_mono_is_read_exactly_with_no_conversion() {
 
 #[test]
 fn sox_made_rates_channels_and_formats_convert_close_to_the_original() {
-    if Command::new("sox").arg("--version").output().is_err() {
-        assert!(
-            std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none(),
-            "sox is needed for this test"
-        );
+    if !xray_core::testing::require_tool("sox", "`make tools` installs it") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

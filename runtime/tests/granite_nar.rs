@@ -40,8 +40,7 @@ const GRANITE_WEIGHTS: &str = "fixtures/build/granite-nar-tiny/model.safetensors
 #[should_panic(expected = "XRAY_REQUIRE_FIXTURES is set")]
 fn a_missing_fixture_fails_when_fixtures_are_required() {
     let missing = root().join("fixtures/build/no-such-granite/model.safetensors");
-    assert!(whisper_support::fixture_at(missing.clone(), false).is_none());
-    whisper_support::fixture_at(missing, true);
+    xray_core::testing::require_all_at(&[missing], xray_core::testing::MAKE_FIXTURES, true);
 }
 
 fn reference(name: &str) -> Dump {

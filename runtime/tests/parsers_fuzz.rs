@@ -288,16 +288,7 @@ fn config_inputs(base: serde_json::Value) -> impl Strategy<Value = serde_json::V
 
 fn fixture(name: &str) -> Option<PathBuf> {
     let d = root().join("fixtures/build").join(name);
-    if d.join("config.json").is_file() {
-        Some(d)
-    } else {
-        assert!(
-            std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none(),
-            "{} missing (run `make fixtures`)",
-            d.display()
-        );
-        None
-    }
+    xray_core::testing::require_fixture(d.join("config.json")).map(|_| d)
 }
 
 /// A model directory with a mutated config.json and links to the fixture's other files.

@@ -20,7 +20,7 @@ fn model(rel: &str) -> Option<WhisperModel> {
 }
 
 fn clip(name: &str) -> Option<Audio> {
-    let p = fixture(&format!("fixtures/audio/{name}"))?;
+    let p = fixture(format!("fixtures/audio/{name}"))?;
     Some(load_wav(&p, 16000).expect("wav"))
 }
 

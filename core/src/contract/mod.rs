@@ -1044,14 +1044,12 @@ mod tests {
 
     #[test]
     fn granite_contract_expands_ranges_and_lists() {
-        let cfg_text = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../fixtures/build/granite-nar-tiny/config.json"
-        ));
-        let Ok(cfg_text) = cfg_text else {
-            eprintln!("skip: granite fixture not built (make fixtures)");
+        let Some(cfg) =
+            crate::testing::require_fixture("fixtures/build/granite-nar-tiny/config.json")
+        else {
             return;
         };
+        let cfg_text = std::fs::read_to_string(cfg).unwrap();
         let cfg: serde_json::Value = serde_json::from_str(&cfg_text).unwrap();
         let c = Contract::for_family("granite_nar", &cfg).unwrap();
         let n = c.repeats["enc_layers"];
@@ -1175,14 +1173,13 @@ mod tests {
 
     #[test]
     fn granite_extensions_fail_closed() {
-        let cfg: serde_json::Value = match std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../fixtures/build/granite-nar-tiny/config.json"
-        )) {
-            Ok(t) => serde_json::from_str(&t).unwrap(),
-            Err(_) if std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none() => return,
-            Err(e) => panic!("granite fixture: {e} (run `make fixtures`)"),
+        let Some(cfg) =
+            crate::testing::require_fixture("fixtures/build/granite-nar-tiny/config.json")
+        else {
+            return;
         };
+        let cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(cfg).unwrap()).unwrap();
         let base: serde_json::Value =
             serde_json::from_str(contract_text("granite_nar").unwrap()).unwrap();
         let parse = |f: &dyn Fn(&mut serde_json::Value)| {

@@ -37,16 +37,7 @@ fn ready() -> bool {
         root().join(".venv/bin/python"),
         xray_bin(),
     ];
-    let missing: Vec<_> = need.iter().filter(|p| !p.exists()).collect();
-    if missing.is_empty() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none(),
-        "{missing:?} missing and XRAY_REQUIRE_FIXTURES is set (run `make test`, which builds xray and the fixtures)"
-    );
-    eprintln!("skipped: {missing:?} missing");
-    false
+    xray_core::testing::require_all(&need, "run `make test`, which builds xray and the fixtures")
 }
 
 fn run(bin: &Path, args: &[&str]) -> Output {
@@ -408,12 +399,10 @@ fn bad_input_is_refused_before_any_work() {
     let o = engine_on("no/such/dir", FOX, &out, &[]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("no/such/dir"), "{}", stderr(&o));
-    if !root().join(MODEL).is_dir() || !root().join("fixtures/build/audio/fox-stereo.wav").is_file()
-    {
-        assert!(
-            std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none(),
-            "fixtures missing"
-        );
+    if !xray_core::testing::require_all(
+        &[MODEL, "fixtures/build/audio/fox-stereo.wav"],
+        xray_core::testing::MAKE_FIXTURES,
+    ) {
         return;
     }
     for (wav, says) in [
@@ -469,11 +458,7 @@ fn edited_dump(src: &Path, dst: &Path, edit: impl FnOnce(&mut Dump)) {
 /// and fed tokens ids of the vocabulary: one line, exit 2, before anything is computed.
 #[test]
 fn fed_tokens_and_tensors_are_validated() {
-    if !root().join(MODEL).is_dir() {
-        assert!(
-            std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none(),
-            "fixtures missing"
-        );
+    if xray_core::testing::require_fixture(MODEL).is_none() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

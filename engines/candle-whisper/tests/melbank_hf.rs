@@ -15,14 +15,7 @@ fn root() -> PathBuf {
 fn hf_bank_matches_transformers() {
     let model = root().join("fixtures/whisper-tiny-en");
     let py = root().join(".venv/bin/python");
-    if !model.is_dir() || !py.is_file() {
-        assert!(
-            std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none(),
-            "{} or {} missing and XRAY_REQUIRE_FIXTURES is set (run `make fixtures`)",
-            model.display(),
-            py.display()
-        );
-        eprintln!("skipped: fixtures or venv missing");
+    if !xray_core::testing::require_all(&[&model, &py], xray_core::testing::MAKE_FIXTURES) {
         return;
     }
     let code = "import sys, json\n\

@@ -67,16 +67,10 @@ fn ready() -> bool {
         root().join(".venv/bin/python"),
         xray_bin(),
     ];
-    let missing: Vec<_> = need.iter().filter(|p| !p.exists()).collect();
-    if missing.is_empty() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none(),
-        "{missing:?} missing and XRAY_REQUIRE_FIXTURES is set (make whispercpp-models; cargo test builds xray)"
-    );
-    eprintln!("skipped: {missing:?} missing");
-    false
+    xray_core::testing::require_all(
+        &need,
+        "run `make whispercpp-models`; `cargo test` builds xray",
+    )
 }
 
 fn run(bin: &Path, args: &[&str]) -> Output {

@@ -12,16 +12,7 @@ fn root() -> PathBuf {
 }
 
 fn need(paths: &[PathBuf]) -> bool {
-    let missing: Vec<_> = paths.iter().filter(|p| !p.exists()).collect();
-    if missing.is_empty() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none(),
-        "{missing:?} missing and XRAY_REQUIRE_FIXTURES is set (make whispercpp-models)"
-    );
-    eprintln!("skipped: {missing:?} missing");
-    false
+    xray_core::testing::require_all(paths, "run `make whispercpp-models`")
 }
 
 fn plan(ggml: &Path) -> Plan {

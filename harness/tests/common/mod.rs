@@ -347,15 +347,10 @@ pub fn stderr(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).to_string()
 }
 
-/// Whether the fixtures under the repository root are there (a missing one fails under
-/// `XRAY_REQUIRE_FIXTURES`, as CI sets it).
+/// Whether the fixtures under the repository root are there; else a printed, recorded skip, or a
+/// failure under `XRAY_REQUIRE_FIXTURES`, as `make test` sets it ([`xray_core::testing`]).
 pub fn ready(paths: &[&str]) -> bool {
-    let missing: Vec<&&str> = paths.iter().filter(|p| !root().join(p).exists()).collect();
-    assert!(
-        missing.is_empty() || std::env::var_os("XRAY_REQUIRE_FIXTURES").is_none(),
-        "fixtures {missing:?} missing and XRAY_REQUIRE_FIXTURES is set (run `make fixtures`)"
-    );
-    missing.is_empty()
+    xray_core::testing::require_all(paths, xray_core::testing::MAKE_FIXTURES)
 }
 
 /// The evidence validates against docs/evidence.schema.json.

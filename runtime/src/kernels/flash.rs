@@ -544,8 +544,7 @@ mod tests {
     /// multiple of 16 or of the panel, head_dim not 64, causal with past keys.
     #[test]
     fn matches_the_f64_definition() {
-        if !available(NR) {
-            eprintln!("no AVX-512F + FMA: the fused kernel does not run here");
+        if !xray_core::testing::require_cpu(&["avx512f", "fma"]) {
             return;
         }
         for &(h, t, s, d, causal) in &[
@@ -597,7 +596,7 @@ mod tests {
     /// rows are computed with it (a row alone == that row of the whole block).
     #[test]
     fn bits_do_not_depend_on_the_split() {
-        if !available(NR) {
+        if !xray_core::testing::require_cpu(&["avx512f", "fma"]) {
             return;
         }
         let (h, t, s, d) = (3usize, 100usize, 130usize, 64usize);
@@ -649,7 +648,7 @@ mod tests {
     /// torch's softmax does; the other rows stay finite.
     #[test]
     fn nan_query_gives_a_nan_row() {
-        if !available(NR) {
+        if !xray_core::testing::require_cpu(&["avx512f", "fma"]) {
             return;
         }
         let (h, t, s, d) = (1usize, 9usize, 20usize, 64usize);
@@ -700,7 +699,7 @@ mod tests {
     /// context bits, merged, and the same probabilities.
     #[test]
     fn token_major_is_the_merged_head_major_result() {
-        if !available(NR) {
+        if !xray_core::testing::require_cpu(&["avx512f", "fma"]) {
             return;
         }
         for &(h, t, s, d, causal) in &[

@@ -391,8 +391,7 @@ mod tests {
     /// alone equals the same row among many, bit for bit.
     #[test]
     fn matches_f64_and_rows_are_independent() {
-        if !available() {
-            eprintln!("skipped: the CPU has no AVX-512F");
+        if !xray_core::testing::require_cpu(&["avx512f", "fma"]) {
             return;
         }
         for &(m, k, n) in &[

@@ -1185,8 +1185,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx512_equals_scalar() {
-        if !has_avx512() {
-            eprintln!("no AVX-512F on this CPU: nothing to compare");
+        if !xray_core::testing::require_cpu(&["avx", "avx2", "avx512f"]) {
             return;
         }
         for n in [1usize, 7, 16, 33, 64, 100, 1500, 1501] {
@@ -1235,8 +1234,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn avx2_equals_scalar() {
-        if !has_avx2() {
-            eprintln!("no AVX2 on this CPU: nothing to compare");
+        if !xray_core::testing::require_cpu(&["avx", "avx2"]) {
             return;
         }
         for n in [1usize, 7, 16, 33, 64, 100, 1500] {

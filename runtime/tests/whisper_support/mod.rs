@@ -1,5 +1,6 @@
-//! Shared helpers of the whisper_* and granite_nar tests: fixture paths that skip with a notice when
-//! missing, or fail when `XRAY_REQUIRE_FIXTURES` is set.
+//! Shared helpers of the whisper_* and granite_nar tests: fixture paths (skipped with a printed,
+//! recorded line when missing, or failing when `XRAY_REQUIRE_FIXTURES` is set:
+//! [`xray_core::testing`]), copies and edits.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -9,31 +10,10 @@ pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// A fixture directory or file, or `None` after printing why the test is skipped. With
-/// `XRAY_REQUIRE_FIXTURES` set (`make test` sets it) a missing fixture fails the test instead:
-/// a skip must not pass for a result there.
-pub fn fixture(rel: &str) -> Option<PathBuf> {
-    fixture_at(
-        repo().join(rel),
-        std::env::var_os("XRAY_REQUIRE_FIXTURES").is_some(),
-    )
-}
-
-/// [`fixture`] with the requirement given: `Some(p)` when `p` exists; else a panic naming it when
-/// `required`, or `None` after a notice.
-pub fn fixture_at(p: PathBuf, required: bool) -> Option<PathBuf> {
-    if p.exists() {
-        Some(p)
-    } else if required {
-        panic!(
-            "fixture {} is missing and XRAY_REQUIRE_FIXTURES is set (run `make fixtures`)",
-            p.display()
-        );
-    } else {
-        eprintln!("SKIP: fixture {} is missing (run `make fixtures` or `.venv/bin/python fixtures/build.py`)", p.display());
-        None
-    }
-}
+/// A fixture directory or file (relative to the repository root), or `None` after a skip line;
+/// a missing fixture fails the test under `XRAY_REQUIRE_FIXTURES` (`make test` sets it). The one
+/// guard: [`xray_core::testing`].
+pub use xray_core::testing::require_fixture as fixture;
 
 /// Copy a model directory into a temp dir so a test can damage it.
 pub fn copy_dir(src: &Path) -> tempfile::TempDir {

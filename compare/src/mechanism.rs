@@ -1548,6 +1548,7 @@ impl ReplayContext<'_> {
         let [q, k, v] = self.qkv(self.candidate, parent, step).ok_or_else(|| {
             format!("the engine dump holds no q/k/v projection outputs of {parent}")
         })?;
+        let tk = k.shape()[0];
         let x = self
             .rows(self.candidate, &op.point, step..=step)
             .ok_or_else(|| format!("the engine dump holds no {}", op.point))?;
@@ -1637,6 +1638,19 @@ impl ReplayContext<'_> {
             Counterfactual::CausalMask { on: !causal },
             Counterfactual::KvSwapped,
         ];
+        if !causal {
+            // The keys padded to a block size and attended whole.
+            let mut pads: Vec<usize> = [32usize, 64, 128, 256, 512]
+                .iter()
+                .map(|b| tk.div_ceil(*b) * b - tk)
+                .filter(|r| *r > 0)
+                .collect();
+            pads.dedup();
+            cfs.extend(
+                pads.into_iter()
+                    .map(|rows| Counterfactual::KeysPadded { rows }),
+            );
+        }
         if info.flag("rope") {
             cfs.push(Counterfactual::RopeOffset { by: 1 });
             cfs.push(Counterfactual::RopeOffset { by: -1 });

@@ -211,6 +211,12 @@ pub enum Counterfactual {
     },
     /// Attention core: keys and values swapped.
     KvSwapped,
+    /// Attention core (not causal): `rows` zero keys and values appended and attended, no mask
+    /// hiding them (a K/V buffer padded to a block size and read whole).
+    KeysPadded {
+        /// The zero rows appended.
+        rows: usize,
+    },
     /// Attention core: the heads of its output in another order (a head split or merge that
     /// reads the wrong head). Output slot `i` holds the reference's head `slots[i]`. Solved on
     /// the clean replay: each slot matched to the head it is nearest.
@@ -310,6 +316,9 @@ impl Counterfactual {
             CausalMask { on: true } => "with a causal mask".into(),
             CausalMask { on: false } => "without its causal mask".into(),
             KvSwapped => "with keys and values swapped".into(),
+            KeysPadded { rows } => {
+                format!("attending to {rows} zero key/value rows appended without a mask")
+            }
             HeadsPermuted { slots } => {
                 let moved: Vec<String> = slots
                     .iter()

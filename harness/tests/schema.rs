@@ -137,6 +137,7 @@ fn solved_counterfactuals_are_valid() {
             slots: vec![0, 2, 1],
         },
         Counterfactual::KvSwapped,
+        Counterfactual::KeysPadded { rows: 36 },
     ] {
         let j = serde_json::to_value(&cf).unwrap();
         assert!(v.is_valid(&j), "{j}");

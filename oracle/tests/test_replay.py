@@ -299,6 +299,8 @@ def test_attention_counterfactuals_change_the_output():
         ({"kind": "attention_scale", "value": 1.0}, attn(q, k, v, 1.0, False)),
         ({"kind": "causal_mask", "on": True}, attn(q, k, v, 0.25, True)),
         ({"kind": "kv_swapped"}, attn(q, v, k, 0.25, False)),
+        ({"kind": "keys_padded", "rows": 5},
+         attn(q, torch.cat([k, torch.zeros(5, k.shape[1])]), torch.cat([v, torch.zeros(5, v.shape[1])]), 0.25, False)),
     ]:
         got = _core("whisper", RAND_A, pts, parent, cf)[0]["output"]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=str(cf))

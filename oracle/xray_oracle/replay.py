@@ -161,6 +161,14 @@ def _attention_call(model, path: str, module, q, k, v, cf: dict):
     scale, causal = setup["scaling"], setup["causal"]
     if kind == "kv_swapped":
         k, v = v, k
+    elif kind == "keys_padded":
+        # Zero keys and values appended, no mask hiding them (a K/V buffer padded to a block
+        # size and attended whole: ggml's flash attention over GGML_PAD(n, 256) rows).
+        if causal:
+            raise ReplayError(f"replay {path}: keys_padded is tried on a non-causal attention only")
+        rows = int(cf["rows"])
+        k = torch.cat([k, k.new_zeros(k.shape[0], rows, k.shape[2])], dim=1)
+        v = torch.cat([v, v.new_zeros(v.shape[0], rows, v.shape[2])], dim=1)
     elif kind == "attention_scale":
         scale = float(cf["value"])
     elif kind == "causal_mask":

@@ -543,6 +543,18 @@ fn output_hypotheses(
         },
         clean.mapv(|v| half::bf16::from_f32(v).to_f32()),
     ));
+    judge(ev, scored, cands, engine, tol);
+}
+
+/// Scores candidate outputs computed without a replay against the engine's: each is recorded in
+/// `ev.tried`, and the scored ones appended to `scored`.
+fn judge(
+    ev: &mut ReplayEvidence,
+    scored: &mut Vec<(Counterfactual, f64, f64, bool)>,
+    cands: Vec<(Counterfactual, ArrayD<f32>)>,
+    engine: &ArrayD<f32>,
+    tol: &Tolerance,
+) {
     for (cf, c) in cands {
         let sc = score(&c, engine, tol);
         ev.tried.push(Tried {
@@ -591,6 +603,10 @@ fn shifted(clean: &ArrayD<f32>, engine: &ArrayD<f32>, axis: usize, by: i64) -> O
 /// the whole tensor.
 const MATCH_ROWS: usize = 64;
 
+/// Outputs with more features than this are not matched (the matching compares every pair: a
+/// vocabulary-wide logits row would take seconds).
+const MATCH_FEATURES: usize = 4096;
+
 /// The features of a rank-2 output (a token-major one's columns, a channel-major one's rows) in
 /// another order: each engine feature matched to the reference feature it is nearest (squared
 /// difference over the first [`MATCH_ROWS`] frames). `None` when every feature is its own, the
@@ -610,7 +626,7 @@ fn features_permuted(
         _ => return None,
     };
     let n = clean.len_of(Axis(feat));
-    if n < 2 {
+    if !(2..=MATCH_FEATURES).contains(&n) {
         return None;
     }
     let rows = clean.len_of(Axis(1 - feat)).min(MATCH_ROWS);
@@ -1482,17 +1498,7 @@ impl ReplayContext<'_> {
                 ));
             }
         }
-        for (cf, y) in cands {
-            let sc = score(&y, &xe, &tol);
-            ev.tried.push(Tried {
-                counterfactual: cf.clone(),
-                residual: sc.map(|x| x.0),
-                skipped: None,
-            });
-            if let Some(sc) = sc {
-                scored.push((cf, sc.0, sc.1, sc.2));
-            }
-        }
+        judge(&mut ev, &mut scored, cands, &xe, &tol);
         output_hypotheses(&mut ev, &mut scored, &clean, xrl, &xe, &tol);
         choose(&mut ev, &op.point, &scored, &|_| None);
         Ok(ev)
@@ -1693,17 +1699,8 @@ impl ReplayContext<'_> {
                 scored.extend(self.try_all(&mut ev, parent, &input, &[cf], &x, &tol));
             }
         }
-        if let Some((cf, c)) = heads_permuted(&clean, layout, &x, hd as usize) {
-            let sc = score(&c, &x, &tol);
-            ev.tried.push(Tried {
-                counterfactual: cf.clone(),
-                residual: sc.map(|x| x.0),
-                skipped: None,
-            });
-            if let Some(sc) = sc {
-                scored.push((cf, sc.0, sc.1, sc.2));
-            }
-        }
+        let heads = heads_permuted(&clean, layout, &x, hd as usize);
+        judge(&mut ev, &mut scored, heads.into_iter().collect(), &x, &tol);
         output_hypotheses(&mut ev, &mut scored, &clean, layout, &x, &tol);
         choose(&mut ev, parent, &scored, &|cf| match cf {
             Counterfactual::AttentionScale { value } => Some(format!(
@@ -2018,6 +2015,12 @@ mod tests {
         let t = clean.t().to_owned().into_dyn();
         let e = engine.t().to_owned().into_dyn();
         assert!(features_permuted(&t, Layout::ChannelMajor, &e).is_some());
+        // Too wide to match every pair (a vocabulary-wide row): not tried.
+        let wide = ramp(&[2, MATCH_FEATURES + 1]);
+        let mut flipped = wide.clone();
+        flipped.swap([0, 0], [0, 1]);
+        flipped.swap([1, 0], [1, 1]);
+        assert!(features_permuted(&wide, Layout::TokenMajor, &flipped).is_none());
     }
 
     #[test]

@@ -794,6 +794,7 @@ impl Comparison {
             tokens,
             op_points: None,
             reference_variants: vec![],
+            precision: None,
         };
         e.verdict = e.derive_verdict();
         if e.verdict == Verdict::Diverged && e.first_divergence.is_none() {

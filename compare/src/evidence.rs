@@ -440,6 +440,10 @@ pub struct Evidence {
     /// only when given.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reference_variants: Vec<crate::variant::VariantEvidence>,
+    /// The ops the dump under test declares computed below f32 (`extra.precision`) and what the
+    /// policy accepted of them (absent when it declares none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<crate::precision::PrecisionEvidence>,
 }
 
 impl Evidence {
@@ -831,6 +835,7 @@ pub(crate) mod tests {
             tokens: None,
             op_points: None,
             reference_variants: vec![],
+            precision: None,
         }
     }
 

@@ -15,6 +15,7 @@
 //! | [`evidence`] | `xray.evidence/v1` serde types, atomic write, checked read |
 //! | [`report`] | self-contained HTML and Markdown renderings |
 //! | [`gate`] | baseline gate and JUnit XML |
+//! | [`precision`] | declared precision: the ops an engine computed below f32 (`extra.precision`), and the policy's `accept_precision` applied downstream of them |
 //! | [`pipeline`] | dumps + contract -> tensor pairs (layout transforms the contract declares), stats-only comparison |
 //!
 //! The library works on plain `ndarray::ArrayViewD<f32>` and never links Python.
@@ -32,6 +33,7 @@ pub mod mechanism;
 pub mod metrics;
 pub mod ops;
 pub mod pipeline;
+pub mod precision;
 pub mod report;
 pub mod signatures;
 pub mod tolerance;

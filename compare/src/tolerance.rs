@@ -3,8 +3,10 @@
 //!
 //! Resolution order for one checkpoint (documented in `docs/tolerances.md`):
 //! 1. the first policy rule (in file order) whose glob matches the checkpoint,
-//! 2. calibrated, when the policy enables it and a noise floor exists for the checkpoint,
-//! 3. the policy's per-dtype default, else the built-in default for the dtype.
+//! 2. the policy's `accept_precision` bounds, when the engine declares an op upstream of the
+//!    checkpoint computed at that precision ([`Policy::with_declared_precision`]),
+//! 3. calibrated, when the policy enables it and a noise floor exists for the checkpoint,
+//! 4. the policy's per-dtype default, else the built-in default for the dtype.
 //!
 //! A rule glob containing `@` matches the checkpoint id `name@stepK`; any other glob matches the
 //! name, so `audio.decoder.logits` covers every step and `audio.decoder.logits@step0` only step 0.
@@ -164,6 +166,14 @@ pub enum ToleranceSource {
     Policy(String),
     /// Calibrated at this multiple of the checkpoint's noise floor.
     Calibrated(f64),
+    /// The policy's `accept_precision` bounds for `dtype`: the engine declares `op`, upstream of
+    /// the checkpoint, computed at that precision.
+    Precision {
+        /// The accepted precision.
+        dtype: Dtype,
+        /// The first declared op (in graph order) the checkpoint depends on.
+        op: String,
+    },
 }
 
 impl fmt::Display for ToleranceSource {
@@ -173,6 +183,9 @@ impl fmt::Display for ToleranceSource {
             ToleranceSource::DefaultLogits(d) => write!(f, "default:{}:logits", d.as_str()),
             ToleranceSource::Policy(g) => write!(f, "policy:{g}"),
             ToleranceSource::Calibrated(k) => write!(f, "calibrated:{k}x noise floor"),
+            ToleranceSource::Precision { dtype, op } => {
+                write!(f, "precision:{} via {op}", dtype.as_str())
+            }
         }
     }
 }
@@ -282,6 +295,19 @@ pub struct RuleSpec {
     pub max_kl: Option<f64>,
 }
 
+/// What a policy accepts of tensors computed at a reduced precision the engine declares
+/// (`accept_precision.<dtype>`): the bounds of every checkpoint and op-level point downstream of a
+/// declared op (see `docs/tolerances.md`, "Declared precision").
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcceptSpec {
+    /// Bounds of an ordinary tensor downstream of a declared op.
+    pub default: Tolerance,
+    /// Bounds of a logits checkpoint downstream of one (absent: `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logits: Option<Tolerance>,
+}
+
 /// Policy file contents (`schema: "xray.policy/v1"`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -298,6 +324,10 @@ pub struct PolicySpec {
     /// Calibrated mode; absent = off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calibrated: Option<Calibration>,
+    /// Precisions below f32 this policy accepts where the engine declares them (keys `f16`,
+    /// `bf16`); absent = none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub accept_precision: BTreeMap<Dtype, AcceptSpec>,
 }
 
 /// A compiled policy.
@@ -305,6 +335,9 @@ pub struct PolicySpec {
 pub struct Policy {
     spec: PolicySpec,
     matchers: Vec<GlobMatcher>,
+    /// Checkpoint and point names downstream of a declared reduced-precision op whose precision
+    /// the policy accepts: (precision, the op).
+    declared: std::collections::HashMap<String, (Dtype, String)>,
 }
 
 /// Policy schema identifier.
@@ -353,6 +386,21 @@ impl Policy {
             })?;
             matchers.push(g.compile_matcher());
         }
+        for (d, a) in &spec.accept_precision {
+            if matches!(d, Dtype::F32 | Dtype::F64) {
+                return Err(Error::Policy(format!(
+                    "accept_precision.{}: only a precision below f32 (f16, bf16) can be accepted",
+                    d.as_str()
+                )));
+            }
+            check_tol(
+                &format!("accept_precision.{}.default", d.as_str()),
+                &a.default,
+            )?;
+            if let Some(l) = &a.logits {
+                check_tol(&format!("accept_precision.{}.logits", d.as_str()), l)?;
+            }
+        }
         if let Some(c) = &spec.calibrated {
             let ok = |v: f64| v.is_finite() && v >= 0.0;
             if !(ok(c.multiple) && c.multiple > 0.0 && ok(c.min_atol) && ok(c.min_rel_l2)) {
@@ -361,7 +409,11 @@ impl Policy {
                 ));
             }
         }
-        Ok(Policy { spec, matchers })
+        Ok(Policy {
+            spec,
+            matchers,
+            declared: Default::default(),
+        })
     }
 
     /// Parses and compiles a policy from JSON text.
@@ -390,21 +442,23 @@ impl Policy {
         let v: serde_json::Value = serde_json::from_str(text).map_err(json)?;
         let Some(obj) = v.as_object() else {
             return Err(Error::Policy(format!(
-                "{path}: a policy is a JSON object with \"defaults\", \"rules\" or \"calibrated\""
+                "{path}: a policy is a JSON object with \"defaults\", \"rules\", \"calibrated\" or \"accept_precision\""
             )));
         };
-        let content = ["defaults", "rules", "calibrated"].iter().any(|k| {
-            obj.get(*k).is_some_and(|x| match x {
-                serde_json::Value::Object(m) => !m.is_empty() || *k == "calibrated",
-                serde_json::Value::Array(a) => !a.is_empty(),
-                serde_json::Value::Null => false,
-                _ => true,
-            })
-        });
+        let content = ["defaults", "rules", "calibrated", "accept_precision"]
+            .iter()
+            .any(|k| {
+                obj.get(*k).is_some_and(|x| match x {
+                    serde_json::Value::Object(m) => !m.is_empty() || *k == "calibrated",
+                    serde_json::Value::Array(a) => !a.is_empty(),
+                    serde_json::Value::Null => false,
+                    _ => true,
+                })
+            });
         let spec: PolicySpec = serde_json::from_value(v).map_err(json)?;
         if !content {
             return Err(Error::Policy(format!(
-                "{path}: the policy sets nothing (no \"defaults\", \"rules\" or \"calibrated\"); \
+                "{path}: the policy sets nothing (no \"defaults\", \"rules\", \"calibrated\" or \"accept_precision\"); \
                  remove --policy to use the built-in tolerances"
             )));
         }
@@ -467,6 +521,27 @@ impl Policy {
         self
     }
 
+    /// This policy with the engine's declared precision applied: `reached` maps each checkpoint
+    /// and op-level point name to the precision and the first declared op upstream of it (the
+    /// caller follows the graph's edges). Names whose precision the policy does not accept are
+    /// dropped, so they keep their other bounds.
+    pub fn with_declared_precision(
+        mut self,
+        reached: impl IntoIterator<Item = (String, (Dtype, String))>,
+    ) -> Policy {
+        let accepted = &self.spec.accept_precision;
+        self.declared = reached
+            .into_iter()
+            .filter(|(_, (d, _))| accepted.contains_key(d))
+            .collect();
+        self
+    }
+
+    /// How many checkpoint and point names are judged at an accepted precision's bounds.
+    pub fn declared_count(&self) -> usize {
+        self.declared.len()
+    }
+
     /// Whether calibrated mode is on.
     pub fn calibrated(&self) -> Option<&Calibration> {
         self.spec.calibrated.as_ref()
@@ -523,6 +598,22 @@ impl Policy {
                         max_kl: rule.max_kl.or(base.max_kl),
                     },
                     source: ToleranceSource::Policy(rule.glob.clone()),
+                };
+            }
+        }
+        if let Some((d, op)) = self.declared.get(name) {
+            if let Some(a) = self.spec.accept_precision.get(d) {
+                let t = if logits {
+                    a.logits.unwrap_or(a.default)
+                } else {
+                    a.default
+                };
+                return ResolvedTolerance {
+                    tolerance: t,
+                    source: ToleranceSource::Precision {
+                        dtype: *d,
+                        op: op.clone(),
+                    },
                 };
             }
         }

@@ -23,6 +23,9 @@ pub const VERSION: u32 = 1;
 
 /// Number of signed projections in [`Stats::sketch`].
 pub const SKETCH_LEN: usize = 32;
+/// The manifest's `extra` key under which an engine declares the ops it computed below f32: a
+/// list of `{"op", "dtype", "why", ...}` (docs/dump-format.md, "Declared precision").
+pub const PRECISION_KEY: &str = "precision";
 
 /// The 64 pseudo-random sign bits of flat element `i` (splitmix64 of `i`): bit `k` is the sign of
 /// element `i` in sketch projection `k` (1 = minus). The Python writer

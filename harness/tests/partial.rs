@@ -283,3 +283,111 @@ fn model_dir_gives_the_runtime_graph_ops_as_suspects() {
     // The planted op is among them.
     assert!(ops.iter().any(|o| o == "encoder.layer.1.mlp_norm"));
 }
+
+/// Declared precision (`extra.precision`): named whatever the policy; a policy's
+/// `accept_precision` judges what a declared op reaches (X-Ray's graph of `--model`) at its
+/// bounds and the rest at f32's, so a departure upstream of every declared op still fails; a
+/// declaration that cannot be used is refused in one line, exit 2.
+#[test]
+fn declared_precision_is_accepted_downstream_of_the_declared_op_only() {
+    const MODEL: &str = "fixtures/build/whisper-rand-a";
+    if !common::ready(&[MODEL]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("accept-f16.json");
+    std::fs::write(
+        &policy,
+        r#"{"accept_precision": {"f16": {"default": {"atol": 5e-2, "rtol": 2e-2, "max_outlier_fraction": 1e-2, "max_rel_l2": 1e-2}}}}"#,
+    )
+    .unwrap();
+    let p = policy.to_str().unwrap();
+    let model = root().join(MODEL);
+    let m = model.to_str().unwrap();
+    let declare = |d: &mut Dump, decl: Value| {
+        d.manifest.extra.insert("precision".into(), decl);
+    };
+    let conv1 = json!([{"op": "encoder.conv1", "dtype": "f16", "why": "IM2COL to f16"}]);
+    // Every tensor downstream of conv1 off by 0.3%: beyond f32 bounds, within f16's.
+    let scaled = |names: &[&str], d: &mut Dump| {
+        for ((n, _), t) in d.tensors.iter_mut() {
+            if names.iter().any(|x| n == x) {
+                t.mapv_inplace(|v| v * 1.003);
+            }
+        }
+    };
+    let downstream = variant(dir.path(), "downstream", |d| {
+        declare(d, conv1.clone());
+        scaled(&["audio.encoder.memory"], d);
+    });
+    let (c, e, err) = compare(&downstream, dir.path(), &[]);
+    assert_eq!(c, 1, "{err}");
+    assert!(
+        err.contains(
+            "precision: the engine declares 1 f16 op(s): encoder.conv1 computed below f32"
+        ),
+        "{err}"
+    );
+    assert_eq!(e["precision"]["declared"][0]["op"], "encoder.conv1");
+    assert_eq!(e["precision"]["accepted"], json!([]));
+    assert_eq!(e["first_divergence"]["checkpoint"], "audio.encoder.memory");
+    let (c, e, err) = compare(&downstream, dir.path(), &["--policy", p, "--model", m]);
+    assert_eq!(c, 0, "{err}");
+    let source = |e: &Value, n: &str| {
+        e["checkpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == n)
+            .unwrap()["tolerance"]["source"]
+            .clone()
+    };
+    assert_eq!(
+        source(&e, "audio.encoder.memory"),
+        "precision:f16 via encoder.conv1"
+    );
+    assert_eq!(source(&e, "audio.frontend.mel"), "default:f32");
+    assert!(e["precision"]["names_at_accepted_bounds"].as_u64().unwrap() > 10);
+    // The same departure upstream of every declared op (the log-mel) fails as strictly as ever.
+    let upstream = variant(dir.path(), "upstream", |d| {
+        declare(d, conv1.clone());
+        scaled(&["audio.frontend.mel"], d);
+    });
+    let (c, e, err) = compare(&upstream, dir.path(), &["--policy", p, "--model", m]);
+    assert_eq!(c, 1, "{err}");
+    assert_eq!(e["first_divergence"]["checkpoint"], "audio.frontend.mel");
+    // Refusals: one line, exit 2, naming what is wrong.
+    let one_line = |c: i32, err: &str, needle: &str| {
+        assert_eq!(c, 2, "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains(needle), "{needle:?} not in {err}");
+    };
+    let (c, _, err) = compare(&downstream, dir.path(), &["--policy", p]);
+    one_line(c, &err, "pass --model DIR");
+    for (name, decl, needle) in [
+        (
+            "unknown-op",
+            json!([{"op": "encoder.conv9", "dtype": "f16", "why": "x"}]),
+            "'encoder.conv9' is no op of the whisper graph",
+        ),
+        (
+            "bad-dtype",
+            json!([{"op": "encoder.conv1", "dtype": "f8", "why": "x"}]),
+            "declares dtype \"f8\"",
+        ),
+        (
+            "not-a-list",
+            json!({"op": "encoder.conv1"}),
+            "extra.precision is not a list",
+        ),
+        (
+            "twice",
+            json!([{"op": "encoder.conv1", "dtype": "f16", "why": "x"}, {"op": "encoder.conv1", "dtype": "f16", "why": "y"}]),
+            "declares encoder.conv1 twice",
+        ),
+    ] {
+        let got = variant(dir.path(), name, |d| declare(d, decl));
+        let (c, _, err) = compare(&got, dir.path(), &["--model", m]);
+        one_line(c, &err, needle);
+    }
+}

@@ -144,3 +144,40 @@ fn solved_counterfactuals_are_valid() {
     }
     assert!(!v.is_valid(&serde_json::json!({"kind": "heads_permuted", "heads": [1, 0]})));
 }
+
+/// Declared precision (`precision`, and the `precision:<dtype> via <op>` tolerance source) is
+/// valid evidence, as an accept_precision policy applied to a dump declaring f16 ops writes it.
+#[test]
+fn declared_precision_is_valid() {
+    use xray_compare::precision::{apply, DeclaredOp};
+    use xray_compare::tolerance::{Dtype, Policy};
+    let mut e = common::tiny_evidence();
+    let policy = Policy::from_json(
+        r#"{"accept_precision": {"f16": {"default": {"atol": 1e-2, "rtol": 1e-2, "max_outlier_fraction": 1e-2}}}}"#,
+    )
+    .unwrap();
+    let name = e.checkpoints[0].name.clone();
+    let op = DeclaredOp {
+        op: "encoder.conv1".into(),
+        dtype: Dtype::F16,
+        why: "IM2COL to f16".into(),
+    };
+    let (policy, ev) = apply(
+        policy,
+        vec![op],
+        vec![(name.clone(), "encoder.conv1".into())],
+    );
+    assert_eq!(ev.names_at_accepted_bounds, 1);
+    let tol = policy.resolve(&name, 0, Dtype::F32, None);
+    e.checkpoints[0].tolerance = (&tol).into();
+    e.precision = Some(ev);
+    let v = serde_json::to_value(&e).unwrap();
+    assert_eq!(
+        v["checkpoints"][0]["tolerance"]["source"],
+        "precision:f16 via encoder.conv1"
+    );
+    assert_valid(&v);
+    let mut bad = v.clone();
+    bad["precision"]["declared"][0]["dtype"] = Value::from("f32");
+    assert!(!validator().is_valid(&bad));
+}

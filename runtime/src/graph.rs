@@ -651,6 +651,40 @@ impl Graph {
             .collect())
     }
 
+    /// The checkpoints and op-level points downstream of the ops `from`: for every edge one of
+    /// them reaches (its own outputs included) along the graph's edges, each checkpoint label and
+    /// point name of the edge with the first op of `from` (in graph order) it depends on. A name
+    /// in `from` that is no op of the graph is an error naming it.
+    pub fn reached_from(&self, from: &[&str]) -> Result<Vec<(String, String)>> {
+        let mut declared = vec![false; self.ops.len()];
+        for f in from {
+            let i = self.ops.iter().position(|o| o.name == *f).ok_or_else(|| {
+                RuntimeError::Graph(format!("'{f}' is no op of the {} graph", self.family))
+            })?;
+            declared[i] = true;
+        }
+        // Ops are stored in topological order (the builder adds an op after its inputs).
+        let mut first: Vec<Option<usize>> = vec![None; self.edges.len()];
+        for (i, op) in self.ops.iter().enumerate() {
+            let mut r = op.inputs.iter().filter_map(|&e| first[e]).min();
+            if declared[i] {
+                r = Some(r.map_or(i, |x| x.min(i)));
+            }
+            for &e in &op.outputs {
+                first[e] = r;
+            }
+        }
+        let mut out = Vec::new();
+        for (e, edge) in self.edges.iter().enumerate() {
+            let Some(o) = first[e] else { continue };
+            let op = &self.ops[o].name;
+            for n in edge.checkpoint.iter().chain(&edge.points) {
+                out.push((n.clone(), op.clone()));
+            }
+        }
+        Ok(out)
+    }
+
     /// Hand edge `e`'s op-level points that the run wants to the observer.
     fn observe_points(&self, ctx: &mut RunCtx, e: EdgeId, t: &Tensor) {
         let edge = &self.edges[e];

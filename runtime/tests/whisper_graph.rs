@@ -254,3 +254,55 @@ fn op_level_points_follow_the_weight_keys() {
     let err = point_graph("m.z.bias", None).unwrap_err().to_string();
     assert!(err.contains("op 'a'") && err.contains("m.z"), "{err}");
 }
+
+/// `Graph::reached_from` follows the edges forward from the declared ops: their own outputs and
+/// everything downstream, each named with the first declared op it depends on; what is upstream
+/// or beside them is not reached; an unknown op is an error naming it.
+#[test]
+fn reached_from_follows_the_edges_downstream_of_the_declared_ops() {
+    let g = cross_graph(true).unwrap();
+    let r = g.reached_from(&["cross_k_to_head_major"]).unwrap();
+    let names: Vec<&str> = r.iter().map(|(n, _)| n.as_str()).collect();
+    assert!(
+        r.iter().all(|(_, op)| op == "cross_k_to_head_major"),
+        "{r:?}"
+    );
+    // The toy graph labels no checkpoint and mirrors no HF module: nothing to name.
+    assert!(names.is_empty(), "{names:?}");
+    let e = g.reached_from(&["no_such_op"]).unwrap_err().to_string();
+    assert!(e.contains("'no_such_op' is no op of the toy graph"), "{e}");
+
+    let Some(dir) = whisper_support::fixture("fixtures/whisper-tiny-en") else {
+        return;
+    };
+    let m = xray_runtime::models::load(&dir).expect("load");
+    let g = xray_runtime::models::SpeechModel::graph(m.as_ref());
+    let r = g
+        .reached_from(&["encoder.layer.1.gelu", "encoder.layer.2.fc1"])
+        .unwrap();
+    let by = |n: &str| r.iter().find(|(x, _)| x == n).map(|(_, op)| op.as_str());
+    assert_eq!(
+        by("audio.encoder.layer.1.out"),
+        Some("encoder.layer.1.gelu")
+    );
+    // Downstream of both: the first in graph order.
+    assert_eq!(
+        by("audio.encoder.layer.2.out"),
+        Some("encoder.layer.1.gelu")
+    );
+    assert_eq!(by("audio.encoder.memory"), Some("encoder.layer.1.gelu"));
+    assert_eq!(by("audio.decoder.logits"), Some("encoder.layer.1.gelu"));
+    assert_eq!(
+        by("model.encoder.layers.1.fc2:in"),
+        Some("encoder.layer.1.gelu")
+    );
+    // Upstream and beside: not reached.
+    for n in [
+        "audio.frontend.mel",
+        "audio.encoder.layer.0.out",
+        "model.encoder.layers.1.fc1:out",
+        "audio.decoder.input_ids",
+    ] {
+        assert_eq!(by(n), None, "{n}");
+    }
+}

@@ -14,7 +14,7 @@ use std::path::Path;
 use ndarray::{ArrayD, IxDyn};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
-use xray_core::dump::{Dump, DumpWriter, Manifest, SCHEMA, VERSION};
+use xray_core::dump::{Dump, DumpWriter, Manifest, PRECISION_KEY, SCHEMA, VERSION};
 
 use crate::engine::{Error, ModelDir, Run};
 use crate::ffi;
@@ -206,11 +206,24 @@ pub fn dump(md: &ModelDir, prov: &Provenance, run: &Run) -> Result<DumpWriter, E
     for g in &run.graphs {
         for (r, m) in &g.reduced {
             // One entry per op (decode steps repeat the same ops): the first step it appears at.
+            // The declaration X-Ray reads (`extra.precision`, docs/dump-format.md): the op, the
+            // precision it ran at (every reduction whisper.cpp 1.8.3 makes is to f16: its
+            // `itype`, the f16 GELU table, f16 `vec_dot_type`, f16 IM2COL; a bf16 tensor would
+            // say bf16), why, and the ggml node.
             if seen.insert(r.op.clone()) {
+                let types =
+                    std::iter::once(m.ty.as_str()).chain(m.src.iter().map(|(_, t)| t.as_str()));
+                let dtype = if types.into_iter().any(|t| t == "bf16") {
+                    "bf16"
+                } else {
+                    "f16"
+                };
                 reduced.push(json!({
-                    "op": r.op, "step": g.step, "ggml_op": m.op, "type": m.ty,
-                    "src": m.src.iter().map(|(o, t)| json!({"op": o, "type": t})).collect::<Vec<_>>(),
-                    "why": r.why,
+                    "op": r.op, "dtype": dtype, "why": r.why,
+                    "ggml": {
+                        "step": g.step, "op": m.op, "type": m.ty,
+                        "src": m.src.iter().map(|(o, t)| json!({"op": o, "type": t})).collect::<Vec<_>>(),
+                    },
                 }));
             }
         }
@@ -222,6 +235,7 @@ pub fn dump(md: &ModelDir, prov: &Provenance, run: &Run) -> Result<DumpWriter, E
         .collect();
     let mut extra = BTreeMap::new();
     extra.insert("config".to_string(), md.config.clone());
+    extra.insert(PRECISION_KEY.to_string(), json!(reduced));
     extra.insert("dtype".to_string(), json!("float32"));
     extra.insert("fed".to_string(), json!(prov.fed));
     extra.insert("step_argmax".to_string(), json!(run.step_argmax));
@@ -232,7 +246,6 @@ pub fn dump(md: &ModelDir, prov: &Provenance, run: &Run) -> Result<DumpWriter, E
             "flash_attn": prov.flash,
             "system_info": ffi::system_info(),
             "types": types,
-            "reduced_precision": reduced,
             "graphs": graphs,
             "graph_edits": if run.stubbed > 0 { json!([{
                 "edit": "im2col_stub", "nodes": run.stubbed,

@@ -896,7 +896,8 @@ impl<'g> Recognizer<'g> {
                 let ty = self.t(dst).ty.clone();
                 if ty != "f32" {
                     self.reduced(
-                        format!("{p}.cross_{which}_cache"),
+                        // X-Ray's op whose output is the cached (head-major) K or V.
+                        format!("{p}.cross_{which}_to_head_major"),
                         c,
                         format!(
                             "cross-attention {} stored in an {ty} cache (src/whisper.cpp whisper_kv_cache_init \

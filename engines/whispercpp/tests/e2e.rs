@@ -179,7 +179,7 @@ fn whisper_cpp_under_xray_on_real_tiny_en() {
     assert_eq!(m.extra["capture_neutral"]["equal"], true);
     assert_eq!(m.extra["ggml"]["graph_edits"][0]["nodes"], 2);
     // The ops computed below f32 although every weight is f32, each with its ggml source.
-    let reduced: Vec<&str> = m.extra["ggml"]["reduced_precision"]
+    let reduced: Vec<&str> = m.extra["precision"]
         .as_array()
         .unwrap()
         .iter()
@@ -190,7 +190,7 @@ fn whisper_cpp_under_xray_on_real_tiny_en() {
         "encoder.conv1_gelu",
         "encoder.layer.0.self_attn",
         "encoder.layer.0.gelu",
-        "decoder.layer.0.cross_k_cache",
+        "decoder.layer.0.cross_k_to_head_major",
         "decoder.layer.3.self_v_append",
     ] {
         assert!(reduced.contains(&op), "{op} not in {reduced:?}");
@@ -223,7 +223,16 @@ fn whisper_cpp_under_xray_on_real_tiny_en() {
     assert_eq!(fd["op"]["point"], "model.encoder.conv2:in");
     let mem = rel_l2(checkpoint(&e, "audio.encoder.memory", 0));
     assert!((1e-3..5e-3).contains(&mem), "memory rel_l2 {mem}");
-    // Told to accept f16-level error, the f32 model passes every checkpoint.
+    // The comparison names the ops the dump declares computed below f32; nothing accepted.
+    let declared: Vec<&str> = e["precision"]["declared"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["op"].as_str().unwrap())
+        .collect();
+    assert_eq!(declared, reduced);
+    assert_eq!(e["precision"]["accepted"], serde_json::json!([]));
+    // Told to accept the declared f16, the f32 model passes every checkpoint.
     let e = compare(
         &reference,
         &f32,
@@ -232,6 +241,25 @@ fn whisper_cpp_under_xray_on_real_tiny_en() {
         &["--policy", F16_POLICY],
     );
     assert_eq!(e["verdict"], "pass", "{}", e["first_divergence"]);
+    // Per op, not a blanket bound: what a declared op reaches is judged at the accepted bounds,
+    // naming the first declared op upstream; what none reaches (the log-mel, the token ids)
+    // keeps f32's.
+    assert_eq!(e["precision"]["accepted"], serde_json::json!(["f16"]));
+    let source = |n: &str| {
+        checkpoint(&e, n, 0)["tolerance"]["source"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(source("audio.frontend.mel"), "default:f32");
+    assert_eq!(source("audio.decoder.input_ids"), "default:f32");
+    for n in [
+        "audio.encoder.conv1.out",
+        "audio.encoder.layer.0.out",
+        "audio.decoder.layer.3.out",
+    ] {
+        assert_eq!(source(n), "precision:f16 via encoder.conv1", "{n}");
+    }
 
     // 3. The f16 model fed the reference's log-mel and tokens: the decoder's own error keeps
     // every argmax.

@@ -160,6 +160,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         },
         None => Suppression::of_dump(&reference)?,
     };
+    let model = match &a.model {
+        Some(dir) => Some(xray_runtime::models::load(dir)?),
+        None => None,
+    };
+    let (policy, precision) = declared_precision(policy, &got, &a.got, model.as_deref())?;
     let opts = CompareOptions {
         policy,
         require_all: a.require_all,
@@ -299,10 +304,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if let Some(n) = super::not_compared(&ev) {
         ev.notes.push(n);
     }
-    let model = match &a.model {
-        Some(dir) => Some(xray_runtime::models::load(dir)?),
-        None => None,
-    };
+    if let Some(p) = precision {
+        let line = p.summary();
+        super::note(&format!("xray: {line}"));
+        ev.notes.push(line);
+        ev.precision = Some(p);
+    }
     if let (Some(m), Some(dir)) = (&model, &a.model) {
         refine_suspects(&mut ev, m.as_ref(), dir)?;
     }
@@ -337,6 +344,42 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     } else {
         super::exit_fail()
     })
+}
+
+/// The policy with the precision `got` declares applied (`extra.precision`, docs/tolerances.md
+/// "Declared precision"), and what the evidence says of it (`None`: nothing declared). The ops
+/// are found in `model`'s graph, whose edges say which checkpoints and points each reaches; a
+/// policy that accepts a precision without `--model` is refused, as is a declared op the graph
+/// does not have.
+fn declared_precision(
+    policy: Policy,
+    got: &Dump,
+    got_dir: &std::path::Path,
+    model: Option<&dyn SpeechModel>,
+) -> anyhow::Result<(Policy, Option<xray_compare::precision::PrecisionEvidence>)> {
+    let ops = xray_compare::precision::declared(got)?;
+    if ops.is_empty() {
+        return Ok((policy, None));
+    }
+    let names: Vec<&str> = ops.iter().map(|d| d.op.as_str()).collect();
+    let reached = match model {
+        Some(m) => m.graph().reached_from(&names).with_context(|| {
+            format!(
+                "{}: extra.precision declares an op X-Ray's graph of --model does not have",
+                got_dir.display()
+            )
+        })?,
+        None if !policy.spec().accept_precision.is_empty() => {
+            return Err(anyhow!(
+                "the policy accepts a declared precision (accept_precision) and {} declares {} op(s) computed below f32: pass --model DIR, whose graph says which checkpoints each declared op reaches",
+                got_dir.display(),
+                ops.len()
+            ))
+        }
+        None => vec![],
+    };
+    let (policy, ev) = xray_compare::precision::apply(policy, ops, reached);
+    Ok((policy, Some(ev)))
 }
 
 /// The first 12 hex digits of a sha256 (console lines).

@@ -113,6 +113,9 @@ test-nopy: fixtures
 RUFF ?= $(VENV)/bin/ruff
 lint: venv whispercpp-tools
 	$(CARGO) fmt --all -- --check
+	@# The recipes `make test` does not run are still valid shell (a lost `done` once broke
+	@# `make whispercpp` unnoticed): printed by make -n, parsed by bash -n, nothing run.
+	set -o pipefail; $(MAKE) -s -n --no-print-directory demo corpus bench candle whispercpp ctranslate2 | bash -n
 	$(RUFF) check --no-cache oracle fixtures engines
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
 
@@ -196,6 +199,8 @@ whispercpp: build fixtures whispercpp-tools whispercpp-models
 	    $(XRAY) compare $(WHISPERCPP_OUT)/ref $(WHISPERCPP_OUT)/$$run --model fixtures/whisper-tiny-en \
 	      --policy engines/whispercpp/policies/f16-accepted.json \
 	      --evidence $(WHISPERCPP_OUT)/$$run.f16-accepted.evidence.json || test $$? -le 1; \
+	  done; \
+	done
 
 # CTranslate2's Whisper (engines/ctranslate2, Python; ctranslate2 from oracle/requirements-bench.txt)
 # under X-Ray, per clip: the reference dump and two reference variants (HF weights on CTranslate2's

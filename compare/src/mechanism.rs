@@ -179,6 +179,11 @@ pub struct ReplayEvidence {
     /// ops: the attention core with its head split and merge): what a clearing clears.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub covers: Vec<String>,
+    /// The one engine op among `covers` the mechanism implicates (an attention core's kernel for
+    /// a mechanism inside it: its keys and values, mask or scale), named as the op-level origin's
+    /// op when the region left several suspects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub implicates: Option<String>,
 }
 
 impl ReplayEvidence {
@@ -924,6 +929,7 @@ impl ReplayContext<'_> {
             tried: Vec::new(),
             neighbours,
             covers: eop.op.iter().cloned().collect(),
+            implicates: None,
         };
         if local.verdict == ReplayVerdict::Cleared {
             return Ok(ev);
@@ -939,6 +945,49 @@ impl ReplayContext<'_> {
 
     /// Scores `cfs` against the engine's output, appending to `ev.tried`; returns the scored
     /// (counterfactual, residual, max_abs, passes).
+    /// The module replayed on `input` (other inputs than the engine's, e.g. another layer's
+    /// keys), scored against the engine's output and recorded as the counterfactual `label`.
+    fn try_input(
+        &self,
+        ev: &mut ReplayEvidence,
+        module: &str,
+        input: &ReplayInput<'_>,
+        label: Counterfactual,
+        engine: &ArrayD<f32>,
+        tol: &Tolerance,
+    ) -> Option<(Counterfactual, f64, f64, bool)> {
+        let out = self
+            .replayer
+            .replay(module, input, &[Counterfactual::None])
+            .and_then(|(_, o)| {
+                o.into_iter()
+                    .next()
+                    .ok_or("the replay returned nothing".into())
+            })
+            .and_then(|o| o);
+        let (res, skipped, hit) = match out {
+            Err(why) => (None, Some(why), None),
+            Ok((out, _)) => match score(&out, engine, tol) {
+                Some(sc) => (Some(sc.0), None, Some((label.clone(), sc.0, sc.1, sc.2))),
+                None => (
+                    None,
+                    Some(format!(
+                        "other shape: {:?} vs the engine's {:?}",
+                        out.shape(),
+                        engine.shape()
+                    )),
+                    None,
+                ),
+            },
+        };
+        ev.tried.push(Tried {
+            counterfactual: label,
+            residual: res,
+            skipped,
+        });
+        hit
+    }
+
     fn try_all(
         &self,
         ev: &mut ReplayEvidence,
@@ -1323,6 +1372,7 @@ impl ReplayContext<'_> {
             tried: vec![],
             neighbours: vec![],
             covers: node.ops.clone(),
+            implicates: None,
         };
         if local.verdict == ReplayVerdict::Cleared {
             return Ok(ev);
@@ -1459,6 +1509,7 @@ impl ReplayContext<'_> {
             tried: vec![],
             neighbours: vec![],
             covers: node.ops.clone(),
+            implicates: None,
         };
         if passes {
             return Ok(ev);
@@ -1555,6 +1606,7 @@ impl ReplayContext<'_> {
             format!("the engine dump holds no q/k/v projection outputs of {parent}")
         })?;
         let tk = k.shape()[0];
+        let (k_shape, v_shape) = (k.shape().to_vec(), v.shape().to_vec());
         let x = self
             .rows(self.candidate, &op.point, step..=step)
             .ok_or_else(|| format!("the engine dump holds no {}", op.point))?;
@@ -1633,6 +1685,7 @@ impl ReplayContext<'_> {
             tried: vec![],
             neighbours: vec![],
             covers: ops.to_vec(),
+            implicates: None,
         };
         if passes {
             return Ok(ev);
@@ -1699,6 +1752,28 @@ impl ReplayContext<'_> {
                 scored.extend(self.try_all(&mut ev, parent, &input, &[cf], &x, &tol));
             }
         }
+        // A K/V cache of another layer: this module replayed on its own queries and another
+        // layer's keys and values (the engine's own projections there).
+        let held_at = |p: &str| self.rows(self.candidate, p, 0..=step).is_some();
+        for (layer, other) in other_layers(&held_at, parent) {
+            let Some([_, kj, vj]) = self.qkv(self.candidate, &other, step) else {
+                continue;
+            };
+            if kj.shape() != k_shape.as_slice() || vj.shape() != v_shape.as_slice() {
+                continue;
+            }
+            let inp = ReplayInput {
+                array: &q,
+                layout: Layout::TokenMajor,
+                ids_from_rows: false,
+                extra: vec![
+                    ("key".into(), kj, Layout::TokenMajor),
+                    ("value".into(), vj, Layout::TokenMajor),
+                ],
+            };
+            let cf = Counterfactual::KvOtherLayer { layer };
+            scored.extend(self.try_input(&mut ev, parent, &inp, cf, &x, &tol));
+        }
         let heads = heads_permuted(&clean, layout, &x, hd as usize);
         judge(&mut ev, &mut scored, heads.into_iter().collect(), &x, &tol);
         output_hypotheses(&mut ev, &mut scored, &clean, layout, &x, &tol);
@@ -1713,8 +1788,55 @@ impl ReplayContext<'_> {
             Counterfactual::OutputScale { factor } => scale_hint(*factor, &[]),
             _ => None,
         });
+        // A mechanism inside the core (what it attends to, its mask or scale) implicates the
+        // attention kernel itself, not the head split or merge around it.
+        let inside = ev.mechanism.as_ref().is_some_and(|m| {
+            matches!(
+                m.counterfactual,
+                Counterfactual::KvOtherLayer { .. }
+                    | Counterfactual::KvSwapped
+                    | Counterfactual::CausalMask { .. }
+                    | Counterfactual::KeysPadded { .. }
+                    | Counterfactual::AttentionScale { .. }
+                    | Counterfactual::RopeOffset { .. }
+            )
+        });
+        if inside {
+            ev.implicates = ops
+                .iter()
+                .find(|o| (self.op_kernel)(o).is_some_and(|k| k.contains("attention")))
+                .cloned();
+        }
         Ok(ev)
     }
+}
+
+/// The same attention module in the other layers whose `k_proj:out` the engine dump holds
+/// (`held_at`) (`model.decoder.layers.1.encoder_attn` -> layer 0's, 2's, ..): `(layer, module)`,
+/// found by the module path's first numeric segment and the points held, never by a count.
+fn other_layers(held_at: &dyn Fn(&str) -> bool, parent: &str) -> Vec<(usize, String)> {
+    let segs: Vec<&str> = parent.split('.').collect();
+    let Some(i) = segs
+        .iter()
+        .position(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+    else {
+        return vec![];
+    };
+    let own: usize = segs[i].parse().unwrap_or(usize::MAX);
+    let mut out = Vec::new();
+    for j in 0usize.. {
+        let mut m = segs.clone();
+        let js = j.to_string();
+        m[i] = &js;
+        let module = m.join(".");
+        if !held_at(&format!("{module}.k_proj:out")) {
+            break;
+        }
+        if j != own {
+            out.push((j, module));
+        }
+    }
+    out
 }
 
 /// Applies replay evidence to an op-level origin: a cleared op is no longer named (a note says
@@ -1732,6 +1854,8 @@ pub fn apply(op: &mut OpDivergence, ev: ReplayEvidence) -> String {
             }
         }
         op.suspects.retain(|s| !ev.covers.contains(s));
+    } else if op.op.is_none() {
+        op.op = ev.implicates.clone();
     }
     op.replay = Some(ev);
     line

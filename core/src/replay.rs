@@ -211,6 +211,13 @@ pub enum Counterfactual {
     },
     /// Attention core: keys and values swapped.
     KvSwapped,
+    /// Attention core: the keys and values of another layer's same attention (a K/V cache
+    /// indexed by the wrong layer), from the engine's own projections of that layer. Computed by
+    /// replaying the module on those inputs, not by the oracle.
+    KvOtherLayer {
+        /// The layer whose keys and values the engine attended to.
+        layer: usize,
+    },
     /// Attention core (not causal): `rows` zero keys and values appended and attended, no mask
     /// hiding them (a K/V buffer padded to a block size and read whole).
     KeysPadded {
@@ -316,6 +323,11 @@ impl Counterfactual {
             CausalMask { on: true } => "with a causal mask".into(),
             CausalMask { on: false } => "without its causal mask".into(),
             KvSwapped => "with keys and values swapped".into(),
+            KvOtherLayer { layer } => {
+                format!(
+                    "attending to layer {layer}'s keys and values (a K/V cache of another layer)"
+                )
+            }
             KeysPadded { rows } => {
                 format!("attending to {rows} zero key/value rows appended without a mask")
             }

@@ -384,11 +384,7 @@ fn a_doubled_residual_branch_in_another_engines_dump_is_solved() {
     }
     let dir = tempfile::tempdir().unwrap();
     let reference = oracle_dump(dir.path(), RAND);
-    let contract = dir.path().join("contract.json");
-    let o = xray(&["contract", "--model", RAND, "--out", s(&contract)]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let patch = "import sys, runpy\n\
-        import transformers.models.whisper.modeling_whisper as mw\n\
+    let patch = "import transformers.models.whisper.modeling_whisper as mw\n\
         orig = mw.WhisperEncoderLayer.forward\n\
         def fwd(self, hidden_states, attention_mask=None, **kw):\n\
         \x20   if not getattr(self, '_bug', False):\n\
@@ -402,30 +398,8 @@ fn a_doubled_residual_branch_in_another_engines_dump_is_solved() {
         \x20   m = load(cls, *a, **k)\n\
         \x20   m.model.encoder.layers[1]._bug = True\n\
         \x20   return m\n\
-        mw.WhisperForConditionalGeneration.from_pretrained = classmethod(patched)\n\
-        sys.argv = ['xray_oracle'] + sys.argv[1:]\n\
-        runpy.run_module('xray_oracle', run_name='__main__')\n";
-    let got = dir.path().join("engine");
-    let o = Command::new(root().join(".venv/bin/python"))
-        .current_dir(root())
-        .env("PYTHONPATH", root().join("oracle"))
-        .args([
-            "-c",
-            patch,
-            "dump",
-            "--model",
-            RAND,
-            "--audio",
-            FOX,
-            "--contract",
-            s(&contract),
-            "--ops",
-            "--out",
-            s(&got),
-        ])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        mw.WhisperForConditionalGeneration.from_pretrained = classmethod(patched)\n";
+    let got = patched_oracle_dump(dir.path(), RAND, patch);
     let ev_path = dir.path().join("e.json");
     let o = xray(&[
         "compare",
@@ -444,5 +418,96 @@ fn a_doubled_residual_branch_in_another_engines_dump_is_solved() {
         "{m:#}"
     );
     assert!((m["counterfactual"]["factor"].as_f64().unwrap() - 2.0).abs() < 1e-4);
+    assert_schema_valid(&ev);
+}
+
+/// The HF reference of `model` on fox with `patch` (Python run before the oracle's entry point:
+/// a bug planted in transformers' modules) dumped with op-level points, as another engine's
+/// dump: the directory.
+fn patched_oracle_dump(dir: &Path, model: &str, patch: &str) -> std::path::PathBuf {
+    let contract = dir.join("contract.json");
+    let o = xray(&["contract", "--model", model, "--out", s(&contract)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let program = format!(
+        "import sys, runpy\n{patch}sys.argv = ['xray_oracle'] + sys.argv[1:]\n\
+         runpy.run_module('xray_oracle', run_name='__main__')\n"
+    );
+    let got = dir.join("engine");
+    let o = Command::new(root().join(".venv/bin/python"))
+        .current_dir(root())
+        .env("PYTHONPATH", root().join("oracle"))
+        .args([
+            "-c",
+            &program,
+            "dump",
+            "--model",
+            model,
+            "--audio",
+            FOX,
+            "--contract",
+            s(&contract),
+            "--ops",
+            "--out",
+            s(&got),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    got
+}
+
+/// Another engine's dump with its cross-attention cache indexed by the wrong layer: the HF
+/// reference whose decoder layer 1 reads layer 0's cross-attention keys and values from step 1
+/// on (the steps that reuse the cache). The attention core is convicted and the layer named.
+#[test]
+fn a_cross_attention_cache_of_another_layer_is_named() {
+    if !ready(&[RAND, FOX, ".venv"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let reference = oracle_dump(dir.path(), RAND);
+    let patch = "import transformers.models.whisper.modeling_whisper as mw\n\
+        orig = mw.WhisperAttention.forward\n\
+        def fwd(self, hidden_states, key_value_states=None, cache=None, **kw):\n\
+        \x20   if getattr(self, '_bug', False) and key_value_states is not None and cache is not None and cache.is_updated.get(self.layer_idx):\n\
+        \x20       layers = cache.cross_attention_cache.layers\n\
+        \x20       own = layers[self.layer_idx]\n\
+        \x20       layers[self.layer_idx] = layers[0]\n\
+        \x20       try:\n\
+        \x20           return orig(self, hidden_states, key_value_states=key_value_states, cache=cache, **kw)\n\
+        \x20       finally:\n\
+        \x20           layers[self.layer_idx] = own\n\
+        \x20   return orig(self, hidden_states, key_value_states=key_value_states, cache=cache, **kw)\n\
+        mw.WhisperAttention.forward = fwd\n\
+        load = mw.WhisperForConditionalGeneration.from_pretrained.__func__\n\
+        def patched(cls, *a, **k):\n\
+        \x20   m = load(cls, *a, **k)\n\
+        \x20   m.model.decoder.layers[1].encoder_attn._bug = True\n\
+        \x20   return m\n\
+        mw.WhisperForConditionalGeneration.from_pretrained = classmethod(patched)\n";
+    let got = patched_oracle_dump(dir.path(), RAND, patch);
+    let ev_path = dir.path().join("e.json");
+    let o = xray(&[
+        "compare",
+        s(&reference),
+        s(&got),
+        "--model",
+        RAND,
+        "--evidence",
+        s(&ev_path),
+    ]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    let ev: Value = serde_json::from_str(&std::fs::read_to_string(&ev_path).unwrap()).unwrap();
+    assert_eq!(
+        ev["first_divergence"]["step"], 1,
+        "{:#}",
+        ev["first_divergence"]
+    );
+    let m = convicted(&ev, "decoder.layer.1.cross_attn", "kv_other_layer");
+    assert_eq!(
+        ev["first_divergence"]["op"]["replay"]["implicates"],
+        "decoder.layer.1.cross_attn"
+    );
+    assert_eq!(m["counterfactual"]["layer"], 0, "{m:#}");
     assert_schema_valid(&ev);
 }

@@ -1900,6 +1900,7 @@ mod tests {
                     step: 0,
                     op: Some("fc".into()),
                     suspects: vec!["fc".into()],
+                    boundary: false,
                     inputs: vec![],
                     status: crate::localize::Status::Fail,
                     metrics: None,

@@ -520,3 +520,102 @@ pub fn compare_points(reference: &Dump, candidate: &Dump, policy: &Policy) -> Op
         .count();
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::IxDyn;
+    use xray_core::capture::Captured;
+
+    fn dump(entries: &[(&str, f32)]) -> Dump {
+        let m = xray_core::dump::Manifest {
+            schema: xray_core::dump::SCHEMA.into(),
+            version: xray_core::dump::VERSION,
+            family: "whisper".into(),
+            model_id: "t".into(),
+            producer: "test".into(),
+            weights_sha256: String::new(),
+            audio_sha256: String::new(),
+            tools: Default::default(),
+            tokens: vec![],
+            transcript: String::new(),
+            stats_only: false,
+            checkpoints: vec![],
+            extra: Default::default(),
+            engine_weights: None,
+        };
+        let data = entries
+            .iter()
+            .map(|&(n, v)| Captured {
+                name: n.into(),
+                step: 0,
+                layout: Layout::TokenMajor,
+                data: ArrayD::from_shape_fn(IxDyn(&[4, 3]), |d| v + (d[0] * 3 + d[1]) as f32),
+            })
+            .collect();
+        Dump::from_captured(m, data)
+    }
+
+    fn node(names: &[&str], inputs: &[usize], ops: &[&str]) -> PointNode {
+        PointNode {
+            names: names.iter().map(|s| s.to_string()).collect(),
+            inputs: inputs.to_vec(),
+            ops: ops.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    /// An engine holding only a module's first input and last output: without the held graph the
+    /// op beside the unobserved input would be named; with it, the whole stretch is the suspects,
+    /// and with the contract's `same_as` names the module is named as a whole.
+    #[test]
+    fn sparse_dumps_localize_between_held_points_to_the_enclosing_module() {
+        let nodes = vec![
+            node(&["enc.a:in"], &[], &[]),
+            node(&["enc.a:out", "enc.b:in"], &[0], &["a"]),
+            node(&["enc.b:out"], &[1], &["gelu", "b"]),
+        ];
+        let r = dump(&[
+            ("enc.a:in", 0.0),
+            ("enc.a:out", 1.0),
+            ("enc.b:in", 1.0),
+            ("enc.b:out", 2.0),
+        ]);
+        let x = dump(&[("enc.a:in", 0.0), ("enc.b:out", 2.5)]);
+        let p = Policy::default();
+        // The runtime graph as it is: `enc.b:out`'s input unobserved, two ops between.
+        let plain = localize_op(&nodes, &r, &x, 0, &p, None).unwrap();
+        assert_eq!(plain.inputs[0].status, Status::Unobserved);
+        let held = held_graph(&nodes, &r, &x, 0);
+        assert_eq!(held[2].inputs, [0]);
+        assert_eq!(held[2].ops, ["a", "gelu", "b"]);
+        let op = localize_op(&held, &r, &x, 0, &p, None).unwrap();
+        assert_eq!(op.op, None);
+        assert_eq!(op.suspects, ["a", "gelu", "b"]);
+        assert_eq!(op.inputs[0].status, Status::Pass);
+        assert!(!op.boundary);
+        let same_as = [
+            ("enc:in".to_string(), "enc.a:in".to_string()),
+            ("enc:out".to_string(), "enc.b:out".to_string()),
+        ];
+        let named = held_graph(&with_same_as(nodes.clone(), &same_as), &r, &x, 0);
+        assert_eq!(named[0].names, ["enc.a:in", "enc:in"]);
+        let op = localize_op(&named, &r, &x, 0, &p, None).unwrap();
+        assert!(op.boundary);
+        assert_eq!(op.module, "enc");
+        assert_eq!(op.point, "enc.b:out");
+        assert!(
+            op.summary()
+                .starts_with("module enc (enc.b:out, its 3 ops from a to b)"),
+            "{}",
+            op.summary()
+        );
+        // Dumps that hold every point: the graph is left as it was.
+        let full = dump(&[
+            ("enc.a:in", 0.0),
+            ("enc.a:out", 1.0),
+            ("enc.b:in", 1.0),
+            ("enc.b:out", 2.5),
+        ]);
+        assert_eq!(held_graph(&nodes, &r, &full, 0), nodes);
+    }
+}

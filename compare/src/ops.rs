@@ -314,11 +314,10 @@ fn boundary_module(nodes: &[PointNode], node: &PointNode, inputs: &[PointInput])
         let (m, s) = parse_point(n)?;
         let want = format!("{m}:in");
         (s == Side::Out
-            && node.inputs.iter().all(|&u| {
-                nodes
-                    .get(u)
-                    .is_some_and(|x| x.names.iter().any(|p| *p == want))
-            }))
+            && node
+                .inputs
+                .iter()
+                .all(|&u| nodes.get(u).is_some_and(|x| x.names.contains(&want))))
         .then(|| m.to_string())
     })
 }

@@ -158,13 +158,16 @@ bench: build fixtures $(VENV)/.bench-stamp
 # candle-transformers' Whisper under X-Ray: reference dump, candle's dump as it is and fed the
 # reference's log-mel (its encoder isolated) and memory + tokens (its decoder isolated), one offline
 # comparison with per-stage local errors. `xray compare` exits 1 on a divergence (the finding,
-# reported), 2 on an error (fails the target).
+# reported), 2 on an error (fails the target). Then the mel-fed run with its checkpoints written as
+# the op-level points they are (--ops): compared, its whole encoder replayed and cut into a repro
+# case, which candle's encoder run alone (xray-candle-op) fails (`xray replay` exits 1) and X-Ray's
+# own ops pass (docs/engines/candle.md, "candle's encoder as a repro case").
 CANDLE_OUT ?= reports/candle
 CANDLE = target/release/xray-candle-whisper --model fixtures/whisper-tiny-en --audio $(AUDIO) --force
 candle: build fixtures
 	$(CARGO) build --release -p xray-candle-whisper
 	mkdir -p $(CANDLE_OUT)
-	$(XRAY) oracle --model fixtures/whisper-tiny-en --audio $(AUDIO) --out $(CANDLE_OUT)/ref --force
+	$(XRAY) oracle --model fixtures/whisper-tiny-en --audio $(AUDIO) --out $(CANDLE_OUT)/ref --force --ops
 	$(CANDLE) --out $(CANDLE_OUT)/candle
 	$(CANDLE) --out $(CANDLE_OUT)/candle-mel-fed --mel-from $(CANDLE_OUT)/ref
 	$(CANDLE) --out $(CANDLE_OUT)/candle-memory-fed --memory-from $(CANDLE_OUT)/ref --tokens-from $(CANDLE_OUT)/ref
@@ -172,6 +175,14 @@ candle: build fixtures
 	  --isolated $(CANDLE_OUT)/candle-mel-fed --isolated $(CANDLE_OUT)/candle-memory-fed \
 	  --evidence $(CANDLE_OUT)/evidence.json \
 	  --report $(CANDLE_OUT)/report.html --markdown $(CANDLE_OUT)/report.md; test $$? -le 1
+	$(CANDLE) --out $(CANDLE_OUT)/candle-mel-fed-ops --mel-from $(CANDLE_OUT)/ref --ops
+	$(XRAY) compare $(CANDLE_OUT)/ref $(CANDLE_OUT)/candle-mel-fed-ops --model fixtures/whisper-tiny-en \
+	  --evidence $(CANDLE_OUT)/encoder.evidence.json; test $$? -eq 1
+	$(XRAY) repro $(CANDLE_OUT)/encoder.evidence.json --out $(CANDLE_OUT)/encoder-case --force
+	rm -f $(CANDLE_OUT)/encoder-candle.npy
+	target/release/xray-candle-op $(CANDLE_OUT)/encoder-case --out $(CANDLE_OUT)/encoder-candle.npy
+	$(XRAY) replay $(CANDLE_OUT)/encoder-case --got $(CANDLE_OUT)/encoder-candle.npy; test $$? -eq 1
+	$(XRAY) replay $(CANDLE_OUT)/encoder-case --runtime
 
 # whisper.cpp under X-Ray, per model (f32, f16) on $(AUDIO): the reference dump, whisper.cpp as it is
 # (flash attention off, and on), fed the reference's log-mel (its encoder and decoder isolated from

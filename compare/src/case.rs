@@ -208,6 +208,11 @@ pub struct Case {
     pub divergence: CaseDivergence,
     /// Where it was cut from.
     pub source: CaseSource,
+    /// The model's `config.json`, in a module case (`op.kind` `module`: a whole HF module, every
+    /// op between its boundaries), where it says how the module is built (another engine's
+    /// loader needs it); absent for one op, whose `params` say it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<serde_json::Value>,
 }
 
 impl Case {
@@ -910,6 +915,7 @@ mod tests {
                 audio_sha256: None,
                 written_by: "test".into(),
             },
+            config: None,
         };
         write_case(&case, &files, dir, replace)
     }

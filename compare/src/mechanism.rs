@@ -2024,6 +2024,7 @@ mod tests {
                     step: 0,
                     op: Some("fc".into()),
                     suspects: vec!["fc".into()],
+                    boundary: false,
                     inputs: vec![],
                     status: crate::localize::Status::Fail,
                     metrics: None,

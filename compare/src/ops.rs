@@ -51,6 +51,11 @@ pub struct OpDivergence {
     /// Every engine op between the agreeing inputs and this point, in graph order (the module
     /// itself when the points came from a dump without an engine graph).
     pub suspects: Vec<String>,
+    /// Set when the suspects are one module's whole computation: the nearest agreeing input is
+    /// `{module}:in` and this point `{module}:out` (names the contract declares `same_as` the
+    /// points the dumps hold). `module` is that module: it is replayed and cut out as a whole.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub boundary: bool,
     /// The nearest observed points upstream.
     pub inputs: Vec<PointInput>,
     /// `fail`.
@@ -81,6 +86,14 @@ impl OpDivergence {
     pub fn summary(&self) -> String {
         let who = match &self.op {
             Some(op) => format!("op {op} ({})", self.point),
+            None if self.boundary => format!(
+                "module {} ({}, its {} ops from {} to {})",
+                self.module,
+                self.point,
+                self.suspects.len(),
+                self.suspects.first().map_or("?", String::as_str),
+                self.suspects.last().map_or("?", String::as_str)
+            ),
             None => format!("{} (one of: {})", self.point, self.suspects.join(", ")),
         };
         let misaligned: Vec<&str> = self
@@ -218,13 +231,18 @@ pub fn localize_op(
             [one] if cleared => (Some(one.clone()), vec![one.clone()]),
             many => (None, many.to_vec()),
         };
+        // Several ops that are one module's whole computation: that module.
+        let enclosing = (op.is_none() && cleared)
+            .then(|| boundary_module(nodes, node, &inputs))
+            .flatten();
         let mut out = OpDivergence {
             point: name.clone(),
-            module: module.to_string(),
+            module: enclosing.clone().unwrap_or_else(|| module.to_string()),
             side: point_side,
             step,
             op,
             suspects,
+            boundary: enclosing.is_some(),
             inputs,
             status: Status::Fail,
             metrics: None,
@@ -283,6 +301,100 @@ pub fn localize_op(
         return Some(out);
     }
     None
+}
+
+/// The module whose `:out` the node carries and whose `:in` every one of its agreeing inputs
+/// carries (a module with no input observed does not qualify): the suspects between them are its
+/// whole computation.
+fn boundary_module(nodes: &[PointNode], node: &PointNode, inputs: &[PointInput]) -> Option<String> {
+    if inputs.is_empty() || inputs.iter().any(|i| i.status != Status::Pass) {
+        return None;
+    }
+    node.names.iter().find_map(|n| {
+        let (m, s) = parse_point(n)?;
+        let want = format!("{m}:in");
+        (s == Side::Out
+            && node
+                .inputs
+                .iter()
+                .all(|&u| nodes.get(u).is_some_and(|x| x.names.contains(&want))))
+        .then(|| m.to_string())
+    })
+}
+
+/// `nodes` with the names the contract declares the same tensor as one a node carries
+/// (`Contract::same_as`: (the module's point, the point it is)) added to that node.
+pub fn with_same_as(mut nodes: Vec<PointNode>, same_as: &[(String, String)]) -> Vec<PointNode> {
+    for (alias, of) in same_as {
+        for n in nodes.iter_mut() {
+            if n.names.iter().any(|p| p == of) && !n.names.contains(alias) {
+                n.names.push(alias.clone());
+            }
+        }
+    }
+    nodes
+}
+
+/// The points' graph as two dumps observe it at `step`: a node both dumps hold whose inputs
+/// they do not hold takes instead its nearest held ancestors as inputs, and every op on the way
+/// as its ops (in graph order), so an engine that exposes few points (candle: its encoder's input
+/// and output) is localized between the points it does expose, never to the one op next to an
+/// unobserved input. A path reaching an unobserved node with no inputs (a feed) keeps it, as
+/// unobserved; a node none of whose paths reaches a held one is left as it was.
+pub fn held_graph(
+    nodes: &[PointNode],
+    reference: &Dump,
+    candidate: &Dump,
+    step: u32,
+) -> Vec<PointNode> {
+    let held: Vec<bool> = nodes
+        .iter()
+        .map(|n| {
+            n.names.iter().any(|p| {
+                reference.entry(p, step as usize).is_some()
+                    && candidate.entry(p, step as usize).is_some()
+            })
+        })
+        .collect();
+    let mut out = nodes.to_vec();
+    for (i, n) in nodes.iter().enumerate() {
+        if !held[i]
+            || n.inputs
+                .iter()
+                .all(|&u| held.get(u).copied().unwrap_or(true))
+        {
+            continue;
+        }
+        let mut inputs: Vec<usize> = Vec::new();
+        let mut crossed: Vec<usize> = Vec::new();
+        let mut stack: Vec<usize> = n.inputs.clone();
+        let mut seen = std::collections::BTreeSet::new();
+        while let Some(u) = stack.pop() {
+            if u >= nodes.len() || !seen.insert(u) {
+                continue;
+            }
+            if held[u] || nodes[u].inputs.is_empty() {
+                inputs.push(u);
+            } else {
+                crossed.push(u);
+                stack.extend(nodes[u].inputs.iter().copied());
+            }
+        }
+        if !inputs.iter().any(|&u| held[u]) {
+            continue;
+        }
+        inputs.sort_unstable();
+        crossed.sort_unstable();
+        let mut ops: Vec<String> = Vec::new();
+        for o in crossed.iter().flat_map(|&u| &nodes[u].ops).chain(&n.ops) {
+            if !ops.contains(o) {
+                ops.push(o.clone());
+            }
+        }
+        out[i].inputs = inputs;
+        out[i].ops = ops;
+    }
+    out
 }
 
 /// A point both dumps hold at one step, in forms that cannot be compared element for element
@@ -406,4 +518,103 @@ pub fn compare_points(reference: &Dump, candidate: &Dump, policy: &Policy) -> Op
         .filter(|c| parse_point(&c.name).is_some() && reference.entry(&c.name, c.step).is_none())
         .count();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::IxDyn;
+    use xray_core::capture::Captured;
+
+    fn dump(entries: &[(&str, f32)]) -> Dump {
+        let m = xray_core::dump::Manifest {
+            schema: xray_core::dump::SCHEMA.into(),
+            version: xray_core::dump::VERSION,
+            family: "whisper".into(),
+            model_id: "t".into(),
+            producer: "test".into(),
+            weights_sha256: String::new(),
+            audio_sha256: String::new(),
+            tools: Default::default(),
+            tokens: vec![],
+            transcript: String::new(),
+            stats_only: false,
+            checkpoints: vec![],
+            extra: Default::default(),
+            engine_weights: None,
+        };
+        let data = entries
+            .iter()
+            .map(|&(n, v)| Captured {
+                name: n.into(),
+                step: 0,
+                layout: Layout::TokenMajor,
+                data: ArrayD::from_shape_fn(IxDyn(&[4, 3]), |d| v + (d[0] * 3 + d[1]) as f32),
+            })
+            .collect();
+        Dump::from_captured(m, data)
+    }
+
+    fn node(names: &[&str], inputs: &[usize], ops: &[&str]) -> PointNode {
+        PointNode {
+            names: names.iter().map(|s| s.to_string()).collect(),
+            inputs: inputs.to_vec(),
+            ops: ops.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    /// An engine holding only a module's first input and last output: without the held graph the
+    /// op beside the unobserved input would be named; with it, the whole stretch is the suspects,
+    /// and with the contract's `same_as` names the module is named as a whole.
+    #[test]
+    fn sparse_dumps_localize_between_held_points_to_the_enclosing_module() {
+        let nodes = vec![
+            node(&["enc.a:in"], &[], &[]),
+            node(&["enc.a:out", "enc.b:in"], &[0], &["a"]),
+            node(&["enc.b:out"], &[1], &["gelu", "b"]),
+        ];
+        let r = dump(&[
+            ("enc.a:in", 0.0),
+            ("enc.a:out", 1.0),
+            ("enc.b:in", 1.0),
+            ("enc.b:out", 2.0),
+        ]);
+        let x = dump(&[("enc.a:in", 0.0), ("enc.b:out", 2.5)]);
+        let p = Policy::default();
+        // The runtime graph as it is: `enc.b:out`'s input unobserved, two ops between.
+        let plain = localize_op(&nodes, &r, &x, 0, &p, None).unwrap();
+        assert_eq!(plain.inputs[0].status, Status::Unobserved);
+        let held = held_graph(&nodes, &r, &x, 0);
+        assert_eq!(held[2].inputs, [0]);
+        assert_eq!(held[2].ops, ["a", "gelu", "b"]);
+        let op = localize_op(&held, &r, &x, 0, &p, None).unwrap();
+        assert_eq!(op.op, None);
+        assert_eq!(op.suspects, ["a", "gelu", "b"]);
+        assert_eq!(op.inputs[0].status, Status::Pass);
+        assert!(!op.boundary);
+        let same_as = [
+            ("enc:in".to_string(), "enc.a:in".to_string()),
+            ("enc:out".to_string(), "enc.b:out".to_string()),
+        ];
+        let named = held_graph(&with_same_as(nodes.clone(), &same_as), &r, &x, 0);
+        assert_eq!(named[0].names, ["enc.a:in", "enc:in"]);
+        let op = localize_op(&named, &r, &x, 0, &p, None).unwrap();
+        assert!(op.boundary);
+        assert_eq!(op.module, "enc");
+        assert_eq!(op.point, "enc.b:out");
+        assert!(
+            op.summary()
+                .starts_with("module enc (enc.b:out, its 3 ops from a to b)"),
+            "{}",
+            op.summary()
+        );
+        // Dumps that hold every point: the graph is left as it was.
+        let full = dump(&[
+            ("enc.a:in", 0.0),
+            ("enc.a:out", 1.0),
+            ("enc.b:in", 1.0),
+            ("enc.b:out", 2.5),
+        ]);
+        assert_eq!(held_graph(&nodes, &r, &full, 0), nodes);
+    }
 }

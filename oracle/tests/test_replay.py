@@ -425,3 +425,19 @@ def test_granite_inputs_are_brought_to_the_module_by_their_declared_rules():
     with pytest.raises(OracleInputError, match=rf"op-level point {conv}:in: the reference pads it "
                                                r"\(crop\(axis 1 to enc_frames\)\) and a conv1d mixes"):
         replay_g(conv, pts[f"{conv}:in"]["array"], "channel_major", contract=padded_conv)
+
+
+def test_a_whole_encoder_is_replayed_by_its_declared_boundaries():
+    """`model.encoder` (a WhisperEncoder, no parameters of its own, never hooked): its boundary
+    points are declared `same_as` conv1's input and the final norm's output, so replaying it on
+    conv1's input gives back layer_norm's output exactly; its kind is `other` and no
+    counterfactual of another kind applies."""
+    pts = whisper_points()
+    x = pts["model.encoder.conv1:in"]
+    r = rp.replay("whisper", str(RAND_A), "model.encoder", x["array"], x["layout"], "{}",
+                  contract=resolved_contract(RAND_A), counterfactuals=[{"kind": "bias_missing"}])
+    assert r["info"]["class"] == "WhisperEncoder" and r["info"]["kind"] == "other"
+    assert r["points"] == {"inputs": ["model.encoder:in"], "output": "model.encoder:out"}
+    assert r["layout"] == "token_major"
+    np.testing.assert_array_equal(r["output"], pts["model.encoder.layer_norm:out"]["array"])
+    assert isinstance(r["outputs"][0], str) and "does not apply" in r["outputs"][0]

@@ -35,7 +35,10 @@ Rules:
   (unbiased variance, batch statistics, asymmetric padding);
 - the kind comes from the module's class (`nn.Linear`, `nn.Conv1d`, `nn.LayerNorm`,
   `nn.BatchNorm1d`, `nn.Embedding` and their subclasses; an RMSNorm by `nn.RMSNorm` or a class
-  named `*RMSNorm` with a weight and an epsilon), never from a fault's name.
+  named `*RMSNorm` with a weight and an epsilon), never from a fault's name; any other module
+  (a whole `WhisperEncoder`, whose boundary points the contract declares `same_as` its first and
+  last modules' points) is kind `other`: replayed clean only (its output element 0, as the
+  recorder takes it), no counterfactual applies.
 """
 from __future__ import annotations
 
@@ -634,6 +637,10 @@ def replay(family: str, model_dir: str, module: str, array, layout: str, counter
                 out = _call(model, module, mod, kind, t["input"], cf)
         if isinstance(out, (tuple, list)):
             out = out[0]
+        elif not torch.is_tensor(out) and hasattr(out, "to_tuple"):
+            # A transformers ModelOutput (a whole encoder's): its element 0, as the recorder
+            # takes a module's output.
+            out = out.to_tuple()[0]
         a = np.ascontiguousarray(out.detach().to(torch.float32).cpu().numpy())
         return _to_engine(c, out_point, a, symbols)
 

@@ -229,6 +229,209 @@ impl Graph {
     }
 }
 
+/// The kernel kind of a module case ([`Graph::module_spec`]): several ops, one HF module.
+pub const MODULE_KIND: &str = "module";
+
+impl Graph {
+    /// A whole HF module as one case op: the ops that compute `output_point` from the edges
+    /// carrying `input_points` (the module's boundaries, e.g. `model.encoder.conv1:in` and
+    /// `model.encoder.layer_norm:out` for `model.encoder`), in graph order, with every weight they
+    /// read (each under `module`: role = the key after `module.`). Kind [`MODULE_KIND`], params
+    /// `{"ops": [...]}`. An error names what does not fit: a point no edge carries, an op of the
+    /// region reading a feed or an edge outside it, a weight of another module, an input the
+    /// region never reads.
+    pub fn module_spec(
+        &self,
+        module: &str,
+        input_points: &[String],
+        output_point: &str,
+    ) -> Result<OpSpec> {
+        let edge_of = |p: &str| {
+            self.edges()
+                .iter()
+                .position(|e| e.points.iter().any(|x| x == p))
+                .ok_or_else(|| {
+                    RuntimeError::Graph(format!(
+                        "module {module}: no edge of the {} graph carries op-level point {p}",
+                        self.family()
+                    ))
+                })
+        };
+        let ins: Vec<usize> = input_points
+            .iter()
+            .map(|p| edge_of(p))
+            .collect::<Result<_>>()?;
+        let out = edge_of(output_point)?;
+        let mut picked = vec![false; self.ops().len()];
+        let mut used = vec![false; ins.len()];
+        let mut stack: Vec<usize> = vec![out];
+        let mut seen = std::collections::HashSet::new();
+        while let Some(e) = stack.pop() {
+            if !seen.insert(e) {
+                continue;
+            }
+            if let Some(i) = ins.iter().position(|&x| x == e) {
+                used[i] = true;
+                continue;
+            }
+            let Some((o, _)) = self.edges()[e].producer else {
+                return Err(RuntimeError::Graph(format!(
+                    "module {module}: edge '{}' is a feed the ops from {} to {output_point} read: not one module's closed computation",
+                    self.edges()[e].name,
+                    input_points.join(", ")
+                )));
+            };
+            if !picked[o] {
+                picked[o] = true;
+                stack.extend(self.ops()[o].inputs.iter().copied());
+            }
+        }
+        if let Some(i) = used.iter().position(|u| !u) {
+            return Err(RuntimeError::Graph(format!(
+                "module {module}: {output_point} does not depend on {}",
+                input_points[i]
+            )));
+        }
+        let ops: Vec<&Op> = self
+            .ops()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| picked[*i])
+            .map(|(_, o)| o)
+            .collect();
+        let mut weights: Vec<WeightSpec> = Vec::new();
+        for o in &ops {
+            for w in &o.weights {
+                let Some(role) = w.key.strip_prefix(&format!("{module}.")) else {
+                    return Err(RuntimeError::Graph(format!(
+                        "module {module}: op {} reads weight {}, which is not {module}'s",
+                        o.name, w.key
+                    )));
+                };
+                if !weights.iter().any(|x| x.key == w.key) {
+                    weights.push(WeightSpec {
+                        role: role.to_string(),
+                        key: w.key.clone(),
+                        shape: w.shape.clone(),
+                    });
+                }
+            }
+        }
+        let port = |e: usize, p: String| {
+            let edge = &self.edges()[e];
+            PortSpec {
+                port: p,
+                edge: edge.name.clone(),
+                layout: edge.layout,
+                shape: edge.shape.iter().map(|d| d.to_string()).collect(),
+                checkpoint: edge.checkpoint.clone(),
+                points: edge.points.clone(),
+            }
+        };
+        Ok(OpSpec {
+            name: module.to_string(),
+            kind: MODULE_KIND.to_string(),
+            params: serde_json::json!({"ops": ops.iter().map(|o| o.name.as_str()).collect::<Vec<_>>()}),
+            module: Some(module.to_string()),
+            inputs: ins
+                .iter()
+                .enumerate()
+                .map(|(i, &e)| port(e, format!("input.{i}")))
+                .collect(),
+            outputs: vec![port(out, "output".to_string())],
+            weights,
+        })
+    }
+
+    /// Runs a module case's ops ([`Graph::module_spec`]) in graph order, each alone through
+    /// [`Graph::run_op`] (so `faults` plant exactly as on a full run), from `inputs` (one per
+    /// input edge of `spec`) to its output edge.
+    pub fn run_module(
+        &self,
+        spec: &OpSpec,
+        inputs: &[Tensor],
+        weights: &Weights,
+        step: usize,
+        faults: Option<&FaultPlan>,
+    ) -> Result<Tensor> {
+        let names: Vec<String> = spec.params["ops"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if spec.kind != MODULE_KIND || names.is_empty() {
+            return Err(RuntimeError::Graph(format!(
+                "{}: not a module spec (kind {}, {} ops)",
+                spec.name,
+                spec.kind,
+                names.len()
+            )));
+        }
+        if inputs.len() != spec.inputs.len() {
+            return Err(RuntimeError::Graph(format!(
+                "module {}: takes {} input(s), {} given",
+                spec.name,
+                spec.inputs.len(),
+                inputs.len()
+            )));
+        }
+        let mut have: HashMap<usize, Tensor> = HashMap::new();
+        for (p, t) in spec.inputs.iter().zip(inputs) {
+            have.insert(self.edge_id(&p.edge)?, t.clone());
+        }
+        // How many ops still read each edge: a tensor is dropped after its last reader.
+        let mut readers: HashMap<usize, usize> = HashMap::new();
+        let idx: Vec<usize> = names
+            .iter()
+            .map(|n| self.op_index(n))
+            .collect::<Result<_>>()?;
+        for &o in &idx {
+            for &e in &self.ops()[o].inputs {
+                *readers.entry(e).or_default() += 1;
+            }
+        }
+        let out = self.edge_id(&spec.outputs[0].edge)?;
+        for &o in &idx {
+            let op = &self.ops()[o];
+            let ins: Vec<Tensor> = op
+                .inputs
+                .iter()
+                .map(|e| {
+                    have.get(e).cloned().ok_or_else(|| RuntimeError::Op {
+                        op: op.name.clone(),
+                        reason: format!(
+                            "reads edge '{}', which module {} neither takes nor computes before it",
+                            self.edges()[*e].name,
+                            spec.name
+                        ),
+                    })
+                })
+                .collect::<Result<_>>()?;
+            let outs = self.run_op(&op.name, &ins, weights, step, faults)?;
+            for e in &op.inputs {
+                if let Some(n) = readers.get_mut(e) {
+                    *n -= 1;
+                    if *n == 0 && *e != out {
+                        have.remove(e);
+                    }
+                }
+            }
+            for (&e, t) in op.outputs.iter().zip(outs) {
+                have.insert(e, t);
+            }
+        }
+        have.remove(&out).ok_or_else(|| {
+            RuntimeError::Graph(format!(
+                "module {}: its ops never computed '{}'",
+                spec.name, spec.outputs[0].edge
+            ))
+        })
+    }
+}
+
 /// `got` against a declared shape ([`crate::graph::bind_dims`]), named as the replayed `what`.
 fn bind(
     edge: &str,
@@ -319,6 +522,38 @@ mod tests {
         assert_eq!(s.outputs[0].checkpoint.as_deref(), Some("out"));
         assert_eq!(g.producer_of_point("m.fc:in"), Some("l.norm"));
         assert!(g.op_spec("nope").is_err());
+    }
+
+    /// A module of two ops equals the graph run; a region that reads a feed it is not given, or
+    /// a point no edge carries, is refused naming it.
+    #[test]
+    fn a_module_runs_its_ops_and_must_be_closed() {
+        let g = graph();
+        let w = weights();
+        let spec = g
+            .module_spec("m", &["m.norm:in".to_string()], "m.fc:out")
+            .unwrap();
+        assert_eq!(spec.kind, MODULE_KIND);
+        assert_eq!(spec.params["ops"], serde_json::json!(["l.norm", "l.fc"]));
+        let roles: Vec<&str> = spec.weights.iter().map(|w| w.role.as_str()).collect();
+        assert_eq!(roles, ["norm.weight", "norm.bias", "fc.weight", "fc.bias"]);
+        let y = g.run_module(&spec, &[x()], &w, 0, None).unwrap();
+        let one = g.run_op("l.norm", &[x()], &w, 0, None).unwrap();
+        assert_eq!(y, g.run_op("l.fc", &one, &w, 0, None).unwrap()[0]);
+        let e = g
+            .module_spec("m", &["m.fc:in".to_string()], "m.nope:out")
+            .unwrap_err();
+        assert!(e.to_string().contains("m.nope:out"), "{e}");
+        let e = g.module_spec("m", &[], "m.fc:out").unwrap_err();
+        assert!(e.to_string().contains("feed"), "{e}");
+        let e = g
+            .module_spec("m.fc", &["m.fc:in".to_string()], "m.fc:out")
+            .map(|s| s.weights.len());
+        assert_eq!(e.unwrap(), 2);
+        let e = g
+            .module_spec("m.fc", &["m.norm:in".to_string()], "m.fc:out")
+            .unwrap_err();
+        assert!(e.to_string().contains("m.norm.weight"), "{e}");
     }
 
     /// A planted fault changes the replayed op (and fires); a wrong shape is an error, not a panic.

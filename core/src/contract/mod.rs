@@ -828,11 +828,90 @@ impl Contract {
         })
     }
 
+    /// The op-level points that are the same tensor as checkpoint `name`, as the contract
+    /// declares it (empty for an unknown name): the point the reference's hook on it reads (a
+    /// forward hook's output `{module}:out`, a pre-hook's first positional input `{module}:in`,
+    /// element 0, no keyword) when that point's rule brings it to the checkpoint's layout by the
+    /// checkpoint's own transforms, then every point a rule declares `same_as` one of those
+    /// ([`Self::point_aliases`]). An engine that writes the checkpoint may write it under these
+    /// names too: the op-level drill-down then sees it (`audio.encoder.memory` is
+    /// `model.encoder.layer_norm:out` and `model.encoder:out`).
+    pub fn checkpoint_points(&self, name: &str) -> Vec<String> {
+        let Some(c) = self.get(name) else {
+            return vec![];
+        };
+        let r = &c.reference;
+        let side = match r.hook {
+            Hook::Forward => crate::ops::Side::Out,
+            Hook::Pre => crate::ops::Side::In,
+        };
+        if r.index != 0 || r.kwarg.is_some() {
+            return vec![];
+        }
+        let point = crate::ops::point_name(&r.module, side);
+        match rule_for(&self.points, &point) {
+            Some(rule) if rule.layout == c.layout && rule.transform == r.transform => {
+                self.point_aliases(&point)
+            }
+            _ => vec![],
+        }
+    }
+
+    /// `point` and every point the contract's rules declare `same_as` it, in that order.
+    pub fn point_aliases(&self, point: &str) -> Vec<String> {
+        let mut v = vec![point.to_string()];
+        for r in &self.points {
+            if r.same_as.as_deref() == Some(point) {
+                for s in &r.sides {
+                    v.push(crate::ops::point_name(&r.module, *s));
+                }
+            }
+        }
+        v
+    }
+
+    /// Every `same_as` the rules declare: (the module's point, the point it is the same tensor
+    /// as), in file order.
+    pub fn same_as(&self) -> Vec<(String, String)> {
+        self.points
+            .iter()
+            .filter_map(|r| {
+                let to = r.same_as.clone()?;
+                let s = *r.sides.first()?;
+                Some((crate::ops::point_name(&r.module, s), to))
+            })
+            .collect()
+    }
+
     /// Point rules: valid patterns; every transform's names resolve ([`Self::check_transforms`]).
     fn check_point_rules(&self) -> Result<()> {
         for r in &self.points {
             r.check().map_err(|e| cerr(&self.family, e))?;
             self.check_transforms(&r.transform, &format!("points rule '{}'", r.module))?;
+            // One tensor under two names: the same layout and form.
+            if let Some(other) = &r.same_as {
+                match rule_for(&self.points, other) {
+                    Some(o) if o.layout == r.layout && o.transform == r.transform => {}
+                    Some(o) => {
+                        return Err(cerr(
+                            &self.family,
+                            format!(
+                                "points rule '{}': same_as '{other}', whose rule '{}' declares another layout or transforms ({} {:?}, this one {} {:?})",
+                                r.module, o.module, o.layout, o.transform, r.layout, r.transform
+                            ),
+                        ))
+                    }
+                    None => {
+                        return Err(cerr(
+                            &self.family,
+                            format!(
+                                "points rule '{}': same_as '{other}', which no rule declares",
+                                r.module
+                            ),
+                        ))
+                    }
+                }
+            }
         }
         for c in &self.checkpoints {
             self.check_transforms(&c.reference.transform, &format!("checkpoint '{}'", c.name))?;
@@ -1082,6 +1161,57 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("head_dim") && e.contains("not divisible"), "{e}");
+    }
+
+    /// The checkpoints that are op-level points by the contract's own declarations, with the
+    /// module boundaries `same_as` declares; a checkpoint read through a keyword, or whose rule
+    /// does not give its form, is none.
+    #[test]
+    fn checkpoints_that_are_points_follow_the_declarations() {
+        let c = Contract::for_family("whisper", &tiny_cfg()).unwrap();
+        assert_eq!(
+            c.checkpoint_points("audio.frontend.mel"),
+            ["model.encoder.conv1:in", "model.encoder:in"]
+        );
+        assert_eq!(
+            c.checkpoint_points("audio.encoder.memory"),
+            ["model.encoder.layer_norm:out", "model.encoder:out"]
+        );
+        assert_eq!(
+            c.checkpoint_points("audio.decoder.logits"),
+            ["proj_out:out"]
+        );
+        assert_eq!(
+            c.checkpoint_points("audio.decoder.input_ids"),
+            ["model.decoder.embed_tokens:in"]
+        );
+        // A keyword input, and split heads (no rule gives that form): not points.
+        assert!(c.checkpoint_points("audio.decoder.position_ids").is_empty());
+        assert!(c
+            .checkpoint_points("audio.decoder.layer.0.cross_k")
+            .is_empty());
+        assert!(c.checkpoint_points("nope").is_empty());
+        assert_eq!(
+            c.same_as()[0],
+            (
+                "model.encoder:in".to_string(),
+                "model.encoder.conv1:in".to_string()
+            )
+        );
+        // A same_as whose forms differ is refused at load.
+        let mut v: serde_json::Value =
+            serde_json::from_str(contract_text("whisper").unwrap()).unwrap();
+        let i = v["points"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|r| r["same_as"] == "model.encoder.conv1:in")
+            .unwrap();
+        v["points"][i]["layout"] = "token_major".into();
+        let e = Contract::parse(&v.to_string(), &tiny_cfg())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("same_as 'model.encoder.conv1:in'"), "{e}");
     }
 
     fn tiny_cfg() -> serde_json::Value {

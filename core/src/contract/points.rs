@@ -37,6 +37,12 @@ pub struct PointRule {
     /// Why the rule is there (free text for the reader: the HF code it follows).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
+    /// The point of another module this one is the same tensor as (`model.encoder:in` is
+    /// `model.encoder.conv1:in`: WhisperEncoder hands its input to conv1 unchanged). Only on a
+    /// literal module with one side; the reference may record either name, an engine may emit
+    /// either (`Contract::checkpoint_points`, the drill-down's module boundaries).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub same_as: Option<String>,
 }
 
 fn both_sides() -> Vec<Side> {
@@ -76,6 +82,20 @@ impl PointRule {
         if self.sides.is_empty() {
             return Err(format!("points rule '{}': no sides", self.module));
         }
+        if let Some(other) = &self.same_as {
+            if segs.iter().any(|s| s.contains('*')) || self.sides.len() != 1 {
+                return Err(format!(
+                    "points rule '{}': same_as '{other}' needs a literal module and one side",
+                    self.module
+                ));
+            }
+            if parse_point(other).is_none() || self.matches(other) {
+                return Err(format!(
+                    "points rule '{}': same_as '{other}' is not another module's '{{module}}:in' or ':out'",
+                    self.module
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -113,6 +133,7 @@ mod tests {
             layout: Layout::TokenMajor,
             transform: vec![],
             why: None,
+            same_as: None,
         }
     }
 
@@ -157,5 +178,22 @@ mod tests {
         assert!(rule("a", vec![]).check().is_err());
         assert!(rule("a.conv*", both_sides()).check().is_err());
         assert!(rule("a.**.b", both_sides()).check().is_ok());
+        let alias = |module: &str, sides, to: &str| PointRule {
+            same_as: Some(to.into()),
+            ..rule(module, sides)
+        };
+        assert!(alias("m.enc", vec![Side::In], "m.enc.conv1:in")
+            .check()
+            .is_ok());
+        assert!(alias("m.*", vec![Side::In], "m.enc.conv1:in")
+            .check()
+            .is_err());
+        assert!(alias("m.enc", both_sides(), "m.enc.conv1:in")
+            .check()
+            .is_err());
+        assert!(alias("m.enc", vec![Side::In], "m.enc.conv1")
+            .check()
+            .is_err());
+        assert!(alias("m.enc", vec![Side::In], "m.enc:in").check().is_err());
     }
 }

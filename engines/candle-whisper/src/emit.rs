@@ -40,7 +40,9 @@ use std::path::{Path, PathBuf};
 use ndarray::{ArrayD, IxDyn};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+use xray_core::contract::Contract;
 use xray_core::dump::{Dump, DumpWriter, Manifest, SCHEMA, VERSION};
+use xray_core::ops::Side;
 use xray_core::Layout;
 
 use crate::engine::{Dense, Observations};
@@ -226,6 +228,24 @@ pub struct Provenance {
     /// What was fed from a reference (recorded in `extra.fed`), keyed by checkpoint name
     /// (`audio.frontend.mel`, `audio.encoder.memory`) or `tokens`.
     pub fed: BTreeMap<String, Value>,
+    /// Write every checkpoint also under the op-level points the contract declares it is
+    /// (`--ops`; [`points_of`]).
+    pub ops: bool,
+}
+
+/// The op-level points checkpoint `name` is the same tensor as, from the family contract's
+/// declarations alone (`xray_core::contract::Contract::checkpoint_points`: the reference's hook
+/// on the checkpoint and the points rules, `same_as` included), split by side: the `:out` names
+/// (what the producer computed) and the `:in` names (what the consumer took: on a fed edge, the
+/// fed tensor). No point name is written in this crate.
+pub fn points_of(
+    contract: &xray_core::contract::Contract,
+    name: &str,
+) -> (Vec<String>, Vec<String>) {
+    contract
+        .checkpoint_points(name)
+        .into_iter()
+        .partition(|p| xray_core::ops::parse_point(p).is_some_and(|(_, s)| s == Side::Out))
 }
 
 fn array(d: &Dense) -> Result<ArrayD<f32>, Error> {
@@ -233,13 +253,18 @@ fn array(d: &Dense) -> Result<ArrayD<f32>, Error> {
         .map_err(|e| Error::Engine(format!("tensor of shape {:?}: {e}", d.shape)))
 }
 
-/// The dump of one run: the log-mel and the encoder memory at step 0, the logits at every step.
+/// The dump of one run: the log-mel and the encoder memory at step 0, the logits at every step;
+/// with `prov.ops` each also under the op-level points it is (`fed_mel`: the log-mel the encoder
+/// took when it was fed, written as the encoder's input points).
 pub fn dump(
     md: &ModelDir,
     prov: &Provenance,
     obs: &Observations,
+    fed_mel: Option<&Dense>,
     transcript: &str,
 ) -> Result<DumpWriter, Error> {
+    let contract = Contract::for_family("whisper", &md.config_json)
+        .map_err(|e| Error::Input(format!("the whisper contract on config.json: {e}")))?;
     let tools = BTreeMap::from([
         ("candle".to_string(), CANDLE_VERSION.to_string()),
         (
@@ -276,17 +301,39 @@ pub fn dump(
         extra,
         engine_weights: None,
     });
-    w.add(MEL, 0, Layout::ChannelMajor, &array(&obs.mel)?);
-    w.add(MEMORY, 0, Layout::TokenMajor, &array(&obs.memory)?);
+    // A checkpoint, then (with --ops) the same tensor under each point the contract says it is;
+    // a consumer's `:in` points get what the consumer took (`took`: the fed tensor).
+    let mut put =
+        |name: &str, k: usize, layout: Layout, t: &ArrayD<f32>, took: Option<&ArrayD<f32>>| {
+            w.add(name, k, layout, t);
+            if prov.ops {
+                let (outs, ins) = points_of(&contract, name);
+                for p in outs {
+                    w.add(&p, k, layout, t);
+                }
+                for p in ins {
+                    w.add(&p, k, layout, took.unwrap_or(t));
+                }
+            }
+        };
+    let fed_mel = fed_mel.map(array).transpose()?;
+    put(
+        MEL,
+        0,
+        Layout::ChannelMajor,
+        &array(&obs.mel)?,
+        fed_mel.as_ref(),
+    );
+    put(MEMORY, 0, Layout::TokenMajor, &array(&obs.memory)?, None);
     for (k, s) in obs.steps.iter().enumerate() {
         // The fed ids and positions, in the run dtype as the contract stores them.
         for (name, v) in [(INPUT_IDS, &s.ids), (POSITION_IDS, &s.positions)] {
             let a =
                 ArrayD::from_shape_vec(IxDyn(&[v.len()]), v.iter().map(|&x| x as f32).collect())
                     .map_err(|e| Error::Engine(format!("{name}@step{k}: {e}")))?;
-            w.add(name, k, Layout::Plain, &a);
+            put(name, k, Layout::Plain, &a, None);
         }
-        w.add(LOGITS, k, Layout::TokenMajor, &array(&s.logits)?);
+        put(LOGITS, k, Layout::TokenMajor, &array(&s.logits)?, None);
     }
     Ok(w)
 }

@@ -1,5 +1,5 @@
 //! `xray-candle-whisper --model DIR --audio WAV --out DIR [--max-new-tokens N]
-//! [--mel-from REF] [--memory-from REF] [--tokens-from REF] [--force]`: run candle-transformers' Whisper on
+//! [--mel-from REF] [--memory-from REF] [--tokens-from REF] [--ops] [--force]`: run candle-transformers' Whisper on
 //! one WAV and write an X-Ray dump (`xray.dump` v1) for `xray compare`.
 
 #![forbid(unsafe_code)]
@@ -47,6 +47,12 @@ struct Args {
     /// Replace the X-Ray dump already at --out (only a dump: any other directory is refused).
     #[arg(long)]
     force: bool,
+    /// Also write each checkpoint under the op-level points the Whisper contract declares it is
+    /// (`model.encoder.conv1:in`, `model.encoder:in`, `model.encoder:out`, `proj_out:out`, ...),
+    /// so `xray compare --model DIR` drills down and replays (on a fed edge the input points hold
+    /// the fed tensor, what the encoder took).
+    #[arg(long)]
+    ops: bool,
 }
 
 fn note(msg: &str) {
@@ -123,8 +129,9 @@ fn run(a: &Args) -> Result<(), Error> {
         weights_sha256: weights_sha,
         audio_sha256: audio_sha,
         fed,
+        ops: a.ops,
     };
-    let w = emit::dump(&md, &prov, &obs, &text)?;
+    let w = emit::dump(&md, &prov, &obs, feeds.mel.as_ref(), &text)?;
     emit::write(&w, &a.out, a.force)?;
     note(&format!(
         "{} checkpoints ({} decoder steps) -> {}",

@@ -10,7 +10,10 @@ use std::process::ExitCode;
 use anyhow::{anyhow, Context};
 use xray_compare::compare::CompareOptions;
 use xray_compare::evidence::{Run, Transcript, Verdict};
-use xray_compare::ops::{both_have_points, compare_points, dump_points, has_points, localize_op};
+use xray_compare::ops::{
+    both_have_points, compare_points, dump_points, has_points, held_graph, localize_op,
+    with_same_as,
+};
 use xray_compare::pipeline::{
     compare_dumps_isolated, compare_stats_dumps, oracle_versions, token_alignment, Suppression,
 };
@@ -512,9 +515,16 @@ fn op_level(
     }
     let lookup =
         |module: &str| model.and_then(|m| m.weights().get(&format!("{module}.weight")).cloned());
-    let nodes = |step: u32| match model {
-        Some(m) => m.graph().point_nodes(),
-        None => chain(&dump_points(reference, step)),
+    // The points' graph as both dumps observe it: the contract's `same_as` names added (a
+    // module boundary such as `model.encoder:in` on the node of `model.encoder.conv1:in`), and
+    // a node whose inputs the dumps do not hold linked to its nearest held ancestors.
+    let same_as = contract.same_as();
+    let nodes = |step: u32| {
+        let n = match model {
+            Some(m) => m.graph().point_nodes(),
+            None => chain(&dump_points(reference, step)),
+        };
+        held_graph(&with_same_as(n, &same_as), reference, got, step)
     };
     let source = match model {
         Some(_) => "the runtime graph's op-level points",

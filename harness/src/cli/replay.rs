@@ -61,7 +61,16 @@ fn runtime_output(c: &LoadedCase, a: &Args) -> anyhow::Result<(xray_core::Tensor
         );
     }
     let g = model.graph();
-    let spec = g.op_spec(&c.case.op.name).map_err(|e| {
+    let module_case = c.case.op.kind == xray_runtime::replay::MODULE_KIND;
+    // A module case: the ops the graph computes between the case's input points and its output
+    // point (which must be the case's ops); one op: the op by name.
+    let spec = if module_case {
+        let ins: Vec<String> = c.case.inputs.iter().map(|i| i.point.clone()).collect();
+        g.module_spec(&c.case.op.name, &ins, &c.case.point)
+    } else {
+        g.op_spec(&c.case.op.name)
+    }
+    .map_err(|e| {
         anyhow!(
             "{}: op {}: {e} (--model {})",
             mp.display(),
@@ -69,6 +78,16 @@ fn runtime_output(c: &LoadedCase, a: &Args) -> anyhow::Result<(xray_core::Tensor
             model_dir.display()
         )
     })?;
+    let ops: Vec<String> = if module_case {
+        spec.params["ops"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect()
+    } else {
+        vec![c.case.op.name.clone()]
+    };
     // The op the graph holds must be the case's: same kernel and parameters, weight roles and
     // keys, ports and output edge (the case's tensors are that op's).
     let graph_keys: Vec<(&str, &str)> = spec
@@ -119,42 +138,57 @@ fn runtime_output(c: &LoadedCase, a: &Args) -> anyhow::Result<(xray_core::Tensor
         let touches: Vec<String> = plan
             .planted
             .iter()
-            .filter(|p| !p.ops(g).contains(&c.case.op.name))
+            .filter(|p| !p.ops(g).iter().any(|o| ops.contains(o)))
             .map(|p| p.spec())
             .collect();
         if !touches.is_empty() {
             bail!(
-                "--inject {}: does not change op {} (it plants on other ops of the graph; target the case's op: NAME@{})",
+                "--inject {}: does not change op {} (it plants on other ops of the graph; target {}: NAME@{})",
                 touches.join(", "),
                 c.case.op.name,
-                c.case.op.name
+                if module_case { "one of the module's ops" } else { "the case's op" },
+                if module_case { &ops[0] } else { &c.case.op.name }
             );
         }
     }
     let table: HashMap<String, xray_core::Tensor> = c.weights.iter().cloned().collect();
     let weights = Weights::from_map(&c.dir.join(case::WEIGHTS_DIR).display().to_string(), table);
     plan.reset_hits();
-    let outs = g.run_op(
-        &c.case.op.name,
-        &c.inputs,
-        &weights,
-        c.case.step as usize,
-        Some(&plan),
-    )?;
-    plan.confirm_fired()?;
-    let i = spec
-        .outputs
-        .iter()
-        .position(|o| o.edge == c.case.op.output_edge)
-        .unwrap_or(0);
-    let out = outs
-        .into_iter()
-        .nth(i)
-        .ok_or_else(|| anyhow!("op {}: no output {i}", c.case.op.name))?;
-    let what = if names.is_empty() {
-        "X-Ray's kernel".to_string()
+    let out = if module_case {
+        g.run_module(
+            &spec,
+            &c.inputs,
+            &weights,
+            c.case.step as usize,
+            Some(&plan),
+        )?
     } else {
-        format!("X-Ray's kernel with {}", names.join(", "))
+        let outs = g.run_op(
+            &c.case.op.name,
+            &c.inputs,
+            &weights,
+            c.case.step as usize,
+            Some(&plan),
+        )?;
+        let i = spec
+            .outputs
+            .iter()
+            .position(|o| o.edge == c.case.op.output_edge)
+            .unwrap_or(0);
+        outs.into_iter()
+            .nth(i)
+            .ok_or_else(|| anyhow!("op {}: no output {i}", c.case.op.name))?
+    };
+    plan.confirm_fired()?;
+    let kernel = if module_case {
+        format!("X-Ray's {} kernels", ops.len())
+    } else {
+        "X-Ray's kernel".to_string()
+    };
+    let what = if names.is_empty() {
+        kernel
+    } else {
+        format!("{kernel} with {}", names.join(", "))
     };
     Ok((out, what))
 }

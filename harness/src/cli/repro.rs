@@ -99,6 +99,7 @@ fn upstream(
     config: &serde_json::Value,
     model_class: Option<&str>,
     reference: &Dump,
+    replayed_class: Option<&str>,
 ) -> Upstream {
     let mut known = Vec::new();
     let class = match spec.kind.as_str() {
@@ -106,9 +107,17 @@ fn upstream(
         "layer_norm" => Some("nn.LayerNorm"),
         "conv1d" => Some("nn.Conv1d"),
         "embedding" => Some("nn.Embedding"),
+        xray_runtime::replay::MODULE_KIND => replayed_class,
         _ => None,
     };
     match class {
+        Some(c) if spec.kind == xray_runtime::replay::MODULE_KIND => known.push(format!(
+            "class: {c}, the class the reference replay of the module reported (first_divergence.op.replay.class); the case's ops are the runtime graph's {} ops between the module's boundary points",
+            spec.params["ops"].as_array().map_or(0, Vec::len)
+        )),
+        None if spec.kind == xray_runtime::replay::MODULE_KIND => known.push(
+            "class: not known; the module was not replayed (the evidence has no first_divergence.op.replay)".to_string(),
+        ),
         Some(c) => known.push(format!(
             "class: X-Ray's kernel '{}' declares that it computes what the module computes (Kernel::points), torch's {c}; the reference dump does not record the module's class, so it may be a subclass of it (HF's positional embeddings subclass nn.Embedding)",
             spec.kind
@@ -120,6 +129,9 @@ fn upstream(
     }
     let module = spec.module.clone();
     match &module {
+        Some(m) if spec.kind == xray_runtime::replay::MODULE_KIND => known.push(format!(
+            "module: the contract's points rules declare {m}'s boundaries the same tensors as the points the evidence compared (same_as), and every weight its ops read is under {m}"
+        )),
         Some(m) => known.push(format!(
             "module: the op's safetensors keys ({}) name {m}, the module the reference hooked for {point}",
             spec.weights
@@ -176,6 +188,37 @@ fn upstream(
     }
 }
 
+/// The one runtime op computing the op-level origin's point, checked to be the op the evidence
+/// names.
+fn one_op_spec(
+    g: &xray_runtime::graph::Graph,
+    op: &xray_compare::ops::OpDivergence,
+    op_name: &str,
+    e_path: &str,
+    model_dir: &std::path::Path,
+) -> anyhow::Result<OpSpec> {
+    let Some(producer) = g.producer_of_point(&op.point) else {
+        bail!(
+            "{e_path}: {} is no op-level point of the runtime graph of {} (`xray list --model DIR --json` lists its points)",
+            op.point,
+            model_dir.display()
+        );
+    };
+    let spec = g.op_spec(producer)?;
+    // An evidence from the runtime graph names the op; one from the reference's firing order
+    // names the module (`xray compare` without --model).
+    if op_name != spec.name && Some(op_name) != spec.module.as_deref() {
+        bail!(
+            "{e_path}: the op-level origin names {op_name}, but {} is computed by op {} ({}) in the runtime graph of {}",
+            op.point,
+            spec.name,
+            spec.module.as_deref().unwrap_or("no HF module"),
+            model_dir.display()
+        );
+    }
+    Ok(spec)
+}
+
 /// Writes the case. Exit 0 written, 2 anything refused.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     // The output first: nothing is read or loaded for a case that could not be written.
@@ -195,7 +238,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             fd.step
         );
     };
-    let Some(op_name) = &op.op else {
+    let module_case = op.op.is_none() && op.boundary;
+    let Some(op_name) = op.op.as_ref().or(module_case.then_some(&op.module)) else {
         bail!(
             "{e_path}: the op-level origin {}@step{} lies behind {} ops ({}), not one: a case cuts out one op",
             op.point,
@@ -285,25 +329,32 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         );
     }
     let g = model.graph();
-    let Some(producer) = g.producer_of_point(&op.point) else {
-        bail!(
-            "{e_path}: {} is no op-level point of the runtime graph of {} (`xray list --model DIR --json` lists its points)",
-            op.point,
-            model_dir.display()
-        );
+    // A module's whole computation (`first_divergence.op.boundary`): every runtime op from its
+    // agreeing input points to the failing one, checked to be the ops the evidence named.
+    let spec = if module_case {
+        let ins: Vec<String> = op.inputs.iter().map(|i| i.point.clone()).collect();
+        let spec = g.module_spec(&op.module, &ins, &op.point).map_err(|e| {
+            anyhow!(
+                "{e_path}: the op-level origin {}: {e} (--model {})",
+                op.module,
+                model_dir.display()
+            )
+        })?;
+        if spec.params["ops"] != serde_json::json!(op.suspects) {
+            bail!(
+                "{e_path}: the op-level origin {} names {} ops between {} and {}, the runtime graph of {} computes it with {}: not the run the evidence describes",
+                op.module,
+                op.suspects.len(),
+                ins.join(", "),
+                op.point,
+                model_dir.display(),
+                spec.params["ops"].as_array().map_or(0, Vec::len)
+            );
+        }
+        spec
+    } else {
+        one_op_spec(g, op, op_name, &e_path, &model_dir)?
     };
-    let spec = g.op_spec(producer)?;
-    // An evidence from the runtime graph names the op; one from the reference's firing order
-    // names the module (`xray compare` without --model).
-    if *op_name != spec.name && Some(op_name) != spec.module.as_ref() {
-        bail!(
-            "{e_path}: the op-level origin names {op_name}, but {} is computed by op {} ({}) in the runtime graph of {}",
-            op.point,
-            spec.name,
-            spec.module.as_deref().unwrap_or("no HF module"),
-            model_dir.display()
-        );
-    }
     let Some(out_port) = spec.outputs.iter().find(|o| o.points.contains(&op.point)) else {
         bail!("op {}: no output carries {}", spec.name, op.point);
     };
@@ -411,6 +462,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             &config,
             model.contract().hf_class.as_deref(),
             &reference,
+            op.replay.as_ref().map(|r| r.class.as_str()),
         ),
         inputs,
         weights,
@@ -436,6 +488,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             audio_sha256: Some(reference.manifest.audio_sha256.clone()),
             written_by: xray_runtime::version(),
         },
+        config: module_case.then(|| config.clone()),
     };
     case::write_case(&c, &files, &a.out, a.force).map_err(case_err)?;
     let n_bytes: u64 = c

@@ -6,16 +6,24 @@
 //! The kernels are the ones candle-transformers' `whisper/model.rs` builds for these modules:
 //! `candle_nn::LayerNorm::new(weight, bias, 1e-5)` (its `layer_norm`, epsilon hard-coded as
 //! candle does) and the linear of `with_tracing::linear` (`candle_nn::Linear`, bias when the case
-//! has one), on the batch of one candle runs (`[1, rows, features]`). Other kernel kinds are
-//! refused (exit 2). Exit 0 written, 1 candle failed, 2 bad input.
+//! has one), on the batch of one candle runs (`[1, rows, features]`). A module case (kind
+//! `module`) of `model.encoder` runs candle's `AudioEncoder::forward` on the case's log-mel:
+//! candle-transformers builds its encoder only through `Whisper::load` (`AudioEncoder::load` is
+//! private), which builds the decoder too, so the decoder's weights, which the case does not hold
+//! and the encoder never reads, are zeros; every encoder weight comes from the case, and a key
+//! candle asks for that the case lacks is an error. Other kinds and modules are refused (exit 2).
+//! Exit 0 written, 1 candle failed, 2 bad input.
 
 #![forbid(unsafe_code)]
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use candle_core::{DType, Device, Tensor};
-use candle_nn::{LayerNorm, Linear, Module};
+use candle_core::{DType, Device, Shape, Tensor};
+use candle_nn::var_builder::SimpleBackend;
+use candle_nn::{LayerNorm, Linear, Module, VarBuilder};
+use candle_transformers::models::whisper::{model::Whisper, Config};
 use clap::Parser;
 use serde_json::Value;
 use xray_core::dump::{npy_bytes, parse_npy};
@@ -67,6 +75,77 @@ fn load(case: &Path, entry: &Value, what: &str) -> Result<Tensor, Fail> {
     Ok(Tensor::from_vec(data, shape, &Device::Cpu)?)
 }
 
+/// The case's weights by safetensors key; keys under `zeros` (the decoder a whole-model loader
+/// builds beside the module) are zeros of the shape asked for.
+struct CaseWeights {
+    by_key: HashMap<String, Tensor>,
+    zeros: &'static str,
+}
+
+impl SimpleBackend for CaseWeights {
+    fn get(
+        &self,
+        s: Shape,
+        name: &str,
+        _: candle_nn::Init,
+        dtype: DType,
+        dev: &Device,
+    ) -> candle_core::Result<Tensor> {
+        match self.by_key.get(name) {
+            Some(t) if t.shape() == &s => t.to_dtype(dtype)?.to_device(dev),
+            Some(t) => Err(candle_core::Error::Msg(format!(
+                "the case's weight {name} is {:?}, candle asks for {:?}",
+                t.dims(),
+                s.dims()
+            ))),
+            None if name.starts_with(self.zeros) => Tensor::zeros(s, dtype, dev),
+            None => Err(candle_core::Error::Msg(format!(
+                "candle reads weight {name}, which the case does not hold"
+            ))),
+        }
+    }
+
+    fn get_unchecked(&self, name: &str, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+        match self.by_key.get(name) {
+            Some(t) => t.to_dtype(dtype)?.to_device(dev),
+            None => Err(candle_core::Error::Msg(format!(
+                "candle reads weight {name}, which the case does not hold"
+            ))),
+        }
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        self.by_key.contains_key(name) || name.starts_with(self.zeros)
+    }
+}
+
+/// candle's `AudioEncoder::forward` on `x` (`[1, mel_bins, frames]`), built by `Whisper::load`
+/// from the case's weights and config.
+fn encoder(case: &Path, c: &Value, x: &Tensor) -> Result<Tensor, Fail> {
+    let mp = case.join("case.json");
+    let cfg: Config = serde_json::from_value(c["config"].clone()).map_err(|e| {
+        input(format!(
+            "{}: config (the model's config.json, which a module case holds): {e}",
+            mp.display()
+        ))
+    })?;
+    let mut by_key = HashMap::new();
+    for w in c["weights"].as_array().into_iter().flatten() {
+        let key = w["key"]
+            .as_str()
+            .ok_or_else(|| input(format!("{}: a weight without a key", mp.display())))?;
+        by_key.insert(key.to_string(), load(case, w, key)?);
+    }
+    let backend = CaseWeights {
+        by_key,
+        zeros: "model.decoder.",
+    };
+    let vb = VarBuilder::from_backend(Box::new(backend), DType::F32, Device::Cpu);
+    let mut m = Whisper::load(&vb, cfg)
+        .map_err(|e| input(format!("{}: candle's Whisper::load: {e}", mp.display())))?;
+    Ok(m.encoder.forward(x, true)?)
+}
+
 fn run(a: &Args) -> Result<String, Fail> {
     let mp = a.case.join("case.json");
     let text = std::fs::read_to_string(&mp).map_err(|e| input(format!("{}: {e}", mp.display())))?;
@@ -89,7 +168,7 @@ fn run(a: &Args) -> Result<String, Fail> {
     let inputs = c["inputs"].as_array().cloned().unwrap_or_default();
     let [x] = inputs.as_slice() else {
         return Err(input(format!(
-            "{}: {} inputs; candle's layer norm and linear take one",
+            "{}: {} inputs; candle's layer norm, linear and encoder take one",
             mp.display(),
             inputs.len()
         )));
@@ -117,10 +196,15 @@ fn run(a: &Args) -> Result<String, Fail> {
             Linear::new(need("weight")?, weight("bias")?).forward(&x)?,
             "candle_nn::Linear",
         ),
+        "module" if c["op"]["module"] == "model.encoder" => (
+            encoder(&a.case, &c, &x)?,
+            "candle-transformers' AudioEncoder::forward (built by Whisper::load from the case's weights; the decoder, never run, on zeros)",
+        ),
         other => {
             return Err(input(format!(
-                "{}: op kind '{other}': this tool runs candle's layer_norm and linear only",
-                mp.display()
+                "{}: op kind '{other}' ({}): this tool runs candle's layer_norm, linear and the whole model.encoder module only",
+                mp.display(),
+                c["op"]["module"].as_str().unwrap_or("no module")
             )))
         }
     };

@@ -15,6 +15,7 @@
 //! | [`evidence`] | `xray.evidence/v1` serde types, atomic write, checked read |
 //! | [`report`] | self-contained HTML and Markdown renderings |
 //! | [`gate`] | baseline gate and JUnit XML |
+//! | [`offline`] | `xray compare`'s evidence from two loaded dumps (the CLI and the Python bindings share it) |
 //! | [`pipeline`] | dumps + contract -> tensor pairs (layout transforms the contract declares), stats-only comparison |
 //!
 //! The library works on plain `ndarray::ArrayViewD<f32>` and never links Python.
@@ -30,6 +31,7 @@ pub mod gate;
 pub mod localize;
 pub mod mechanism;
 pub mod metrics;
+pub mod offline;
 pub mod ops;
 pub mod pipeline;
 pub mod report;

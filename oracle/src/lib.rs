@@ -1140,6 +1140,28 @@ impl TorchBench {
 mod tests {
     use super::*;
 
+    /// An installed wheel's venv is the one holding its site-packages (`pyvenv.cfg`); a
+    /// site-packages outside a venv, or not under `lib/`, is an error naming XRAY_VENV.
+    #[test]
+    fn the_wheel_venv_is_the_one_holding_its_site_packages() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = Path::new("/x/xray_parity/bin/xray");
+        let sp = dir.path().join("v/lib/python3.11/site-packages");
+        std::fs::create_dir_all(&sp).unwrap();
+        let e = wheel_venv(&sp, exe).unwrap_err().to_string();
+        assert!(
+            e.contains("outside a venv") && e.contains("XRAY_VENV"),
+            "{e}"
+        );
+        std::fs::write(dir.path().join("v/pyvenv.cfg"), "home = /usr/bin\n").unwrap();
+        assert_eq!(wheel_venv(&sp, exe).unwrap(), dir.path().join("v"));
+        let odd = dir.path().join("v/other/python3.11/site-packages");
+        std::fs::create_dir_all(&odd).unwrap();
+        assert!(wheel_venv(&odd, exe).is_err());
+        // This test binary is no wheel's executable: the checkout rules apply.
+        assert!(wheel_layout().is_none());
+    }
+
     /// A distribution's version comes from its dist-info (`Name:` matched normalized, the local
     /// label kept); none, or two, is an error naming the site-packages.
     #[test]

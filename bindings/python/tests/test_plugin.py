@@ -19,8 +19,12 @@ def test_fixtures_pass_fail_and_junit(pytester, cache, tmp_path):
     pytester.makepyfile(test_parity=f"""
         MODEL, AUDIO, REF = {str(MODEL)!r}, {str(AUDIO)!r}, {str(COMMITTED)!r}
 
-        def test_clean(xray_check):
+        def test_clean(xray_check, monkeypatch, tmp_path):
+            # A module of the working directory named like the package is never what runs.
+            (tmp_path / "xray_parity.py").write_text("open(__file__ + '.ran', 'w')\\n")
+            monkeypatch.chdir(tmp_path)
             ev = xray_check(MODEL, AUDIO, max_steps=3)
+            assert not (tmp_path / "xray_parity.py.ran").exists()
             assert ev.verdict == "pass"
 
         def test_planted(xray_check):
@@ -31,12 +35,12 @@ def test_fixtures_pass_fail_and_junit(pytester, cache, tmp_path):
 
         def test_gate_against_a_broken_baseline(xray_check, xray_gate, tmp_path):
             ev = xray_check(MODEL, AUDIO, max_steps=3)
-            import shutil, subprocess, sys
+            import xray_parity
             base = tmp_path / "base.json"
-            r = subprocess.run([sys.executable, "-m", "xray_parity", "check", "--model", MODEL,
-                                "--audio", AUDIO, "--max-steps", "3", "--inject", "gelu_tanh",
-                                "--no-drill", "--reference-cache", {str(cache)!r},
-                                "--evidence", str(base)], capture_output=True, text=True)
+            r = xray_parity.run_xray(["check", "--model", MODEL, "--audio", AUDIO, "--max-steps", "3",
+                                      "--inject", "gelu_tanh", "--no-drill",
+                                      "--reference-cache", {str(cache)!r}, "--evidence", base],
+                                     capture_output=True, text=True)
             assert r.returncode == 1, r.stderr
             xray_gate(base, ev.path)
     """)

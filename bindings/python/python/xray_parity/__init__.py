@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
@@ -28,7 +29,7 @@ from ._native import XrayError
 
 __all__ = [
     "XrayError", "Dump", "Evidence", "GateResult", "DumpWriter", "load_dump", "load_evidence",
-    "compare", "gate", "render_html", "render_markdown", "xray_executable", "__version__",
+    "compare", "gate", "render_html", "render_markdown", "xray_executable", "run_xray", "__version__",
 ]
 
 __version__ = _native.version()
@@ -306,3 +307,13 @@ def xray_executable() -> Path:
     """The `xray` executable this package carries (what the `xray` command runs)."""
     from ._cli import executable
     return executable()
+
+
+def run_xray(args: Sequence[str], **kwargs) -> subprocess.CompletedProcess:
+    """Runs the bundled `xray` with `args` (`subprocess.run`'s keyword arguments pass through;
+    `env`, when given, is extended as the `xray` command extends the environment). The
+    executable is started directly, never through `python -m` (which would put the working
+    directory on the path of the Python it starts)."""
+    from ._cli import environment, executable
+    kwargs["env"] = environment(kwargs.get("env"))
+    return subprocess.run([os.fspath(executable()), *map(os.fspath, args)], **kwargs)

@@ -21,17 +21,24 @@ def executable() -> Path:
     return Path(__file__).resolve().parent / "bin" / "xray"
 
 
+def environment(base: dict | None = None) -> dict:
+    """`base` (default: this process's environment) with this interpreter's LIBDIR first on
+    LD_LIBRARY_PATH: what the bundled executable runs with."""
+    env = dict(os.environ if base is None else base)
+    libdir = sysconfig.get_config_var("LIBDIR")
+    if libdir:
+        old = env.get("LD_LIBRARY_PATH")
+        env["LD_LIBRARY_PATH"] = libdir + (os.pathsep + old if old else "")
+    return env
+
+
 def main() -> None:
     exe = executable()
     if not os.access(exe, os.X_OK):
         print(f"xray: error: {exe} is missing or not executable (a broken xray_parity install: "
               "reinstall the wheel)", file=sys.stderr)
         sys.exit(2)
-    env = dict(os.environ)
-    libdir = sysconfig.get_config_var("LIBDIR")
-    if libdir:
-        old = env.get("LD_LIBRARY_PATH")
-        env["LD_LIBRARY_PATH"] = libdir + (os.pathsep + old if old else "")
+    env = environment()
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(exe, [str(exe), *sys.argv[1:]], env)

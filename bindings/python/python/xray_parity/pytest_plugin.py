@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -74,8 +72,8 @@ def xray_check(request, tmp_path):
               evidence=None, args: Sequence[str] = ()) -> xray_parity.Evidence:
         path = Path(evidence) if evidence is not None else _evidence_path(request, tmp_path, "check")
         path.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "xray_parity", "check", "--model", os.fspath(model),
-               "--audio", os.fspath(audio), "--evidence", os.fspath(path)]
+        cmd = ["check", "--model", os.fspath(model), "--audio", os.fspath(audio),
+               "--evidence", os.fspath(path)]
         cache = reference_cache if reference_cache is not None else cache_default
         if cache is not None:
             cmd += ["--reference-cache", os.fspath(cache)]
@@ -84,7 +82,7 @@ def xray_check(request, tmp_path):
         if max_steps is not None:
             cmd += ["--max-steps", str(int(max_steps))]
         cmd += [str(a) for a in args]
-        p = subprocess.run(cmd, capture_output=True, text=True)
+        p = xray_parity.run_xray(cmd, capture_output=True, text=True)
         _record(request, path)
         if p.returncode not in (0, 1) or not path.is_file():
             errors = [ln for ln in p.stderr.splitlines() if ln.startswith("xray: error:")]

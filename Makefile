@@ -14,7 +14,7 @@ CARGO ?= cargo
 XRAY := target/release/xray
 AUDIO ?= fixtures/audio/fox.wav
 
-.PHONY: all venv tools fixtures build demo test test-rust test-python test-nopy lint selftest corpus bench candle whispercpp whispercpp-tools whispercpp-models ctranslate2 clean
+.PHONY: all venv tools fixtures build demo test test-rust test-python test-nopy test-wheel test-ci lint selftest corpus bench candle whispercpp whispercpp-tools whispercpp-models ctranslate2 wheel wheel-pack clean
 
 all: build
 
@@ -107,22 +107,63 @@ test-nopy: fixtures
 	@if [ -f target/release/.xray-kept ]; then mv target/release/.xray-kept $(XRAY); else rm -f $(XRAY); fi
 	bash .ci/nopy-check target/release/xray-nopy
 
-# Fails on unformatted Rust, any clippy warning (every target of every member; --release shares the
-# proc-macros and build scripts of the release build) and ruff's findings in oracle/, fixtures/, engines/
+# Fails on unformatted Rust, any clippy warning (every target of every member, and of the bindings'
+# own workspace; --release shares the proc-macros and build scripts of the release build) and
+# ruff's findings in oracle/, fixtures/, engines/, bindings/python/
 # (ruff.toml; ruff is pinned in oracle/requirements.txt).
 RUFF ?= $(VENV)/bin/ruff
 lint: venv whispercpp-tools
 	$(CARGO) fmt --all -- --check
+	$(CARGO) fmt --manifest-path $(BINDINGS)/Cargo.toml -- --check
 	@# The recipes `make test` does not run are still valid shell (a lost `done` once broke
 	@# `make whispercpp` unnoticed): printed by make -n, parsed by bash -n, nothing run.
-	set -o pipefail; $(MAKE) -s -n --no-print-directory demo corpus bench candle whispercpp ctranslate2 | bash -n
-	$(RUFF) check --no-cache oracle fixtures engines
+	set -o pipefail; $(MAKE) -s -n --no-print-directory demo corpus bench candle whispercpp ctranslate2 wheel | bash -n
+	$(RUFF) check --no-cache oracle fixtures engines $(BINDINGS)
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
+	CARGO_TARGET_DIR=$(CURDIR)/target/python-bindings $(CARGO) clippy --manifest-path $(BINDINGS)/Cargo.toml --all-targets --release -- -D warnings
+
+# The xray_parity wheel (bindings/python, docs/python.md): the Python API's extension module
+# (maturin, pinned in bindings/python/requirements-build.txt and installed into its own venv),
+# the oracle package (oracle/xray_oracle, copied in) and target/release/xray (debug info
+# stripped) as the `xray` command. `make wheel` builds the workspace first; `wheel-pack` packs
+# the xray that is there (`make test` packs the one test-rust built from the same sources). The
+# extension has its own cargo workspace and target directory (bindings/python/Cargo.toml says why).
+WHEEL_DIR := target/wheels
+MATURIN_VENV := target/maturin-venv
+BINDINGS := bindings/python
+$(MATURIN_VENV)/.stamp: $(BINDINGS)/requirements-build.txt
+	$(PY_BASE) -m venv $(MATURIN_VENV)
+	$(MATURIN_VENV)/bin/pip install --quiet -r $(BINDINGS)/requirements-build.txt
+	touch $@
+wheel-pack: $(MATURIN_VENV)/.stamp
+	$(PY_BASE) $(BINDINGS)/check_extra.py
+	@test -x $(XRAY) || { echo "wheel: $(XRAY) is not built (make build)" >&2; exit 2; }
+	rm -rf $(BINDINGS)/python/xray_oracle $(BINDINGS)/python/xray_parity/bin
+	mkdir -p $(BINDINGS)/python/xray_oracle $(BINDINGS)/python/xray_parity/bin
+	cp oracle/xray_oracle/*.py $(BINDINGS)/python/xray_oracle/
+	strip --strip-debug -o $(BINDINGS)/python/xray_parity/bin/xray $(XRAY)
+	rm -f $(WHEEL_DIR)/xray_parity-*.whl
+	cd $(BINDINGS) && CARGO_TARGET_DIR=$(CURDIR)/target/python-bindings \
+	  $(CURDIR)/$(MATURIN_VENV)/bin/maturin build --quiet --release --out $(CURDIR)/$(WHEEL_DIR) -i $(PYO3_PYTHON)
+	@ls -l $(WHEEL_DIR)/xray_parity-*.whl
+wheel: build
+	$(MAKE) wheel-pack
+
+# The wheel installed into a fresh venv (no torch): `xray --version`, the Python API on the
+# committed dumps, the CLI, a torch-free `xray check` from a reference cache, and the pytest
+# plugin under pytester (bindings/python/tests; fresh-venv.sh prints its timings).
+test-wheel: venv fixtures wheel-pack
+	bash $(BINDINGS)/tests/fresh-venv.sh $(WHEEL_DIR)
+
+# docs/ci.md's GitHub Actions recipe, run locally on the committed clips (.ci/gate-local.sh).
+test-ci: venv fixtures
+	bash .ci/gate-local.sh $(XRAY)
 
 # `cargo test` leaves target/release/xray built from the same sources (with the dev-dependency
 # feature set), so the self-test runs it as is instead of a second release build of the workspace.
 test: lint test-nopy test-rust test-python
 	$(XRAY) selftest
+	$(MAKE) test-wheel test-ci
 	@bash .ci/skips $(SKIPS)
 
 # Every (model, clip) pair of the corpus that fits, tiny.en included; fails on any divergence and

@@ -255,6 +255,25 @@ pub(crate) fn same_model(
     Ok(())
 }
 
+impl GateReport {
+    /// What `xray gate` prints: one `FAIL` / `info` line per finding, then
+    /// `gate: N checkpoints checked, K failing finding(s): PASS|FAIL`.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        for f in &self.findings {
+            let tag = if f.failing { "FAIL" } else { "info" };
+            out += &format!("{tag} {}\n", f.message);
+        }
+        out += &format!(
+            "gate: {} checkpoints checked, {} failing finding(s): {}\n",
+            self.checked.len(),
+            self.failures().count(),
+            if self.passed() { "PASS" } else { "FAIL" }
+        );
+        out
+    }
+}
+
 /// Compares `new` evidence with `baseline`. Refused with [`Error::IdentityMismatch`] when they
 /// describe different runs (family, contract, and unless `opts.allow_different_input`, weights
 /// and audio), and with [`Error::Invalid`] when either observed no checkpoint: an empty gate

@@ -16,6 +16,7 @@
 //! | [`report`] | self-contained HTML and Markdown renderings |
 //! | [`gate`] | baseline gate and JUnit XML |
 //! | [`precision`] | declared precision: the ops an engine computed below f32 (`extra.precision`), and the policy's `accept_precision` applied downstream of them |
+//! | [`offline`] | `xray compare`'s evidence from two loaded dumps (the CLI and the Python bindings share it) |
 //! | [`pipeline`] | dumps + contract -> tensor pairs (layout transforms the contract declares), stats-only comparison |
 //!
 //! The library works on plain `ndarray::ArrayViewD<f32>` and never links Python.
@@ -31,6 +32,7 @@ pub mod gate;
 pub mod localize;
 pub mod mechanism;
 pub mod metrics;
+pub mod offline;
 pub mod ops;
 pub mod pipeline;
 pub mod precision;

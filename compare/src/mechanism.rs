@@ -1802,9 +1802,16 @@ impl ReplayContext<'_> {
             )
         });
         if inside {
-            ev.implicates = ops
+            // The attention kernel nearest the output point: the last of the region's suspects
+            // in graph order (the region may reach further upstream, through points the dumps do
+            // not hold, and cross other layers' cores).
+            ev.implicates = op
+                .suspects
                 .iter()
-                .find(|o| (self.op_kernel)(o).is_some_and(|k| k.contains("attention")))
+                .rev()
+                .find(|o| {
+                    ops.contains(o) && (self.op_kernel)(o).is_some_and(|k| k.contains("attention"))
+                })
                 .cloned();
         }
         Ok(ev)

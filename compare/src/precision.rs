@@ -122,6 +122,36 @@ pub fn declared(d: &Dump) -> Result<Vec<DeclaredOp>, Error> {
     Ok(out)
 }
 
+/// `policy` with the precision `got` declares (`ops`, from [`declared`]) applied, and the
+/// evidence (`None` when it declares nothing). `reached` is what the declared ops reach along
+/// the model's graph ([`apply`]); without it (no model at hand) the ops are named and nothing is
+/// accepted, and a policy that accepts a precision is refused: it could not say what to accept.
+pub fn declare(
+    policy: Policy,
+    got: &Dump,
+    ops: Vec<DeclaredOp>,
+    reached: Option<Vec<(String, String)>>,
+) -> Result<(Policy, Option<PrecisionEvidence>), Error> {
+    if ops.is_empty() {
+        return Ok((policy, None));
+    }
+    let reached = match reached {
+        Some(r) => r,
+        None if !policy.spec().accept_precision.is_empty() => {
+            return Err(Error::Manifest {
+                dump: got.dir.display().to_string(),
+                reason: format!(
+                    "the policy accepts a declared precision (accept_precision) and this dump declares {} op(s) computed below f32: pass --model DIR, whose graph says which checkpoints each declared op reaches",
+                    ops.len()
+                ),
+            })
+        }
+        None => vec![],
+    };
+    let (policy, ev) = apply(policy, ops, reached);
+    Ok((policy, Some(ev)))
+}
+
 /// `policy` with the declared precision applied: `reached` lists, for each checkpoint and
 /// op-level point name downstream of a declared op, that op (the caller follows the graph).
 /// Returns the policy and the evidence.

@@ -876,6 +876,233 @@ fn op_origin_html(s: &mut String, op: &crate::ops::OpDivergence) {
     }
 }
 
+/// Names the checkpoints that could not be compared (missing or not aligned), at most 12 of each
+/// kind, or `None` when every checkpoint was compared.
+pub fn not_compared(e: &Evidence) -> Option<String> {
+    use crate::localize::Status;
+    let mut parts = Vec::new();
+    for (status, label) in [
+        (Status::Missing, "missing"),
+        (Status::AlignmentFault, "not aligned"),
+    ] {
+        let ids: Vec<String> = e
+            .checkpoints
+            .iter()
+            .filter(|c| c.status == status)
+            .map(|c| c.id())
+            .collect();
+        if ids.is_empty() {
+            continue;
+        }
+        let mut t = format!(
+            "{} {label}: {}",
+            ids.len(),
+            ids[..ids.len().min(12)].join(", ")
+        );
+        if ids.len() > 12 {
+            t.push_str(&format!(", and {} more", ids.len() - 12));
+        }
+        parts.push(t);
+    }
+    (!parts.is_empty()).then(|| format!("not compared: {}", parts.join("; ")))
+}
+
+/// One-paragraph human summary of an evidence document: what `xray check` and `xray compare`
+/// print on stderr, its first line `xray: verdict ...`.
+pub fn summary(e: &Evidence) -> String {
+    let n = e.checkpoints.len();
+    let pass = e
+        .checkpoints
+        .iter()
+        .filter(|c| c.status == crate::localize::Status::Pass)
+        .count();
+    let observed = e
+        .checkpoints
+        .iter()
+        .filter(|c| c.status.is_observed())
+        .count();
+    let mut s = if observed == n {
+        format!(
+            "xray: verdict {} ({pass}/{n} checkpoints pass",
+            e.verdict.as_str()
+        )
+    } else {
+        format!(
+            "xray: verdict {} ({pass}/{observed} observed checkpoints pass, {n} in the contract",
+            e.verdict.as_str()
+        )
+    };
+    if let Some(c) = e.capture_neutral {
+        s.push_str(&format!(", capture neutral: {c}"));
+    }
+    s.push(')');
+    if let Some(c) = e
+        .coverage
+        .as_ref()
+        .filter(|c| c.unobserved + c.not_comparable > 0)
+    {
+        s.push_str(&format!(
+            "\nxray: coverage: {} observed, {} unobserved, {} not comparable",
+            c.observed, c.unobserved, c.not_comparable,
+        ));
+        if !c.unobserved_names.is_empty() {
+            s.push_str(&format!("; unobserved: {}", c.unobserved_names.join(", ")));
+        }
+    }
+    for f in &e.fed {
+        s.push_str(&format!(
+            "\nxray: fed with the reference's tensor: {} ({})",
+            f.checkpoint, f.dump
+        ));
+    }
+    if let Some(t) = &e.tokens {
+        if let Some(k) = t.parted_at_step {
+            let who = if t.teacher_forced {
+                "own argmax"
+            } else {
+                "runtime"
+            };
+            let tail = t
+                .not_comparable_steps
+                .as_ref()
+                .map_or(String::new(), |r| format!("; steps {r} not comparable"));
+            s.push_str(&match (t.reference_token, t.candidate_token) {
+                (None, Some(c)) => format!(
+                    "\nxray: tokens part at step {k}: the reference's tokens end there ({who} {c} goes on): a reference dump with fewer steps, or truncated{tail}"
+                ),
+                (Some(r), None) => format!(
+                    "\nxray: tokens part at step {k}: the {who}'s tokens end there (reference {r} goes on){tail}"
+                ),
+                (r, c) => format!(
+                    "\nxray: tokens part at step {k} (reference {}, {who} {}){tail}",
+                    r.map_or("-".into(), |x| x.to_string()),
+                    c.map_or("-".into(), |x| x.to_string()),
+                ),
+            });
+        }
+    }
+    if let Some(t) = &e.transcript {
+        s.push_str(&format!(
+            "\nxray: reference: {:?}\nxray: runtime:   {:?} (tokens equal: {})",
+            t.reference, t.runtime, t.tokens_equal
+        ));
+    }
+    if let Some(n) = not_compared(e) {
+        s.push_str(&format!("\nxray: {n}"));
+    }
+    if let Some(p) = &e.op_points {
+        s.push_str(&format!("\nxray: {}", p.summary()));
+    }
+    let mut printed: Vec<&Vec<String>> = Vec::new();
+    if let Some(f) = &e.first_divergence {
+        s.push_str(&format!(
+            "\nxray: first divergence: {}@step{} (producer {})",
+            f.checkpoint, f.step, f.producer
+        ));
+        if let Some(x) = &f.explanation {
+            s.push_str(&format!(": {}", x.detail));
+        }
+        if let Some(r) = &f.region {
+            s.push_str(&format!(
+                "\nxray: unobserved region {}: {}",
+                r.summary,
+                r.unobserved.join(", ")
+            ));
+        }
+        if f.suspects.len() > 1 {
+            s.push_str(&format!("\nxray: suspects: {}", f.suspects.join(", ")));
+            printed.push(&f.suspects);
+        }
+        if let Some(op) = &f.op {
+            s.push_str(&format!("\nxray: op-level origin: {}", op.summary()));
+            if let Some(r) = &op.replay {
+                s.push_str(&format!("\nxray: {}", r.summary()));
+            }
+        }
+    }
+    // Consecutive independent divergences of one checkpoint with the same signature and
+    // suspects are one finding over several steps: the first is printed, the rest named.
+    let mut i = 0;
+    while i < e.independent.len() {
+        let f = &e.independent[i];
+        let sig = |x: &crate::evidence::FirstDivergence| {
+            x.explanation.as_ref().map(|x| x.signature.clone())
+        };
+        let mut j = i + 1;
+        while j < e.independent.len()
+            && e.independent[j].checkpoint == f.checkpoint
+            && sig(&e.independent[j]) == sig(f)
+            && e.independent[j].suspects == f.suspects
+        {
+            j += 1;
+        }
+        let same = &e.independent[i + 1..j];
+        i = j;
+        s.push_str(&format!(
+            "\nxray: independent divergence: {}@step{}",
+            f.checkpoint, f.step
+        ));
+        if let Some(x) = &f.explanation {
+            s.push_str(&format!(": {}", x.detail));
+        }
+        if let Some(r) = &f.region {
+            s.push_str(&format!("\nxray:   unobserved region {}", r.summary));
+        }
+        if f.suspects.len() > 1 {
+            // Each list once: independent divergences behind one region share it.
+            if printed.contains(&&f.suspects) {
+                s.push_str(&format!(
+                    "\nxray:   suspects: the same {} as above",
+                    f.suspects.len()
+                ));
+            } else {
+                s.push_str(&format!("\nxray:   suspects: {}", f.suspects.join(", ")));
+                printed.push(&f.suspects);
+            }
+        }
+        if !same.is_empty() {
+            let steps: Vec<u32> = same.iter().map(|x| x.step).collect();
+            s.push_str(&format!(
+                "\nxray: independent divergence: {}@step{} likewise (signature {}, the same suspects; each in the evidence)",
+                f.checkpoint,
+                crate::evidence::int_ranges(&steps),
+                sig(f).unwrap_or_else(|| "-".into())
+            ));
+        }
+    }
+    s
+}
+
+/// One line for a test failure or a CI log: the first line of [`summary`] (the verdict and the
+/// checkpoint counts) and, when there is one, the first divergence: checkpoint, step, producer,
+/// signature and the op-level origin's op. What the pytest plugin fails a test with.
+pub fn headline(e: &Evidence) -> String {
+    let s = summary(e);
+    let mut line = s.lines().next().unwrap_or_default().to_string();
+    if let Some(f) = &e.first_divergence {
+        line.push_str(&format!(
+            "; first divergence: {}@step{} (producer {})",
+            f.checkpoint, f.step, f.producer
+        ));
+        if let Some(x) = &f.explanation {
+            line.push_str(&format!(", signature {}", x.signature));
+        }
+        if let Some(op) = &f.op {
+            line.push_str(&format!(
+                ", op-level origin {}",
+                op.op.as_deref().unwrap_or(&op.point)
+            ));
+        }
+    }
+    if !e.independent.is_empty() {
+        line.push_str(&format!(
+            "; {} independent divergence(s)",
+            e.independent.len()
+        ));
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -286,16 +286,45 @@ impl References {
     }
 
     /// The torch and transformers versions references are keyed by: the oracle venv's
-    /// (installed), or, without the oracle, the pinned ones.
+    /// (installed), or, without the oracle, the pinned ones. With a reference cache, an oracle
+    /// venv without torch or transformers (the `xray_parity` wheel installed without its
+    /// `[oracle]` extra) keys by the pinned ones too, as the Python-free build does: a hit is a
+    /// reference those versions computed, and a miss still needs the oracle, which then fails
+    /// naming what is missing.
     fn versions(&self) -> anyhow::Result<&crate::refcache::Versions> {
         if let Some(v) = self.versions.get() {
             return Ok(v);
         }
         #[cfg(feature = "oracle")]
-        let v = crate::refcache::Versions::installed(self.oracle()?)?;
+        let v = match crate::refcache::Versions::installed(self.oracle()?) {
+            Ok(v) => v,
+            Err(e) if self.cache.is_some() && !self.stack_installed() => {
+                let mut v = crate::refcache::Versions::pinned()?;
+                v.source = format!(
+                    "as oracle/requirements.txt pins them (the oracle venv has no reference stack: {e:#})"
+                );
+                v
+            }
+            Err(e) => return Err(e),
+        };
         #[cfg(not(feature = "oracle"))]
         let v = crate::refcache::Versions::pinned()?;
         Ok(self.versions.get_or_init(|| v))
+    }
+
+    /// Whether the oracle venv holds a torch or a transformers distribution at all (a broken or
+    /// duplicated one is an error of [`References::versions`], never a reason to use the pins).
+    #[cfg(feature = "oracle")]
+    fn stack_installed(&self) -> bool {
+        let Ok(o) = self.oracle() else { return false };
+        let norm = |s: &str| s.to_ascii_lowercase().replace(['-', '.'], "_");
+        std::fs::read_dir(&o.site_packages).is_ok_and(|rd| {
+            rd.flatten().any(|e| {
+                let f = norm(&e.file_name().to_string_lossy());
+                f.ends_with("dist_info")
+                    && (f.starts_with("torch_") || f.starts_with("transformers_"))
+            })
+        })
     }
 
     /// The reference `req` asks for (`what` names it in messages and the evidence): from the

@@ -218,11 +218,51 @@ fn checkout_of(start: &Path) -> Option<PathBuf> {
         .map(Path::to_path_buf)
 }
 
+/// The `xray_parity` wheel's layout: the running executable is
+/// `<site-packages>/xray_parity/bin/xray` and `<site-packages>/xray_oracle/__init__.py` is
+/// installed beside it (the wheel ships both). Returns the site-packages and the executable.
+fn wheel_layout() -> Option<(PathBuf, PathBuf)> {
+    let exe = std::env::current_exe().ok()?;
+    let exe = exe.canonicalize().unwrap_or(exe);
+    let bin = exe.parent()?;
+    let pkg = bin.parent()?;
+    let sp = pkg.parent()?;
+    (bin.file_name()? == "bin"
+        && pkg.file_name()? == "xray_parity"
+        && sp.join("xray_oracle/__init__.py").is_file())
+    .then(|| (sp.to_path_buf(), exe.clone()))
+}
+
+/// The venv of an installed wheel: `site_packages` is `<venv>/lib/python3.X/site-packages` and
+/// `<venv>/pyvenv.cfg` exists; else an error (installed outside a venv: XRAY_VENV names one).
+fn wheel_venv(site_packages: &Path, exe: &Path) -> Result<PathBuf> {
+    let venv = site_packages
+        .parent()
+        .and_then(Path::parent)
+        .filter(|lib| lib.file_name().is_some_and(|n| n == "lib"))
+        .and_then(Path::parent)
+        .filter(|v| v.join("pyvenv.cfg").is_file());
+    venv.map(Path::to_path_buf)
+        .ok_or_else(|| OracleError::Environment {
+            reason: format!(
+                "the xray_parity wheel holding {} is installed outside a venv ({} is not <venv>/lib/python3.X/site-packages with a pyvenv.cfg)",
+                exe.display(),
+                site_packages.display()
+            ),
+            fix: "install the wheel into a venv (`python3 -m venv`; `pip install 'xray_parity[oracle]'` for the reference), or set XRAY_VENV to one".into(),
+        })
+}
+
 /// The installation roots the oracle may come from, in order, with the reason for each: the
 /// checkout holding the running executable (`target/release/xray`), then the checkout this crate
-/// was compiled from (`CARGO_MANIFEST_DIR` at build time). The working directory is never one.
+/// was compiled from (`CARGO_MANIFEST_DIR` at build time), unless the executable is the one an
+/// installed `xray_parity` wheel carries (its installation is its venv: [`wheel_layout`]; the
+/// machine that built the wheel is no place to look). The working directory is never one.
 fn installation_roots() -> Vec<(PathBuf, String)> {
     let mut roots: Vec<(PathBuf, String)> = Vec::new();
+    if wheel_layout().is_some() {
+        return roots;
+    }
     if let Ok(exe) = std::env::current_exe() {
         let exe = exe.canonicalize().unwrap_or(exe);
         if let Some(r) = checkout_of(&exe) {
@@ -276,13 +316,16 @@ fn site_packages_in(venv: &Path) -> Option<PathBuf> {
 }
 
 impl Oracle {
-    /// Find the venv and the package: `XRAY_VENV` / `XRAY_ORACLE_PATH` if set, else the X-Ray
-    /// checkout that holds the running executable, else the checkout this crate was built from
-    /// (its `.venv` and `oracle/`). Never the working directory or its parents: a `.venv` there
+    /// Find the venv and the package: `XRAY_VENV` / `XRAY_ORACLE_PATH` if set, else, for the
+    /// executable of an installed `xray_parity` wheel, the venv it is installed in and the
+    /// `xray_oracle` package the wheel installed beside it, else the X-Ray checkout that holds the
+    /// running executable, else the checkout this crate was built from (its `.venv` and
+    /// `oracle/`). Never the working directory or its parents: a `.venv` there
     /// could hold `.pth` files, which Python executes.
     pub fn discover() -> Result<Oracle> {
         let fix = "run `make venv` in the X-Ray checkout (or set XRAY_VENV to a venv made from oracle/requirements.txt)";
         let roots = installation_roots();
+        let wheel = wheel_layout();
         let (venv, venv_source) = match std::env::var_os("XRAY_VENV") {
             Some(v) => {
                 let v = explicit_path(
@@ -297,6 +340,16 @@ impl Oracle {
                     });
                 }
                 (v, "XRAY_VENV".to_string())
+            }
+            None if wheel.is_some() => {
+                let (sp, exe) = wheel.clone().unwrap_or_default();
+                (
+                    wheel_venv(&sp, &exe)?,
+                    format!(
+                        "the venv the xray_parity wheel is installed in (the executable {})",
+                        exe.display()
+                    ),
+                )
             }
             None => roots
                 .iter()
@@ -340,6 +393,10 @@ impl Oracle {
                 }
                 (p, "XRAY_ORACLE_PATH".to_string())
             }
+            None if wheel.is_some() => (
+                wheel.clone().unwrap_or_default().0,
+                "installed by the xray_parity wheel beside the executable".to_string(),
+            ),
             None => roots
                 .iter()
                 .map(|(r, why)| (r.join("oracle"), why.clone()))
@@ -1082,6 +1139,28 @@ impl TorchBench {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An installed wheel's venv is the one holding its site-packages (`pyvenv.cfg`); a
+    /// site-packages outside a venv, or not under `lib/`, is an error naming XRAY_VENV.
+    #[test]
+    fn the_wheel_venv_is_the_one_holding_its_site_packages() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = Path::new("/x/xray_parity/bin/xray");
+        let sp = dir.path().join("v/lib/python3.11/site-packages");
+        std::fs::create_dir_all(&sp).unwrap();
+        let e = wheel_venv(&sp, exe).unwrap_err().to_string();
+        assert!(
+            e.contains("outside a venv") && e.contains("XRAY_VENV"),
+            "{e}"
+        );
+        std::fs::write(dir.path().join("v/pyvenv.cfg"), "home = /usr/bin\n").unwrap();
+        assert_eq!(wheel_venv(&sp, exe).unwrap(), dir.path().join("v"));
+        let odd = dir.path().join("v/other/python3.11/site-packages");
+        std::fs::create_dir_all(&odd).unwrap();
+        assert!(wheel_venv(&odd, exe).is_err());
+        // This test binary is no wheel's executable: the checkout rules apply.
+        assert!(wheel_layout().is_none());
+    }
 
     /// A distribution's version comes from its dist-info (`Name:` matched normalized, the local
     /// label kept); none, or two, is an error naming the site-packages.

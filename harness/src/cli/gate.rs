@@ -86,18 +86,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             a.baseline.display()
         )
     })?;
-    let mut out = String::new();
-    for f in &r.findings {
-        let tag = if f.failing { "FAIL" } else { "info" };
-        out += &format!("{tag} {}\n", f.message);
-    }
-    out += &format!(
-        "gate: {} checkpoints checked, {} failing finding(s): {}\n",
-        r.checked.len(),
-        r.failures().count(),
-        if r.passed() { "PASS" } else { "FAIL" }
-    );
-    super::say(&out)?;
+    super::say(&r.text())?;
     if let Some(p) = &a.junit {
         let xml = junit_xml(&r).with_context(|| format!("writing JUnit XML {}", p.display()))?;
         outputs.write_file("junit", p, xml.as_bytes());

@@ -1940,22 +1940,7 @@ mod tests {
 
     fn dump(entries: Vec<(&str, ArrayD<f32>)>) -> Dump {
         use xray_core::capture::Captured;
-        let m = xray_core::dump::Manifest {
-            schema: xray_core::dump::SCHEMA.into(),
-            version: xray_core::dump::VERSION,
-            family: "whisper".into(),
-            model_id: "t".into(),
-            producer: "test".into(),
-            weights_sha256: String::new(),
-            audio_sha256: String::new(),
-            tools: Default::default(),
-            tokens: vec![],
-            transcript: String::new(),
-            stats_only: false,
-            checkpoints: vec![],
-            extra: Default::default(),
-            engine_weights: None,
-        };
+        let m = xray_core::dump::Manifest::empty("whisper", "t", "test");
         Dump::from_captured(
             m,
             entries

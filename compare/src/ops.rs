@@ -527,22 +527,7 @@ mod tests {
     use xray_core::capture::Captured;
 
     fn dump(entries: &[(&str, f32)]) -> Dump {
-        let m = xray_core::dump::Manifest {
-            schema: xray_core::dump::SCHEMA.into(),
-            version: xray_core::dump::VERSION,
-            family: "whisper".into(),
-            model_id: "t".into(),
-            producer: "test".into(),
-            weights_sha256: String::new(),
-            audio_sha256: String::new(),
-            tools: Default::default(),
-            tokens: vec![],
-            transcript: String::new(),
-            stats_only: false,
-            checkpoints: vec![],
-            extra: Default::default(),
-            engine_weights: None,
-        };
+        let m = xray_core::dump::Manifest::empty("whisper", "t", "test");
         let data = entries
             .iter()
             .map(|&(n, v)| Captured {

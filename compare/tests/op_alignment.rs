@@ -13,20 +13,9 @@ use xray_core::Layout;
 
 fn manifest(producer: &str) -> Manifest {
     Manifest {
-        schema: xray_core::dump::SCHEMA.into(),
-        version: xray_core::dump::VERSION,
-        family: "whisper".into(),
-        model_id: "m".into(),
-        producer: producer.into(),
         weights_sha256: "ab".repeat(32),
         audio_sha256: "cd".repeat(32),
-        tools: Default::default(),
-        tokens: vec![],
-        transcript: String::new(),
-        stats_only: false,
-        checkpoints: vec![],
-        extra: Default::default(),
-        engine_weights: None,
+        ..Manifest::empty("whisper", "m", producer)
     }
 }
 

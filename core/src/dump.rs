@@ -340,6 +340,29 @@ pub struct Manifest {
     pub engine_weights: Option<EngineWeights>,
 }
 
+impl Manifest {
+    /// A manifest of this schema and version with nothing recorded yet: no checkpoints, tokens,
+    /// tools or extras, empty identities (the writer's and tests' starting point).
+    pub fn empty(family: &str, model_id: &str, producer: &str) -> Manifest {
+        Manifest {
+            schema: SCHEMA.into(),
+            version: VERSION,
+            family: family.into(),
+            model_id: model_id.into(),
+            producer: producer.into(),
+            weights_sha256: String::new(),
+            audio_sha256: String::new(),
+            tools: Default::default(),
+            tokens: vec![],
+            transcript: String::new(),
+            stats_only: false,
+            checkpoints: vec![],
+            extra: Default::default(),
+            engine_weights: None,
+        }
+    }
+}
+
 /// A loaded dump.
 #[derive(Debug, Clone)]
 pub struct Dump {

@@ -10,7 +10,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{assert_schema_valid, check, code, dump_to, ready, root, stderr, xray};
+use common::{assert_schema_valid, check, code, compare_dumps, dump_to, ready, root, stderr, xray};
 use serde_json::Value;
 
 const RAND: &str = "fixtures/build/whisper-rand-a";
@@ -400,7 +400,7 @@ fn a_doubled_residual_branch_in_another_engines_dump_is_solved() {
         \x20   return m\n\
         mw.WhisperForConditionalGeneration.from_pretrained = classmethod(patched)\n";
     let got = patched_oracle_dump(dir.path(), RAND, patch);
-    let ev = diverged_compare(dir.path(), &reference, &got);
+    let ev = compare_dumps(&reference, &got, RAND, &dir.path().join("e.json"), 1);
     let m = convicted(&ev, "encoder.layer.1.residual_mlp", "input_scaled");
     assert_eq!(
         m["counterfactual"]["input"], "model.encoder.layers.1.fc2:out",
@@ -408,22 +408,6 @@ fn a_doubled_residual_branch_in_another_engines_dump_is_solved() {
     );
     assert!((m["counterfactual"]["factor"].as_f64().unwrap() - 2.0).abs() < 1e-4);
     assert_schema_valid(&ev);
-}
-
-/// `xray compare REF GOT --model RAND` exiting 1 (a divergence): the evidence.
-fn diverged_compare(dir: &Path, reference: &Path, got: &Path) -> Value {
-    let ev_path = dir.join("e.json");
-    let o = xray(&[
-        "compare",
-        s(reference),
-        s(got),
-        "--model",
-        RAND,
-        "--evidence",
-        s(&ev_path),
-    ]);
-    assert_eq!(code(&o), 1, "{}", stderr(&o));
-    serde_json::from_str(&std::fs::read_to_string(&ev_path).unwrap()).unwrap()
 }
 
 /// The HF reference of `model` on fox with `patch` (Python run before the oracle's entry point:
@@ -491,7 +475,7 @@ fn a_cross_attention_cache_of_another_layer_is_named() {
         \x20   return m\n\
         mw.WhisperForConditionalGeneration.from_pretrained = classmethod(patched)\n";
     let got = patched_oracle_dump(dir.path(), RAND, patch);
-    let ev = diverged_compare(dir.path(), &reference, &got);
+    let ev = compare_dumps(&reference, &got, RAND, &dir.path().join("e.json"), 1);
     assert_eq!(
         ev["first_divergence"]["step"], 1,
         "{:#}",

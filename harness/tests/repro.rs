@@ -364,17 +364,7 @@ fn candle_encoder_case_from_its_own_dump() {
         ],
     );
     let ev = tmp.path().join("e.json");
-    let o = xray(&[
-        "compare",
-        s(&reference),
-        s(&enc),
-        "--model",
-        TINY,
-        "--evidence",
-        s(&ev),
-    ]);
-    assert_eq!(code(&o), 1, "{}", stderr(&o));
-    let e: Value = serde_json::from_str(&std::fs::read_to_string(&ev).unwrap()).unwrap();
+    let e = common::compare_dumps(&reference, &enc, TINY, &ev, 1);
     common::assert_schema_valid(&e);
     let op = &e["first_divergence"]["op"];
     assert_eq!(op["module"], "model.encoder", "{op:#}");

@@ -315,6 +315,23 @@ pub fn check(model: &str, audio: &str, extra: &[&str], want: i32) -> Value {
     }
 }
 
+/// `xray compare REFERENCE GOT --model MODEL --evidence EVIDENCE`, which must exit with `want`
+/// (else a panic showing its stderr): the evidence it wrote.
+pub fn compare_dumps(
+    reference: &Path,
+    got: &Path,
+    model: &str,
+    evidence: &Path,
+    want: i32,
+) -> Value {
+    let arg = |p: &Path| p.to_str().expect("utf-8 path").to_string();
+    let (r, g, e) = (arg(reference), arg(got), arg(evidence));
+    let o = xray(&["compare", &r, &g, "--model", model, "--evidence", &e]);
+    assert_eq!(code(&o), want, "{}", stderr(&o));
+    serde_json::from_str(&std::fs::read_to_string(evidence).expect("evidence written"))
+        .expect("evidence is JSON")
+}
+
 /// `xray CMD --model MODEL --audio AUDIO EXTRA..`.
 pub fn on(cmd: &str, model: &str, audio: &str, extra: &[&str]) -> std::process::Output {
     let mut args = vec![cmd, "--model", model, "--audio", audio];

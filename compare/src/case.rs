@@ -21,6 +21,7 @@
 //! when asked ([`check_case_target`]).
 
 use std::path::{Path, PathBuf};
+use xray_core::Step;
 
 use serde::{Deserialize, Serialize};
 use xray_core::dump::{content_sha256, npy_bytes, parse_npy};
@@ -187,7 +188,7 @@ pub struct Case {
     /// Model family.
     pub family: String,
     /// The step (0: encoder and decoder prefill; K: the K-th decode step).
-    pub step: u32,
+    pub step: Step,
     /// The op-level point judged (`model.encoder.layers.1.final_layer_norm:out`).
     pub point: String,
     /// The runtime op.
@@ -228,7 +229,11 @@ impl Case {
 
     /// `encoder.layer.1.mlp_norm (model.encoder.layers.1.final_layer_norm:out@step0)`.
     pub fn label(&self) -> String {
-        format!("{} ({}@step{})", self.op.name, self.point, self.step)
+        format!(
+            "{} ({})",
+            self.op.name,
+            xray_core::key(&self.point, self.step)
+        )
     }
 }
 

@@ -6,6 +6,7 @@
 //! parts go straight into [`crate::evidence::Evidence`] ([`Comparison::into_evidence`]).
 
 use std::collections::HashMap;
+use xray_core::Step;
 
 use ndarray::ArrayViewD;
 
@@ -87,13 +88,13 @@ pub enum Pair<'a> {
 /// Supplies tensors by checkpoint name and step.
 pub trait PairSource {
     /// The pair for `name@stepK`.
-    fn pair(&self, name: &str, step: u32) -> Pair<'_>;
+    fn pair(&self, name: &str, step: Step) -> Pair<'_>;
 }
 
 /// In-memory [`PairSource`] (tests, small runs).
 #[derive(Debug, Default)]
 pub struct MemorySource {
-    entries: HashMap<(String, u32), MemoryEntry>,
+    entries: HashMap<(String, Step), MemoryEntry>,
 }
 
 #[allow(clippy::large_enum_variant)]
@@ -114,7 +115,7 @@ impl MemorySource {
     pub fn insert(
         &mut self,
         name: &str,
-        step: u32,
+        step: Step,
         layout: &str,
         reference: ndarray::ArrayD<f32>,
         runtime: ndarray::ArrayD<f32>,
@@ -137,7 +138,7 @@ impl MemorySource {
     }
 
     /// Sets the isolated-mode runtime tensor of an inserted checkpoint.
-    pub fn set_isolated(&mut self, name: &str, step: u32, isolated: ndarray::ArrayD<f32>) {
+    pub fn set_isolated(&mut self, name: &str, step: Step, isolated: ndarray::ArrayD<f32>) {
         if let Some(MemoryEntry::Tensors { isolated: i, .. }) =
             self.entries.get_mut(&(name.to_string(), step))
         {
@@ -146,7 +147,7 @@ impl MemorySource {
     }
 
     /// Sets the axis names of an inserted checkpoint (the contract's, for signature wording).
-    pub fn set_axes(&mut self, name: &str, step: u32, axes: &[&str]) {
+    pub fn set_axes(&mut self, name: &str, step: Step, axes: &[&str]) {
         if let Some(MemoryEntry::Tensors { meta, .. }) =
             self.entries.get_mut(&(name.to_string(), step))
         {
@@ -155,13 +156,13 @@ impl MemorySource {
     }
 
     /// Marks a checkpoint as absent from the side under test (partial coverage).
-    pub fn insert_unobserved(&mut self, name: &str, step: u32) {
+    pub fn insert_unobserved(&mut self, name: &str, step: Step) {
         self.entries
             .insert((name.into(), step), MemoryEntry::Unobserved);
     }
 
     /// Marks a checkpoint as an alignment fault.
-    pub fn insert_fault(&mut self, name: &str, step: u32, note: &str) {
+    pub fn insert_fault(&mut self, name: &str, step: Step, note: &str) {
         self.entries.insert(
             (name.into(), step),
             MemoryEntry::AlignmentFault(note.into()),
@@ -170,7 +171,7 @@ impl MemorySource {
 }
 
 impl PairSource for MemorySource {
-    fn pair(&self, name: &str, step: u32) -> Pair<'_> {
+    fn pair(&self, name: &str, step: Step) -> Pair<'_> {
         match self.entries.get(&(name.to_string(), step)) {
             None => Pair::Missing {
                 meta: None,
@@ -206,7 +207,7 @@ pub struct CompareOptions {
     /// Tolerance policy.
     pub policy: Policy,
     /// Noise floors per `(name, step)` for calibrated mode.
-    pub floors: HashMap<(String, u32), NoiseFloor>,
+    pub floors: HashMap<(String, Step), NoiseFloor>,
     /// A checkpoint absent from the side under test is a failure (`missing`) instead of
     /// `unobserved` (`xray check`, whose runtime graph declares every checkpoint;
     /// `xray compare --require-all`).
@@ -215,7 +216,7 @@ pub struct CompareOptions {
     /// consumers' errors are local.
     pub fed: Vec<String>,
     /// Steps after this one are `not_comparable` (the token streams parted there).
-    pub comparable_up_to_step: Option<u32>,
+    pub comparable_up_to_step: Option<Step>,
     /// The ids the reference's generation config suppresses (for entries declaring
     /// `logits_processed: suppression`, and to name undeclared suppression).
     pub suppression: Option<crate::pipeline::Suppression>,
@@ -236,7 +237,7 @@ pub struct Comparison {
     /// Error along depth.
     pub error_profile: ErrorProfile,
     /// First step whose logits disagree in argmax.
-    pub first_divergent_token_step: Option<u32>,
+    pub first_divergent_token_step: Option<Step>,
     /// Drill-down from that step.
     pub drill_down: Option<DrillDown>,
     /// The checkpoint graph compared (for [`Comparison::into_evidence`]'s regions).
@@ -370,8 +371,8 @@ fn region_and_suspects(
             short(o)
         )
     };
-    let all: Vec<(&str, u32)> = nodes.iter().map(|n| (n.name.as_str(), n.step)).collect();
-    let sel: Vec<(&str, u32)> = region
+    let all: Vec<(&str, Step)> = nodes.iter().map(|n| (n.name.as_str(), n.step)).collect();
+    let sel: Vec<(&str, Step)> = region
         .iter()
         .map(|&u| (nodes[u].name.as_str(), nodes[u].step))
         .collect();
@@ -641,7 +642,7 @@ pub fn compare_graph(
                 };
                 let oc = origin_context(graph, src, o);
                 let mut e = explain_with(&reference, &runtime, &eopts, &oc);
-                let per_step: Vec<(u32, bool)> = (0..n)
+                let per_step: Vec<(Step, bool)> = (0..n)
                     .filter(|&i| nodes[i].name == node.name)
                     .map(|i| (nodes[i].step, loc.status[i].is_divergent()))
                     .collect();
@@ -696,7 +697,7 @@ pub fn compare_graph(
 /// when none is known (e.g. a stats-only comparison without the token alignment).
 fn tokens_part_detail(
     e: &Evidence,
-    step: Option<u32>,
+    step: Option<Step>,
     logits: usize,
     logits_id: &str,
     status: Status,
@@ -1011,7 +1012,7 @@ mod tests {
     }
 
     /// Every tensor equal; `diff` lists the `(name, step)` whose runtime side is off by 0.5.
-    fn chain_source(unobserved: &[&str], diff: &[(&str, u32)]) -> MemorySource {
+    fn chain_source(unobserved: &[&str], diff: &[(&str, Step)]) -> MemorySource {
         let g = chain();
         let mut src = MemorySource::default();
         for n in g.nodes() {
@@ -1169,7 +1170,7 @@ mod tests {
             tokens_equal: equal,
             first_divergent_step: None,
         };
-        let tokens = |k: u32| TokenAlignment {
+        let tokens = |k: Step| TokenAlignment {
             teacher_forced: false,
             prefix: 2,
             parted_at_step: Some(k),

@@ -150,7 +150,7 @@ impl ClipSummary {
             origin: e
                 .first_divergence
                 .as_ref()
-                .map(|f| format!("{}@step{}", f.checkpoint, f.step)),
+                .map(|f| xray_core::key(&f.checkpoint, f.step).to_string()),
             tokens_equal: e.transcript.as_ref().map(|t| t.tokens_equal),
             worst_margin: worst_margin(e),
             seconds,

@@ -1,5 +1,7 @@
 //! The harness library's error type: one enum with structured fields.
 
+use xray_core::Step;
+
 /// Errors of the harness library.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -90,12 +92,12 @@ pub enum Error {
     #[error("invalid policy: {0}")]
     Policy(String),
     /// Two graph nodes share a name and step.
-    #[error("duplicate checkpoint {name}@step{step}")]
+    #[error("duplicate checkpoint {}", xray_core::key(.name, *.step))]
     DuplicateNode {
         /// Checkpoint name.
         name: String,
         /// Step.
-        step: u32,
+        step: Step,
     },
     /// An input refers to a checkpoint that is not in the graph.
     #[error("{node}: input {input} is not a checkpoint of the graph")]
@@ -117,7 +119,7 @@ pub enum Error {
     #[error("cycle among checkpoints at step {step}, involving {node}")]
     Cycle {
         /// Step of the cycle.
-        step: u32,
+        step: Step,
         /// One node on or after the cycle.
         node: String,
     },

@@ -6,6 +6,7 @@
 
 use std::io::Write;
 use std::path::Path;
+use xray_core::Step;
 
 use serde::{Deserialize, Serialize};
 
@@ -219,7 +220,7 @@ pub struct CheckpointEvidence {
     /// Canonical name.
     pub name: String,
     /// Step.
-    pub step: u32,
+    pub step: Step,
     /// Producing op.
     pub producer: String,
     /// Consumer ops.
@@ -250,7 +251,7 @@ pub struct CheckpointEvidence {
 impl CheckpointEvidence {
     /// `name@stepK`.
     pub fn id(&self) -> String {
-        format!("{}@step{}", self.name, self.step)
+        xray_core::key(&self.name, self.step).to_string()
     }
 }
 
@@ -260,7 +261,7 @@ pub struct InputEvidence {
     /// Input checkpoint name.
     pub checkpoint: String,
     /// Its step.
-    pub step: u32,
+    pub step: Step,
     /// Its status.
     pub status: Status,
 }
@@ -304,7 +305,7 @@ pub struct FirstDivergence {
     /// Origin checkpoint name.
     pub checkpoint: String,
     /// Its step.
-    pub step: u32,
+    pub step: Step,
     /// Producing op (the suspect).
     pub producer: String,
     /// Its input edges and their status (all `pass` by construction).
@@ -368,7 +369,7 @@ pub struct TokenAlignment {
     /// Forced prefix length (tokens before step 0's output).
     pub prefix: usize,
     /// The first step whose output token differs (`None`: the streams agree).
-    pub parted_at_step: Option<u32>,
+    pub parted_at_step: Option<Step>,
     /// The reference's token at that step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference_token: Option<i64>,
@@ -390,7 +391,7 @@ pub struct Transcript {
     /// Whether the token sequences are equal.
     pub tokens_equal: bool,
     /// First step whose logits disagree in argmax under teacher forcing.
-    pub first_divergent_step: Option<u32>,
+    pub first_divergent_step: Option<Step>,
 }
 
 /// The whole evidence document.
@@ -596,12 +597,12 @@ impl Evidence {
 pub fn coverage_of(checkpoints: &[CheckpointEvidence]) -> Coverage {
     let count = |s: Status| checkpoints.iter().filter(|c| c.status == s).count();
     // Steps that are not comparable do not count against "every step" in the names.
-    let all: Vec<(&str, u32)> = checkpoints
+    let all: Vec<(&str, Step)> = checkpoints
         .iter()
         .filter(|c| c.status != Status::NotComparable)
         .map(|c| (c.name.as_str(), c.step))
         .collect();
-    let sel: Vec<(&str, u32)> = checkpoints
+    let sel: Vec<(&str, Step)> = checkpoints
         .iter()
         .filter(|c| c.status == Status::Unobserved)
         .map(|c| (c.name.as_str(), c.step))
@@ -618,7 +619,7 @@ pub fn coverage_of(checkpoints: &[CheckpointEvidence]) -> Coverage {
 }
 
 /// Integers as inclusive ranges: `[0, 1, 2, 3, 5]` -> `0..3,5`.
-pub fn int_ranges(v: &[u32]) -> String {
+pub fn int_ranges(v: &[Step]) -> String {
     let mut v = v.to_vec();
     v.sort_unstable();
     v.dedup();
@@ -641,10 +642,10 @@ pub fn int_ranges(v: &[u32]) -> String {
 
 /// The first dot-separated numeric component of a name: `(prefix, number, rest)`, e.g.
 /// `audio.encoder.layer.2.out` -> `("audio.encoder.layer.", 2, ".out")`.
-fn split_index(name: &str) -> Option<(&str, u32, &str)> {
+fn split_index(name: &str) -> Option<(&str, usize, &str)> {
     let mut start = 0;
     for part in name.split('.') {
-        if let Ok(n) = part.parse::<u32>() {
+        if let Ok(n) = part.parse::<usize>() {
             return Some((&name[..start], n, &name[start + part.len()..]));
         }
         start += part.len() + 1;
@@ -656,14 +657,14 @@ fn split_index(name: &str) -> Option<(&str, u32, &str)> {
 /// first appearance: a name's steps become `@1..4` (left out when the name is selected at every
 /// step it has in `all`); a layer whose every checkpoint is selected becomes `layer.N.*`; names
 /// differing in one layer index become a range (`audio.encoder.layer.0..3.*`).
-pub fn compress_ids(all: &[(&str, u32)], selected: &[(&str, u32)]) -> Vec<String> {
+pub fn compress_ids(all: &[(&str, Step)], selected: &[(&str, Step)]) -> Vec<String> {
     use std::collections::{BTreeSet, HashMap};
-    let mut steps_all: HashMap<&str, BTreeSet<u32>> = HashMap::new();
+    let mut steps_all: HashMap<&str, BTreeSet<Step>> = HashMap::new();
     for (n, s) in all {
         steps_all.entry(n).or_default().insert(*s);
     }
     let mut order: Vec<&str> = Vec::new();
-    let mut steps_sel: HashMap<&str, BTreeSet<u32>> = HashMap::new();
+    let mut steps_sel: HashMap<&str, BTreeSet<Step>> = HashMap::new();
     for (n, s) in selected {
         let e = steps_sel.entry(n).or_default();
         if e.is_empty() {
@@ -712,7 +713,7 @@ pub fn compress_ids(all: &[(&str, u32)], selected: &[(&str, u32)]) -> Vec<String
     // Level 2: names equal but for one index (and with one label) -> a range.
     let mut out: Vec<String> = Vec::new();
     let mut groups: HashMap<(String, String, String), usize> = HashMap::new();
-    let mut members: Vec<(String, String, String, Vec<u32>)> = Vec::new();
+    let mut members: Vec<(String, String, String, Vec<usize>)> = Vec::new();
     for (n, lab) in names {
         match split_index(&n) {
             Some((pre, idx, rest)) => {
@@ -841,7 +842,7 @@ pub(crate) mod tests {
 
     #[test]
     fn ids_compress_to_layer_and_step_ranges() {
-        let mut all: Vec<(&str, u32)> = vec![("audio.frontend.mel", 0)];
+        let mut all: Vec<(&str, Step)> = vec![("audio.frontend.mel", 0)];
         let enc = [
             "audio.encoder.layer.0.out",
             "audio.encoder.layer.1.out",
@@ -859,7 +860,7 @@ pub(crate) mod tests {
             all.extend(dec.iter().map(|n| (*n, s)));
         }
         // Every encoder layer, every decoder checkpoint at every step, one name at steps 1..4.
-        let mut sel: Vec<(&str, u32)> = enc.iter().map(|n| (*n, 0)).collect();
+        let mut sel: Vec<(&str, Step)> = enc.iter().map(|n| (*n, 0)).collect();
         for s in 0..6 {
             sel.extend(dec[..3].iter().map(|n| (*n, s)));
         }

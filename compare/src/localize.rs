@@ -21,6 +21,7 @@
 //! unobserved region in front of a node.
 
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use xray_core::Step;
 
 use serde::{Deserialize, Serialize};
 
@@ -35,11 +36,11 @@ pub struct NodeDef {
     /// Checkpoint name.
     pub name: String,
     /// Step.
-    pub step: u32,
+    pub step: Step,
     /// Producing op.
     pub producer: String,
     /// Upstream `(name, step)` pairs.
-    pub upstream: Vec<(String, u32)>,
+    pub upstream: Vec<(String, Step)>,
     /// Repeat group and index.
     pub layer: Option<(String, u32)>,
     /// Whether the node holds logits.
@@ -52,7 +53,7 @@ pub struct Node {
     /// Checkpoint name.
     pub name: String,
     /// Step.
-    pub step: u32,
+    pub step: Step,
     /// Producing op.
     pub producer: String,
     /// Consumer ops (by default the producers of downstream checkpoints; a caller holding the
@@ -71,7 +72,7 @@ pub struct Node {
 impl Node {
     /// `name@stepK`.
     pub fn id(&self) -> String {
-        format!("{}@step{}", self.name, self.step)
+        xray_core::key(&self.name, self.step).to_string()
     }
 }
 
@@ -80,13 +81,13 @@ impl Node {
 #[derive(Debug, Clone, Default)]
 pub struct CheckpointGraph {
     nodes: Vec<Node>,
-    index: HashMap<(String, u32), usize>,
+    index: HashMap<(String, Step), usize>,
 }
 
 impl CheckpointGraph {
     /// Builds a graph from explicit nodes; their order is the tie-break of the topological sort.
     pub fn from_nodes(defs: Vec<NodeDef>) -> Result<CheckpointGraph, Error> {
-        let mut pos: HashMap<(String, u32), usize> = HashMap::with_capacity(defs.len());
+        let mut pos: HashMap<(String, Step), usize> = HashMap::with_capacity(defs.len());
         for (i, d) in defs.iter().enumerate() {
             if pos.insert((d.name.clone(), d.step), i).is_some() {
                 return Err(Error::DuplicateNode {
@@ -100,17 +101,17 @@ impl CheckpointGraph {
         let mut downs: Vec<Vec<usize>> = vec![Vec::new(); n];
         for (i, d) in defs.iter().enumerate() {
             for (un, us) in &d.upstream {
-                let id = || format!("{}@step{}", d.name, d.step);
+                let id = || xray_core::key(&d.name, d.step).to_string();
                 let Some(&j) = pos.get(&(un.clone(), *us)) else {
                     return Err(Error::DanglingInput {
                         node: id(),
-                        input: format!("{un}@step{us}"),
+                        input: xray_core::key(un, *us).to_string(),
                     });
                 };
                 if *us > d.step {
                     return Err(Error::ForwardInStep {
                         node: id(),
-                        input: format!("{un}@step{us}"),
+                        input: xray_core::key(un, *us).to_string(),
                     });
                 }
                 if !ups[i].contains(&j) {
@@ -121,7 +122,7 @@ impl CheckpointGraph {
         }
         // Kahn's algorithm; the ready node with the smallest (step, declaration index) goes next.
         let mut indeg: Vec<usize> = ups.iter().map(Vec::len).collect();
-        let mut heap: BinaryHeap<std::cmp::Reverse<(u32, usize)>> = (0..n)
+        let mut heap: BinaryHeap<std::cmp::Reverse<(Step, usize)>> = (0..n)
             .filter(|&i| indeg[i] == 0)
             .map(|i| std::cmp::Reverse((defs[i].step, i)))
             .collect();
@@ -139,7 +140,7 @@ impl CheckpointGraph {
             let stuck = (0..n).find(|&i| indeg[i] > 0).unwrap_or(0);
             return Err(Error::Cycle {
                 step: defs[stuck].step,
-                node: format!("{}@step{}", defs[stuck].name, defs[stuck].step),
+                node: xray_core::key(&defs[stuck].name, defs[stuck].step).to_string(),
             });
         }
         let mut new_of = vec![0; n];
@@ -189,7 +190,7 @@ impl CheckpointGraph {
     }
 
     /// Index of `(name, step)`.
-    pub fn find(&self, name: &str, step: u32) -> Option<usize> {
+    pub fn find(&self, name: &str, step: Step) -> Option<usize> {
         self.index.get(&(name.to_string(), step)).copied()
     }
 
@@ -210,8 +211,8 @@ impl CheckpointGraph {
 /// same step, or to step 0 when the input exists only at step 0 (`once`/`prefill`); `Prefill` to
 /// step 0; `Previous` to `step - 1` (dropped at step 0 and when step - 1 is not among `steps`). An
 /// input that resolves to no node is an error.
-pub fn build_graph(specs: &[CheckpointSpec], steps: &[u32]) -> Result<CheckpointGraph, Error> {
-    let mut steps: Vec<u32> = steps.to_vec();
+pub fn build_graph(specs: &[CheckpointSpec], steps: &[Step]) -> Result<CheckpointGraph, Error> {
+    let mut steps: Vec<Step> = steps.to_vec();
     steps.sort_unstable();
     steps.dedup();
     let kinds: HashMap<&str, Steps> = specs.iter().map(|s| (s.name.as_str(), s.steps)).collect();
@@ -465,7 +466,7 @@ pub struct LayerProfile {
     /// Layer index.
     pub layer: u32,
     /// Step.
-    pub step: u32,
+    pub step: Step,
     /// Largest `rel_l2` in the layer.
     pub max_rel_l2: f64,
     /// Largest `max_abs` in the layer.
@@ -478,7 +479,7 @@ pub struct LayerProfile {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepProfile {
     /// Step.
-    pub step: u32,
+    pub step: Step,
     /// Largest `rel_l2` at the step.
     pub max_rel_l2: f64,
     /// Largest `max_abs` at the step.
@@ -513,9 +514,9 @@ pub fn error_profile(
         }
     }
     let mut layers: Vec<LayerProfile> = Vec::new();
-    let mut layer_pos: HashMap<(String, u32, u32), usize> = HashMap::new();
+    let mut layer_pos: HashMap<(String, u32, Step), usize> = HashMap::new();
     let mut steps: Vec<StepProfile> = Vec::new();
-    let mut step_pos: HashMap<u32, usize> = HashMap::new();
+    let mut step_pos: HashMap<Step, usize> = HashMap::new();
     for (i, node) in g.nodes().iter().enumerate() {
         let sp = *step_pos.entry(node.step).or_insert_with(|| {
             steps.push(StepProfile {
@@ -566,8 +567,8 @@ pub fn error_profile(
 /// First step whose logits disagree in argmax at any position (the first divergent token under
 /// teacher forcing).
 pub fn first_divergent_token_step<'a>(
-    logits: impl IntoIterator<Item = (u32, &'a LogitsMetrics)>,
-) -> Option<u32> {
+    logits: impl IntoIterator<Item = (Step, &'a LogitsMetrics)>,
+) -> Option<Step> {
     logits
         .into_iter()
         .filter(|(_, l)| l.first_argmax_disagreement.is_some())
@@ -579,7 +580,7 @@ pub fn first_divergent_token_step<'a>(
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DrillDown {
     /// Step K of the first divergent token.
-    pub token_step: u32,
+    pub token_step: Step,
     /// First divergent checkpoint at step K (`name@stepK`).
     pub first_at_step: Option<String>,
     /// First divergent checkpoint at any step <= K.
@@ -589,7 +590,7 @@ pub struct DrillDown {
 }
 
 /// Finds the first divergent checkpoints at and before `token_step`.
-pub fn drill_down(g: &CheckpointGraph, loc: &Localization, token_step: u32) -> DrillDown {
+pub fn drill_down(g: &CheckpointGraph, loc: &Localization, token_step: Step) -> DrillDown {
     let nodes = g.nodes();
     let first = |pred: &dyn Fn(usize) -> bool| {
         (0..nodes.len())
@@ -627,7 +628,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn def(name: &str, step: u32, up: &[(&str, u32)]) -> NodeDef {
+    fn def(name: &str, step: Step, up: &[(&str, Step)]) -> NodeDef {
         NodeDef {
             name: name.into(),
             step,

@@ -38,6 +38,7 @@ use xray_core::replay::{
     Activation, Counterfactual, GridGranularity, ModuleInfo, ModuleKind, RoundFormat,
 };
 use xray_core::Layout;
+use xray_core::Step;
 
 use crate::metrics::compare;
 use crate::ops::OpDivergence;
@@ -238,11 +239,11 @@ pub struct EngineOp {
 fn held<'a>(
     d: &'a Dump,
     names: &[String],
-    step: u32,
+    step: Step,
 ) -> Option<(&'a str, &'a ArrayD<f32>, Layout)> {
     names.iter().find_map(|n| {
-        let e = d.entry(n, step as usize)?;
-        let t = d.get(n, step as usize)?;
+        let e = d.entry(n, step)?;
+        let t = d.get(n, step)?;
         Some((e.name.as_str(), t, e.layout))
     })
 }
@@ -304,7 +305,7 @@ fn site<'a>(
     reference: &'a Dump,
     candidate: &'a Dump,
     module: &str,
-    step: u32,
+    step: Step,
     kernel: Option<&str>,
 ) -> Option<Site<'a>> {
     let out = format!("{module}:out");
@@ -803,7 +804,7 @@ pub struct ReplayContext<'a> {
 
 /// The modules of the region around the origin: those whose `:out` point the engine dump holds
 /// at `step` among the points it holds, nearest to the origin (in graph order) first.
-fn region_modules(cx: &ReplayContext<'_>, origin: &str, step: u32) -> Vec<String> {
+fn region_modules(cx: &ReplayContext<'_>, origin: &str, step: Step) -> Vec<String> {
     let mut mods: Vec<(usize, String)> = Vec::new();
     let pos = cx.nodes.iter().position(|n| {
         n.names
@@ -818,8 +819,7 @@ fn region_modules(cx: &ReplayContext<'_>, origin: &str, step: u32) -> Vec<String
             if m == origin || mods.iter().any(|(_, x)| x == m) {
                 continue;
             }
-            if cx.candidate.entry(p, step as usize).is_none()
-                && held(cx.candidate, &n.names, step).is_none()
+            if cx.candidate.entry(p, step).is_none() && held(cx.candidate, &n.names, step).is_none()
             {
                 continue;
             }
@@ -852,7 +852,7 @@ impl ReplayContext<'_> {
     }
 
     /// The local error of `module` at `step` (one clean replay), with its site.
-    fn local(&self, module: &str, step: u32) -> Option<LocalError> {
+    fn local(&self, module: &str, step: Step) -> Option<LocalError> {
         let eop = (self.engine_op)(module);
         let s = site(
             self.nodes,
@@ -1316,14 +1316,8 @@ impl ReplayContext<'_> {
         let to = |t: &ArrayD<f32>, l: Layout| in_layout(t, l, xrl).ok_or("layouts do not align");
         let (ue, ve, xe) = (to(ue, ul)?, to(ve, vl)?, to(xe, xl)?);
         let (ur_t, vr_t) = (
-            to(
-                self.reference.get(ur, step as usize).ok_or("no tensor")?,
-                url,
-            )?,
-            to(
-                self.reference.get(vr, step as usize).ok_or("no tensor")?,
-                vrl,
-            )?,
+            to(self.reference.get(ur, step).ok_or("no tensor")?, url)?,
+            to(self.reference.get(vr, step).ok_or("no tensor")?, vrl)?,
         );
         if [ue.shape(), ve.shape(), ur_t.shape(), vr_t.shape()]
             .iter()
@@ -1561,7 +1555,7 @@ impl ReplayContext<'_> {
         &self,
         d: &Dump,
         name: &str,
-        steps: std::ops::RangeInclusive<u32>,
+        steps: std::ops::RangeInclusive<Step>,
     ) -> Option<ArrayD<f32>> {
         let names = aliases(self.nodes, name);
         let parts: Vec<ArrayD<f32>> = steps
@@ -1579,7 +1573,7 @@ impl ReplayContext<'_> {
 
     /// The q / k / v projections' outputs of attention module `parent` at `step` in `d` (keys
     /// and values: every step's rows up to this one that the dump holds).
-    fn qkv(&self, d: &Dump, parent: &str, step: u32) -> Option<[ArrayD<f32>; 3]> {
+    fn qkv(&self, d: &Dump, parent: &str, step: Step) -> Option<[ArrayD<f32>; 3]> {
         let p = |proj: &str| format!("{parent}.{proj}:out");
         Some([
             self.rows(d, &p("q_proj"), step..=step)?,

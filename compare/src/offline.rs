@@ -7,6 +7,7 @@
 use xray_core::contract::Contract;
 use xray_core::dump::Dump;
 use xray_core::ops::{chain, PointNode};
+use xray_core::Step;
 
 use crate::compare::CompareOptions;
 use crate::evidence::{Evidence, Run, RunDumps, Transcript};
@@ -363,7 +364,7 @@ fn config_difference(
 pub struct PointGraph<'a> {
     /// The point nodes at a step (X-Ray's runtime graph's, or the reference's in firing order:
     /// [`PointGraph::firing_order`]).
-    pub nodes: &'a dyn Fn(u32) -> Vec<PointNode>,
+    pub nodes: &'a dyn Fn(Step) -> Vec<PointNode>,
     /// A module's reference weight (`{module}.weight`), when a model is at hand.
     pub weight: Option<WeightLookup<'a>>,
     /// How the evidence's note names the source.
@@ -375,7 +376,7 @@ impl PointGraph<'_> {
     pub const FIRING_ORDER: &'static str = "the reference's op-level points in firing order (pass --model DIR for the runtime graph's ops and weights)";
 
     /// The reference's op-level points at `step`, in firing order.
-    pub fn firing_order(reference: &Dump, step: u32) -> Vec<PointNode> {
+    pub fn firing_order(reference: &Dump, step: Step) -> Vec<PointNode> {
         chain(&dump_points(reference, step))
     }
 }
@@ -400,7 +401,7 @@ pub fn op_level(
     // module boundary such as `model.encoder:in` on the node of `model.encoder.conv1:in`), and
     // a node whose inputs the dumps do not hold linked to its nearest held ancestors.
     let same_as = contract.same_as();
-    let nodes = |step: u32| {
+    let nodes = |step: Step| {
         held_graph(
             &with_same_as((graph.nodes)(step), &same_as),
             reference,
@@ -432,8 +433,8 @@ pub fn op_level(
         }
         if let Some(op) = localize_op(&nodes(step), reference, got, step, policy, graph.weight) {
             ev.notes.push(format!(
-                "op-level point {}@step{step} differs while every checkpoint agrees: {}",
-                op.point,
+                "op-level point {} differs while every checkpoint agrees: {}",
+                xray_core::key(&op.point, step),
                 op.summary()
             ));
             return;

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use xray_core::dump::Dump;
 use xray_core::ops::{parse_point, PointNode, Side};
 use xray_core::Layout;
+use xray_core::Step;
 
 use crate::compare::layout_axis_names;
 use crate::evidence::ToleranceEvidence;
@@ -43,7 +44,7 @@ pub struct OpDivergence {
     /// Its side of the module.
     pub side: Side,
     /// The step (the origin checkpoint's).
-    pub step: u32,
+    pub step: Step,
     /// The engine's op that holds the bug, when exactly one op lies between the agreeing inputs
     /// and this point.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -115,7 +116,7 @@ impl OpDivergence {
             .as_ref()
             .map(|e| format!(": {} ({})", e.signature, e.detail))
             .unwrap_or_default();
-        format!("{who}@step{}{sig}", self.step)
+        format!("{}{sig}", xray_core::key(&who, self.step))
     }
 }
 
@@ -125,10 +126,10 @@ pub type WeightLookup<'a> = &'a dyn Fn(&str) -> Option<ArrayD<f32>>;
 
 /// The names of the points a dump holds at `step`, in its manifest order (firing order for the
 /// reference oracle).
-pub fn dump_points(d: &Dump, step: u32) -> Vec<String> {
+pub fn dump_points(d: &Dump, step: Step) -> Vec<String> {
     let mut v: Vec<String> = Vec::new();
     for e in &d.manifest.checkpoints {
-        if e.step as u32 == step && parse_point(&e.name).is_some() && !v.contains(&e.name) {
+        if e.step == step && parse_point(&e.name).is_some() && !v.contains(&e.name) {
             v.push(e.name.clone());
         }
     }
@@ -144,14 +145,14 @@ pub fn has_points(d: &Dump) -> bool {
 }
 
 /// Whether both dumps carry op-level points at `step`.
-pub fn both_have_points(reference: &Dump, candidate: &Dump, step: u32) -> bool {
+pub fn both_have_points(reference: &Dump, candidate: &Dump, step: Step) -> bool {
     !dump_points(reference, step).is_empty() && !dump_points(candidate, step).is_empty()
 }
 
 /// One side's tensor of `name@step`, in `layout` when it is stored in another one.
-fn side(d: &Dump, name: &str, step: u32, layout: Layout) -> Option<(ArrayD<f32>, Layout)> {
-    let e = d.entry(name, step as usize)?;
-    let t = d.get(name, step as usize)?;
+fn side(d: &Dump, name: &str, step: Step, layout: Layout) -> Option<(ArrayD<f32>, Layout)> {
+    let e = d.entry(name, step)?;
+    let t = d.get(name, step)?;
     if e.layout == layout {
         return Some((t.clone(), layout));
     }
@@ -167,7 +168,7 @@ pub fn localize_op(
     nodes: &[PointNode],
     reference: &Dump,
     candidate: &Dump,
-    step: u32,
+    step: Step,
     policy: &Policy,
     weight: Option<WeightLookup<'_>>,
 ) -> Option<OpDivergence> {
@@ -175,10 +176,9 @@ pub fn localize_op(
     let held: Vec<Option<&String>> = nodes
         .iter()
         .map(|n| {
-            n.names.iter().find(|p| {
-                reference.entry(p, step as usize).is_some()
-                    && candidate.entry(p, step as usize).is_some()
-            })
+            n.names
+                .iter()
+                .find(|p| reference.entry(p, step).is_some() && candidate.entry(p, step).is_some())
         })
         .collect();
     let mut compared = 0;
@@ -189,7 +189,7 @@ pub fn localize_op(
         let Some((module, point_side)) = parse_point(name) else {
             continue;
         };
-        let layout = reference.entry(name, step as usize)?.layout;
+        let layout = reference.entry(name, step)?.layout;
         let (Some((r, _)), Some((x, _))) = (
             side(reference, name, step, layout),
             side(candidate, name, step, layout),
@@ -263,7 +263,7 @@ pub fn localize_op(
         // a linear op's `x`).
         let input: Option<ArrayD<f32>> = match node.inputs.as_slice() {
             [u] if *u < nodes.len() && !misaligned[*u] => held[*u].and_then(|p| {
-                let l = reference.entry(p, step as usize)?.layout;
+                let l = reference.entry(p, step)?.layout;
                 side(reference, p, step, l).map(|(t, _)| t)
             }),
             _ => None,
@@ -281,8 +281,8 @@ pub fn localize_op(
             .into_iter()
             .filter(|p| p != name)
             .filter_map(|p| {
-                let t = reference.get(&p, step as usize)?;
-                (t.shape() == r.shape()).then(|| (format!("{p}@step{step}"), t.clone()))
+                let t = reference.get(&p, step)?;
+                (t.shape() == r.shape()).then(|| (xray_core::key(&p, step).to_string(), t.clone()))
             })
             .collect();
         let oc = OpContext {
@@ -345,15 +345,14 @@ pub fn held_graph(
     nodes: &[PointNode],
     reference: &Dump,
     candidate: &Dump,
-    step: u32,
+    step: Step,
 ) -> Vec<PointNode> {
     let held: Vec<bool> = nodes
         .iter()
         .map(|n| {
-            n.names.iter().any(|p| {
-                reference.entry(p, step as usize).is_some()
-                    && candidate.entry(p, step as usize).is_some()
-            })
+            n.names
+                .iter()
+                .any(|p| reference.entry(p, step).is_some() && candidate.entry(p, step).is_some())
         })
         .collect();
     let mut out = nodes.to_vec();
@@ -405,7 +404,7 @@ pub struct PointAlignment {
     /// Point name.
     pub point: String,
     /// Step.
-    pub step: u32,
+    pub step: Step,
     /// The reference's shape and layout (after its declared transforms).
     pub reference: (Vec<usize>, Layout),
     /// The engine's.
@@ -447,8 +446,9 @@ impl OpPoints {
         );
         if let Some(a) = self.alignment_faults.first() {
             s.push_str(&format!(
-                " (first: {}@step{}: {})",
-                a.point, a.step, a.reason
+                " (first: {}: {})",
+                xray_core::key(&a.point, a.step),
+                a.reason
             ));
         }
         s
@@ -464,7 +464,7 @@ pub fn compare_points(reference: &Dump, candidate: &Dump, policy: &Policy) -> Op
         if parse_point(&e.name).is_none() {
             continue;
         }
-        let step = e.step as u32;
+        let step = e.step;
         let Some(c) = candidate.entry(&e.name, e.step) else {
             out.reference_only += 1;
             continue;
@@ -507,7 +507,7 @@ pub fn compare_points(reference: &Dump, candidate: &Dump, policy: &Policy) -> Op
         } else {
             out.failed_count += 1;
             if out.failed.len() < 20 {
-                out.failed.push(format!("{}@step{step}", e.name));
+                out.failed.push(xray_core::key(&e.name, step).to_string());
             }
         }
     }

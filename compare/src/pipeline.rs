@@ -4,6 +4,7 @@
 //! contract allows; anything else is an alignment fault of that edge.
 
 use std::collections::HashMap;
+use xray_core::Step;
 
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
 use xray_core::contract::Contract;
@@ -23,13 +24,8 @@ use crate::tolerance::Dtype;
 use crate::Error;
 
 /// The steps a dump holds tensors at, ascending (0 always included).
-pub fn dump_steps(d: &Dump) -> Vec<u32> {
-    let mut steps: Vec<u32> = d
-        .manifest
-        .checkpoints
-        .iter()
-        .map(|e| e.step as u32)
-        .collect();
+pub fn dump_steps(d: &Dump) -> Vec<Step> {
+    let mut steps: Vec<Step> = d.manifest.checkpoints.iter().map(|e| e.step).collect();
     steps.push(0);
     steps.sort_unstable();
     steps.dedup();
@@ -108,7 +104,7 @@ pub struct DumpPairs<'a> {
     isolated: Vec<&'a Dump>,
     /// Which isolated dump gives `(name, step)` its local error; absent: the first dump that
     /// fed nothing (X-Ray's isolated mode substitutes every edge), if any.
-    isolated_for: HashMap<(String, u32), usize>,
+    isolated_for: HashMap<(String, Step), usize>,
     converted: HashMap<(String, usize, usize), Result<ArrayD<f32>, String>>,
     /// The reference as a side under test's declarations make it comparable (its last row for
     /// `token_positions: last`), by `(name, step, side)`.
@@ -178,7 +174,7 @@ impl<'a> DumpPairs<'a> {
         suppression: Option<&Suppression>,
     ) -> Result<Vec<String>, Error> {
         let mut last_rows: Vec<String> = Vec::new();
-        let mut processed: Vec<(String, u32, usize, usize, usize)> = Vec::new();
+        let mut processed: Vec<(String, Step, usize, usize, usize)> = Vec::new();
         let sides: Vec<&Dump> = std::iter::once(self.runtime)
             .chain(self.isolated.iter().copied())
             .collect();
@@ -188,7 +184,7 @@ impl<'a> DumpPairs<'a> {
                 if e.token_positions.is_none() && e.logits_processed.is_none() {
                     continue;
                 }
-                let id = format!("{}@step{}", e.name, e.step);
+                let id = xray_core::key(&e.name, e.step).to_string();
                 let err = |reason: String| Error::Manifest {
                     dump: d.dir.display().to_string(),
                     reason: format!("{id}: {reason}"),
@@ -248,7 +244,7 @@ impl<'a> DumpPairs<'a> {
                             "declares logits_processed: suppression, but no suppress list is known: the reference dump carries no extra.generation_config (nor suppress_tokens in extra.config); pass --model DIR with its generation_config.json".into(),
                         ));
                     };
-                    let ids = sup.ids_at(e.step as u32);
+                    let ids = sup.ids_at(e.step);
                     let vocab = r.shape().last().copied().unwrap_or(0);
                     if let Some(bad) = ids.iter().find(|&&i| i >= vocab) {
                         return Err(err(format!(
@@ -272,13 +268,7 @@ impl<'a> DumpPairs<'a> {
                             }
                         }
                         let rows = g.len() / vocab.max(1);
-                        processed.push((
-                            e.name.clone(),
-                            e.step as u32,
-                            held,
-                            rows * ids.len(),
-                            side,
-                        ));
+                        processed.push((e.name.clone(), e.step, held, rows * ids.len(), side));
                     }
                 }
                 self.reference_for
@@ -313,7 +303,7 @@ impl<'a> DumpPairs<'a> {
             let at: Vec<String> = names
                 .iter()
                 .map(|n| {
-                    let mut steps: Vec<u32> = processed
+                    let mut steps: Vec<Step> = processed
                         .iter()
                         .filter(|p| p.0 == *n)
                         .map(|p| p.1)
@@ -339,7 +329,7 @@ impl<'a> DumpPairs<'a> {
     /// the reference's tensor at some edge upstream of it (`extra.fed`; not at the node itself),
     /// the one whose fed edge is nearest (latest in graph order); steps the dump's own token
     /// stream makes incomparable (`comparable_up_to[k]`) are skipped.
-    pub fn choose_isolated(&mut self, g: &CheckpointGraph, comparable_up_to: &[Option<u32>]) {
+    pub fn choose_isolated(&mut self, g: &CheckpointGraph, comparable_up_to: &[Option<Step>]) {
         let nodes = g.nodes();
         let mut best: Vec<Option<(usize, usize)>> = vec![None; nodes.len()];
         for (k, d) in self.isolated.iter().enumerate() {
@@ -376,7 +366,7 @@ impl<'a> DumpPairs<'a> {
             .collect();
     }
 
-    fn isolated_of(&self, name: &str, step: u32) -> Option<usize> {
+    fn isolated_of(&self, name: &str, step: Step) -> Option<usize> {
         self.isolated_for
             .get(&(name.to_string(), step))
             .copied()
@@ -388,7 +378,7 @@ impl<'a> DumpPairs<'a> {
         d: &'a Dump,
         side: usize,
         name: &str,
-        step: usize,
+        step: Step,
     ) -> Option<Result<ArrayViewD<'_, f32>, String>> {
         if let Some(c) = self.converted.get(&(name.to_string(), step, side)) {
             return Some(c.as_ref().map(|a| a.view()).map_err(|e| e.clone()));
@@ -398,17 +388,16 @@ impl<'a> DumpPairs<'a> {
 }
 
 impl PairSource for DumpPairs<'_> {
-    fn pair(&self, name: &str, step: u32) -> Pair<'_> {
-        let step_u = step as usize;
+    fn pair(&self, name: &str, step: Step) -> Pair<'_> {
         let spec = self.contract.get(name);
         let layout = spec
             .map(|s| s.layout.to_string())
             .unwrap_or_else(|| "plain".into());
-        let r = match self.reference_for.get(&(name.to_string(), step_u, 1)) {
+        let r = match self.reference_for.get(&(name.to_string(), step, 1)) {
             Some(v) => Some(v.as_ref().map(|a| a.view()).map_err(|e| e.clone())),
-            None => self.side(self.reference, 0, name, step_u),
+            None => self.side(self.reference, 0, name, step),
         };
-        let x = self.side(self.runtime, 1, name, step_u);
+        let x = self.side(self.runtime, 1, name, step);
         let meta_of = |a: &ArrayViewD<f32>| PairMeta {
             shape: a.shape().to_vec(),
             dtype: Dtype::F32,
@@ -454,7 +443,7 @@ impl PairSource for DumpPairs<'_> {
                 }
                 let isolated = self
                     .isolated_of(name, step)
-                    .and_then(|k| self.side(self.isolated[k], 2 + k, name, step_u))
+                    .and_then(|k| self.side(self.isolated[k], 2 + k, name, step))
                     .and_then(|v| v.ok())
                     .filter(|v| v.shape() == r.shape());
                 Pair::Tensors {
@@ -554,7 +543,7 @@ impl Suppression {
     }
 
     /// The ids suppressed at `step`, ascending.
-    pub fn ids_at(&self, step: u32) -> Vec<usize> {
+    pub fn ids_at(&self, step: Step) -> Vec<usize> {
         let mut v = self.every.clone();
         if step == 0 {
             v.extend(&self.begin);
@@ -684,8 +673,8 @@ pub fn token_alignment(
         .position(|(a, b)| a != b)
         .or((theirs.len() != ours.len()).then(|| theirs.len().min(ours.len())));
     let offset = if teacher_forced { 0 } else { prefix };
-    let parted_at_step = part.map(|p| p.saturating_sub(offset) as u32);
-    let last = steps.saturating_sub(1) as u32;
+    let parted_at_step = part.map(|p| p.saturating_sub(offset));
+    let last = steps.saturating_sub(1);
     Ok(Some(TokenAlignment {
         teacher_forced,
         prefix,
@@ -702,7 +691,7 @@ pub fn token_alignment(
 }
 
 /// The last step comparable under an alignment (`None`: every step).
-pub fn comparable_up_to(a: Option<&TokenAlignment>) -> Option<u32> {
+pub fn comparable_up_to(a: Option<&TokenAlignment>) -> Option<Step> {
     a.filter(|a| !a.teacher_forced)
         .and_then(|a| a.parted_at_step)
 }
@@ -784,7 +773,7 @@ pub struct SuppressionFound {
     /// The logits checkpoint.
     pub checkpoint: String,
     /// Its step.
-    pub step: u32,
+    pub step: Step,
     /// Ids the engine set to a suppressed value (in any row), ascending.
     pub ids: Vec<usize>,
     /// The ids the generation config suppresses at this step.
@@ -916,7 +905,7 @@ impl DumpPairs<'_> {
             let declared = e.logits_processed.is_some();
             let Pair::Tensors {
                 reference, runtime, ..
-            } = self.pair(&e.name, e.step as u32)
+            } = self.pair(&e.name, e.step)
             else {
                 continue;
             };
@@ -935,9 +924,9 @@ impl DumpPairs<'_> {
             if !ids.is_empty() {
                 out.push(SuppressionFound {
                     checkpoint: e.name.clone(),
-                    step: e.step as u32,
+                    step: e.step,
                     ids,
-                    config_ids: sup.ids_at(e.step as u32),
+                    config_ids: sup.ids_at(e.step),
                     source: sup.source.clone(),
                     vocab,
                     declared,
@@ -962,7 +951,7 @@ fn side_summary(
     contract: &Contract,
     d: &Dump,
     name: &str,
-    step: usize,
+    step: Step,
 ) -> Option<Result<SideSummary, String>> {
     let e = d.entry(name, step)?;
     if let (Some(s), Some(h)) = (&e.stats, &e.content_sha256) {
@@ -1124,7 +1113,7 @@ pub fn compare_stats_dumps(
     let mut observed = Vec::with_capacity(g.len());
     let mut partial = Vec::with_capacity(g.len());
     for node in g.nodes() {
-        let step = node.step as usize;
+        let step = node.step;
         let r = side_summary(contract, reference, &node.name, step);
         let x = side_summary(contract, got, &node.name, step);
         let tol = opts.policy.resolve(

@@ -2,6 +2,7 @@
 //! network) and Markdown for a pull-request comment ([`markdown`]).
 
 use std::fmt::Write as _;
+use xray_core::Step;
 
 use crate::evidence::{CheckpointEvidence, Evidence, Verdict};
 use crate::localize::Status;
@@ -199,15 +200,18 @@ pub fn partial_lines(e: &Evidence) -> Vec<String> {
     if let Some(p) = &e.op_points {
         let mut line = p.summary();
         for a in p.alignment_faults.iter().skip(1).take(4) {
-            line.push_str(&format!("; {}@step{}: {}", a.point, a.step, a.reason));
+            line.push_str(&format!(
+                "; {}: {}",
+                xray_core::key(&a.point, a.step),
+                a.reason
+            ));
         }
         out.push(line);
     }
     for d in &e.independent {
         out.push(format!(
-            "Independent divergence at {}@step{}{}; suspects: {}",
-            d.checkpoint,
-            d.step,
+            "Independent divergence at {}{}; suspects: {}",
+            xray_core::key(&d.checkpoint, d.step),
             d.region.as_ref().map_or(String::new(), |r| format!(
                 ", unobserved region {}",
                 r.summary
@@ -275,7 +279,7 @@ pub fn markdown(e: &Evidence) -> String {
         let _ = writeln!(
             s,
             "{}, produced by {}.\n",
-            md_code(&format!("{}@step{}", fd.checkpoint, fd.step), false),
+            md_code(&xray_core::key(&fd.checkpoint, fd.step).to_string(), false),
             md_code(&fd.producer, false)
         );
         if !fd.inputs.is_empty() {
@@ -284,7 +288,7 @@ pub fn markdown(e: &Evidence) -> String {
                 let _ = writeln!(
                     s,
                     "| {} | {} |",
-                    md_code(&format!("{}@step{}", i.checkpoint, i.step), true),
+                    md_code(&xray_core::key(&i.checkpoint, i.step).to_string(), true),
                     i.status.as_str()
                 );
             }
@@ -593,19 +597,12 @@ pub fn html(e: &Evidence) -> String {
         s.push_str("</ul></section>");
     }
     if let Some(fd) = &e.first_divergence {
-        let _ = write!(
-            s,
-            "<section class=\"box origin\"><h2>First divergence: <code>{}@step{}</code></h2><p>Produced by <code>{}</code>. Its inputs:</p><table><tr><th>input</th><th>status</th></tr>",
-            esc_html(&fd.checkpoint),
-            fd.step,
-            esc_html(&fd.producer)
-        );
+        let _ = write!(s, "<section class=\"box origin\"><h2>First divergence: <code>{}</code></h2><p>Produced by <code>{}</code>. Its inputs:</p><table><tr><th>input</th><th>status</th></tr>", xray_core::key(&esc_html(&fd.checkpoint), fd.step), esc_html(&fd.producer));
         for i in &fd.inputs {
             let _ = write!(
                 s,
-                "<tr><td><code>{}@step{}</code></td><td>{}</td></tr>",
-                esc_html(&i.checkpoint),
-                i.step,
+                "<tr><td><code>{}</code></td><td>{}</td></tr>",
+                xray_core::key(&esc_html(&i.checkpoint), i.step),
                 status_chip(i.status)
             );
         }
@@ -802,18 +799,11 @@ fn op_origin_html(s: &mut String, op: &crate::ops::OpDivergence) {
         Some(o) => format!("op <code>{}</code>", esc_html(o)),
         None => format!("one of <code>{}</code>", esc_html(&op.suspects.join(", "))),
     };
-    let _ = write!(
-        s,
-        "<h3>Op-level origin: <code>{}@step{}</code></h3><p>{who}, module <code>{}</code>; upstream points: {}.</p>",
-        esc_html(&op.point),
-        op.step,
-        esc_html(&op.module),
-        op.inputs
+    let _ = write!(s, "<h3>Op-level origin: <code>{}</code></h3><p>{who}, module <code>{}</code>; upstream points: {}.</p>", xray_core::key(&esc_html(&op.point), op.step), esc_html(&op.module), op.inputs
             .iter()
             .map(|i| format!("<code>{}</code> {}", esc_html(&i.point), status_chip(i.status)))
             .collect::<Vec<_>>()
-            .join(", ")
-    );
+            .join(", "));
     if let Some(x) = &op.explanation {
         let _ = write!(
             s,
@@ -996,8 +986,9 @@ pub fn summary(e: &Evidence) -> String {
     let mut printed: Vec<&Vec<String>> = Vec::new();
     if let Some(f) = &e.first_divergence {
         s.push_str(&format!(
-            "\nxray: first divergence: {}@step{} (producer {})",
-            f.checkpoint, f.step, f.producer
+            "\nxray: first divergence: {} (producer {})",
+            xray_core::key(&f.checkpoint, f.step),
+            f.producer
         ));
         if let Some(x) = &f.explanation {
             s.push_str(&format!(": {}", x.detail));
@@ -1039,8 +1030,8 @@ pub fn summary(e: &Evidence) -> String {
         let same = &e.independent[i + 1..j];
         i = j;
         s.push_str(&format!(
-            "\nxray: independent divergence: {}@step{}",
-            f.checkpoint, f.step
+            "\nxray: independent divergence: {}",
+            xray_core::key(&f.checkpoint, f.step)
         ));
         if let Some(x) = &f.explanation {
             s.push_str(&format!(": {}", x.detail));
@@ -1061,13 +1052,8 @@ pub fn summary(e: &Evidence) -> String {
             }
         }
         if !same.is_empty() {
-            let steps: Vec<u32> = same.iter().map(|x| x.step).collect();
-            s.push_str(&format!(
-                "\nxray: independent divergence: {}@step{} likewise (signature {}, the same suspects; each in the evidence)",
-                f.checkpoint,
-                crate::evidence::int_ranges(&steps),
-                sig(f).unwrap_or_else(|| "-".into())
-            ));
+            let steps: Vec<Step> = same.iter().map(|x| x.step).collect();
+            s.push_str(&format!("\nxray: independent divergence: {} likewise (signature {}, the same suspects; each in the evidence)", xray_core::key_steps(&f.checkpoint, &crate::evidence::int_ranges(&steps)), sig(f).unwrap_or_else(|| "-".into())));
         }
     }
     s
@@ -1081,8 +1067,9 @@ pub fn headline(e: &Evidence) -> String {
     let mut line = s.lines().next().unwrap_or_default().to_string();
     if let Some(f) = &e.first_divergence {
         line.push_str(&format!(
-            "; first divergence: {}@step{} (producer {})",
-            f.checkpoint, f.step, f.producer
+            "; first divergence: {} (producer {})",
+            xray_core::key(&f.checkpoint, f.step),
+            f.producer
         ));
         if let Some(x) = &f.explanation {
             line.push_str(&format!(", signature {}", x.signature));

@@ -46,6 +46,7 @@ use half::{bf16, f16};
 use ndarray::{ArrayD, ArrayView2, ArrayViewD, Axis, IxDyn, Slice};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use xray_core::Step;
 
 use crate::tolerance::Tolerance;
 
@@ -1359,11 +1360,11 @@ pub fn explain_with(
 
 /// Subset signature over steps: given `(step, fails)` for one checkpoint name, the failing steps
 /// when they are a proper subset (at most half) of the steps.
-pub fn steps_subset(per_step: &[(u32, bool)]) -> Option<Signature> {
+pub fn steps_subset(per_step: &[(Step, bool)]) -> Option<Signature> {
     let bad: Vec<usize> = per_step
         .iter()
         .filter(|(_, f)| *f)
-        .map(|(s, _)| *s as usize)
+        .map(|(s, _)| *s)
         .collect();
     (!bad.is_empty() && 2 * bad.len() <= per_step.len()).then(|| Signature::Subset {
         axis: None,

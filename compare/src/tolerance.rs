@@ -14,6 +14,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
+use xray_core::Step;
 
 use globset::{Glob, GlobMatcher};
 use serde::{Deserialize, Serialize};
@@ -471,7 +472,7 @@ impl Policy {
     /// rule for another model: an error naming the rule, never a silent no-op.
     pub fn check_rules_match<'a>(
         &self,
-        ids: impl IntoIterator<Item = (&'a str, Option<u32>)> + Clone,
+        ids: impl IntoIterator<Item = (&'a str, Option<Step>)> + Clone,
     ) -> Result<(), Error> {
         for (i, (rule, m)) in self.spec.rules.iter().zip(&self.matchers).enumerate() {
             let by_id = rule.glob.contains('@');
@@ -486,7 +487,7 @@ impl Policy {
                     }
                     (true, Some(k)) => {
                         decidable = true;
-                        m.is_match(format!("{name}@step{k}"))
+                        m.is_match(xray_core::key(name, k).to_string())
                     }
                     (true, None) => false,
                 });
@@ -560,7 +561,7 @@ impl Policy {
     pub fn resolve(
         &self,
         name: &str,
-        step: u32,
+        step: Step,
         dtype: Dtype,
         floor: Option<&NoiseFloor>,
     ) -> ResolvedTolerance {
@@ -572,12 +573,12 @@ impl Policy {
     pub fn resolve_kind(
         &self,
         name: &str,
-        step: u32,
+        step: Step,
         dtype: Dtype,
         floor: Option<&NoiseFloor>,
         logits: bool,
     ) -> ResolvedTolerance {
-        let id = format!("{name}@step{step}");
+        let id = xray_core::key(name, step).to_string();
         let builtin_logits = logits && !self.spec.defaults.contains_key(&dtype);
         let base = if builtin_logits {
             Tolerance::default_logits(dtype)

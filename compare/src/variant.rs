@@ -12,6 +12,7 @@
 use serde::{Deserialize, Serialize};
 use xray_core::contract::Contract;
 use xray_core::dump::Dump;
+use xray_core::Step;
 
 use crate::compare::{Pair, PairSource};
 use crate::evidence::Evidence;
@@ -25,7 +26,7 @@ pub struct VariantCheckpoint {
     /// Checkpoint name.
     pub name: String,
     /// Step.
-    pub step: u32,
+    pub step: Step,
     /// The engine's status against the reference.
     pub status: Status,
     /// `||engine - reference|| / ||reference||`.
@@ -197,29 +198,19 @@ pub fn compare_variant(
     });
     let label = format!("{scheme} reference variant");
     let summary = match &origin {
-        Some(o) => format!(
-            "{label}: at the origin {}@step{} the engine is rel_l2 {:.2e} from the reference and {:.2e} from the variant (the variant is {:.2e} from the reference): the variant explains {:.0}% of the squared difference; {}{}",
-            o.name,
-            o.step,
-            o.engine_vs_reference,
-            o.engine_vs_variant,
-            o.variant_vs_reference,
-            100.0 * o.explained.unwrap_or(0.0).max(0.0),
-            if o.consistent {
+        Some(o) => format!("{label}: at the origin {} the engine is rel_l2 {:.2e} from the reference and {:.2e} from the variant (the variant is {:.2e} from the reference): the variant explains {:.0}% of the squared difference; {}{}", xray_core::key(&o.name, o.step), o.engine_vs_reference, o.engine_vs_variant, o.variant_vs_reference, 100.0 * o.explained.unwrap_or(0.0).max(0.0), if o.consistent {
                 format!("consistent with {}", scheme_phrase(&scheme))
             } else {
                 format!(
                     "not consistent with {} alone (the engine is farther from the variant than the variant is from the reference)",
                     scheme_phrase(&scheme)
                 )
-            },
-            explained_failing.map_or(String::new(), |x| format!(
+            }, explained_failing.map_or(String::new(), |x| format!(
                 "; over the {} failing checkpoints compared it explains {:.0}% ({} of them consistent)",
                 consistent_failing.1,
                 100.0 * x.max(0.0),
                 consistent_failing.0
-            )),
-        ),
+            )),),
         None => format!(
             "{label}: the origin is not among the {} checkpoints compared with the variant{}",
             out.len(),

@@ -50,7 +50,7 @@ fn engine(d: &Dump, declare_rows: bool, declare_processed: bool) -> Dump {
             entry.token_positions = declare_rows.then_some(TokenPositions::Last);
         }
         for mut row in t.lanes_mut(Axis(1)) {
-            for i in sup.ids_at(entry.step as u32) {
+            for i in sup.ids_at(entry.step) {
                 row[i] = f32::MIN;
             }
         }

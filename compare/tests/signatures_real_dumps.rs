@@ -39,7 +39,7 @@ fn origin(
     reference: &Dump,
     contract: &Contract,
     runtime: &Dump,
-) -> (String, u32, String, serde_json::Value, String) {
+) -> (String, usize, String, serde_json::Value, String) {
     let c = compare_dumps(
         contract,
         reference,

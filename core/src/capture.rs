@@ -3,6 +3,7 @@
 //! tensors back through [`Substitute`], which the graph applies before consumers run: an input
 //! override, not a special path.
 
+use crate::Step;
 use ndarray::ArrayViewD;
 
 use crate::{Layout, Tensor};
@@ -10,18 +11,18 @@ use crate::{Layout, Tensor};
 /// Receives checkpoint tensors during a run. `Send`: a formula runs on the kernels' worker pool.
 pub trait Observer: Send {
     /// Whether this checkpoint at this step should be handed over (`--only GLOB`).
-    fn wants(&self, _name: &str, _step: usize) -> bool {
+    fn wants(&self, _name: &str, _step: Step) -> bool {
         true
     }
     /// One checkpoint tensor, as produced.
-    fn observe(&mut self, name: &str, step: usize, layout: Layout, data: ArrayViewD<'_, f32>);
+    fn observe(&mut self, name: &str, step: Step, layout: Layout, data: ArrayViewD<'_, f32>);
 }
 
 /// Supplies a tensor to use instead of the computed one at a checkpoint edge. `Sync`: a formula
 /// runs on the kernels' worker pool.
 pub trait Substitute: Sync {
     /// The replacement for `name@step`, if any.
-    fn substitute(&self, name: &str, step: usize) -> Option<Tensor>;
+    fn substitute(&self, name: &str, step: Step) -> Option<Tensor>;
 }
 
 /// One captured checkpoint.
@@ -30,7 +31,7 @@ pub struct Captured {
     /// Canonical checkpoint name.
     pub name: String,
     /// Decode step.
-    pub step: usize,
+    pub step: Step,
     /// Physical layout.
     pub layout: Layout,
     /// The tensor.
@@ -74,11 +75,11 @@ impl Recorder {
 }
 
 impl Observer for Recorder {
-    fn wants(&self, name: &str, _step: usize) -> bool {
+    fn wants(&self, name: &str, _step: Step) -> bool {
         self.filter.as_ref().is_none_or(|f| f.is_match(name))
     }
 
-    fn observe(&mut self, name: &str, step: usize, layout: Layout, data: ArrayViewD<'_, f32>) {
+    fn observe(&mut self, name: &str, step: Step, layout: Layout, data: ArrayViewD<'_, f32>) {
         let data = match self.pool.iter().position(|t| t.shape() == data.shape()) {
             Some(i) => {
                 let mut t = self.pool.swap_remove(i);
@@ -126,11 +127,11 @@ impl StatsRecorder {
 }
 
 impl Observer for StatsRecorder {
-    fn wants(&self, name: &str, _step: usize) -> bool {
+    fn wants(&self, name: &str, _step: Step) -> bool {
         self.filter.as_ref().is_none_or(|f| f.is_match(name))
     }
 
-    fn observe(&mut self, name: &str, step: usize, layout: Layout, data: ArrayViewD<'_, f32>) {
+    fn observe(&mut self, name: &str, step: Step, layout: Layout, data: ArrayViewD<'_, f32>) {
         let std = data.as_standard_layout();
         let slice = std.as_slice().unwrap_or(&[]);
         self.entries.push(crate::dump::Entry {

@@ -2,6 +2,7 @@
 //! `.npy` per (checkpoint, step). Written atomically (temp dir + rename); loading verifies every
 //! hash, dtype, shape and payload length and refuses anything else with an error naming the file.
 
+use crate::Step;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -207,7 +208,7 @@ pub struct Entry {
     /// Canonical checkpoint name.
     pub name: String,
     /// Decode step.
-    pub step: usize,
+    pub step: Step,
     /// Shape as stored.
     pub shape: Vec<usize>,
     /// `f32` (or `f64`, `f16`).
@@ -518,8 +519,8 @@ pub fn parse_npy(path: &Path, bytes: &[u8]) -> Result<(Tensor, String)> {
 }
 
 /// File name of a checkpoint at a step.
-pub fn file_name(name: &str, step: usize) -> String {
-    format!("{name}@step{step}.npy")
+pub fn file_name(name: &str, step: Step) -> String {
+    format!("{}.npy", crate::key(name, step))
 }
 
 /// Accumulates checkpoints and writes a dump directory atomically.
@@ -544,7 +545,7 @@ impl DumpWriter {
 
     /// Add one checkpoint tensor (a tensor that cannot be encoded makes [`DumpWriter::write_to`]
     /// fail, naming its file).
-    pub fn add(&mut self, name: &str, step: usize, layout: Layout, t: &Tensor) {
+    pub fn add(&mut self, name: &str, step: Step, layout: Layout, t: &Tensor) {
         self.add_declared(name, step, layout, t, None, None);
     }
 
@@ -554,7 +555,7 @@ impl DumpWriter {
     pub fn add_declared(
         &mut self,
         name: &str,
-        step: usize,
+        step: Step,
         layout: Layout,
         t: &Tensor,
         token_positions: Option<TokenPositions>,
@@ -887,10 +888,13 @@ impl Dump {
         let mut listed = std::collections::BTreeSet::new();
         for e in &manifest.checkpoints {
             if seen.contains(&(e.name.clone(), e.step)) {
-                return Err(derr(&mp, format!("{}@step{} listed twice", e.name, e.step)));
+                return Err(derr(
+                    &mp,
+                    format!("{} listed twice", crate::key(&e.name, e.step)),
+                ));
             }
             if manifest.stats_only {
-                let id = format!("{}@step{}", e.name, e.step);
+                let id = crate::key(&e.name, e.step).to_string();
                 let (Some(st), Some(_)) = (&e.stats, &e.content_sha256) else {
                     return Err(derr(
                         &mp,
@@ -933,10 +937,12 @@ impl Dump {
                 seen.insert((e.name.clone(), e.step));
                 continue;
             }
-            let file = e
-                .file
-                .as_ref()
-                .ok_or_else(|| derr(&mp, format!("entry {}@step{} has no file", e.name, e.step)))?;
+            let file = e.file.as_ref().ok_or_else(|| {
+                derr(
+                    &mp,
+                    format!("entry {} has no file", crate::key(&e.name, e.step)),
+                )
+            })?;
             if file.contains('/') || file.contains('\\') || file.contains("..") {
                 return Err(derr(
                     &mp,
@@ -988,12 +994,12 @@ impl Dump {
     }
 
     /// A tensor by name and step.
-    pub fn get(&self, name: &str, step: usize) -> Option<&Tensor> {
+    pub fn get(&self, name: &str, step: Step) -> Option<&Tensor> {
         self.tensors.get(&(name.to_string(), step))
     }
 
     /// A manifest entry by name and step.
-    pub fn entry(&self, name: &str, step: usize) -> Option<&Entry> {
+    pub fn entry(&self, name: &str, step: Step) -> Option<&Entry> {
         self.manifest
             .checkpoints
             .iter()

@@ -3,6 +3,7 @@
 //! | module | what it holds |
 //! |---|---|
 //! | (root) | [`Layout`], [`Dim`], [`Shape`], [`Tensor`]: the vocabulary of declared edges |
+//! | [`key`] | [`CheckpointKey`] and [`Step`]: a checkpoint at a step, `name@stepK`, spelled once |
 //! | [`contract`] | the per-family checkpoint contracts (`core/contracts/*.json`), parsed and resolved once against a model config |
 //! | [`dump`] | the `xray.dump` format: manifest, `.npy` tensors, atomic writer, checked loader |
 //! | [`ops`] | op-level points: `{module}:{in|out}` names at the reference's module boundaries, and which a run emits |
@@ -26,12 +27,14 @@ pub mod capture;
 pub mod contract;
 pub mod dump;
 pub mod error;
+pub mod key;
 pub mod ops;
 pub mod reference;
 pub mod replay;
 pub mod testing;
 
 pub use error::{CoreError, Result};
+pub use key::{key, key_steps, CheckpointKey, KeyRef, Step};
 
 /// Every tensor the runtime computes is f32 (weights are converted on load).
 pub type Tensor = ArrayD<f32>;

@@ -788,10 +788,10 @@ pub fn check_against(
                         &t32.view(),
                         &Tolerance::default_for(xray_compare::tolerance::Dtype::F32),
                     )
-                    .with_context(|| format!("calibrating {name}@step{step}"))?;
+                    .with_context(|| format!("calibrating {}", xray_core::key(name, *step)))?;
                     copts
                         .floors
-                        .insert((name.clone(), *step as u32), NoiseFloor::from_metrics(&m));
+                        .insert((name.clone(), *step), NoiseFloor::from_metrics(&m));
                 }
             }
         }
@@ -942,7 +942,7 @@ impl Drill<'_> {
             .flat_map(|l| [l.input.clone(), l.output.clone()])
             .collect();
         let d = self.runtime_only(&edges)?;
-        let step = op.step as usize;
+        let step = op.step;
         let mut cleared = Vec::new();
         for l in &lops {
             let (Some(i), Some(o)) = (d.get(&l.input, step), d.get(&l.output, step)) else {
@@ -1017,7 +1017,7 @@ impl Drill<'_> {
         let nodes = g.point_nodes();
         let weights = self.model.weights();
         let lookup = |module: &str| weights.get(&format!("{module}.weight")).cloned();
-        let has = |d: &Dump| names.iter().all(|n| d.entry(n, step as usize).is_some());
+        let has = |d: &Dump| names.iter().all(|n| d.entry(n, step).is_some());
         let (r_ops, x_ops);
         let (r, x) = if has(reference) && has(runtime) {
             (reference, runtime)
@@ -1030,9 +1030,9 @@ impl Drill<'_> {
             return Ok(());
         } else {
             progress(&format!(
-                "drill-down: {} op-level points between the last good checkpoints and {}@step{step}",
+                "drill-down: {} op-level points between the last good checkpoints and {}",
                 names.len(),
-                fd.checkpoint
+                xray_core::key(&fd.checkpoint, step)
             ));
             r_ops = if has(reference) {
                 reference.clone()
@@ -1068,11 +1068,7 @@ impl Drill<'_> {
         }
         match &fd.op {
             Some(op) => ev.notes.push(format!("drill-down: {}", op.summary())),
-            None => ev.notes.push(format!(
-                "drill-down: the op-level points between the last good checkpoints and {}@step{step} agree; the divergence is in ops the reference exposes no tensor of: {}",
-                fd.checkpoint,
-                ops.join(", ")
-            )),
+            None => ev.notes.push(format!("drill-down: the op-level points between the last good checkpoints and {} agree; the divergence is in ops the reference exposes no tensor of: {}", xray_core::key(&fd.checkpoint, step), ops.join(", "))),
         }
         if let Some(op) = fd.op.as_mut() {
             // Reference replay: the module re-run on the runtime's own input clears or convicts

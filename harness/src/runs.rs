@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use xray_core::Step;
 
 use anyhow::anyhow;
 use xray_core::capture::{Recorder, StatsRecorder, Substitute};
@@ -17,7 +18,7 @@ use xray_runtime::models::{RunHooks, RunOptions, RunOutput, SpeechModel};
 pub struct DumpSubstitute<'a>(pub &'a Dump);
 
 impl Substitute for DumpSubstitute<'_> {
-    fn substitute(&self, name: &str, step: usize) -> Option<Tensor> {
+    fn substitute(&self, name: &str, step: Step) -> Option<Tensor> {
         self.0.get(name, step).cloned()
     }
 }

@@ -172,7 +172,7 @@ pub fn selftest(
             cases.push((
                 e.name.to_string(),
                 Some(planted),
-                format!("{cp}@step{step}"),
+                xray_core::key(&cp, step).to_string(),
                 e.needs_second_input,
                 e.expected_signature,
                 e.expected_op_signature,
@@ -197,7 +197,7 @@ pub fn selftest(
             let ev = out.evidence;
             let (reported, signature) = match &ev.first_divergence {
                 Some(f) => (
-                    format!("{}@step{}", f.checkpoint, f.step),
+                    xray_core::key(&f.checkpoint, f.step).to_string(),
                     f.explanation
                         .as_ref()
                         .map(|x| x.signature.clone())

@@ -44,7 +44,7 @@ fn one_node(name: &str, logits: bool) -> xray_compare::localize::CheckpointGraph
 fn all_nan_reference_against_all_nan_runtime_is_an_input_error_naming_checkpoint_step_index() {
     let g = one_node("audio.decoder.logits", true);
     let mut src = MemorySource::default();
-    for step in 0..3u32 {
+    for step in 0..3usize {
         let good = arr(&[1, 8], noise(8, step as u64 + 1));
         let (r, x) = if step == 2 {
             (
@@ -336,7 +336,7 @@ fn empty_policies_are_refused() {
 fn a_rule_matching_no_checkpoint_is_refused_naming_its_glob() {
     let g = one_node("audio.decoder.logits", true);
     let mut src = MemorySource::default();
-    for step in 0..3u32 {
+    for step in 0..3usize {
         let a = arr(&[1, 8], noise(8, step as u64 + 7));
         src.insert("audio.decoder.logits", step, "token_major", a.clone(), a);
     }

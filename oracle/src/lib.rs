@@ -15,6 +15,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use xray_core::Step;
 
 use numpy::PyReadonlyArrayDyn;
 use pyo3::prelude::*;
@@ -861,11 +862,14 @@ fn summarizer<'py>(py: Python<'py>, sink: Summaries) -> PyResult<Bound<'py, PyCF
 fn entry_head(py: Python<'_>, item: &Bound<'_, PyAny>) -> Result<(String, usize, Layout)> {
     let data = |e: PyErr| OracleError::Data(py_err(py, e).to_string());
     let name: String = get(py, item, "name")?.extract().map_err(data)?;
-    let step: usize = get(py, item, "step")?.extract().map_err(data)?;
+    let step: Step = get(py, item, "step")?.extract().map_err(data)?;
     let layout_s: String = get(py, item, "layout")?.extract().map_err(data)?;
     let layout: Layout = serde_json::from_value(serde_json::Value::String(layout_s.clone()))
         .map_err(|_| {
-            OracleError::Data(format!("{name}@step{step}: unknown layout '{layout_s}'"))
+            OracleError::Data(format!(
+                "{}: unknown layout '{layout_s}'",
+                xray_core::key(&name, step)
+            ))
         })?;
     Ok((name, step, layout))
 }
@@ -890,18 +894,21 @@ fn extract_summaries(
         let i: usize = get(py, &item, "summary")?.extract().map_err(data)?;
         let (stats, sha) = collected.get(i).ok_or_else(|| {
             OracleError::Data(format!(
-                "{name}@step{step}: summary {i} was never made ({} were)",
+                "{}: summary {i} was never made ({} were)",
+                xray_core::key(&name, step),
                 collected.len()
             ))
         })?;
         if std::mem::replace(&mut used[i], true) {
             return Err(OracleError::Data(format!(
-                "{name}@step{step}: summary {i} is claimed by two checkpoints"
+                "{}: summary {i} is claimed by two checkpoints",
+                xray_core::key(&name, step)
             )));
         }
         if stats.count != shape.iter().product::<usize>() {
             return Err(OracleError::Data(format!(
-                "{name}@step{step}: summary of {} values for shape {shape:?}",
+                "{}: summary of {} values for shape {shape:?}",
+                xray_core::key(&name, step),
                 stats.count
             )));
         }
@@ -956,8 +963,8 @@ fn extract_run(
         let summaries = extract_summaries(py, &get(py, res, "checkpoints")?, collected)?;
         if let Some(bad) = summaries.iter().find(|c| is_point(&c.name)) {
             return Err(OracleError::Data(format!(
-                "contract checkpoint list holds the op-level point {}@step{}",
-                bad.name, bad.step
+                "contract checkpoint list holds the op-level point {}",
+                xray_core::key(&bad.name, bad.step)
             )));
         }
         return Ok(OracleRun {
@@ -974,8 +981,8 @@ fn extract_run(
     let mut checkpoints = extract_entries(py, &get(py, res, "checkpoints")?)?;
     if let Some(bad) = checkpoints.iter().find(|c| is_point(&c.name)) {
         return Err(OracleError::Data(format!(
-            "contract checkpoint list holds the op-level point {}@step{}",
-            bad.name, bad.step
+            "contract checkpoint list holds the op-level point {}",
+            xray_core::key(&bad.name, bad.step)
         )));
     }
     // Op-level points, after the contract's checkpoints, in the order Python returned them
@@ -992,14 +999,14 @@ fn extract_run(
     for p in &points {
         if !is_point(&p.name) {
             return Err(OracleError::Data(format!(
-                "op_points entry '{}'@step{} is not a point name ({{module}}:in or {{module}}:out)",
-                p.name, p.step
+                "op_points entry {} is not a point name ({{module}}:in or {{module}}:out)",
+                xray_core::key(&p.name, p.step)
             )));
         }
         if !ops.wants(&p.name) {
             return Err(OracleError::Data(format!(
-                "op_points holds {}@step{}, which the request did not ask for",
-                p.name, p.step
+                "op_points holds {}, which the request did not ask for",
+                xray_core::key(&p.name, p.step)
             )));
         }
     }
@@ -1033,7 +1040,8 @@ fn extract_entries(py: Python<'_>, list: &Bound<'_, PyAny>) -> Result<Vec<Captur
             ro.as_array().mapv(|v| v as f32)
         } else {
             return Err(OracleError::Data(format!(
-                "{name}@step{step}: array is not a float32/float64 numpy array"
+                "{}: array is not a float32/float64 numpy array",
+                xray_core::key(&name, step)
             )));
         };
         checkpoints.push(Captured {

@@ -38,9 +38,15 @@ DESCR_TO_NAME = {v: k for k, v in DTYPES.items()}
 LAYOUTS = ("token_major", "head_major", "channel_major", "plain")
 
 
+def checkpoint_key(name: str, step: int) -> str:
+    """A checkpoint's id at a step, `name@stepK`: Python's one spelling of it (Rust's is
+    `xray_core::key`)."""
+    return f"{name}@step{step}"
+
+
 def file_name(name: str, step: int) -> str:
-    """The conventional file name of a checkpoint at a step: `{name}@step{K}.npy`."""
-    return f"{name}@step{step}.npy"
+    """The conventional file name of a checkpoint at a step: its id plus `.npy`."""
+    return checkpoint_key(name, step) + ".npy"
 
 
 def sha256_bytes(b: bytes) -> str:
@@ -332,20 +338,20 @@ def write_dump(
                 c = DumpCheckpoint(name=c["name"], step=int(c["step"]), array=c["array"], layout=c["layout"])
             key = (c.name, c.step)
             if key in seen:
-                raise DumpError(f"checkpoint {c.name}@step{c.step} is given twice")
+                raise DumpError(f"checkpoint {checkpoint_key(c.name, c.step)} is given twice")
             seen.add(key)
             if c.layout not in LAYOUTS:
-                raise DumpError(f"checkpoint {c.name}@step{c.step}: layout {c.layout!r} is not one of {LAYOUTS}")
+                raise DumpError(f"checkpoint {checkpoint_key(c.name, c.step)}: layout {c.layout!r} is not one of {LAYOUTS}")
             if not isinstance(c.step, int) or c.step < 0:
                 raise DumpError(f"checkpoint {c.name}: step {c.step!r} must be a non-negative integer")
             a = np.asarray(c.array)
             descr = a.dtype.newbyteorder("<").str
             if descr not in DESCR_TO_NAME:
-                raise DumpError(f"checkpoint {c.name}@step{c.step}: dtype {a.dtype} is not storable ({sorted(DTYPES)})")
+                raise DumpError(f"checkpoint {checkpoint_key(c.name, c.step)}: dtype {a.dtype} is not storable ({sorted(DTYPES)})")
             if c.token_positions is not None and c.token_positions not in TOKEN_POSITIONS:
-                raise DumpError(f"checkpoint {c.name}@step{c.step}: token_positions {c.token_positions!r} is not one of {TOKEN_POSITIONS}")
+                raise DumpError(f"checkpoint {checkpoint_key(c.name, c.step)}: token_positions {c.token_positions!r} is not one of {TOKEN_POSITIONS}")
             if c.logits_processed is not None and c.logits_processed not in LOGITS_PROCESSED:
-                raise DumpError(f"checkpoint {c.name}@step{c.step}: logits_processed {c.logits_processed!r} is not one of {LOGITS_PROCESSED}")
+                raise DumpError(f"checkpoint {checkpoint_key(c.name, c.step)}: logits_processed {c.logits_processed!r} is not one of {LOGITS_PROCESSED}")
             entry = {
                 "name": c.name,
                 "step": c.step,
@@ -517,7 +523,7 @@ class DumpWriter:
             raise DumpError(f"checkpoint {name}: step {step!r} must be a non-negative integer")
         a = np.asarray(array)
         if a.dtype.kind not in "fiub":
-            raise DumpError(f"checkpoint {name}@step{step}: dtype {a.dtype} is not numeric")
+            raise DumpError(f"checkpoint {checkpoint_key(name, step)}: dtype {a.dtype} is not numeric")
         self.checkpoints.append(DumpCheckpoint(
             name=name, step=step, array=np.array(a, dtype="<f4", order="C"), layout=layout,
             token_positions=token_positions, logits_processed=logits_processed,
@@ -553,7 +559,7 @@ class Dump:
         for c in self.checkpoints:
             if c.name == name and c.step == step:
                 return c
-        raise KeyError(f"{self.path}: no checkpoint {name}@step{step}")
+        raise KeyError(f"{self.path}: no checkpoint {checkpoint_key(name, step)}")
 
 
 def read_dump(path: str | Path) -> Dump:
@@ -590,7 +596,7 @@ def read_dump(path: str | Path) -> Dump:
         name, step = e["name"], e["step"]
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise DumpError(f"{where} ({name}): step {step!r} is not a non-negative integer")
-        where = f"{mpath} checkpoint {name}@step{step}"
+        where = f"{mpath} checkpoint {checkpoint_key(name, step)}"
         if (name, step) in seen:
             raise DumpError(f"{where}: listed twice")
         seen.add((name, step))
@@ -626,7 +632,7 @@ def read_dump(path: str | Path) -> Dump:
             fpath = d / fname
             listed.add(fname)
             if not fpath.is_file():
-                raise DumpError(f"{fpath}: missing (listed in {mpath} for {name}@step{step})")
+                raise DumpError(f"{fpath}: missing (listed in {mpath} for {checkpoint_key(name, step)})")
             data = fpath.read_bytes()
             got = sha256_bytes(data)
             if got != e["sha256"]:

@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 
 from . import transforms
+from .dump import checkpoint_key
 from .errors import CaptureError, OracleInputError
 
 ALL = "all"
@@ -190,7 +191,7 @@ class OpRecorder:
         aligned = []
         for c in out:
             rule = self.contract.point_rule(c["name"])
-            where = f"op-level point {c['name']}@step{c['step']} (rule {rule.module!r})"
+            where = f"op-level point {checkpoint_key(c['name'], c['step'])} (rule {rule.module!r})"
             a = transforms.apply(c["array"], rule.transform, where, self.contract.dims, symbols)
             aligned.append({"name": c["name"], "step": c["step"], "layout": rule.layout, "array": a})
         return aligned

@@ -23,6 +23,7 @@ import numpy as np
 
 from .audio import from_samples, read_wav, samples_sha256
 from .dump import hf_weights_sha256
+from .dump import checkpoint_key
 from .contract import Checkpoint, Contract, load_resolved
 from .errors import CaptureError, ContractError, OracleInputError
 from .modeldir import PICKLE_SUFFIXES  # noqa: F401  (re-exported)
@@ -487,7 +488,7 @@ def _verify_and_collect(rec: _Recorder, contract: Contract, selected: list[Check
                     )
             if list(a.shape) != expected:
                 raise CaptureError(
-                    f"checkpoint {ckpt.name}@step{s}: HF gives shape {list(a.shape)}, the contract says "
+                    f"checkpoint {checkpoint_key(ckpt.name, s)}: HF gives shape {list(a.shape)}, the contract says "
                     f"{ckpt.shape} = {expected} (tokens = {tokens})"
                 )
             if isinstance(a, _Summary):

@@ -9,6 +9,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use xray_core::Step;
 
 use crate::graph::{
     Dim, Edge, Graph, Kernel, KernelCtx, KernelOut, Layout, Op, Port, Shape, Tensor,
@@ -111,7 +112,7 @@ pub struct Planted {
     /// Op name glob (params) or checkpoint/edge name glob (outputs); empty for host faults.
     pub target: String,
     /// Only at this step, if set.
-    pub step: Option<usize>,
+    pub step: Option<Step>,
     /// How many times the fault was applied (kernels patched, tensors corrupted, flags read).
     pub hits: Arc<AtomicUsize>,
 }
@@ -515,7 +516,7 @@ impl FaultPlan {
     }
 
     /// Corrupt an op output if an output fault targets its edge (by checkpoint label or name).
-    pub fn patch_output(&self, _op: &Op, _port: usize, edge: &Edge, step: usize, t: &mut Tensor) {
+    pub fn patch_output(&self, _op: &Op, _port: usize, edge: &Edge, step: Step, t: &mut Tensor) {
         for p in &self.planted {
             let FaultKind::Output(of) = &p.kind else {
                 continue;
@@ -585,7 +586,7 @@ impl Kernel for Borrowed<'_> {
 struct AtStep<'a> {
     base: Box<dyn Kernel + 'a>,
     faulted: Box<dyn Kernel + 'a>,
-    step: usize,
+    step: Step,
     hits: Arc<AtomicUsize>,
 }
 
@@ -798,7 +799,7 @@ pub struct CatalogueEntry {
     /// Default target: an op-name glob (parameter faults) or an edge/checkpoint glob (outputs).
     pub default_target: &'static str,
     /// Only at this step (None: every step).
-    pub step: Option<usize>,
+    pub step: Option<Step>,
     /// The checkpoint (contract template syntax, expanded with the model's dims: `{sc_layer}`)
     /// and step where the harness must put the origin for the default target.
     pub expected_origin: (&'static str, usize),
@@ -895,7 +896,7 @@ mod tests {
         }
     }
 
-    fn planted(kind: FaultKind, target: &str, step: Option<usize>) -> FaultPlan {
+    fn planted(kind: FaultKind, target: &str, step: Option<Step>) -> FaultPlan {
         FaultPlan {
             planted: vec![Planted {
                 name: "f".into(),
@@ -907,7 +908,7 @@ mod tests {
         }
     }
 
-    fn run_at(k: &dyn Kernel, step: usize, ins: &[&Tensor], ws: &[&Tensor]) -> Vec<f32> {
+    fn run_at(k: &dyn Kernel, step: Step, ins: &[&Tensor], ws: &[&Tensor]) -> Vec<f32> {
         let ctx = KernelCtx {
             op: "t",
             step,

@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use xray_core::Step;
 
 use serde::Serialize;
 
@@ -68,7 +69,7 @@ pub struct KernelCtx<'a> {
     /// The op's name.
     pub op: &'a str,
     /// The decode step.
-    pub step: usize,
+    pub step: Step,
     /// Per weight role, the weight's exact f16 mirror when the table holds one and the kernel
     /// asked for it ([`Kernel::f16_weight_roles`]); see [`crate::weights::Weights::mirror_f16`].
     pub weights_f16: &'a [Option<&'a [u16]>],
@@ -513,7 +514,7 @@ pub type Feeds = HashMap<String, Tensor>;
 #[derive(Default)]
 pub struct RunCtx<'a> {
     /// Decode step (0 = encoder + prefill).
-    pub step: usize,
+    pub step: Step,
     /// Receives each checkpoint tensor as it is produced.
     pub observer: Option<&'a mut dyn Observer>,
     /// Substitutes a reference tensor at checkpoint edges before consumers run (isolation).
@@ -1159,8 +1160,8 @@ impl Graph {
                                     edge: edge.name.clone(),
                                     declared: format!("{:?}", t.shape()),
                                     context: format!(
-                                        "substituted reference for {cp}@step{}",
-                                        ctx.step
+                                        "substituted reference for {}",
+                                        xray_core::key(cp, ctx.step)
                                     ),
                                     found: format!("{:?}", r.shape()),
                                 });

@@ -6,6 +6,7 @@
 //! corrupted output), so `--inject` plants a fault on a replayed op exactly as on a full run.
 
 use std::collections::HashMap;
+use xray_core::Step;
 
 use serde::Serialize;
 
@@ -150,7 +151,7 @@ impl Graph {
         name: &str,
         inputs: &[Tensor],
         weights: &Weights,
-        step: usize,
+        step: Step,
         faults: Option<&FaultPlan>,
     ) -> Result<Vec<Tensor>> {
         let op = &self.ops()[self.op_index(name)?];
@@ -351,7 +352,7 @@ impl Graph {
         spec: &OpSpec,
         inputs: &[Tensor],
         weights: &Weights,
-        step: usize,
+        step: Step,
         faults: Option<&FaultPlan>,
     ) -> Result<Tensor> {
         let names: Vec<String> = spec.params["ops"]

@@ -10,6 +10,7 @@
 #![deny(unsafe_code)]
 
 use std::path::{Path, PathBuf};
+use xray_core::Step;
 
 use numpy::{IntoPyArray, PyArrayDyn, PyReadonlyArrayDyn};
 use pyo3::create_exception;
@@ -104,18 +105,20 @@ impl NativeDump {
         &self,
         py: Python<'py>,
         name: &str,
-        step: usize,
+        step: Step,
     ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
         if self.dump.manifest.stats_only {
             return Err(msg(format!(
-                "{}: a stats-only dump holds summaries, not tensors (checkpoint {name}@step{step})",
-                self.dump.dir.display()
+                "{}: a stats-only dump holds summaries, not tensors (checkpoint {})",
+                self.dump.dir.display(),
+                xray_core::key(name, step)
             )));
         }
         match self.dump.get(name, step) {
             Some(t) => Ok(t.clone().into_pyarray(py)),
             None => Err(pyo3::exceptions::PyKeyError::new_err(format!(
-                "{name}@step{step} is not in {}",
+                "{} is not in {}",
+                xray_core::key(name, step),
                 self.dump.dir.display()
             ))),
         }
@@ -319,7 +322,7 @@ fn compare(
         if !offline.stats_only {
             // The reference's points in firing order (no runtime graph here); no oracle, so no
             // reference replay: the note says what `xray compare --model DIR` would add.
-            let nodes = |step: u32| PointGraph::firing_order(&ref_dump, step);
+            let nodes = |step: Step| PointGraph::firing_order(&ref_dump, step);
             let graph = PointGraph {
                 nodes: &nodes,
                 weight: None,
@@ -452,16 +455,15 @@ fn write_dump(
     for (name, step, layout, array, token_positions, logits_processed) in entries {
         let layout: Layout = serde_json::from_value(serde_json::Value::String(layout.clone()))
             .map_err(|_| {
-                msg(format!(
-                    "checkpoint {name}@step{step}: layout {layout:?} is not one of token_major, head_major, channel_major, plain"
-                ))
+                msg(format!("checkpoint {}: layout {layout:?} is not one of token_major, head_major, channel_major, plain", xray_core::key(&name, step)))
             })?;
         let tp = match token_positions.as_deref() {
             None => None,
             Some("last") => Some(TokenPositions::Last),
             Some(o) => {
                 return Err(msg(format!(
-                    "checkpoint {name}@step{step}: token_positions {o:?} is not \"last\""
+                    "checkpoint {}: token_positions {o:?} is not \"last\"",
+                    xray_core::key(&name, step)
                 )))
             }
         };
@@ -470,7 +472,8 @@ fn write_dump(
             Some("suppression") => Some(LogitsProcessed::Suppression),
             Some(o) => {
                 return Err(msg(format!(
-                    "checkpoint {name}@step{step}: logits_processed {o:?} is not \"suppression\""
+                    "checkpoint {}: logits_processed {o:?} is not \"suppression\"",
+                    xray_core::key(&name, step)
                 )))
             }
         };
@@ -487,6 +490,13 @@ fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
 }
 
+/// A checkpoint's id, `name@stepK`: Rust's one spelling (`xray_core::key`), for the Python API's
+/// messages.
+#[pyfunction]
+fn key(name: &str, step: usize) -> String {
+    xray_core::key(name, step).to_string()
+}
+
 /// The module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -501,5 +511,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gate_evidence, m)?)?;
     m.add_function(wrap_pyfunction!(write_dump, m)?)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
+    m.add_function(wrap_pyfunction!(key, m)?)?;
     Ok(())
 }

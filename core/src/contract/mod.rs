@@ -3,6 +3,7 @@
 //! checkpoint-level edges and the HF reference capture recipe. The file is embedded here and its
 //! text is handed to the Python oracle, so both sides read the same facts.
 
+use crate::Step;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -93,7 +94,7 @@ pub enum Steps {
 
 impl Steps {
     /// Whether a checkpoint with these steps exists at `step`.
-    pub fn present_at(self, step: u32) -> bool {
+    pub fn present_at(self, step: Step) -> bool {
         matches!(self, Steps::Every) || step == 0
     }
 }
@@ -1000,7 +1001,8 @@ impl Contract {
                 return Err(cerr(
                     fam,
                     format!(
-                        "{name}@step{step}: shape {shape:?} has {} axes, the contract {}",
+                        "{}: shape {shape:?} has {} axes, the contract {}",
+                        crate::key(name, step),
                         shape.len(),
                         spec.shape.len()
                     ),
@@ -1012,7 +1014,10 @@ impl Contract {
                     CDim::Fixed(n) if *n != got => {
                         return Err(cerr(
                             fam,
-                            format!("{name}@step{step}: axis {axis} is {got}, the contract says {n}"),
+                            format!(
+                                "{}: axis {axis} is {got}, the contract says {n}",
+                                crate::key(name, step)
+                            ),
                         ))
                     }
                     CDim::Fixed(_) => {}
@@ -1021,8 +1026,9 @@ impl Contract {
                             return Err(cerr(
                                 fam,
                                 format!(
-                                    "{name}@step{step}: symbol '{sym}' is {got} here but {v} elsewhere at this step"
-                                ),
+                                "{}: symbol '{sym}' is {got} here but {v} elsewhere at this step",
+                                crate::key(name, step)
+                            ),
                             ))
                         }
                         _ => {

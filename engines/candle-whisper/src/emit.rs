@@ -157,28 +157,31 @@ impl Reference {
     /// naming the checkpoint.
     fn tensor(&self, name: &str, layout: Layout, shape: &[usize]) -> Result<Dense, Error> {
         let e = self.dump.entry(name, 0).ok_or_else(|| {
-            Error::Input(format!("{}: no {name}@step0 to feed", self.dir.display()))
+            Error::Input(format!(
+                "{}: no {} to feed",
+                self.dir.display(),
+                xray_core::key(name, 0)
+            ))
         })?;
         if e.layout != layout || e.shape != shape {
             return Err(Error::Input(format!(
-                "{}: {name}@step0 is {:?} {:?}, candle needs {layout:?} {shape:?}",
+                "{}: {} is {:?} {:?}, candle needs {layout:?} {shape:?}",
                 self.dir.display(),
+                xray_core::key(name, 0),
                 e.layout,
                 e.shape
             )));
         }
         let t = self.dump.get(name, 0).ok_or_else(|| {
             Error::Input(format!(
-                "{}: {name}@step0 has no tensor",
-                self.dir.display()
+                "{}: {} has no tensor",
+                self.dir.display(),
+                xray_core::key(name, 0)
             ))
         })?;
         // A NaN or Inf fed in would be computed on and compared as if it were a reference.
         if let Some((i, v)) = t.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-            return Err(Error::Input(format!(
-                "{}: {name}@step0 holds a non-finite value ({v}) at index {i} (C order); a non-finite tensor is not fed",
-                self.dir.display()
-            )));
+            return Err(Error::Input(format!("{}: {} holds a non-finite value ({v}) at index {i} (C order); a non-finite tensor is not fed", self.dir.display(), xray_core::key(name, 0))));
         }
         Ok(Dense {
             shape: t.shape().to_vec(),
@@ -330,7 +333,7 @@ pub fn dump(
         for (name, v) in [(INPUT_IDS, &s.ids), (POSITION_IDS, &s.positions)] {
             let a =
                 ArrayD::from_shape_vec(IxDyn(&[v.len()]), v.iter().map(|&x| x as f32).collect())
-                    .map_err(|e| Error::Engine(format!("{name}@step{k}: {e}")))?;
+                    .map_err(|e| Error::Engine(format!("{}: {e}", xray_core::key(name, k))))?;
             put(name, k, Layout::Plain, &a, None);
         }
         put(LOGITS, k, Layout::TokenMajor, &array(&s.logits)?, None);

@@ -104,10 +104,10 @@ impl Reference {
     /// The reference log-mel `[n_mels, frames]`, finite.
     pub fn mel(&self, n_mels: usize, frames: usize) -> Result<Vec<f32>, Error> {
         let dir = self.dump.dir.display();
-        let t = self
-            .dump
-            .get("audio.frontend.mel", 0)
-            .ok_or_else(|| Error::Input(format!("{dir}: no audio.frontend.mel@step0 to feed")))?;
+        let t = self.dump.get("audio.frontend.mel", 0).ok_or_else(|| {
+            let mel = xray_core::key("audio.frontend.mel", 0);
+            Error::Input(format!("{dir}: no {mel} to feed"))
+        })?;
         if t.shape() != [n_mels, frames] {
             return Err(Error::Input(format!(
                 "{dir}: audio.frontend.mel is {:?}, expected [{n_mels}, {frames}]",

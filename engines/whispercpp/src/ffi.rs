@@ -20,6 +20,7 @@
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr, CString};
 use std::sync::Mutex;
+use xray_core::Step;
 
 use whisper_rs_sys as sys;
 
@@ -31,7 +32,7 @@ pub struct Captured {
     /// Dump name.
     pub name: String,
     /// Step.
-    pub step: usize,
+    pub step: Step,
     /// Tap (layout, shape, op).
     pub tap: Tap,
     /// C-order values, converted to f32.
@@ -59,7 +60,7 @@ pub struct GraphRecord {
     /// Which graph.
     pub kind: Kind,
     /// Step it belongs to.
-    pub step: usize,
+    pub step: Step,
     /// Nodes in it.
     pub nodes: usize,
     /// Nodes the callback asked for.
@@ -87,7 +88,7 @@ pub struct Session {
     /// IM2COL nodes given the stand-in (graph edits made).
     pub stubbed: usize,
     /// Current step (0: encoder + prefill).
-    pub step: usize,
+    pub step: Step,
     /// (tokens, past) of the current decode call.
     pub decode: Option<(usize, usize)>,
     /// Captured tensors.

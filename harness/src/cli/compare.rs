@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use xray_core::Step;
 
 use anyhow::anyhow;
 use xray_compare::evidence::{RunDumps, Verdict};
@@ -175,7 +176,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         let m = model.as_deref();
         let lookup =
             |module: &str| m.and_then(|m| m.weights().get(&format!("{module}.weight")).cloned());
-        let nodes = |step: u32| match m {
+        let nodes = |step: Step| match m {
             Some(m) => m.graph().point_nodes(),
             None => PointGraph::firing_order(&reference, step),
         };

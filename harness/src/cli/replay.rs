@@ -155,19 +155,13 @@ fn runtime_output(c: &LoadedCase, a: &Args) -> anyhow::Result<(xray_core::Tensor
     let weights = Weights::from_map(&c.dir.join(case::WEIGHTS_DIR).display().to_string(), table);
     plan.reset_hits();
     let out = if module_case {
-        g.run_module(
-            &spec,
-            &c.inputs,
-            &weights,
-            c.case.step as usize,
-            Some(&plan),
-        )?
+        g.run_module(&spec, &c.inputs, &weights, c.case.step, Some(&plan))?
     } else {
         let outs = g.run_op(
             &c.case.op.name,
             &c.inputs,
             &weights,
-            c.case.step as usize,
+            c.case.step,
             Some(&plan),
         )?;
         let i = spec

@@ -12,6 +12,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use xray_core::Step;
 
 use anyhow::{anyhow, bail};
 use xray_compare::case::{
@@ -63,29 +64,26 @@ fn point_tensor(
     d: &Dump,
     what: &str,
     point: &str,
-    step: u32,
+    step: Step,
     to: Layout,
     declared: &[String],
 ) -> anyhow::Result<Tensor> {
-    let (Some(e), Some(t)) = (d.entry(point, step as usize), d.get(point, step as usize)) else {
+    let (Some(e), Some(t)) = (d.entry(point, step), d.get(point, step)) else {
         let n = xray_compare::ops::dump_points(d, step).len();
-        bail!(
-            "the {what} dump {} holds no {point}@step{step} ({}): a case needs the op-level points on both sides; re-make the dumps with --ops (`xray check --ops --dumps DIR`, `xray oracle --ops`, `xray run --ops`)",
-            d.dir.display(),
-            if n == 0 {
+        bail!("the {what} dump {} holds no {} ({}): a case needs the op-level points on both sides; re-make the dumps with --ops (`xray check --ops --dumps DIR`, `xray oracle --ops`, `xray run --ops`)", d.dir.display(), xray_core::key(point, step), if n == 0 {
                 format!("it holds no op-level point at step {step}")
             } else {
                 format!("it holds {n} other op-level points at step {step}")
-            }
-        );
+            });
     };
     if e.layout == to {
         return Ok(t.clone());
     }
     to_canonical(t, e.layout, to, heads_for(t, e.layout, to, declared)).map_err(|r| {
         anyhow!(
-            "the {what} dump {}: {point}@step{step} is {} {:?}, the runtime edge is {to}: {r}",
+            "the {what} dump {}: {} is {} {:?}, the runtime edge is {to}: {r}",
             d.dir.display(),
+            xray_core::key(point, step),
             e.layout,
             t.shape()
         )
@@ -232,28 +230,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         );
     };
     let Some(op) = &fd.op else {
-        bail!(
-            "{e_path}: the evidence has no op-level origin (first_divergence.op) behind {}@step{}: both dumps need op-level points for one (`xray check` drills down by itself; an engine's dump needs {{module}}:in/out points, --ops), and a drill-down needs more than one runtime op in the origin's region",
-            fd.checkpoint,
-            fd.step
-        );
+        bail!("{e_path}: the evidence has no op-level origin (first_divergence.op) behind {}: both dumps need op-level points for one (`xray check` drills down by itself; an engine's dump needs {{module}}:in/out points, --ops), and a drill-down needs more than one runtime op in the origin's region", xray_core::key(&fd.checkpoint, fd.step));
     };
     let module_case = op.op.is_none() && op.boundary;
     let Some(op_name) = op.op.as_ref().or(module_case.then_some(&op.module)) else {
-        bail!(
-            "{e_path}: the op-level origin {}@step{} lies behind {} ops ({}), not one: a case cuts out one op",
-            op.point,
-            op.step,
-            op.suspects.len(),
-            op.suspects.join(", ")
-        );
+        bail!("{e_path}: the op-level origin {} lies behind {} ops ({}), not one: a case cuts out one op", xray_core::key(&op.point, op.step), op.suspects.len(), op.suspects.join(", "));
     };
     if let Some((r, x)) = &op.shapes {
-        bail!(
-            "{e_path}: the op-level origin {}@step{} is a shape divergence (reference {r:?}, engine {x:?}): no output of the reference's shape to judge against it",
-            op.point,
-            op.step
-        );
+        bail!("{e_path}: the op-level origin {} is a shape divergence (reference {r:?}, engine {x:?}): no output of the reference's shape to judge against it", xray_core::key(&op.point, op.step));
     }
     let dumps = ev.run.dumps.as_ref();
     let pick = |given: &Option<PathBuf>, recorded: Option<&String>, flag: &str| {
@@ -366,7 +350,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         let Some(point) = port
             .points
             .iter()
-            .find(|p| reference.entry(p, step as usize).is_some())
+            .find(|p| reference.entry(p, step).is_some())
             .or(port.points.first())
         else {
             bail!(
@@ -425,15 +409,15 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let x = point_tensor(&got, "got", &op.point, step, out_layout, &out_port.shape)?;
     if r.shape() != x.shape() {
         bail!(
-            "{}@step{step}: the reference is {:?}, the engine {:?}: no case of one output shape",
-            op.point,
+            "{}: the reference is {:?}, the engine {:?}: no case of one output shape",
+            xray_core::key(&op.point, step),
             r.shape(),
             x.shape()
         );
     }
     let tol = op.tolerance.bounds;
     let m = xray_compare::metrics::compare(&r.view(), &x.view(), &tol)
-        .map_err(|e| anyhow!("{}@step{step}: {e}", op.point))?;
+        .map_err(|e| anyhow!("{}: {e}", xray_core::key(&op.point, step)))?;
     let passes = m.passes(&tol);
     let reference_t = files
         .add("reference.npy", &r, Some(out_layout))
@@ -475,7 +459,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         },
         tolerance: op.tolerance.clone(),
         divergence: CaseDivergence {
-            checkpoint: format!("{}@step{}", fd.checkpoint, fd.step),
+            checkpoint: xray_core::key(&fd.checkpoint, fd.step).to_string(),
             signature: op.explanation.as_ref().map(|e| e.signature.clone()),
             detail: op.explanation.as_ref().map(|e| e.detail.clone()),
         },
@@ -497,28 +481,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         .filter_map(|f| std::fs::metadata(a.out.join(f)).ok())
         .map(|m| m.len())
         .sum();
-    super::note(&format!(
-        "xray: case {}: op {} ({}{}) at {}@step{step}: {} input(s), {} weight(s), {:.1} kB; the {} output {} the reference (rel_l2 {:.3e}){}",
-        a.out.display(),
-        c.op.name,
-        c.op.kind,
-        c.upstream
+    super::note(&format!("xray: case {}: op {} ({}{}) at {}: {} input(s), {} weight(s), {:.1} kB; the {} output {} the reference (rel_l2 {:.3e}){}", a.out.display(), c.op.name, c.op.kind, c.upstream
             .module
             .as_ref()
             .map(|m| format!(", {} at {m}", c.upstream.class.as_deref().unwrap_or("module")))
-            .unwrap_or_default(),
-        c.point,
-        c.inputs.len(),
-        c.weights.len(),
-        n_bytes as f64 / 1e3,
-        c.engine.producer,
-        if passes { "passes against" } else { "fails against" },
-        c.engine.metrics.rel_l2,
-        if passes {
+            .unwrap_or_default(), xray_core::key(&c.point, step), c.inputs.len(), c.weights.len(), n_bytes as f64 / 1e3, c.engine.producer, if passes { "passes against" } else { "fails against" }, c.engine.metrics.rel_l2, if passes {
             " (the case does not reproduce a failure at this tolerance)"
         } else {
             ""
-        }
-    ));
+        }));
     Ok(ExitCode::SUCCESS)
 }

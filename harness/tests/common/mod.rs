@@ -22,7 +22,7 @@ pub fn whisper_contract(enc: u32, dec: u32) -> Contract {
 }
 
 /// Whisper graph with the given layer counts over `steps`, from the real contract.
-pub fn whisper_graph(enc: u32, dec: u32, steps: &[u32]) -> CheckpointGraph {
+pub fn whisper_graph(enc: u32, dec: u32, steps: &[usize]) -> CheckpointGraph {
     build_graph(&whisper_contract(enc, dec).checkpoints, steps).expect("graph")
 }
 
@@ -48,7 +48,7 @@ pub fn tensor(shape: &[usize], seed: f32) -> ArrayD<f32> {
     ArrayD::from_shape_vec(IxDyn(shape), v).expect("shape")
 }
 
-fn shape_for(name: &str, step: u32, logits: bool) -> (Vec<usize>, &'static str) {
+fn shape_for(name: &str, step: usize, logits: bool) -> (Vec<usize>, &'static str) {
     let tokens = if step == 0 { 3 } else { 1 };
     if logits {
         (vec![tokens, 10], "token_major")

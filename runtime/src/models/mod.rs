@@ -10,6 +10,7 @@ pub mod whisper;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use xray_core::Step;
 
 use crate::audio::Audio;
 use crate::capture::{Observer, Substitute};
@@ -36,7 +37,7 @@ pub struct RunHooks<'a> {
 
 impl RunHooks<'_> {
     /// A [`RunCtx`] for one formula run at `step`, reborrowing these hooks.
-    pub fn ctx(&mut self, step: usize) -> RunCtx<'_> {
+    pub fn ctx(&mut self, step: Step) -> RunCtx<'_> {
         RunCtx {
             step,
             observer: match self.observer.as_mut() {

@@ -278,10 +278,10 @@ class DumpWriter:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise XrayError(f"checkpoint {name}: step {step!r} must be a non-negative integer")
         if layout not in LAYOUTS:
-            raise XrayError(f"checkpoint {name}@step{step}: layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+            raise XrayError(f"checkpoint {_native.key(name, step)}: layout {layout!r} is not one of {', '.join(LAYOUTS)}")
         a = np.asarray(array)
         if a.dtype.kind not in "fiub":
-            raise XrayError(f"checkpoint {name}@step{step}: dtype {a.dtype} is not numeric")
+            raise XrayError(f"checkpoint {_native.key(name, step)}: dtype {a.dtype} is not numeric")
         self._entries.append((name, step, layout, np.ascontiguousarray(a, dtype=np.float32),
                               token_positions, logits_processed))
 

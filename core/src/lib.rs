@@ -3,6 +3,7 @@
 //! | module | what it holds |
 //! |---|---|
 //! | (root) | [`Layout`], [`Dim`], [`Shape`], [`Tensor`]: the vocabulary of declared edges |
+//! | [`family`] | family descriptors (`core/families/*.json`): model types, files, capabilities, extras, oracle module, self-test fixture |
 //! | [`key`] | [`CheckpointKey`] and [`Step`]: a checkpoint at a step, `name@stepK`, spelled once |
 //! | [`contract`] | the per-family checkpoint contracts (`core/contracts/*.json`), parsed and resolved once against a model config |
 //! | [`dump`] | the `xray.dump` format: manifest, `.npy` tensors, atomic writer, checked loader |
@@ -27,6 +28,7 @@ pub mod capture;
 pub mod contract;
 pub mod dump;
 pub mod error;
+pub mod family;
 pub mod key;
 pub mod ops;
 pub mod reference;

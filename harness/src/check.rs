@@ -160,8 +160,16 @@ fn check_stats_only(opts: &CheckOptions, family: &str) -> anyhow::Result<()> {
             anyhow::bail!("--stats-only keeps no tensors and {flag} {why}: drop one of them");
         }
     }
-    if family != "whisper" {
-        anyhow::bail!("--stats-only is implemented for whisper; a {family} model is checked with full capture (drop --stats-only)");
+    if !xray_core::family::descriptor(family)?
+        .capabilities
+        .stats_only
+    {
+        let with: Vec<&str> = xray_core::family::descriptors()?
+            .iter()
+            .filter(|d| d.capabilities.stats_only)
+            .map(|d| d.family.as_str())
+            .collect();
+        anyhow::bail!("--stats-only is implemented for {}; a {family} model is checked with full capture (drop --stats-only)", with.join(", "));
     }
     Ok(())
 }

@@ -263,18 +263,18 @@ pub fn table(rows: &[Row]) -> String {
     s
 }
 
-/// The bundled fixtures (relative to the repository root).
-pub fn bundled(root: &Path) -> Vec<Fixture> {
-    vec![
-        Fixture {
-            model: root.join("fixtures/build/whisper-rand-a"),
-            audio: root.join("fixtures/audio/fox.wav"),
-            second_audio: root.join("fixtures/audio/weather.wav"),
-        },
-        Fixture {
-            model: root.join("fixtures/build/granite-nar-tiny"),
-            audio: root.join("fixtures/audio/fox.wav"),
-            second_audio: root.join("fixtures/audio/weather.wav"),
-        },
-    ]
+/// The bundled fixtures (relative to the repository root): each registered family's
+/// descriptor names its own (`selftest`).
+pub fn bundled(root: &Path) -> anyhow::Result<Vec<Fixture>> {
+    xray_runtime::models::families()
+        .iter()
+        .map(|f| {
+            let s = &f.descriptor()?.selftest;
+            Ok(Fixture {
+                model: root.join(&s.model),
+                audio: root.join(&s.audio),
+                second_audio: root.join(&s.second_audio),
+            })
+        })
+        .collect()
 }

@@ -582,6 +582,13 @@ impl Oracle {
             }
             self.check_numpy(py)?;
             let module = py.import("xray_oracle").map_err(|e| py_err(py, e))?;
+            // The family descriptors Python dispatches by: core's, handed over before any call
+            // (Python lists no family of its own; `xray_oracle.families`).
+            let descriptors = xray_core::family::descriptors_json()
+                .map_err(|e| OracleError::Data(format!("family descriptors: {e}")))?;
+            py.import("xray_oracle.families")
+                .and_then(|m| m.call_method1("register", (descriptors,)))
+                .map_err(|e| py_err(py, e))?;
             f(py, &module)
         })
     }
@@ -692,7 +699,19 @@ impl Oracle {
                     Some(&kw),
                 )
                 .map_err(|e| py_err(py, e))?;
-            let mut run = extract_run(py, &res, &req.ops, req.stats_only.then_some(&summaries))?;
+            let extras = &xray_core::family::descriptor(&req.family)
+                .map_err(|e| OracleError::Input {
+                    message: e.to_string(),
+                    traceback: String::new(),
+                })?
+                .reference_extras;
+            let mut run = extract_run(
+                py,
+                &res,
+                &req.ops,
+                extras,
+                req.stats_only.then_some(&summaries),
+            )?;
             // Op-level points have no contract entry: their shapes are HF's own.
             req.contract
                 .check_shapes(
@@ -933,6 +952,7 @@ fn extract_run(
     py: Python<'_>,
     res: &Bound<'_, PyAny>,
     ops: &PointSelect,
+    extras: &BTreeMap<String, xray_core::family::ExtraKind>,
     summaries: Option<&Summaries>,
 ) -> Result<OracleRun> {
     let data = |e: PyErr| OracleError::Data(py_err(py, e).to_string());
@@ -954,10 +974,27 @@ fn extract_run(
             extra.insert("reference_variant".to_string(), json);
         }
     }
-    if let Ok(h) = res.get_item("hypothesis") {
-        if let Ok(v) = h.extract::<Vec<i64>>() {
-            extra.insert("hypothesis".to_string(), serde_json::json!(v));
+    // The extras the family's descriptor declares, each of its declared kind (absent is allowed:
+    // a run that has none, e.g. a decode that produced no hypothesis, returns None).
+    for (name, kind) in extras {
+        let Ok(v) = res.get_item(name.as_str()) else {
+            continue;
+        };
+        if v.is_none() {
+            continue;
         }
+        let json = match kind {
+            xray_core::family::ExtraKind::TokenIds => {
+                let ids: Vec<i64> = v.extract().map_err(|e| {
+                    OracleError::Data(format!(
+                        "extra '{name}': not a list of token ids ({})",
+                        py_err(py, e)
+                    ))
+                })?;
+                serde_json::json!(ids)
+            }
+        };
+        extra.insert(name.clone(), json);
     }
     if let Some(collected) = summaries {
         let summaries = extract_summaries(py, &get(py, res, "checkpoints")?, collected)?;

@@ -25,12 +25,12 @@ def run(family: str, model_dir: str, audio_path: str, contract_json: str, *, dty
         ops=None, summarize=None, weights_variant=None) -> dict:
     """One entry for the Rust side: dispatch on the family name with the common options.
 
-    `teacher` is the granite CTC hypothesis to force; Whisper's reference is never teacher-forced
-    (its generate is the reference token stream). `samples` (float32, 16 kHz mono) and
+    `teacher` is the runtime's hypothesis to force (families whose descriptor grants
+    `teacher_forcing`; an autoregressive reference's generate is its own token stream). `samples` (float32, 16 kHz mono) and
     `audio_sha256` are the audio as the runtime's reader decoded and converted it: the reference
     is fed the same samples and never reads `audio_path`. `ops` selects op-level points
     (`xray_oracle.ops`: None, "all" or a list of point names), returned as `op_points`.
-    `summarize` (Whisper only) makes the run stats-only: see `xray_oracle.whisper.run_whisper`.
+    `summarize` makes the run stats-only (families whose descriptor grants `stats_only`).
     Arguments, the model directory and the audio are checked here, before torch is imported (one
     check for every family).
     """
@@ -42,8 +42,15 @@ def run(family: str, model_dir: str, audio_path: str, contract_json: str, *, dty
     for name, v in (("max_new_tokens", max_new_tokens), ("threads", threads)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise OracleInputError(f"{name} must be a positive integer, got {v!r}")
-    if family not in ("whisper", "granite_nar"):
-        raise OracleError(f"unknown family '{family}' (known: whisper, granite_nar)")
+    from .families import descriptor, module, with_capability
+
+    caps = descriptor(family)["capabilities"]
+    for given, cap, what in ((summarize is not None, "stats_only", "stats-only capture (drop --stats-only)"),
+                             (weights_variant is not None, "reference_variants", "reference variants (weights_variant)"),
+                             (teacher is not None, "teacher_forcing", "a teacher-forced reference (teacher)")):
+        if given and not caps[cap]:
+            raise OracleInputError(f"{family}: its descriptor grants no {what}; the families that have it: "
+                                   f"{', '.join(with_capability(cap)) or 'none'}")
     ops = parse_ops(ops)
     check_model_dir(model_dir, family)
     if samples is not None:
@@ -54,29 +61,11 @@ def run(family: str, model_dir: str, audio_path: str, contract_json: str, *, dty
         from .audio import read_wav
 
         read_wav(audio_path)
-    if family == "whisper":
-        if teacher is not None:
-            raise OracleError("whisper: the reference is not teacher-forced; teacher must be None")
-        kw = {} if threads is None else {"threads": threads}
-        if weights_variant is not None:
-            kw["weights_variant"] = weights_variant
-        return run_whisper(model_dir, audio_path, contract_json, max_new_tokens=max_new_tokens,
-                           dtype=dtype, only=only, samples=samples, audio_sha256=audio_sha256, ops=ops,
-                           summarize=summarize, **kw)
-    if family == "granite_nar":
-        if summarize is not None:
-            raise OracleInputError("stats-only capture is implemented for whisper; a granite_nar model is "
-                                   "checked with full capture (drop --stats-only)")
-        if weights_variant is not None:
-            raise OracleInputError("reference variants (weights_variant) are implemented for whisper")
-        if threads is not None:
-            import torch
-            torch.set_num_threads(int(threads))
-        from .granite_nar import run_granite_nar
-        return run_granite_nar(model_dir, audio_path, contract_json, dtype=dtype,
-                               teacher_hypothesis=teacher, only=only, samples=samples, audio_sha256=audio_sha256,
-                               ops=ops)
-    raise OracleError(f"unknown family '{family}' (known: whisper, granite_nar)")
+    # The family's module (`oracle_module` of its descriptor), each with the same entry.
+    return module(family).run_reference(
+        model_dir, audio_path, contract_json, dtype=dtype, max_new_tokens=max_new_tokens, teacher=teacher,
+        only=only, threads=threads, samples=samples, audio_sha256=audio_sha256, ops=ops, summarize=summarize,
+        weights_variant=weights_variant)
 
 
 def run_whisper(*args, **kwargs):

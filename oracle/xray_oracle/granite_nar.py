@@ -720,3 +720,22 @@ def run_granite_nar(
         "samples_sha256": _audio.samples_sha256(audio),
         "config": raw_config,
     }
+
+
+def run_reference(model_dir, audio_path, contract_json, *, dtype, max_new_tokens, teacher, only, threads,
+                  samples, audio_sha256, ops, summarize, weights_variant) -> dict:
+    """The family's entry for `xray_oracle.run` (arguments and capabilities already checked there:
+    no stats-only capture, no reference variants; one non-autoregressive pass, so max_new_tokens
+    does not apply)."""
+    if summarize is not None or weights_variant is not None:
+        raise OracleInputError("granite_nar: no stats-only capture and no reference variants (its descriptor)")
+    if threads is not None:
+        torch.set_num_threads(int(threads))
+    return run_granite_nar(model_dir, audio_path, contract_json, dtype=dtype, teacher_hypothesis=teacher,
+                           only=only, samples=samples, audio_sha256=audio_sha256, ops=ops)
+
+
+def load_reference(d: Path, dtype: str):
+    """For replay (`xray_oracle.replay.load_model`): (cache key, loader of the eval-mode model)."""
+    st = (d / "model.safetensors").stat()
+    return (str(d.resolve()), st.st_size, st.st_mtime_ns, dtype), lambda: load_granite_nar(d, dtype)[0]

@@ -1,6 +1,7 @@
 """One model-directory check for every family, run before torch is imported: a local directory
 with safetensors weights and the files the family's reference reads; never a pickle (refused even
 when safetensors are present: the directory is not what it says), never remote code (`auto_map`).
+The model types and files per family are the family descriptor's (`xray_oracle.families`).
 Pure Python (json + pathlib)."""
 from __future__ import annotations
 
@@ -8,25 +9,9 @@ import json
 from pathlib import Path
 
 from .errors import FIXTURES_HINT, OracleInputError
+from .families import descriptor
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
-
-# model_type values per family (the runtime's `models::detect_family` accepts the same).
-MODEL_TYPES = {
-    "whisper": ("whisper",),
-    "granite_nar": ("granite_speech_nar", "nle_nar", "granite_nar"),
-}
-
-# Files each family's reference reads, beyond config.json and the weights.
-REQUIRED_FILES = {
-    "whisper": ("preprocessor_config.json", "generation_config.json"),
-    "granite_nar": ("preprocessor_config.json", "model.safetensors"),
-}
-# Files a full reference run needs besides (the transcript's tokenizer).
-RUN_FILES = {
-    "whisper": (),
-    "granite_nar": ("tokenizer.json",),
-}
 
 FIXES = {
     "tokenizer.json": "copy the model's tokenizer.json next to its config.json (the transcript is decoded with it)",
@@ -37,8 +22,7 @@ def check_model_dir(model_dir: str | Path, family: str, for_run: bool = True) ->
     """Refuse anything but a local safetensors directory of `family`. Returns (dir, config).
     `for_run=False` skips the files only a full run reads (loading the model alone)."""
     d = Path(model_dir)
-    if family not in MODEL_TYPES:
-        raise OracleInputError(f"unknown family '{family}' (known: {', '.join(MODEL_TYPES)})")
+    desc = descriptor(family)
     if not d.exists():
         raise OracleInputError(f"model directory {d} does not exist; {FIXTURES_HINT}")
     if not d.is_dir():
@@ -63,9 +47,9 @@ def check_model_dir(model_dir: str | Path, family: str, for_run: bool = True) ->
     if "auto_map" in config:
         raise OracleInputError(f"{cfg_path} has an auto_map (remote code); the oracle never runs remote code")
     mt = config.get("model_type")
-    if mt not in MODEL_TYPES[family]:
-        raise OracleInputError(f"{cfg_path}: model_type is {mt!r}, expected one of {list(MODEL_TYPES[family])} for {family}")
-    for f in REQUIRED_FILES[family] + (RUN_FILES[family] if for_run else ()):
+    if mt not in desc["model_types"]:
+        raise OracleInputError(f"{cfg_path}: model_type is {mt!r}, expected one of {desc['model_types']} for {family}")
+    for f in desc["required_files"] + (desc["run_files"] if for_run else []):
         if not (d / f).is_file():
             raise OracleInputError(f"{d / f} is missing; {FIXES.get(f, FIXTURES_HINT)}")
     return d, config

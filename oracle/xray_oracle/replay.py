@@ -9,8 +9,8 @@ would it have produced; and what would it have produced had it been wrong in thi
 conv's padding). X-Ray compares those with the engine's own output (`xray_compare::mechanism`).
 
 Rules:
-- the model is loaded once per process, by the family's own loader (`whisper._load`,
-  `granite_nar.load_granite_nar`: `from_pretrained(local_files_only=True)` / safetensors, never
+- the model is loaded once per process, by the family's own loader (its module's `load_reference`:
+  `from_pretrained(local_files_only=True)` / safetensors, never
   `trust_remote_code`, never a pickle), cached by model directory, weights sha256 and dtype;
 - every tensor replay receives or returns is an op-level point, in the layout and form the
   family contract's `points` rules declare for it (`contract.Contract.point_rule`, the rules the
@@ -77,23 +77,12 @@ def load_model(family: str, model_dir: str, dtype: str = "float32"):
     # The console is X-Ray's: no load progress bar or warnings of transformers' own on it.
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    d = Path(model_dir)
-    if family == "whisper":
-        from . import whisper
+    from .families import module
 
-        _, _, sha = whisper.check_model_dir(d)
-        key = (family, str(d.resolve()), sha, dtype)
-        if key not in _models:
-            _models[key] = whisper._load(d, sha, dtype, "eager")[2]
-    elif family == "granite_nar":
-        from .granite_nar import load_granite_nar
-
-        st = (d / "model.safetensors").stat()
-        key = (family, str(d.resolve()), st.st_size, st.st_mtime_ns, dtype)
-        if key not in _models:
-            _models[key] = load_granite_nar(d, dtype)[0]
-    else:
-        raise OracleInputError(f"replay: unknown family '{family}' (known: whisper, granite_nar)")
+    key, load = module(family).load_reference(Path(model_dir), dtype)
+    key = (family, *key)
+    if key not in _models:
+        _models[key] = load()
     if len(_models) > 2:
         _models.pop(next(iter(_models)))
     return _models[key]

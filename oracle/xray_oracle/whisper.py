@@ -500,3 +500,22 @@ def _verify_and_collect(rec: _Recorder, contract: Contract, selected: list[Check
     for c in out:
         del c["order"]
     return out
+
+
+def run_reference(model_dir, audio_path, contract_json, *, dtype, max_new_tokens, teacher, only, threads,
+                  samples, audio_sha256, ops, summarize, weights_variant) -> dict:
+    """The family's entry for `xray_oracle.run` (arguments and capabilities already checked there:
+    Whisper's reference is never teacher-forced, its generate is the reference token stream)."""
+    if teacher is not None:
+        raise OracleInputError("whisper: the reference is not teacher-forced; teacher must be None")
+    kw = {} if threads is None else {"threads": threads}
+    if weights_variant is not None:
+        kw["weights_variant"] = weights_variant
+    return run_whisper(model_dir, audio_path, contract_json, max_new_tokens=max_new_tokens, dtype=dtype,
+                       only=only, samples=samples, audio_sha256=audio_sha256, ops=ops, summarize=summarize, **kw)
+
+
+def load_reference(d: Path, dtype: str):
+    """For replay (`xray_oracle.replay.load_model`): (cache key, loader of the eval-mode model)."""
+    _, _, sha = check_model_dir(d)
+    return (str(d.resolve()), sha, dtype), lambda: _load(d, sha, dtype, "eager")[2]

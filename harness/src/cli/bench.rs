@@ -292,11 +292,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     let threads = xray_runtime::kernels::threads();
     let model = models::load(&a.model)?;
-    if model.family() != "whisper" {
+    if !xray_core::family::descriptor(model.family())?
+        .capabilities
+        .bench
+    {
         return Err(anyhow!(
-            "xray bench measures the Whisper family; {} is {}",
+            "xray bench does not measure the {} family (its descriptor's capabilities.bench); {} is one",
+            model.family(),
             a.model.display(),
-            model.family()
         ));
     }
     let audio = load_wav(&a.audio, 16000)?;

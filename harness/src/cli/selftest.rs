@@ -33,7 +33,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         Some(p) => Policy::load(p)?,
         None => Policy::default(),
     };
-    let mut fx = bundled(&a.root);
+    let mut fx = bundled(&a.root)?;
     if let Some(f) = &a.family {
         fx.retain(|x| {
             xray_runtime::models::detect_family(&x.model)

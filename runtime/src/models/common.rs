@@ -86,16 +86,18 @@ impl Tokenizer {
     }
 }
 
-/// config.json's `model_type` must be one of `accepted` (an error naming the first otherwise).
-pub fn check_model_type(path: &Path, model_type: &str, accepted: &[&str]) -> Result<()> {
-    if accepted.contains(&model_type) {
+/// config.json's `model_type` must be one of those `family`'s descriptor lists (an error naming
+/// the first otherwise).
+pub fn check_model_type(path: &Path, model_type: &str, family: &str) -> Result<()> {
+    let accepted = &xray_core::family::descriptor(family)?.model_types;
+    if accepted.iter().any(|t| t == model_type) {
         return Ok(());
     }
     Err(cfg_err(
         path,
         format!(
             "model_type is '{model_type}', expected '{}'",
-            accepted.first().copied().unwrap_or_default()
+            accepted.first().map(String::as_str).unwrap_or_default()
         ),
     ))
 }

@@ -172,8 +172,10 @@ pub enum Alignment {
 pub trait Family: Sync {
     /// The family's name (its contract's `family`, dumps' and evidence's `family`).
     fn name(&self) -> &'static str;
-    /// config.json `model_type` values it loads.
-    fn model_types(&self) -> &'static [&'static str];
+    /// Its descriptor (`core/families/<name>.json`: model types, files, capabilities, ...).
+    fn descriptor(&self) -> Result<&'static xray_core::family::Descriptor> {
+        Ok(xray_core::family::descriptor(self.name())?)
+    }
     /// Load a model directory.
     fn load(&self, dir: &Path) -> Result<Box<dyn SpeechModel>>;
     /// Its fault catalogue.
@@ -216,23 +218,21 @@ pub fn detect(dir: &Path) -> Result<&'static dyn Family> {
             reason: "no model_type".into(),
         });
     };
-    families()
-        .iter()
-        .copied()
-        .find(|f| f.model_types().contains(&mt))
-        .ok_or_else(|| {
-            let known: Vec<&str> = families()
-                .iter()
-                .flat_map(|f| f.model_types().iter().copied())
-                .collect();
-            RuntimeError::Config {
-                path: p,
-                reason: format!(
-                    "model_type '{mt}' is not a supported family (known: {})",
-                    known.join(", ")
-                ),
-            }
-        })
+    let mut known: Vec<&str> = Vec::new();
+    for f in families() {
+        let types = &f.descriptor()?.model_types;
+        if types.iter().any(|t| t == mt) {
+            return Ok(*f);
+        }
+        known.extend(types.iter().map(String::as_str));
+    }
+    Err(RuntimeError::Config {
+        path: p,
+        reason: format!(
+            "model_type '{mt}' is not a supported family (known: {})",
+            known.join(", ")
+        ),
+    })
 }
 
 /// Load any supported model directory.

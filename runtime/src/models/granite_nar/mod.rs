@@ -40,9 +40,6 @@ pub(crate) use crate::models::common::{
 pub use frontend::PreprocessorConfig;
 pub use model::GraniteNarModel;
 
-/// `model_type` values of config.json this family loads.
-pub const MODEL_TYPES: &[&str] = &["granite_speech_nar", "nle_nar", "granite_nar"];
-
 /// The family's name: its contract (`core/contracts/granite_nar.json`), dumps and evidence.
 pub const NAME: &str = "granite_nar";
 
@@ -52,9 +49,6 @@ pub struct GraniteNar;
 impl super::Family for GraniteNar {
     fn name(&self) -> &'static str {
         NAME
-    }
-    fn model_types(&self) -> &'static [&'static str] {
-        MODEL_TYPES
     }
     fn load(&self, dir: &Path) -> Result<Box<dyn super::SpeechModel>> {
         Ok(Box::new(GraniteNarModel::load(dir)?))
@@ -329,7 +323,7 @@ impl GraniteNarConfig {
             &self.projector_config,
             &self.text_config,
         );
-        check_model_type(path, &self.model_type, MODEL_TYPES)?;
+        check_model_type(path, &self.model_type, NAME)?;
         check_positive(
             path,
             &[

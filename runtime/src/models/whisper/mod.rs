@@ -44,9 +44,6 @@ impl super::Family for Whisper {
     fn name(&self) -> &'static str {
         NAME
     }
-    fn model_types(&self) -> &'static [&'static str] {
-        &["whisper"]
-    }
     fn load(&self, dir: &Path) -> Result<Box<dyn super::SpeechModel>> {
         Ok(Box::new(WhisperModel::load(dir)?))
     }
@@ -191,7 +188,7 @@ impl WhisperConfig {
     /// Fail-closed geometry checks (the ones HF makes and the ones it would only hit later).
     pub fn check(&self, path: &Path) -> Result<()> {
         let e = |r: String| Err(cfg_err(path, r));
-        check_model_type(path, &self.model_type, &[NAME])?;
+        check_model_type(path, &self.model_type, NAME)?;
         check_positive(
             path,
             &[

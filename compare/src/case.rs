@@ -175,7 +175,7 @@ pub struct CaseDivergence {
     /// The origin checkpoint (`audio.encoder.layer.1.out`).
     pub checkpoint: String,
     /// The op-level signature (`row_affine`), when the evidence named one.
-    pub signature: Option<String>,
+    pub signature: Option<xray_core::SignatureKind>,
     /// Its one-line detail.
     pub detail: Option<String>,
 }

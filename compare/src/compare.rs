@@ -6,7 +6,7 @@
 //! parts go straight into [`crate::evidence::Evidence`] ([`Comparison::into_evidence`]).
 
 use std::collections::HashMap;
-use xray_core::Step;
+use xray_core::{Layout, SignatureKind, Step};
 
 use ndarray::ArrayViewD;
 
@@ -31,8 +31,8 @@ pub struct PairMeta {
     pub shape: Vec<usize>,
     /// Dtype of the runtime tensor.
     pub dtype: Dtype,
-    /// Canonical layout name.
-    pub layout: String,
+    /// Canonical layout.
+    pub layout: Layout,
     /// Axis names for signature wording; empty = derived from the layout.
     pub axis_names: Vec<String>,
 }
@@ -116,14 +116,14 @@ impl MemorySource {
         &mut self,
         name: &str,
         step: Step,
-        layout: &str,
+        layout: Layout,
         reference: ndarray::ArrayD<f32>,
         runtime: ndarray::ArrayD<f32>,
     ) {
         let meta = PairMeta {
             shape: reference.shape().to_vec(),
             dtype: Dtype::F32,
-            layout: layout.into(),
+            layout,
             axis_names: vec![],
         };
         self.entries.insert(
@@ -316,7 +316,7 @@ pub fn shape_explanation(
         }
     }
     crate::signatures::Explanation {
-        signature: "shape".into(),
+        signature: SignatureKind::Shape,
         detail: parts.join("; "),
         evidence: serde_json::json!({
             "reference_shape": reference,
@@ -395,11 +395,11 @@ fn region_and_suspects(
 }
 
 /// Default axis names for a layout and rank.
-pub fn layout_axis_names(layout: &str, rank: usize) -> Vec<String> {
+pub fn layout_axis_names(layout: Layout, rank: usize) -> Vec<String> {
     let names: &[&str] = match (layout, rank) {
-        ("head_major", 3) => &["heads", "tokens", "head_dim"],
-        ("token_major", 2) => &["tokens", "features"],
-        ("channel_major", 2) => &["channels", "frames"],
+        (Layout::HeadMajor, 3) => &["heads", "tokens", "head_dim"],
+        (Layout::TokenMajor, 2) => &["tokens", "features"],
+        (Layout::ChannelMajor, 2) => &["channels", "frames"],
         _ => &[],
     };
     names.iter().map(|s| s.to_string()).collect()
@@ -554,7 +554,10 @@ pub fn compare_graph(
             consumers: node.consumers.clone(),
             shape: meta.as_ref().map(|m| m.shape.clone()).unwrap_or_default(),
             dtype: dtype.as_str().into(),
-            layout: meta.as_ref().map(|m| m.layout.clone()).unwrap_or_default(),
+            layout: meta
+                .as_ref()
+                .map(|m| m.layout.to_string())
+                .unwrap_or_default(),
             metrics,
             local_metrics: local,
             tolerance: ToleranceEvidence::from(&tol),
@@ -586,7 +589,7 @@ pub fn compare_graph(
             .collect();
         let axis_names_of = |meta: &PairMeta, rank: usize| {
             if meta.axis_names.is_empty() {
-                layout_axis_names(&meta.layout, rank)
+                layout_axis_names(meta.layout, rank)
             } else {
                 meta.axis_names.clone()
             }
@@ -612,14 +615,14 @@ pub fn compare_graph(
                     shape_explanation(&meta.map_or(vec![], |m| axis_names_of(&m, r.len())), &r, &x)
                 }
                 None => crate::signatures::Explanation {
-                    signature: "layout".into(),
+                    signature: SignatureKind::Layout,
                     detail: note,
                     evidence: serde_json::json!({}),
                 },
             }),
             Pair::Missing { note, .. } | Pair::Unobserved { note, .. } => {
                 Some(crate::signatures::Explanation {
-                    signature: "missing".into(),
+                    signature: SignatureKind::Missing,
                     detail: note,
                     evidence: serde_json::json!({}),
                 })
@@ -631,7 +634,7 @@ pub fn compare_graph(
                 ..
             } => {
                 let axis_names = if meta.axis_names.is_empty() {
-                    layout_axis_names(&meta.layout, reference.ndim())
+                    layout_axis_names(meta.layout, reference.ndim())
                 } else {
                     meta.axis_names.clone()
                 };
@@ -851,8 +854,8 @@ impl Comparison {
                         .collect(),
                     explanation: Some(crate::signatures::Explanation {
                         signature: match kind {
-                            DivergenceKind::Tokens => "tokens".into(),
-                            _ => "capture".into(),
+                            DivergenceKind::Tokens => SignatureKind::Tokens,
+                            _ => SignatureKind::Capture,
                         },
                         detail,
                         evidence: serde_json::json!({}),
@@ -899,7 +902,7 @@ mod tests {
         let g = build_graph(&specs(), &[0, 1]).unwrap();
         let mut src = MemorySource::default();
         let mem = ramp(&[8, 12], 0.37);
-        src.insert("mem", 0, "token_major", mem.clone(), mem.clone());
+        src.insert("mem", 0, Layout::TokenMajor, mem.clone(), mem.clone());
         let k = ramp(&[3, 8, 4], 0.11);
         let bad_k = ArrayD::from_shape_vec(
             IxDyn(&[3, 8, 4]),
@@ -910,23 +913,23 @@ mod tests {
                 .collect(),
         )
         .unwrap();
-        src.insert("k", 0, "head_major", k.clone(), bad_k);
+        src.insert("k", 0, Layout::HeadMajor, k.clone(), bad_k);
         for step in 0..2 {
             let a = ramp(&[2, 5], 0.5 + step as f32);
-            src.insert("attn", step, "token_major", a.clone(), &a + 0.3f32);
+            src.insert("attn", step, Layout::TokenMajor, a.clone(), &a + 0.3f32);
             let l = ramp(&[2, 7], 1.3);
             let mut lx = l.clone();
             if step == 1 {
                 lx[[0, 0]] = 5.0;
             }
-            src.insert("logits", step, "token_major", l, lx);
+            src.insert("logits", step, Layout::TokenMajor, l, lx);
         }
         let c = compare_graph(&g, &src, &CompareOptions::default()).unwrap();
         let fd = c.first_divergence.as_ref().unwrap();
         assert_eq!((fd.checkpoint.as_str(), fd.step), ("k", 0));
         assert_eq!(fd.inputs[0].status, Status::Pass);
         let ex = fd.explanation.as_ref().unwrap();
-        assert_eq!(ex.signature, "permutation");
+        assert_eq!(ex.signature, SignatureKind::Permutation);
         assert!(
             ex.detail.contains("tokens, heads, head_dim"),
             "{}",
@@ -951,7 +954,7 @@ mod tests {
         let g = build_graph(&specs()[..2], &[0]).unwrap();
         let mut src = MemorySource::default();
         let mem = ramp(&[4, 4], 0.2);
-        src.insert("mem", 0, "token_major", mem.clone(), mem.clone());
+        src.insert("mem", 0, Layout::TokenMajor, mem.clone(), mem.clone());
         src.set_isolated("mem", 0, &mem + 1.0f32);
         let c = compare_graph(&g, &src, &CompareOptions::default()).unwrap();
         assert_eq!(c.checkpoints[1].status, Status::Missing);
@@ -966,9 +969,18 @@ mod tests {
             (fd.checkpoint.as_str(), fd.kind),
             ("k", DivergenceKind::Shape)
         );
-        assert_eq!(fd.explanation.as_ref().unwrap().signature, "layout");
+        assert_eq!(
+            fd.explanation.as_ref().unwrap().signature,
+            SignatureKind::Layout
+        );
         // A shape disagreement inside a pair is an alignment fault too, not an error.
-        src.insert("k", 0, "head_major", ramp(&[2, 3], 1.0), ramp(&[3, 2], 1.0));
+        src.insert(
+            "k",
+            0,
+            Layout::HeadMajor,
+            ramp(&[2, 3], 1.0),
+            ramp(&[3, 2], 1.0),
+        );
         let c = compare_graph(&g, &src, &CompareOptions::default()).unwrap();
         assert_eq!(c.checkpoints[1].status, Status::AlignmentFault);
         assert!(c.checkpoints[1].note.as_deref().unwrap().contains("[2, 3]"));
@@ -1025,7 +1037,7 @@ mod tests {
             if diff.contains(&(n.name.as_str(), n.step)) {
                 x += 0.5;
             }
-            src.insert(&n.name, n.step, "token_major", r, x);
+            src.insert(&n.name, n.step, Layout::TokenMajor, r, x);
         }
         src
     }
@@ -1118,7 +1130,7 @@ mod tests {
             .map(|s| s.to_string())
             .collect();
         let e = shape_explanation(&axes, &[6, 1, 5], &[6, 1, 4]);
-        assert_eq!(e.signature, "shape");
+        assert_eq!(e.signature, SignatureKind::Shape);
         assert_eq!(
             e.detail,
             "one key fewer along past+tokens (4 vs 5 in the reference): the cache lost a position"
@@ -1134,16 +1146,16 @@ mod tests {
         let g = build_graph(&specs(), &[0, 1]).unwrap();
         let mut src = MemorySource::default();
         let mem = ramp(&[8, 12], 0.37);
-        src.insert("mem", 0, "token_major", mem.clone(), mem);
+        src.insert("mem", 0, Layout::TokenMajor, mem.clone(), mem);
         let k = ramp(&[3, 5, 4], 0.11);
         let short = k.slice(ndarray::s![.., ..4, ..]).to_owned().into_dyn();
-        src.insert("k", 0, "head_major", k, short);
+        src.insert("k", 0, Layout::HeadMajor, k, short);
         src.set_axes("k", 0, &["heads", "past+tokens", "head_dim"]);
         for step in 0..2 {
             let a = ramp(&[2, 5], 0.5);
-            src.insert("attn", step, "token_major", a.clone(), &a + 1.0f32);
+            src.insert("attn", step, Layout::TokenMajor, a.clone(), &a + 1.0f32);
             let l = ramp(&[2, 7], 1.3);
-            src.insert("logits", step, "token_major", l.clone(), l);
+            src.insert("logits", step, Layout::TokenMajor, l.clone(), l);
         }
         let c = compare_graph(&g, &src, &CompareOptions::default()).unwrap();
         let fd = c.first_divergence.as_ref().unwrap();
@@ -1197,7 +1209,7 @@ mod tests {
         shape.insert(
             "conv",
             0,
-            "token_major",
+            Layout::TokenMajor,
             ramp(&[3, 8], 0.3),
             ramp(&[3, 7], 0.3),
         );

@@ -292,7 +292,7 @@ pub fn localize_op(
             ..Default::default()
         };
         let eopts = ExplainOptions {
-            axis_names: layout_axis_names(&layout.to_string(), r.ndim()),
+            axis_names: layout_axis_names(layout, r.ndim()),
             tolerance: tol.tolerance,
             ..Default::default()
         };

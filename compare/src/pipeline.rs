@@ -4,6 +4,7 @@
 //! contract allows; anything else is an alignment fault of that edge.
 
 use std::collections::HashMap;
+use xray_core::SignatureKind;
 use xray_core::Step;
 
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
@@ -390,9 +391,7 @@ impl<'a> DumpPairs<'a> {
 impl PairSource for DumpPairs<'_> {
     fn pair(&self, name: &str, step: Step) -> Pair<'_> {
         let spec = self.contract.get(name);
-        let layout = spec
-            .map(|s| s.layout.to_string())
-            .unwrap_or_else(|| "plain".into());
+        let layout = spec.map_or(Layout::Plain, |s| s.layout);
         let r = match self.reference_for.get(&(name.to_string(), step, 1)) {
             Some(v) => Some(v.as_ref().map(|a| a.view()).map_err(|e| e.clone())),
             None => self.side(self.reference, 0, name, step),
@@ -401,11 +400,11 @@ impl PairSource for DumpPairs<'_> {
         let meta_of = |a: &ArrayViewD<f32>| PairMeta {
             shape: a.shape().to_vec(),
             dtype: Dtype::F32,
-            layout: layout.clone(),
+            layout,
             // The contract's own axis names when they fit, else the layout's defaults.
             axis_names: match spec {
                 Some(s) if s.axes.len() == a.ndim() => s.axes.clone(),
-                _ => layout_axis_names(&layout, a.ndim()),
+                _ => layout_axis_names(layout, a.ndim()),
             },
         };
         match (r, x) {
@@ -828,7 +827,7 @@ impl SuppressionFound {
         };
         let (signature, detail) = if self.declared || !begin_late.is_empty() {
             (
-                "logits_processed",
+                SignatureKind::LogitsProcessed,
                 format!(
                     "logits processed: suppression at ids {} does not suppress at step {}: {}{}",
                     self.source,
@@ -853,7 +852,7 @@ impl SuppressionFound {
                 format!("{} of the {}", self.ids.len(), self.config_ids.len())
             };
             (
-                "logits_processed",
+                SignatureKind::LogitsProcessed,
                 format!(
                     "logits processed: suppression: the {} of {} ids the engine sets to <= -1e30 are {how} ids {} suppresses at step {} (suppress_tokens{}); the reference's logits are raw proj_out outputs. Declare \"logits_processed\": \"suppression\" on these entries (docs/dump-format.md) to compare them outside the suppressed ids",
                     self.ids.len(),
@@ -865,7 +864,7 @@ impl SuppressionFound {
             )
         } else {
             (
-                "none",
+                SignatureKind::None,
                 format!(
                     "{} of {} ids are set to <= -1e30 where the reference is finite; {} of them are not in {}'s suppress lists (first: {}), so suppression does not explain them",
                     self.ids.len(),
@@ -877,7 +876,7 @@ impl SuppressionFound {
             )
         };
         Explanation {
-            signature: signature.into(),
+            signature,
             detail,
             evidence: serde_json::json!({
                 "suppressed_ids": self.ids.len(),
@@ -1265,7 +1264,7 @@ pub fn compare_stats_dumps(
                 })
                 .collect(),
             explanation: Some(Explanation {
-                signature: "none".into(),
+                signature: SignatureKind::None,
                 detail: format!(
                     "{}; re-tap with `xray run --only '{}'` (full tensors) for a signature",
                     partial[o].note.clone().unwrap_or_default(),

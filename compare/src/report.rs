@@ -298,7 +298,7 @@ pub fn markdown(e: &Evidence) -> String {
             let _ = writeln!(
                 s,
                 "**Signature:** {}: {}\n",
-                md_code(&x.signature, false),
+                md_code(x.signature.as_str(), false),
                 esc_md(&x.detail)
             );
         }
@@ -615,7 +615,7 @@ pub fn html(e: &Evidence) -> String {
             let _ = write!(
                 s,
                 "<p><b>Signature <code>{}</code></b>: {}</p><details><summary>evidence</summary><pre>{}</pre></details>",
-                esc_html(&x.signature),
+                esc_html(x.signature.as_str()),
                 esc_html(&x.detail),
                 esc_html(&ev)
             );
@@ -808,7 +808,7 @@ fn op_origin_html(s: &mut String, op: &crate::ops::OpDivergence) {
         let _ = write!(
             s,
             "<p>Tensor pattern <code>{}</code>: {}</p>",
-            esc_html(&x.signature),
+            esc_html(x.signature.as_str()),
             esc_html(&x.detail)
         );
     }
@@ -1016,9 +1016,8 @@ pub fn summary(e: &Evidence) -> String {
     let mut i = 0;
     while i < e.independent.len() {
         let f = &e.independent[i];
-        let sig = |x: &crate::evidence::FirstDivergence| {
-            x.explanation.as_ref().map(|x| x.signature.clone())
-        };
+        let sig =
+            |x: &crate::evidence::FirstDivergence| x.explanation.as_ref().map(|x| x.signature);
         let mut j = i + 1;
         while j < e.independent.len()
             && e.independent[j].checkpoint == f.checkpoint
@@ -1053,7 +1052,7 @@ pub fn summary(e: &Evidence) -> String {
         }
         if !same.is_empty() {
             let steps: Vec<Step> = same.iter().map(|x| x.step).collect();
-            s.push_str(&format!("\nxray: independent divergence: {} likewise (signature {}, the same suspects; each in the evidence)", xray_core::key_steps(&f.checkpoint, &crate::evidence::int_ranges(&steps)), sig(f).unwrap_or_else(|| "-".into())));
+            s.push_str(&format!("\nxray: independent divergence: {} likewise (signature {}, the same suspects; each in the evidence)", xray_core::key_steps(&f.checkpoint, &crate::evidence::int_ranges(&steps)), sig(f).map_or("-", |k| k.as_str())));
         }
     }
     s
@@ -1173,7 +1172,7 @@ mod tests {
                 status: Status::Pass,
             }],
             explanation: Some(crate::signatures::Explanation {
-                signature: evil.into(),
+                signature: xray_core::SignatureKind::None,
                 detail: evil.into(),
                 evidence: serde_json::json!({}),
             }),

@@ -46,6 +46,7 @@ use half::{bf16, f16};
 use ndarray::{ArrayD, ArrayView2, ArrayViewD, Axis, IxDyn, Slice};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use xray_core::SignatureKind;
 use xray_core::Step;
 
 use crate::tolerance::Tolerance;
@@ -381,24 +382,30 @@ pub enum Signature {
 }
 
 impl Signature {
+    /// Its kind (the evidence's `signature`). `Offset` is a `shift` too (integer values off by
+    /// a constant: ids or positions one ahead).
+    pub fn kind(&self) -> SignatureKind {
+        match self {
+            Signature::NonFinite { .. } => SignatureKind::NonFinite,
+            Signature::Permutation { .. } => SignatureKind::Permutation,
+            Signature::Shift { .. } | Signature::Offset { .. } => SignatureKind::Shift,
+            Signature::SignFlip { .. } => SignatureKind::SignFlip,
+            Signature::Scale { .. } => SignatureKind::Scale,
+            Signature::Mask { .. } => SignatureKind::Mask,
+            Signature::Rounding { .. } => SignatureKind::Rounding,
+            Signature::Subset { .. } => SignatureKind::Subset,
+            Signature::Wiring { .. } => SignatureKind::Wiring,
+            Signature::Temperature { .. } => SignatureKind::Temperature,
+            Signature::RowAffine { .. } => SignatureKind::RowAffine,
+            Signature::Clamp { .. } => SignatureKind::Clamp,
+            Signature::Elementwise { .. } => SignatureKind::Elementwise,
+            Signature::GridQuantization { .. } => SignatureKind::GridQuantization,
+        }
+    }
+
     /// Short name as in the evidence.
     pub fn name(&self) -> &'static str {
-        match self {
-            Signature::NonFinite { .. } => "non_finite",
-            Signature::Permutation { .. } => "permutation",
-            Signature::Shift { .. } | Signature::Offset { .. } => "shift",
-            Signature::SignFlip { .. } => "sign_flip",
-            Signature::Scale { .. } => "scale",
-            Signature::Mask { .. } => "mask",
-            Signature::Rounding { .. } => "rounding",
-            Signature::Subset { .. } => "subset",
-            Signature::Wiring { .. } => "wiring",
-            Signature::Temperature { .. } => "temperature",
-            Signature::RowAffine { .. } => "row_affine",
-            Signature::Clamp { .. } => "clamp",
-            Signature::Elementwise { .. } => "elementwise",
-            Signature::GridQuantization { .. } => "grid_quantization",
-        }
+        self.kind().as_str()
     }
 
     /// One-sentence human description.
@@ -660,11 +667,12 @@ impl Signature {
     }
 }
 
-/// Explanation of the origin in the evidence: `signature` is a [`Signature::name`] or `none`.
+/// Explanation of the origin in the evidence: `signature` is a [`Signature::kind`], or `layout`,
+/// `shape`, `missing` for an origin that is not a numeric difference, or `none`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Explanation {
-    /// Signature name.
-    pub signature: String,
+    /// Signature kind.
+    pub signature: SignatureKind,
     /// Human-readable sentence.
     pub detail: String,
     /// Structured evidence (the signature's fields; `also` lists other matching signatures).
@@ -1330,7 +1338,7 @@ pub fn explain_with(
                 }
             }
             Explanation {
-                signature: best.name().into(),
+                signature: best.kind(),
                 detail: best.detail(&opts.axis_names),
                 evidence,
             }
@@ -1350,7 +1358,7 @@ pub fn explain_with(
                 None
             };
             Explanation {
-                signature: "none".into(),
+                signature: SignatureKind::None,
                 detail: detail.unwrap_or_else(|| "no known pattern".into()),
                 evidence: Value::Object(Default::default()),
             }
@@ -1422,7 +1430,7 @@ mod tests {
         let x = noisy(&r, 1e-2, 2);
         assert!(names(&r, &x).is_empty(), "{:?}", names(&r, &x));
         let e = explain(&r.view(), &x.view(), &ExplainOptions::default());
-        assert_eq!(e.signature, "none");
+        assert_eq!(e.signature, SignatureKind::None);
         assert!(e.detail.contains("diffuse"));
         // Unrelated data is no pattern either.
         assert!(names(&r, &rand(&[6, 16, 8], 3)).is_empty());
@@ -1572,7 +1580,7 @@ mod tests {
             ..Default::default()
         };
         let e = explain(&r.view(), &x.view(), &opts);
-        assert_eq!(e.signature, "subset");
+        assert_eq!(e.signature, SignatureKind::Subset);
         assert_eq!(e.evidence["indices"], serde_json::json!([2]));
         assert!(e.detail.contains("heads"), "{}", e.detail);
         // Two heads swapped.

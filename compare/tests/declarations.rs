@@ -112,7 +112,12 @@ fn undeclared_suppression_is_named_and_fails() {
     let (cmp, ..) = compare_dumps_isolated(&c, &d, &e, vec![], &opts(Some(suppression()))).unwrap();
     let fd = cmp.first_divergence.expect("undeclared suppression fails");
     let x = fd.explanation.unwrap();
-    assert_eq!(x.signature, "logits_processed", "{}", x.detail);
+    assert_eq!(
+        x.signature,
+        xray_core::SignatureKind::LogitsProcessed,
+        "{}",
+        x.detail
+    );
     assert!(
         x.detail.contains("the 6 of 51864 ids")
             && x.detail
@@ -133,7 +138,7 @@ fn begin_suppression_at_a_later_step_is_named() {
     let fd = cmp.first_divergence.expect("an origin");
     assert_eq!(fd.step, 2);
     let x = fd.explanation.unwrap();
-    assert_eq!(x.signature, "logits_processed");
+    assert_eq!(x.signature, xray_core::SignatureKind::LogitsProcessed);
     assert!(
         x.detail.contains("220, 50256") && x.detail.contains("begin_suppress_tokens"),
         "{}",

@@ -554,7 +554,7 @@ fn subset_indices_read_as_named_ranges() {
         ..Default::default()
     };
     let e = explain_with(&r.view(), &x.view(), &opts, &oc);
-    assert_eq!(e.signature, "subset");
+    assert_eq!(e.signature, xray_core::SignatureKind::Subset);
     assert!(
         e.detail
             .contains("64..127 = part 1 of 4: enc.block.2.out@step0"),
@@ -605,7 +605,7 @@ fn pipeline_passes_candidates_and_segments() {
         src.insert(
             &format!("enc.block.{i}.out"),
             0,
-            "token_major",
+            xray_core::Layout::TokenMajor,
             b.clone(),
             b.clone(),
         );
@@ -614,12 +614,18 @@ fn pipeline_passes_candidates_and_segments() {
     for j in 32..64 {
         x.index_axis_mut(Axis(1), j).mapv_inplace(|v| -v + 0.25);
     }
-    src.insert("enc.cat_out", 0, "token_major", cat.clone(), x);
+    src.insert(
+        "enc.cat_out",
+        0,
+        xray_core::Layout::TokenMajor,
+        cat.clone(),
+        x,
+    );
     let c = compare_graph(&g, &src, &CompareOptions::default()).unwrap();
     let fd = c.first_divergence.unwrap();
     assert_eq!(fd.checkpoint, "enc.cat_out");
     let ex = fd.explanation.unwrap();
-    assert_eq!(ex.signature, "subset");
+    assert_eq!(ex.signature, xray_core::SignatureKind::Subset);
     assert!(
         ex.detail
             .contains("32..63 = part 1 of 3: enc.block.1.out@step0"),
@@ -633,17 +639,28 @@ fn pipeline_passes_candidates_and_segments() {
         src.insert(
             &format!("enc.block.{i}.out"),
             0,
-            "token_major",
+            xray_core::Layout::TokenMajor,
             b.clone(),
             run,
         );
     }
-    src.insert("enc.cat_out", 0, "token_major", cat.clone(), cat);
+    src.insert(
+        "enc.cat_out",
+        0,
+        xray_core::Layout::TokenMajor,
+        cat.clone(),
+        cat,
+    );
     let c = compare_graph(&g, &src, &CompareOptions::default()).unwrap();
     let fd = c.first_divergence.unwrap();
     assert_eq!(fd.checkpoint, "enc.block.2.out");
     let ex = fd.explanation.unwrap();
-    assert_eq!(ex.signature, "wiring", "{}", ex.detail);
+    assert_eq!(
+        ex.signature,
+        xray_core::SignatureKind::Wiring,
+        "{}",
+        ex.detail
+    );
     assert_eq!(ex.evidence["source"], "enc.block.0.out@step0");
 }
 

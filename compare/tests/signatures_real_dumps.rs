@@ -50,7 +50,13 @@ fn origin(
     .expect("comparison");
     let fd = c.first_divergence.expect("an origin");
     let ex = fd.explanation.expect("an explanation");
-    (fd.checkpoint, fd.step, ex.signature, ex.evidence, ex.detail)
+    (
+        fd.checkpoint,
+        fd.step,
+        ex.signature.to_string(),
+        ex.evidence,
+        ex.detail,
+    )
 }
 
 #[test]
@@ -225,14 +231,14 @@ fn cross_k_projection_with_an_int8_weight_is_grid_quantization() {
         ..Default::default()
     };
     let e = explain_with(&r.view(), &x.view(), &ExplainOptions::default(), &oc);
-    assert_eq!(e.signature, "grid_quantization", "{}", e.detail);
+    assert_eq!(e.signature.as_str(), "grid_quantization", "{}", e.detail);
     assert_eq!(e.evidence["bits"], 8, "{}", e.detail);
     assert_eq!(e.evidence["granularity"], "per_row", "{}", e.detail);
     assert_eq!(e.evidence["weight_recovered"], false);
     // The same weight with a clean runtime: f32 noise only, no grid.
     let clean = r.mapv(|v| v * (1.0 + 1e-7));
     let e = explain_with(&r.view(), &clean.view(), &ExplainOptions::default(), &oc);
-    assert_ne!(e.signature, "grid_quantization");
+    assert_ne!(e.signature.as_str(), "grid_quantization");
 }
 
 /// A fixture weight as f32 values.

@@ -10,6 +10,7 @@
 //! | [`ops`] | op-level points: `{module}:{in|out}` names at the reference's module boundaries, and which a run emits |
 //! | [`reference`] | [`reference::OracleRequest`]: what a reference run is asked for (run by the oracle, keyed by the reference cache) |
 //! | [`replay`] | reference replay: the counterfactuals a module is re-run with and what the replay reports about it |
+//! | [`signature`] | [`SignatureKind`]: the kinds of difference, named by compare and expected by the fault catalogues |
 //! | [`testing`] | the one test guard: a missing fixture or CPU feature is a printed, recorded skip, or a failure under `XRAY_REQUIRE_FIXTURES` |
 //! | [`capture`] | the capture API: [`capture::Observer`] (an engine calls it at each checkpoint), [`capture::Recorder`], [`capture::StatsRecorder`], [`capture::Substitute`] (isolation) |
 //!
@@ -33,10 +34,12 @@ pub mod key;
 pub mod ops;
 pub mod reference;
 pub mod replay;
+pub mod signature;
 pub mod testing;
 
 pub use error::{CoreError, Result};
 pub use key::{key, key_steps, CheckpointKey, KeyRef, Step};
+pub use signature::SignatureKind;
 
 /// Every tensor the runtime computes is f32 (weights are converted on load).
 pub type Tensor = ArrayD<f32>;

@@ -21,11 +21,12 @@ type Case = (
     Option<Planted>,
     String,
     bool,
-    &'static str,
-    &'static str,
+    Option<SignatureKind>,
+    Option<SignatureKind>,
 );
 use xray_compare::evidence::Verdict;
 use xray_compare::tolerance::Policy;
+use xray_core::SignatureKind;
 
 /// One row of the self-test table.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -74,7 +75,7 @@ fn op_origin(ev: &xray_compare::evidence::Evidence, planted: &[String]) -> (Stri
             let sig = op
                 .explanation
                 .as_ref()
-                .map_or("-".to_string(), |e| e.signature.clone());
+                .map_or("-".to_string(), |e| e.signature.to_string());
             match &op.op {
                 Some(one) => (format!("op {one}"), sig, holds(one)),
                 None => (
@@ -161,7 +162,7 @@ pub fn selftest(
             lookup: None,
         };
         drop(ref_run);
-        let mut cases: Vec<Case> = vec![("clean".into(), None, "-".into(), false, "", "")];
+        let mut cases: Vec<Case> = vec![("clean".into(), None, "-".into(), false, None, None)];
         for e in catalogue().into_iter().filter(|e| e.family == family) {
             if !only.is_empty() && !only.iter().any(|o| o == e.name) {
                 continue;
@@ -198,28 +199,25 @@ pub fn selftest(
             let (reported, signature) = match &ev.first_divergence {
                 Some(f) => (
                     xray_core::key(&f.checkpoint, f.step).to_string(),
-                    f.explanation
-                        .as_ref()
-                        .map(|x| x.signature.clone())
-                        .unwrap_or_default(),
+                    f.explanation.as_ref().map(|x| x.signature),
                 ),
-                None => ("-".into(), String::new()),
+                None => ("-".into(), None),
             };
             let (reported_op, op_signature, op_pass) = op_origin(&ev, &planted_ops);
             let pass = if name == "clean" {
                 ev.verdict == Verdict::Pass && reported == "-"
             } else {
                 reported == expected
-                    && (want_sig.is_empty() || signature == want_sig)
+                    && want_sig.is_none_or(|w| signature == Some(w))
                     && op_pass
-                    && (want_op_sig.is_empty() || op_signature == want_op_sig)
+                    && want_op_sig.is_none_or(|w| op_signature == w.as_str())
             };
             rows.push(Row {
                 family: family.into(),
                 fault: name,
                 expected,
                 reported,
-                signature,
+                signature: signature.map(|k| k.to_string()).unwrap_or_default(),
                 expected_op: if planted_ops.is_empty() {
                     "-".into()
                 } else {

@@ -109,7 +109,7 @@ fn synthetic_cache_layout_fault_is_explained() {
     assert_eq!(fd.producer, "decoder.layer.1.cross_k_to_head_major");
     assert!(fd.inputs.iter().all(|i| i.status == Status::Pass));
     let x = fd.explanation.as_ref().unwrap();
-    assert_eq!(x.signature, "permutation");
+    assert_eq!(x.signature.as_str(), "permutation");
     assert_eq!(x.evidence["axes"], serde_json::json!([1, 0, 2]));
     let d = e.drill_down.as_ref().unwrap();
     assert_eq!(

@@ -103,7 +103,7 @@ fn engine_weights_and_reference_variants_are_valid() {
         .as_mut()
         .and_then(|f| f.explanation.as_mut())
     {
-        x.signature = "logits_processed".into();
+        x.signature = xray_core::SignatureKind::LogitsProcessed;
     }
     let text = e.to_json().unwrap();
     assert_eq!(

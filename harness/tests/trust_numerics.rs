@@ -54,7 +54,13 @@ fn all_nan_reference_against_all_nan_runtime_is_an_input_error_naming_checkpoint
         } else {
             (good.clone(), good)
         };
-        src.insert("audio.decoder.logits", step, "token_major", r, x);
+        src.insert(
+            "audio.decoder.logits",
+            step,
+            xray_core::Layout::TokenMajor,
+            r,
+            x,
+        );
     }
     let err = compare_graph(&g, &src, &CompareOptions::default()).unwrap_err();
     match &err {
@@ -338,7 +344,13 @@ fn a_rule_matching_no_checkpoint_is_refused_naming_its_glob() {
     let mut src = MemorySource::default();
     for step in 0..3usize {
         let a = arr(&[1, 8], noise(8, step as u64 + 7));
-        src.insert("audio.decoder.logits", step, "token_major", a.clone(), a);
+        src.insert(
+            "audio.decoder.logits",
+            step,
+            xray_core::Layout::TokenMajor,
+            a.clone(),
+            a,
+        );
     }
     let ok =
         Policy::from_json(r#"{"rules": [{"match": "audio.decoder.logits@step2", "atol": 1}]}"#)

@@ -9,6 +9,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use xray_core::SignatureKind;
 use xray_core::Step;
 
 use crate::graph::{
@@ -804,10 +805,10 @@ pub struct CatalogueEntry {
     /// and step where the harness must put the origin for the default target.
     pub expected_origin: (&'static str, usize),
     /// The signature the harness must name for it (empty: any; the self-test checks it).
-    pub expected_signature: &'static str,
+    pub expected_signature: Option<SignatureKind>,
     /// The signature the harness must name for the op-level origin its drill-down finds (empty:
     /// any).
-    pub expected_op_signature: &'static str,
+    pub expected_op_signature: Option<SignatureKind>,
     /// Needs a previous input through the same model (stale-state bugs).
     pub needs_second_input: bool,
     /// The fault for a model config (an error names a config key the config lacks).

@@ -460,7 +460,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         tolerance: op.tolerance.clone(),
         divergence: CaseDivergence {
             checkpoint: xray_core::key(&fd.checkpoint, fd.step).to_string(),
-            signature: op.explanation.as_ref().map(|e| e.signature.clone()),
+            signature: op.explanation.as_ref().map(|e| e.signature),
             detail: op.explanation.as_ref().map(|e| e.detail.clone()),
         },
         source: CaseSource {

@@ -48,20 +48,20 @@ pub fn tensor(shape: &[usize], seed: f32) -> ArrayD<f32> {
     ArrayD::from_shape_vec(IxDyn(shape), v).expect("shape")
 }
 
-fn shape_for(name: &str, step: usize, logits: bool) -> (Vec<usize>, &'static str) {
+fn shape_for(name: &str, step: usize, logits: bool) -> (Vec<usize>, xray_core::Layout) {
     let tokens = if step == 0 { 3 } else { 1 };
     if logits {
-        (vec![tokens, 10], "token_major")
+        (vec![tokens, 10], xray_core::Layout::TokenMajor)
     } else if name.contains("frontend") || name.contains("conv") {
-        (vec![8, 6], "channel_major")
+        (vec![8, 6], xray_core::Layout::ChannelMajor)
     } else if name.ends_with("cross_k") || name.ends_with("cross_v") {
-        (vec![2, 6, 4], "head_major")
+        (vec![2, 6, 4], xray_core::Layout::HeadMajor)
     } else if name.contains("cross_attention.output") {
-        (vec![2, tokens, 4], "head_major")
+        (vec![2, tokens, 4], xray_core::Layout::HeadMajor)
     } else if name.starts_with("audio.encoder") {
-        (vec![6, 8], "token_major")
+        (vec![6, 8], xray_core::Layout::TokenMajor)
     } else {
-        (vec![tokens, 8], "token_major")
+        (vec![tokens, 8], xray_core::Layout::TokenMajor)
     }
 }
 
@@ -165,10 +165,10 @@ pub fn tiny_evidence() -> Evidence {
     let g = build_graph(&tiny_specs(), &[0, 1]).expect("graph");
     let mut src = MemorySource::default();
     for (i, n) in g.nodes().iter().enumerate() {
-        let (shape, layout): (Vec<usize>, &str) = match n.name.as_str() {
-            "k" => (vec![2, 4, 4], "head_major"),
-            "logits" => (vec![1, 6], "token_major"),
-            _ => (vec![4, 8], "token_major"),
+        let (shape, layout): (Vec<usize>, xray_core::Layout) = match n.name.as_str() {
+            "k" => (vec![2, 4, 4], xray_core::Layout::HeadMajor),
+            "logits" => (vec![1, 6], xray_core::Layout::TokenMajor),
+            _ => (vec![4, 8], xray_core::Layout::TokenMajor),
         };
         let r = tensor(&shape, i as f32);
         let x = match n.name.as_str() {

@@ -2,6 +2,7 @@
 //! where the harness must localize it (`xray selftest` checks the origin and the signature).
 
 use crate::faults::{num, CatalogueEntry, FaultKind, OutputFault, ParamFault};
+use xray_core::SignatureKind;
 
 /// This family's catalogue entries.
 pub fn catalogue() -> Vec<CatalogueEntry> {
@@ -17,8 +18,8 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             default_target: "dec.text_logits",
             step: None,
             expected_origin: ("dec.text_logits", 0),
-            expected_signature: "scale",
-            expected_op_signature: "",
+            expected_signature: Some(SignatureKind::Scale),
+            expected_op_signature: None,
             needs_second_input: false,
             build: |c| {
                 Ok(Output(Scale(
@@ -34,8 +35,8 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             default_target: "enc.ctc_bpe_logits",
             step: None,
             expected_origin: ("enc.ctc_bpe_logits", 0),
-            expected_signature: "sign_flip",
-            expected_op_signature: "",
+            expected_signature: Some(SignatureKind::SignFlip),
+            expected_op_signature: None,
             needs_second_input: false,
             build: |_| Ok(Output(Negate)),
         },
@@ -47,8 +48,8 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             default_target: "dec.layer.0.attn",
             step: None,
             expected_origin: ("dec.layer.0.attn_probs", 0),
-            expected_signature: "mask",
-            expected_op_signature: "",
+            expected_signature: Some(SignatureKind::Mask),
+            expected_op_signature: None,
             needs_second_input: false,
             build: |_| Ok(Param(Causal(true))),
         },
@@ -60,8 +61,8 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             default_target: "enc.self_cond.bypass_add",
             step: None,
             expected_origin: ("enc.block.{sc_layer}.out", 0),
-            expected_signature: "",
-            expected_op_signature: "",
+            expected_signature: None,
+            expected_op_signature: None,
             needs_second_input: false,
             build: |_| Ok(Param(SkipBranch)),
         },
@@ -72,8 +73,8 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             default_target: "dec.layer.1.attn",
             step: None,
             expected_origin: ("dec.layer.1.attn_probs", 0),
-            expected_signature: "",
-            expected_op_signature: "",
+            expected_signature: None,
+            expected_op_signature: None,
             needs_second_input: false,
             build: |_| Ok(Param(RopeOffset(1))),
         },
@@ -84,8 +85,8 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             default_target: "dec.layer.0.attn",
             step: None,
             expected_origin: ("dec.layer.0.attn_probs", 0),
-            expected_signature: "",
-            expected_op_signature: "",
+            expected_signature: None,
+            expected_op_signature: None,
             needs_second_input: false,
             build: |c| {
                 let m = num(c, "text_config.attention_multiplier")? as f32;
@@ -99,8 +100,8 @@ pub fn catalogue() -> Vec<CatalogueEntry> {
             default_target: "proj.out",
             step: None,
             expected_origin: ("proj.out", 0),
-            expected_signature: "rounding",
-            expected_op_signature: "",
+            expected_signature: Some(SignatureKind::Rounding),
+            expected_op_signature: None,
             needs_second_input: false,
             build: |_| Ok(Output(RoundBf16)),
         },

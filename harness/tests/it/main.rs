@@ -1,6 +1,6 @@
 //! The harness's integration tests, one test binary (`cargo test -p xray --test it`): each module
-//! below was its own binary under `harness/tests/`, each linking the whole stack (pyo3 and
-//! libpython included); one binary is linked once. Run one module with a filter on its path,
+//! below was a test binary of its own (`tests/<module>.rs`), each linking the whole stack (pyo3
+//! and libpython included); one binary is linked once. Run one module with a filter on its path,
 //! `cargo test --release -p xray --test it -- corpus_mode::`.
 //!
 //! One process now runs every module's tests, in parallel threads, so a test must not change

@@ -394,10 +394,12 @@ pub const OWN_PROCESS_VAR: &str = "XRAY_IT_OWN_PROCESS";
 ///
 /// For a test that changes what a process shares: the embedded interpreter and the reference
 /// (torch writes `os.environ`, and so `environ`, while other tests spawn `xray` from it; the
-/// interpreter sets the C locale; the runtime tunes the allocator). A guard's skip must come
-/// before the call: in the child its line would be passed on as captured output, not shown.
+/// interpreter sets the C locale; the runtime tunes the allocator). The child inherits
+/// `XRAY_SKIP_LEDGER` and `XRAY_REQUIRE_FIXTURES`, and its `SKIPPED` lines are shown as
+/// [`xray_core::testing`] shows them (past the capture). Guard before the call: a missing
+/// fixture returns in this process and starts no child; in the child the same guard passes.
 pub fn own_process() -> bool {
-    use std::io::{BufRead, Read};
+    use std::io::{BufRead, Read, Write};
     let thread = std::thread::current();
     let test = thread
         .name()
@@ -430,6 +432,9 @@ pub fn own_process() -> bool {
     let stderr = child.stderr.take().expect("piped stderr");
     for line in std::io::BufReader::new(stderr).lines() {
         match line {
+            Ok(l) if l.starts_with("SKIPPED ") => {
+                let _ = writeln!(std::io::stderr(), "{l}");
+            }
             Ok(l) => eprintln!("{l}"),
             Err(e) => eprintln!("(the child's stderr: {e})"),
         }

@@ -81,7 +81,7 @@ demo: venv fixtures build
 # binary runs in its own crate's directory.
 SKIPS := $(CURDIR)/target/test-skips.txt
 
-# harness/tests/e2e.rs runs target/release/xray-nopy (made by test-nopy) on a reference cache the
+# harness/tests/it/e2e.rs runs target/release/xray-nopy (made by test-nopy) on a reference cache the
 # oracle build fills.
 test-rust: venv fixtures whispercpp-tools whispercpp-models test-nopy
 	mkdir -p target && : > $(SKIPS)
@@ -101,7 +101,7 @@ selftest: build fixtures
 # The comparison side without Python: `xray` built with --no-default-features (no oracle, no
 # libpython) runs the runtime, compares with the committed oracle dump, gates, and refuses a check
 # without a reference cache or with a miss (.ci/nopy-check; its warm-cache check is in
-# harness/tests/e2e.rs, which needs an oracle build to fill the cache).
+# harness/tests/it/e2e.rs, which needs an oracle build to fill the cache).
 # Built in the same target directory (only the xray crate differs), copied aside to xray-nopy, and
 # target/release/xray put back as it was (or removed): a failed `make test` never leaves a
 # Python-free binary under the name `make demo` and the docs use. test-rust rebuilds it.
@@ -179,7 +179,7 @@ test: lint test-nopy test-rust test-python
 corpus: venv fixtures
 	mkdir -p reports
 	XRAY_REQUIRE_FIXTURES=1 XRAY_CORPUS=full XRAY_CORPUS_TABLE=reports/corpus.md \
-	  $(CARGO) test --release -p xray --test corpus -- --nocapture --test-threads 1
+	  $(CARGO) test --release -p xray --test it -- corpus:: --nocapture --test-threads 1
 
 # `xray bench`: the runtime against torch (SDPA, eager) and CTranslate2 (installed here from
 # oracle/requirements-bench.txt), at 2 and 1 threads on tiny.en; then the cost growth on a

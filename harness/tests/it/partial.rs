@@ -3,7 +3,7 @@
 //! observed, a checkpoint the reference lacks, an unknown fed edge). The dumps under test are
 //! made from the committed reference dump (real oracle tensors) with the core crate's writer.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -4,7 +4,9 @@
 //!
 //! One process, one oracle: each model is loaded once and every clip runs through
 //! [`check_corpus`] (what `xray check --evidence-dir` runs), so a pair costs a fraction of a
-//! separate `xray check`. Margins are `xray_compare::corpus::margins`, as in summary.json.
+//! separate `xray check`. That process is a child of the test binary, started for this test alone
+//! ([`common::own_process`]): the embedded interpreter never starts in the process the other
+//! modules' tests share. Margins are `xray_compare::corpus::margins`, as in summary.json.
 //!
 //! - `cargo test` (and `make test`): the random-init fixtures (whisper-rand-a, whisper-rand-b,
 //!   granite-nar-tiny), every clip that fits.
@@ -27,6 +29,8 @@ use std::time::Instant;
 use xray_compare::corpus::{margins, Margin};
 use xray_compare::evidence::{CheckpointEvidence, Verdict};
 use xray_harness::check::{check_corpus, CheckOptions};
+
+use crate::common;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -169,6 +173,11 @@ fn clean_runtime_passes_the_whole_corpus() {
     let corpus = root.join("fixtures/build/corpus");
     let manifest = corpus.join("corpus.json");
     if xray_core::testing::require_fixture(&manifest).is_none() {
+        return;
+    }
+    // The interpreter, torch and the runtime start in this process (check_corpus): in a child
+    // process of its own, not beside the tests that spawn `xray` (common::own_process says why).
+    if !common::own_process() {
         return;
     }
     let v: serde_json::Value =

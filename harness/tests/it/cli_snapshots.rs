@@ -3,7 +3,7 @@
 //! hashes and timings filtered (common::snapshot_settings). Covers `--help`, `list`, `compare` on
 //! the committed dump, and the main input-error paths (exit 2, one line, nothing written).
 
-mod common;
+use crate::common;
 
 use common::{code, root, xray};
 

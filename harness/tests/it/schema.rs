@@ -1,6 +1,6 @@
 //! Produced evidence validates against docs/evidence.schema.json.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

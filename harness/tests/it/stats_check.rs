@@ -4,7 +4,7 @@
 //! same origin (and the drill-down to the same op) as the full check, with an estimated rel_l2
 //! close to the measured one; options that need full tensors are refused before anything runs.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

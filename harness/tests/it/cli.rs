@@ -1,6 +1,6 @@
 //! The `xray report` and `xray gate` subcommands end to end: outputs and exit codes.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

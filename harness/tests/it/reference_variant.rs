@@ -3,7 +3,7 @@
 //! both references. A clean f32 runtime sits at the f32 reference and far from the int8 variant
 //! (nothing is explained, nothing is "consistent"); stats-only refuses the option.
 
-mod common;
+use crate::common;
 
 use common::{assert_schema_valid, check, code, on, ready, stderr};
 

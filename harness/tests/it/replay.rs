@@ -5,7 +5,7 @@
 //! add patched). Each asserts the op replay convicts and the mechanism it names; the expectations
 //! follow the op kinds (linear, norm, conv, embedding, attention, residual add), not the catalogue.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! process), `xray compare` offline against the committed reference dump (no Python), the
 //! refusal of tampered dumps, `xray list`, and exit codes.
 
-mod common;
+use crate::common;
 use common::{check, checkpoint, code, dump_to, root, stderr, xray};
 
 use std::path::Path;

@@ -1,6 +1,6 @@
 //! Localization on the real Whisper checkpoint contract (resolved by xray-core).
 
-mod common;
+use crate::common;
 
 use xray_compare::localize::{localize, Observed, Status};
 

@@ -3,7 +3,7 @@
 //! comparison sees order and writes the same outputs as the full path, `--only` that matches
 //! nothing is refused, and checkpoints that could not be compared are named.
 
-mod common;
+use crate::common;
 use common::{assert_schema_valid, code, dump_to, on, root, stderr, xray};
 
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! with its reason (null ratios), never silently dropped. No timing is asserted (only that the
 //! measurements exist and are positive).
 
-mod common;
+use crate::common;
 
 use common::{code, stderr, xray};
 

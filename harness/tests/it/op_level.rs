@@ -2,7 +2,7 @@
 //! `xray compare`, and another engine's dump (the HF reference itself with int8-rounded fc2
 //! weights, dumped by `python -m xray_oracle dump --ops`) localized to the module.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

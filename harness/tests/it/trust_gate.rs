@@ -3,7 +3,7 @@
 //! always). It used to gate them: another clip passed, and Whisper against Granite reported
 //! "regressions".
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -2,7 +2,7 @@
 //! alarm on clean logits (item 6) while the real faults still fail, and no silently ignored policy
 //! (item 10).
 
-mod common;
+use crate::common;
 use common::{check, root, stderr, xray};
 
 use ndarray::{ArrayD, IxDyn};

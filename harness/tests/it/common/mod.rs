@@ -258,18 +258,18 @@ pub fn round_floats(v: Value) -> Value {
 
 /// The one snapshot macro: `xray_snapshot!(evidence "name", &ev)` snapshots the evidence JSON with
 /// the volatile fields redacted and floats rounded; `xray_snapshot!(markdown "name", &ev)` its
-/// Markdown, filtered (both through [`snapshot_settings`]).
-#[macro_export]
+/// Markdown, filtered (both through [`snapshot_settings`]). In scope in every module of the test
+/// binary declared after `mod common` (`#[macro_use]` in main.rs).
 macro_rules! xray_snapshot {
     (evidence $name:literal, $ev:expr) => {{
         let v = serde_json::to_value($ev).expect("evidence JSON");
-        common::snapshot_settings().bind(|| {
-            insta::assert_json_snapshot!($name, common::round_floats(v));
+        $crate::common::snapshot_settings().bind(|| {
+            insta::assert_json_snapshot!($name, $crate::common::round_floats(v));
         });
     }};
     (markdown $name:literal, $ev:expr) => {{
         let md = xray_compare::report::markdown($ev);
-        common::snapshot_settings().bind(|| {
+        $crate::common::snapshot_settings().bind(|| {
             insta::assert_snapshot!($name, md);
         });
     }};
@@ -380,4 +380,74 @@ pub fn assert_schema_valid(ev: &Value) {
         .map(|e| format!("{} at {}", e, e.instance_path()))
         .collect();
     assert!(errors.is_empty(), "schema errors: {errors:#?}");
+}
+
+/// Set in a child process of this test binary to the one test it runs ([`own_process`]).
+pub const OWN_PROCESS_VAR: &str = "XRAY_IT_OWN_PROCESS";
+
+/// Whether the calling test's body runs in this process. In the test binary every module shares
+/// it runs the test again, alone, in a child process of this binary (`--exact NAME`, with
+/// [`OWN_PROCESS_VAR`] naming it: its environment given to the `Command`, this process's is
+/// unchanged), passes the child's stderr on as this test's output (captured as the test's own,
+/// or printed as it comes under `--nocapture`), panics when the child's test fails, and returns
+/// `false`; in that child, `true`.
+///
+/// For a test that changes what a process shares: the embedded interpreter and the reference
+/// (torch writes `os.environ`, and so `environ`, while other tests spawn `xray` from it; the
+/// interpreter sets the C locale; the runtime tunes the allocator). The child inherits
+/// `XRAY_SKIP_LEDGER` and `XRAY_REQUIRE_FIXTURES`, and its `SKIPPED` lines are shown as
+/// [`xray_core::testing`] shows them (past the capture). Guard before the call: a missing
+/// fixture returns in this process and starts no child; in the child the same guard passes.
+pub fn own_process() -> bool {
+    use std::io::{BufRead, Read, Write};
+    let thread = std::thread::current();
+    let test = thread
+        .name()
+        .expect("libtest names a test's thread after the test")
+        .to_string();
+    if let Some(v) = std::env::var_os(OWN_PROCESS_VAR) {
+        // Never a grandchild: a name that does not match is a bug here, not a reason to recurse.
+        assert!(
+            v == test.as_str(),
+            "{OWN_PROCESS_VAR}={v:?} but this thread runs {test:?}"
+        );
+        return true;
+    }
+    let exe = std::env::current_exe().expect("the test binary");
+    let mut child = std::process::Command::new(&exe)
+        .args(["--exact", &test, "--nocapture", "--test-threads", "1"])
+        .env(OWN_PROCESS_VAR, &test)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("running {test} in {}: {e}", exe.display()));
+    let mut stdout = child.stdout.take().expect("piped stdout");
+    let summary = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    // Read on this thread: libtest captures what the test's own thread prints.
+    let stderr = child.stderr.take().expect("piped stderr");
+    for line in std::io::BufReader::new(stderr).lines() {
+        match line {
+            Ok(l) if l.starts_with("SKIPPED ") => {
+                let _ = writeln!(std::io::stderr(), "{l}");
+            }
+            Ok(l) => eprintln!("{l}"),
+            Err(e) => eprintln!("(the child's stderr: {e})"),
+        }
+    }
+    let status = child.wait().expect("wait for the child");
+    let summary = summary.join().unwrap_or_default();
+    assert!(
+        status.success(),
+        "{test} failed in its own process ({status}):\n{summary}"
+    );
+    assert!(
+        summary.contains("1 passed"),
+        "{test}: the child ran no test:\n{summary}"
+    );
+    false
 }

@@ -2,7 +2,7 @@
 //! (one process, one evidence file per clip, summary.json), `--shard K/N`, `xray summarize`
 //! merging shards, and `xray gate` between corpus directories.
 
-mod common;
+use crate::common;
 use common::{code, stderr, xray};
 
 fn summary(dir: &std::path::Path) -> serde_json::Value {

@@ -3,7 +3,7 @@
 //! errors and unexpected Python exceptions as one line (the traceback behind `-v`), and audio at
 //! other rates / channel counts converted once with both engines fed the same samples.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

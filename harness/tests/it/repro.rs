@@ -5,7 +5,7 @@
 //! checkpoints written as the points they are) cut into a whole-encoder case; an engine dump
 //! without op-level points is refused naming what is missing.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

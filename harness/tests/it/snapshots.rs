@@ -1,7 +1,7 @@
 //! insta snapshots of the Markdown and of the evidence JSON (volatile fields redacted, floats
 //! rounded). Review changes with `cargo insta review`; never commit `.snap.new` files.
 
-mod common;
+use crate::common;
 
 #[test]
 fn tiny_evidence_json() {

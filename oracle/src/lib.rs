@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use xray_core::Step;
 
@@ -582,13 +583,18 @@ impl Oracle {
             }
             self.check_numpy(py)?;
             let module = py.import("xray_oracle").map_err(|e| py_err(py, e))?;
-            // The family descriptors Python dispatches by: core's, handed over before any call
-            // (Python lists no family of its own; `xray_oracle.families`).
-            let descriptors = xray_core::family::descriptors_json()
-                .map_err(|e| OracleError::Data(format!("family descriptors: {e}")))?;
-            py.import("xray_oracle.families")
-                .and_then(|m| m.call_method1("register", (descriptors,)))
-                .map_err(|e| py_err(py, e))?;
+            // The family descriptors Python dispatches by: core's, handed over before the first
+            // call (Python lists no family of its own; `xray_oracle.families`). Once per process:
+            // the interpreter and its modules are the process's.
+            static REGISTERED: AtomicBool = AtomicBool::new(false);
+            if !REGISTERED.load(Ordering::Acquire) {
+                let descriptors = xray_core::family::descriptors_json()
+                    .map_err(|e| OracleError::Data(format!("family descriptors: {e}")))?;
+                py.import("xray_oracle.families")
+                    .and_then(|m| m.call_method1("register", (descriptors,)))
+                    .map_err(|e| py_err(py, e))?;
+                REGISTERED.store(true, Ordering::Release);
+            }
             f(py, &module)
         })
     }

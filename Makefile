@@ -98,18 +98,14 @@ test-python: venv fixtures $(VENV)/.bench-stamp
 selftest: build fixtures
 	$(XRAY) selftest
 
-# The comparison side without Python: `xray` built with --no-default-features (no oracle, no
-# libpython) runs the runtime, compares with the committed oracle dump, gates, and refuses a check
-# without a reference cache or with a miss (.ci/nopy-check; its warm-cache check is in
-# harness/tests/it/e2e.rs, which needs an oracle build to fill the cache).
-# Built in the same target directory (only the xray crate differs), copied aside to xray-nopy, and
-# target/release/xray put back as it was (or removed): a failed `make test` never leaves a
-# Python-free binary under the name `make demo` and the docs use. test-rust rebuilds it.
+# The comparison side without Python: `xray-nopy`, the CLI built with --no-default-features (no
+# oracle, no libpython), runs the runtime, compares with the committed oracle dump, gates, and
+# refuses a check without a reference cache or with a miss (.ci/nopy-check; its warm-cache check
+# is in harness/tests/it/e2e.rs, which needs an oracle build to fill the cache). A binary of its
+# own name (harness/src/nopy.rs, feature `nopy`) in the same target directory: building it never
+# touches target/release/xray.
 test-nopy: fixtures
-	@if [ -f $(XRAY) ]; then cp -p $(XRAY) target/release/.xray-kept; fi
-	$(CARGO) build --release --no-default-features -p xray --bin xray
-	cp target/release/xray target/release/xray-nopy
-	@if [ -f target/release/.xray-kept ]; then mv target/release/.xray-kept $(XRAY); else rm -f $(XRAY); fi
+	$(CARGO) build --release -p xray --no-default-features --features nopy --bin xray-nopy
 	bash .ci/nopy-check target/release/xray-nopy
 
 # Fails on unformatted Rust, any clippy warning (every target of every member, and of the bindings'
@@ -121,6 +117,8 @@ LINT_TARGETS := demo test corpus bench candle whispercpp ctranslate2 wheel
 lint: venv whispercpp-tools
 	$(CARGO) fmt --all -- --check
 	$(CARGO) fmt --manifest-path $(BINDINGS)/Cargo.toml -- --check
+	@# The CLI's entry is include!d by both binaries' roots, which rustfmt does not follow.
+	rustfmt --edition 2021 --check harness/src/entry.rs
 	@# The recipes `make test` does not run are still valid shell (a lost `done` once broke
 	@# `make whispercpp` unnoticed), and every prerequisite has a rule on a clean clone (a missing
 	@# one once failed CI's lint while the developer's tree, with fixtures built, passed):

@@ -25,22 +25,10 @@ const KC: usize = 256;
 /// in L2 with the head's packed keys and values.
 const BQ: usize = 8 * MR;
 
-/// Whether the fused kernel runs here: an x86-64 CPU with AVX-512F and FMA, head width [`NR`].
+/// Whether the fused kernel runs here: the packed GEMM's microkernel does
+/// ([`super::gemm512::tile_available`]: x86-64 with FMA and AVX-512F or AVX2), head width [`NR`].
 pub(crate) fn available(dv: usize) -> bool {
-    dv == NR && cpu_ok()
-}
-
-#[cfg(target_arch = "x86_64")]
-fn cpu_ok() -> bool {
-    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *F.get_or_init(|| {
-        std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma")
-    })
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn cpu_ok() -> bool {
-    false
+    dv == NR && super::gemm512::tile_available()
 }
 
 /// One attention call's operands: q `[H, T, D]`, k `[H, S, D]`, v `[H, S, NR]`, head-major.
@@ -278,7 +266,7 @@ fn block(
             } else {
                 s
             };
-            // SAFETY: available() (checked by the caller) ensured AVX-512F and FMA.
+            // SAFETY: available() (checked by the caller) ensured FMA and AVX-512F or AVX2.
             let sum = unsafe { exp_row(row, n) };
             inv[i] = 1.0 / sum;
         }
@@ -310,16 +298,19 @@ fn block(
         // The context in blocks of KC keys: each block's products summed from 0, then added to
         // the running sum (a chain of 1500 fused multiply-adds per element loses more to
         // rounding than blocks of KC do; the order is fixed, the bits the same for every split).
-        for r0 in (0..rp).step_by(MR) {
-            let acc = &mut ot[r0 * NR..(r0 + MR) * NR];
-            for k0 in (0..s).step_by(KC) {
-                let kn = KC.min(s - k0);
+        // Block by block over all the microtiles: a block of V (KC x NR, 64 KB) is read from
+        // memory once per task and stays in L2 across them (microtile by microtile, the whole of
+        // V would be streamed once per microtile); each element's sum is the same either way.
+        for k0 in (0..s).step_by(KC) {
+            let kn = KC.min(s - k0);
+            let epi = if k0 == 0 {
+                Epilogue::Store
+            } else {
+                Epilogue::Add
+            };
+            for r0 in (0..rp).step_by(MR) {
+                let acc = &mut ot[r0 * NR..(r0 + MR) * NR];
                 let a = &sc[r0 * sp + k0..];
-                let epi = if k0 == 0 {
-                    Epilogue::Store
-                } else {
-                    Epilogue::Add
-                };
                 microkernel(kn, a, sp, &vh[k0 * v_rs..], v_rs, acc, NR, epi)?;
             }
         }
@@ -373,7 +364,7 @@ fn microkernel(
     }
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: the extents were checked above; AVX-512F and FMA by the caller (available()).
+        // SAFETY: the extents were checked above; the CPU by the caller (available()).
         unsafe {
             super::gemm512::microkernel(
                 k,
@@ -396,11 +387,15 @@ fn microkernel(
 /// the visible scores hold NaN).
 ///
 /// # Safety
-/// The CPU must have AVX-512F and FMA.
+/// The CPU must have FMA and AVX-512F or AVX2 ([`available`]).
 unsafe fn exp_row(x: &mut [f32], n: usize) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
-        x86::exp_row(x, n)
+        if super::gemm512::x86::wide() {
+            x86::exp_row(x, n)
+        } else {
+            x86::exp_row_avx2(x, n)
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -478,6 +473,99 @@ mod x86 {
         x[n..].fill(0.0);
         _mm512_reduce_add_ps(acc)
     }
+
+    /// [`exp16`] on 8 lanes: the same operations lane by lane, `2^n` built in the exponent bits
+    /// (after the clamps `n` is in -126..=127, so `2^n` is a normal float and `y * 2^n` rounds as
+    /// `vscalefps` does). NaN stays NaN.
+    #[target_feature(enable = "avx,avx2,fma")]
+    #[inline]
+    unsafe fn exp8(x: __m256) -> __m256 {
+        let x = _mm256_min_ps(_mm256_set1_ps(88.0), x);
+        let x = _mm256_max_ps(_mm256_set1_ps(-87.336_55), x);
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm256_fmadd_ps(
+            _mm256_set1_ps(1.987_569_1e-4),
+            r,
+            _mm256_set1_ps(1.398_199_9e-3),
+        );
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666_666_5e-1));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
+        let y = _mm256_add_ps(
+            _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r),
+            _mm256_set1_ps(1.0),
+        );
+        let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+            23,
+        ));
+        _mm256_mul_ps(y, pow2)
+    }
+
+    /// [`exp_row`] on AVX2: 16 keys a step as two 8-lane halves, so every lane sums the keys the
+    /// 16-lane build's lane does, in the same order; the lanes are then added by halving (8 + 8,
+    /// 4 + 4, 2 + 2, 1 + 1). The tail goes through a 16-value buffer (the keys past `n` are not
+    /// in the maximum and add 0).
+    #[target_feature(enable = "avx,avx2,fma")]
+    pub unsafe fn exp_row_avx2(x: &mut [f32], n: usize) -> f32 {
+        let p = x.as_mut_ptr();
+        let full = n / 16 * 16;
+        let rest = n - full;
+        let mut tail = [f32::NEG_INFINITY; 16];
+        tail[..rest].copy_from_slice(&x[full..n]);
+        let t = tail.as_mut_ptr();
+        // Maximum over the visible keys (`vmaxps` keeps the running maximum when a score is NaN).
+        let mut m0 = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut m1 = m0;
+        let mut i = 0;
+        while i < full {
+            m0 = _mm256_max_ps(_mm256_loadu_ps(p.add(i)), m0);
+            m1 = _mm256_max_ps(_mm256_loadu_ps(p.add(i + 8)), m1);
+            i += 16;
+        }
+        if rest != 0 {
+            m0 = _mm256_max_ps(_mm256_loadu_ps(t), m0);
+            m1 = _mm256_max_ps(_mm256_loadu_ps(t.add(8)), m1);
+        }
+        let mut lanes = [0f32; 16];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), m0);
+        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), m1);
+        let m = _mm256_set1_ps(lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)));
+        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        while i < full {
+            let e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), m));
+            let e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i + 8)), m));
+            _mm256_storeu_ps(p.add(i), e0);
+            _mm256_storeu_ps(p.add(i + 8), e1);
+            a0 = _mm256_add_ps(a0, e0);
+            a1 = _mm256_add_ps(a1, e1);
+            i += 16;
+        }
+        if rest != 0 {
+            let e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(t), m));
+            let e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(t.add(8)), m));
+            _mm256_storeu_ps(t, e0);
+            _mm256_storeu_ps(t.add(8), e1);
+            // exp(-inf - max) is 0 for the padding (and NaN stays in the visible keys).
+            tail[rest..].fill(0.0);
+            x[full..n].copy_from_slice(&tail[..rest]);
+            a0 = _mm256_add_ps(a0, _mm256_loadu_ps(tail.as_ptr()));
+            a1 = _mm256_add_ps(a1, _mm256_loadu_ps(tail.as_ptr().add(8)));
+        }
+        // Masked and padding keys.
+        x[n..].fill(0.0);
+        let s8 = _mm256_add_ps(a0, a1);
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<0x55>(s2, s2));
+        _mm_cvtss_f32(s1)
+    }
 }
 
 #[cfg(test)]
@@ -544,7 +632,7 @@ mod tests {
     /// multiple of 16 or of the panel, head_dim not 64, causal with past keys.
     #[test]
     fn matches_the_f64_definition() {
-        if !xray_core::testing::require_cpu(&["avx512f", "fma"]) {
+        if !xray_core::testing::require_cpu(&["avx2", "fma"]) {
             return;
         }
         for &(h, t, s, d, causal) in &[
@@ -596,7 +684,7 @@ mod tests {
     /// rows are computed with it (a row alone == that row of the whole block).
     #[test]
     fn bits_do_not_depend_on_the_split() {
-        if !xray_core::testing::require_cpu(&["avx512f", "fma"]) {
+        if !xray_core::testing::require_cpu(&["avx2", "fma"]) {
             return;
         }
         let (h, t, s, d) = (3usize, 100usize, 130usize, 64usize);
@@ -648,7 +736,7 @@ mod tests {
     /// torch's softmax does; the other rows stay finite.
     #[test]
     fn nan_query_gives_a_nan_row() {
-        if !xray_core::testing::require_cpu(&["avx512f", "fma"]) {
+        if !xray_core::testing::require_cpu(&["avx2", "fma"]) {
             return;
         }
         let (h, t, s, d) = (1usize, 9usize, 20usize, 64usize);
@@ -699,7 +787,7 @@ mod tests {
     /// context bits, merged, and the same probabilities.
     #[test]
     fn token_major_is_the_merged_head_major_result() {
-        if !xray_core::testing::require_cpu(&["avx512f", "fma"]) {
+        if !xray_core::testing::require_cpu(&["avx2", "fma"]) {
             return;
         }
         for &(h, t, s, d, causal) in &[

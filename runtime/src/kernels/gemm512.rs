@@ -24,15 +24,25 @@ const KC: usize = 128;
 /// Rows per task (a multiple of [`MR`]).
 const ROWS_PER_TASK: usize = 8 * MR;
 
-/// Whether this kernel runs here: x86-64 with AVX-512F and FMA.
+/// Whether the packed GEMM ([`linear`], [`gemm`]) runs here: x86-64 with AVX-512F and FMA. On an
+/// AVX2 CPU the linears and convolutions keep the `gemm` crate, which measured faster there
+/// (AMD EPYC Zen 3: 180 GFLOP/s against this kernel's 154 on the encoder's projections,
+/// docs/performance.md); the fused attention takes the microkernel on either ([`tile_available`]).
 pub(crate) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *F.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("fma")
-        })
+        x86::wide()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether [`microkernel`] runs here: x86-64 with FMA and AVX-512F or AVX2 (its two builds
+/// compute the same fused multiply-add chains: the same bits on either).
+pub(crate) fn tile_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        x86::wide() || x86::narrow()
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
@@ -294,10 +304,12 @@ fn tile_rows(
 
 /// `C[MR x NR] (epilogue) A[MR x k] B[k x NR]`: A's rows `lda` apart, B's rows `ldb` apart (NR
 /// contiguous values each), C's rows `ldc` apart. Each sum is one chain of fused multiply-adds in
-/// `k` order from zero (its bits depend only on its own row of A and column of B).
+/// `k` order from zero (its bits depend only on its own row of A and column of B, and not on the
+/// build: the AVX-512 one holds the tile in 24 16-lane registers, the AVX2 one passes over it as
+/// four `MR x 16` strips of 12 8-lane registers, each lane the same chain).
 ///
 /// # Safety
-/// The CPU must have AVX-512F and FMA; `a + (MR - 1) * lda + k`, `b + (k - 1) * ldb + NR` and
+/// [`tile_available`] must hold; `a + (MR - 1) * lda + k`, `b + (k - 1) * ldb + NR` and
 /// `c + (MR - 1) * ldc + NR` (and a bias's `NR` values) must be in bounds, `k >= 1`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn microkernel(
@@ -311,7 +323,11 @@ pub(crate) unsafe fn microkernel(
     epi: Epilogue,
 ) {
     #[cfg(target_arch = "x86_64")]
-    x86::microkernel(k, a, lda, b, ldb, c, ldc, epi);
+    if x86::wide() {
+        x86::microkernel(k, a, lda, b, ldb, c, ldc, epi)
+    } else {
+        x86::microkernel_avx2(k, a, lda, b, ldb, c, ldc, epi)
+    }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (k, a, lda, b, ldb, c, ldc, epi);
@@ -320,10 +336,72 @@ pub(crate) unsafe fn microkernel(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     #![allow(unsafe_op_in_unsafe_fn)]
-    use super::{Epilogue, MR};
+    use super::{Epilogue, MR, NR};
     use std::arch::x86_64::*;
+
+    /// AVX-512F and FMA: the 16-lane build.
+    pub(crate) fn wide() -> bool {
+        static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *F.get_or_init(|| is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma"))
+    }
+
+    /// AVX2 and FMA: the 8-lane build.
+    pub(crate) fn narrow() -> bool {
+        static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *F.get_or_init(|| {
+            is_x86_feature_detected!("avx")
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+        })
+    }
+
+    /// [`super::microkernel`] on AVX2: the tile as four `MR x 16` strips, each with its 12
+    /// accumulators in registers over the whole `k` (AVX2 has 16), the panel's 16 columns read
+    /// as two 8-lane loads per input.
+    #[target_feature(enable = "avx,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn microkernel_avx2(
+        k: usize,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+        epi: Epilogue,
+    ) {
+        for strip in 0..NR / 16 {
+            let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+            let mut ap = a;
+            let mut bp = b.add(16 * strip);
+            for _ in 0..k {
+                let b0 = _mm256_loadu_ps(bp);
+                let b1 = _mm256_loadu_ps(bp.add(8));
+                for (r, acc_r) in acc.iter_mut().enumerate() {
+                    let av = _mm256_set1_ps(*ap.add(r * lda));
+                    acc_r[0] = _mm256_fmadd_ps(av, b0, acc_r[0]);
+                    acc_r[1] = _mm256_fmadd_ps(av, b1, acc_r[1]);
+                }
+                ap = ap.add(1);
+                bp = bp.add(ldb);
+            }
+            for (r, acc_r) in acc.iter().enumerate() {
+                for (h, v) in acc_r.iter().enumerate() {
+                    let col = 16 * strip + 8 * h;
+                    let dst = c.add(r * ldc + col);
+                    let v = match epi {
+                        Epilogue::Store => *v,
+                        Epilogue::Add => _mm256_add_ps(_mm256_loadu_ps(dst), *v),
+                        Epilogue::Bias(bias) => _mm256_add_ps(_mm256_loadu_ps(bias.add(col)), *v),
+                        Epilogue::RowBias(bias) => _mm256_add_ps(_mm256_set1_ps(*bias.add(r)), *v),
+                    };
+                    _mm256_storeu_ps(dst, v);
+                }
+            }
+        }
+    }
 
     #[target_feature(enable = "avx512f,fma")]
     #[allow(clippy::too_many_arguments)]
@@ -431,6 +509,51 @@ mod tests {
                 .zip(&y)
                 .zip(b.iter().cycle())
                 .all(|((a, c), bb)| (c - a - bb).abs() < 1e-5));
+        }
+    }
+
+    /// The AVX2 build of the microkernel gives the AVX-512 build's bits, every epilogue (runs
+    /// where the CPU has both).
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn both_builds_give_the_same_bits() {
+        if !xray_core::testing::require_cpu(&["avx512f", "avx2", "fma"]) {
+            return;
+        }
+        let k = 300;
+        let a = data(MR * k, 4);
+        let b = data(k * NR, 5);
+        let bias = data(NR, 6);
+        let rows = data(MR, 7);
+        for epi in [
+            Epilogue::Store,
+            Epilogue::Add,
+            Epilogue::Bias(bias.as_ptr()),
+            Epilogue::RowBias(rows.as_ptr()),
+        ] {
+            let mut wide = data(MR * NR, 8);
+            let mut narrow = wide.clone();
+            // SAFETY: the CPU has both (checked above); a holds MR rows of k, b k rows of NR, the
+            // outputs MR rows of NR, the biases NR and MR values.
+            unsafe {
+                x86::microkernel(k, a.as_ptr(), k, b.as_ptr(), NR, wide.as_mut_ptr(), NR, epi);
+                x86::microkernel_avx2(
+                    k,
+                    a.as_ptr(),
+                    k,
+                    b.as_ptr(),
+                    NR,
+                    narrow.as_mut_ptr(),
+                    NR,
+                    epi,
+                );
+            }
+            assert!(
+                wide.iter()
+                    .zip(&narrow)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "the two builds differ"
+            );
         }
     }
 }

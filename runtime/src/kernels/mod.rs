@@ -313,11 +313,12 @@ pub fn isa() -> &'static str {
     "scalar"
 }
 
-/// The GEMM path the encoder's linears and convolutions take on this CPU.
+/// The GEMM path the encoder's linears and convolutions take on this CPU (the fused attention
+/// takes the same microkernel where it runs: [`flash`]).
 pub fn gemm_path() -> &'static str {
     match isa() {
-        "avx512" => "linear: packed 6x64 AVX-512 microkernel (kernels::gemm512); conv: gemm crate 0.19, AVX-512 (x86-v4) kernels",
-        "avx2" => "gemm crate 0.19, AVX2 + FMA (x86-v3) kernels",
+        "avx512" => "linear and conv: packed 6x64 microkernel, AVX-512 build (kernels::gemm512)",
+        "avx2" => "linear and conv: gemm crate 0.19, AVX2 + FMA (x86-v3) kernels; attention: packed 6x64 microkernel, AVX2 build (kernels::gemm512)",
         _ => "gemm crate 0.19, portable kernels",
     }
 }

@@ -74,3 +74,33 @@ def test_anything_but_a_complete_resolved_contract_is_refused(tmp_path):
     refused(lambda d: d["checkpoints"][1].update(inputs=["audio.frontend.mel"]), "not \\[name, step reference\\]")
     refused(lambda d: d["checkpoints"].append(d["checkpoints"][0]), "duplicate")
     refused(lambda d: d["dims"].update(heads="6"), "'dims' is not a map of integers")
+
+
+def test_the_vocabulary_is_read_from_the_resolved_contract():
+    good = json.loads(resolved_contract(TINY_EN))
+    c = load_resolved(good)
+    v = good["vocabulary"]
+    assert c.vocabulary.layouts == tuple(v["layouts"]) and "head_major" in c.vocabulary.layouts
+    assert c.vocabulary.hooks == tuple(v["hooks"]) and c.vocabulary.sides == tuple(v["sides"])
+    assert set(c.vocabulary.transforms) == {"squeeze_batch", "split_heads", "crop", "flatten_windows"}
+
+    def edited(edit):
+        data = json.loads(json.dumps(good))
+        edit(data)
+        return json.dumps(data)
+
+    # A name core's vocabulary gains is accepted without a Python edit: nothing here types them.
+    grown = edited(lambda d: (d["vocabulary"]["steps"].append("sometimes"), d["checkpoints"][0].update(steps="sometimes")))
+    assert load_resolved(grown).checkpoints[0].steps == "sometimes"
+    # ...and a name it drops is refused.
+    for edit, match in (
+        (lambda d: d.pop("vocabulary"), "no 'vocabulary'"),
+        (lambda d: d["vocabulary"].pop("sides"), "vocabulary: no 'sides'"),
+        (lambda d: d["vocabulary"].update(steps=[]), "'steps' \\[\\] is not a non-empty list of distinct names"),
+        (lambda d: d["vocabulary"]["layouts"].remove("head_major"), "layout 'head_major' is not one of"),
+        (lambda d: d["vocabulary"]["transforms"].remove("split_heads"), "unknown reference transform 'split_heads'"),
+        (lambda d: d["vocabulary"]["transforms"].append("transpose"),
+         "declares transform\\(s\\) \\['transpose'\\] that this oracle does not implement"),
+    ):
+        with pytest.raises(ContractError, match=match):
+            load_resolved(edited(edit))

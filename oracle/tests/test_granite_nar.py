@@ -19,8 +19,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "oracle"))
 
-from xray_oracle import granite_contract as gc  # noqa: E402
 from xray_oracle import granite_nar as gn  # noqa: E402
+from xray_oracle.contract import load_resolved  # noqa: E402
+from xray_oracle.errors import OracleInputError  # noqa: E402
+from xray_oracle.recorder import check_shapes  # noqa: E402
 
 CLIP = ROOT / "fixtures" / "audio" / "fox.wav"
 
@@ -100,7 +102,7 @@ def test_fixture_weights_are_f32_and_lm_head_is_tied(model_dir):
 
 
 def test_all_contract_checkpoints_captured_with_contract_shapes(baseline, contract, model_dir):
-    resolved = gc.load_resolved(contract)
+    resolved = load_resolved(contract)
     got = arrays(baseline)
     assert [c["name"] for c in baseline["checkpoints"]] == [c.name for c in resolved.checkpoints]
     for c, ck in zip(baseline["checkpoints"], resolved.checkpoints, strict=True):
@@ -108,7 +110,7 @@ def test_all_contract_checkpoints_captured_with_contract_shapes(baseline, contra
         assert c["step"] == 0 and c["layout"] == ck.layout
         assert a.dtype == np.float32 and a.flags["C_CONTIGUOUS"], c["name"]
         assert np.isfinite(a).all(), c["name"]
-    bound = gc.check_shapes(resolved, resolved.checkpoints, got)
+    bound = check_shapes(resolved, resolved.checkpoints, {(n, 0): a.shape for n, a in got.items()})[0]
     # The tiny fixture on fox.wav: 56503 samples -> 2 * (56503 // 320) = 352 mel frames -> 176.
     assert bound == {"enc_frames": 176, "bpe_frames": 44, "proj_tokens": 36, "n_total": 44, "n_text": 9}
     assert got["enc.mel_in"].shape == (176, 160)
@@ -121,7 +123,7 @@ def test_all_contract_checkpoints_captured_with_contract_shapes(baseline, contra
 
 
 def test_contract_resolution_edges(contract, model_dir):
-    resolved = gc.load_resolved(contract)
+    resolved = load_resolved(contract)
     names = [c.name for c in resolved.checkpoints]
     # Topological order: the self-conditioning tensors sit between blocks 1 and 2 (sc_layer = 2).
     assert names.index("enc.block.1.out") < names.index("enc.ctc_logits") < names.index("enc.block.2.out")
@@ -141,8 +143,11 @@ def test_contract_resolution_edges(contract, model_dir):
 def test_only_subset_and_unknown_name(model_dir, loaded, contract):
     r = run(model_dir, loaded, contract, only=["dec.text_logits", "enc.block.3.out"])
     assert [c["name"] for c in r["checkpoints"]] == ["enc.block.3.out", "dec.text_logits"]
-    with pytest.raises(gn.GraniteNarInputError, match="unknown checkpoint"):
+    with pytest.raises(OracleInputError, match=r"unknown checkpoint name\(s\) \['enc.block.9.out'\]"):
         run(model_dir, loaded, contract, only=["enc.block.9.out"])
+    # A template selects every layer, as for Whisper (one selection rule: `recorder.select`).
+    r = run(model_dir, loaded, contract, only=["enc.block.{layer}.out"])
+    assert [c["name"] for c in r["checkpoints"]] == [f"enc.block.{i}.out" for i in range(4)]
 
 
 # ------------------------------------------------------------------ CTC hypothesis

@@ -1,7 +1,8 @@
 """Checkpoint contracts as the oracle receives them: resolved by xray-core (core/src/contract/,
 doc: docs/checkpoint-contracts.md) against the model's config and handed over as JSON
 (`xray.contract.resolved/v1`). Python evaluates nothing: names, reference modules, shapes and
-inputs arrive expanded, dims and repeats as numbers. The shape relations between run-time
+inputs arrive expanded, dims and repeats as numbers, and the vocabularies a field is checked
+against (steps, step references, layouts, hooks, sides, transforms) arrive with them (`vocabulary`). The shape relations between run-time
 symbols (the granite_nar `symbols` block) are checked on the Rust side when the run returns.
 
 The Rust side passes the resolved JSON to `xray_oracle.run`; for `python -m xray_oracle`, make it
@@ -19,12 +20,39 @@ from . import transforms as _transforms
 from .errors import ContractError
 
 SCHEMA = "xray.contract.resolved/v1"
-STEPS = ("once", "prefill", "every")
-STEP_REFS = ("same", "prefill", "previous")
-LAYOUTS = ("token_major", "head_major", "channel_major", "plain")
-HOOKS = ("forward", "pre")
-TRANSFORMS = _transforms.NAMES + _transforms.KEYED
-SIDES = ("in", "out")
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The names the resolved contract speaks in, as xray-core ships them (`vocabulary`:
+    xray-core's `contract::vocabulary`, the serde names of its enums `Steps`, `StepRef`, `Layout`,
+    `Hook`, `ops::Side` and `Transform`, a keyed transform by its key). Read from the JSON, never
+    typed here."""
+
+    steps: tuple[str, ...]
+    step_refs: tuple[str, ...]
+    layouts: tuple[str, ...]
+    hooks: tuple[str, ...]
+    sides: tuple[str, ...]
+    transforms: tuple[str, ...]
+
+
+def _vocabulary(data: dict) -> Vocabulary:
+    """The shipped vocabulary; each a non-empty list of distinct names. A transform the oracle
+    does not implement (`xray_oracle.transforms`) is refused here, naming it, before anything runs."""
+    where = "resolved contract vocabulary"
+    v = _field(data, "vocabulary", dict, "resolved contract")
+    lists = {}
+    for key in Vocabulary.__dataclass_fields__:
+        names = _field(v, key, list, where)
+        if not names or not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+            raise ContractError(f"{where}: '{key}' {names!r} is not a non-empty list of distinct names")
+        lists[key] = tuple(names)
+    missing = [t for t in lists["transforms"] if t not in _transforms.NAMES + _transforms.KEYED]
+    if missing:
+        raise ContractError(f"{where}: xray-core declares transform(s) {missing} that this oracle does not implement "
+                            "(xray_oracle/transforms.py)")
+    return Vocabulary(**lists)
 
 
 @dataclass
@@ -92,6 +120,7 @@ class Contract:
     checkpoints: list[Checkpoint] = field(default_factory=list)
     sha256: str = ""
     points: list[PointRule] = field(default_factory=list)
+    vocabulary: Optional[Vocabulary] = None  # always set by `load_resolved`
 
     def point_rule(self, point: str) -> PointRule:
         """The first rule declaring op-level point `point`; a ContractError naming it when none
@@ -145,32 +174,43 @@ def _one_of(obj: dict, key: str, choices: tuple, what: str, where: str) -> str:
     return v
 
 
-def _reference(raw: dict, where: str) -> Reference:
-    ref = _field(raw, "reference", dict, where)
-    hook = _one_of(ref, "hook", HOOKS, "reference hook", where)
-    transforms = list(ref.get("transform") or [])
+def _transform_list(raw: dict, voc: Vocabulary, where: str) -> list:
+    """`raw["transform"]`: each in the shipped vocabulary (a keyed one by its key) and well formed."""
+    transforms = raw.get("transform") or []
+    if not isinstance(transforms, list):
+        raise ContractError(f"{where}: transform {transforms!r} is not a list")
     for t in transforms:
+        name = t if isinstance(t, str) else next(iter(t)) if isinstance(t, dict) and len(t) == 1 else None
+        if name not in voc.transforms:
+            raise ContractError(f"{where}: unknown reference transform {t!r} (known: {voc.transforms})")
         _transforms.check(t, where)
+    return list(transforms)
+
+
+def _reference(raw: dict, voc: Vocabulary, where: str) -> Reference:
+    ref = _field(raw, "reference", dict, where)
+    hook = _one_of(ref, "hook", voc.hooks, "reference hook", where)
+    transforms = _transform_list(ref, voc, where)
     index = ref.get("index", 0)
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise ContractError(f"{where}: reference index {index!r} must be a non-negative integer")
     return Reference(_field(ref, "module", str, where), hook, index, transforms, ref.get("kwarg"))
 
 
-def _checkpoint(raw: Any, i: int) -> Checkpoint:
+def _checkpoint(raw: Any, i: int, voc: Vocabulary) -> Checkpoint:
     where = f"resolved contract checkpoint {i}"
     if not isinstance(raw, dict):
         raise ContractError(f"{where} is not an object")
     name = _field(raw, "name", str, where)
     where = f"resolved contract checkpoint '{name}'"
-    steps = _one_of(raw, "steps", STEPS, "steps", where)
-    layout = _one_of(raw, "layout", LAYOUTS, "layout", where)
+    steps = _one_of(raw, "steps", voc.steps, "steps", where)
+    layout = _one_of(raw, "layout", voc.layouts, "layout", where)
     shape = _field(raw, "shape", list, where)
     if not all(isinstance(d, (int, str)) and not isinstance(d, bool) for d in shape):
         raise ContractError(f"{where}: shape {shape!r} holds something that is not a number or a symbol")
     inputs = []
     for inp in _field(raw, "inputs", list, where):
-        if not (isinstance(inp, list) and len(inp) == 2 and inp[1] in STEP_REFS):
+        if not (isinstance(inp, list) and len(inp) == 2 and inp[1] in voc.step_refs):
             raise ContractError(f"{where}: input {inp!r} is not [name, step reference]")
         inputs.append(inp[0] if inp[1] == "same" else f"{inp[0]}@{inp[1]}")
     layer = raw.get("layer")
@@ -183,7 +223,7 @@ def _checkpoint(raw: Any, i: int) -> Checkpoint:
         shape=list(shape),
         layout=layout,
         kind=raw.get("kind"),
-        reference=_reference(raw, where),
+        reference=_reference(raw, voc, where),
         layer=layer,
         order=_field(raw, "order", int, where),
         producer=_field(raw, "producer", str, where),
@@ -209,7 +249,8 @@ def load_resolved(contract_json: str | os.PathLike | dict, family: Optional[str]
             raise ContractError(f"resolved contract: '{key}' is not a map of integers")
         return dict(d)
 
-    cks = [_checkpoint(raw, i) for i, raw in enumerate(_field(data, "checkpoints", list, "resolved contract"))]
+    voc = _vocabulary(data)
+    cks = [_checkpoint(raw, i, voc) for i, raw in enumerate(_field(data, "checkpoints", list, "resolved contract"))]
     names = [c.name for c in cks]
     if len(set(names)) != len(names):
         raise ContractError("resolved contract: duplicate checkpoint names")
@@ -224,21 +265,19 @@ def load_resolved(contract_json: str | os.PathLike | dict, family: Optional[str]
         symbols=dict(data.get("symbols") or {}),
         checkpoints=cks,
         sha256=str(data.get("contract_sha256", "")),
-        points=[_point_rule(r, i) for i, r in enumerate(data.get("points") or [])],
+        points=[_point_rule(r, i, voc) for i, r in enumerate(data.get("points") or [])],
+        vocabulary=voc,
     )
 
 
-def _point_rule(raw: Any, i: int) -> PointRule:
+def _point_rule(raw: Any, i: int, voc: Vocabulary) -> PointRule:
     where = f"resolved contract points rule {i}"
     if not isinstance(raw, dict):
         raise ContractError(f"{where} is not an object")
     module = _field(raw, "module", str, where)
     where = f"resolved contract points rule {module!r}"
     sides = _field(raw, "sides", list, where)
-    if not sides or any(s not in SIDES for s in sides):
-        raise ContractError(f"{where}: sides {sides!r} are not a non-empty list of {SIDES}")
-    layout = _one_of(raw, "layout", LAYOUTS, "layout", where)
-    transforms = list(raw.get("transform") or [])
-    for t in transforms:
-        _transforms.check(t, where)
-    return PointRule(module, list(sides), layout, transforms)
+    if not sides or any(s not in voc.sides for s in sides):
+        raise ContractError(f"{where}: sides {sides!r} are not a non-empty list of {voc.sides}")
+    layout = _one_of(raw, "layout", voc.layouts, "layout", where)
+    return PointRule(module, list(sides), layout, _transform_list(raw, voc, where))

@@ -44,11 +44,12 @@ from transformers.models.granite_speech.configuration_granite_speech import Gran
 from transformers.models.granite_speech.feature_extraction_granite_speech import GraniteSpeechFeatureExtractor
 from transformers.models.granite_speech.modeling_granite_speech import GraniteSpeechCTCEncoder
 
-from . import granite_contract as gc
 from . import audio as _audio
+from .contract import load_resolved
 from .errors import OracleInputError
 from .modeldir import FIXES, check_model_dir
 from .ops import OpRecorder, parse_ops
+from .recorder import Recorder, select
 
 FIXES_TOKENIZER = FIXES["tokenizer.json"]
 
@@ -634,17 +635,6 @@ def tool_versions() -> dict[str, str]:
 # --------------------------------------------------------------------------------------------
 
 
-def _select(checkpoints: list[gc.Checkpoint], only: Sequence[str] | None) -> list[gc.Checkpoint]:
-    if only is None:
-        return checkpoints
-    wanted = set(only)
-    chosen = [c for c in checkpoints if c.name in wanted]
-    unknown = wanted - {c.name for c in checkpoints}
-    if unknown:
-        raise GraniteNarInputError(f"only: unknown checkpoint(s) {sorted(unknown)}")
-    return chosen
-
-
 def run_granite_nar(
     model_dir: str | Path,
     audio_path: str | Path,
@@ -663,9 +653,10 @@ def run_granite_nar(
 
     Returns `{"family", "tokens", "hypothesis", "template", "transcript", "checkpoints": [{"name",
     "step": 0, "layout", "array"}], "op_points": [same keys, firing order], "tools", "weights_sha256", "audio_sha256", "config"}` with
-    float32 C-contiguous arrays in the contract's canonical shapes. `teacher_hypothesis` replaces
-    the CTC hypothesis in the LM template (token ids); `hypothesis` stays the CTC one. `only`
-    restricts capture to the named (expanded) checkpoints. `model`/`frontend` reuse an already
+    C-contiguous arrays in the contract's canonical shapes (`recorder.Recorder`: float32, float64
+    in a float64 run). `teacher_hypothesis` replaces the CTC hypothesis in the LM template (token
+    ids); `hypothesis` stays the CTC one. `only` restricts capture to the named checkpoints
+    (expanded names or templates, `recorder.select`). `model`/`frontend` reuse an already
     loaded model (tests); they must come from `model_dir`. `samples`/`audio_sha256`: 16 kHz mono
     float32 samples decoded and converted by the caller (`xray`) and the file's sha256;
     `audio_path` is then only named in messages. `ops`: op-level points (`xray_oracle.ops`; None,
@@ -688,16 +679,17 @@ def run_granite_nar(
         bad = [t for t in teacher_hypothesis if not 0 <= int(t) < vocab]
         if bad:
             raise GraniteNarInputError(f"teacher_hypothesis: ids {bad} outside [0, {vocab})")
-    resolved = gc.load_resolved(contract_json, FAMILY)
-    checkpoints = _select(resolved.checkpoints, only)
+    resolved = load_resolved(contract_json, FAMILY)
+    checkpoints = select(resolved, only)
 
     features = frontend(audio).to(next(model.parameters()).dtype)
     # Unknown modules are refused here, before the forward pass. The conformer attention pads its
     # input to whole context blocks; its points are cropped back to the encoder's frames.
     oprec = OpRecorder(model, ops, resolved, symbols=lambda: {"enc_frames": int(features.shape[1])})
-    with gc.Recorder(model, checkpoints, resolved.dims) as rec, oprec:
+    # One forward pass: every checkpoint at step 0; the symbols bind from the captured shapes.
+    with Recorder(model, resolved, checkpoints) as rec, oprec:
         out = model(features, teacher_hypothesis=teacher_hypothesis)
-    gc.check_shapes(resolved, checkpoints, rec.captured)
+    captured = rec.collect()
     op_points = oprec.points()
 
     tok = _tokenizer(model_dir)
@@ -710,9 +702,7 @@ def run_granite_nar(
         "hypothesis": out.hypothesis,
         "template": out.template,
         "transcript": transcript,
-        "checkpoints": [
-            {"name": c.name, "step": 0, "layout": c.layout, "array": rec.captured[c.name]} for c in checkpoints
-        ],
+        "checkpoints": captured,
         "op_points": op_points,
         "tools": tool_versions(),
         "weights_sha256": _sha256_file(model_dir / "model.safetensors"),

@@ -17,22 +17,23 @@ import json
 import platform
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
 from .audio import from_samples, read_wav, samples_sha256
 from .dump import hf_weights_sha256
-from .dump import checkpoint_key
 from .contract import Checkpoint, Contract, load_resolved
-from .errors import CaptureError, ContractError, OracleInputError
+from .errors import CaptureError, OracleInputError
 from .modeldir import PICKLE_SUFFIXES  # noqa: F401  (re-exported)
 from .modeldir import check_model_dir as _shared_check
-from . import transforms
 from .ops import OpRecorder, parse_ops
+from .recorder import Recorder, StepBy, select
 from . import variants
 
 DTYPES = ("float32", "float64")
+# The module whose every call is one decode step (`recorder.StepBy`).
+DECODER = "model.decoder"
 
 _sha_cache: dict[tuple[str, int, int], str] = {}
 
@@ -109,121 +110,6 @@ def log_mel_float64(feature_extractor, samples: np.ndarray):
     return log_spec.unsqueeze(0)
 
 
-class _Summary:
-    """A stats-only capture: the tensor's shape and the index `summarize` returned for it."""
-
-    __slots__ = ("shape", "index")
-
-    def __init__(self, shape: tuple, index: int):
-        self.shape = shape
-        self.index = index
-
-
-class _Recorder:
-    """Forward hooks / pre-hooks that copy the contract's checkpoints out, per decode step (or,
-    with `summarize`, hand each to it as it is produced and keep only its shape and summary)."""
-
-    def __init__(self, model, contract: Contract, selected: list[Checkpoint], summarize=None):
-        self.model = model
-        self.contract = contract
-        self.selected = selected
-        self.summarize = summarize
-        self.step = 0
-        self.decoder_calls = 0
-        self.step_input_ids: list[list[int]] = []
-        self.captured: dict[tuple[str, int], np.ndarray | _Summary] = {}
-        self.handles: list = []
-
-    def _module(self, path: str):
-        try:
-            return self.model.get_submodule(path)
-        except AttributeError:
-            raise ContractError(
-                f"contract reference module {path!r} does not exist in {type(self.model).__name__}"
-            ) from None
-
-    def install(self) -> None:
-        decoder = self.model.model.decoder
-
-        def on_decoder(module, args, kwargs):
-            self.step = self.decoder_calls
-            self.decoder_calls += 1
-            ids = kwargs.get("input_ids", args[0] if args else None)
-            if ids is None:
-                raise CaptureError("the decoder was called without input_ids; cannot tell the step's tokens")
-            self.step_input_ids.append([int(t) for t in ids[0].tolist()])
-
-        self.handles.append(decoder.register_forward_pre_hook(on_decoder, with_kwargs=True))
-        for ckpt in self.selected:
-            mod = self._module(ckpt.reference.module)
-            if ckpt.reference.hook == "forward":
-                h = mod.register_forward_hook(lambda m, a, k, out, c=ckpt: self._take(c, out, "output"), with_kwargs=True)
-            elif ckpt.reference.kwarg is not None:
-                h = mod.register_forward_pre_hook(lambda m, a, k, c=ckpt: self._take_kwarg(c, k), with_kwargs=True)
-            else:
-                h = mod.register_forward_pre_hook(lambda m, a, k, c=ckpt: self._take(c, a, "positional inputs"), with_kwargs=True)
-            self.handles.append(h)
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
-
-    def _take_kwarg(self, ckpt: Checkpoint, kwargs: dict) -> None:
-        name = ckpt.reference.kwarg
-        value = kwargs.get(name)
-        if value is None:
-            raise CaptureError(
-                f"checkpoint {ckpt.name}: {ckpt.reference.module} was called without keyword argument {name!r}"
-            )
-        self._take(ckpt, value, f"keyword argument {name!r}")
-
-    def _take(self, ckpt: Checkpoint, value: Any, what: str) -> None:
-        import torch
-
-        ref = ckpt.reference
-        if isinstance(value, (tuple, list)):
-            if ref.index >= len(value):
-                raise CaptureError(
-                    f"checkpoint {ckpt.name}: {ref.module} {what} has {len(value)} elements, contract index is {ref.index}"
-                )
-            t = value[ref.index]
-            if t is None:
-                raise CaptureError(
-                    f"checkpoint {ckpt.name}: {ref.module} {what}[{ref.index}] is None; HF returns attention "
-                    "probabilities only with attn_implementation='eager' (select other checkpoints with `only` "
-                    "to run sdpa)"
-                )
-        elif torch.is_tensor(value):
-            # A module returning a bare tensor (WhisperEncoderLayer, WhisperDecoderLayer, nn.Linear):
-            # index 0 means the tensor itself.
-            if ref.index != 0:
-                raise CaptureError(f"checkpoint {ckpt.name}: {ref.module} {what} is a single tensor, contract index is {ref.index}")
-            t = value
-        else:
-            t = getattr(value, "last_hidden_state", None) if ref.index == 0 else None
-            if t is None:
-                raise CaptureError(f"checkpoint {ckpt.name}: {ref.module} {what} is a {type(value).__name__}, not a tensor or tuple")
-        if not torch.is_tensor(t):
-            raise CaptureError(f"checkpoint {ckpt.name}: {ref.module} {what}[{ref.index}] is a {type(t).__name__}, not a tensor")
-        t = t.detach()
-        if not t.is_floating_point():
-            # Ids and positions are compared as floats, in the run's dtype like every checkpoint.
-            t = t.to(next(self.model.parameters()).dtype)
-        key = (ckpt.name, self.step)
-        if key in self.captured:
-            raise CaptureError(
-                f"checkpoint {ckpt.name}: {ref.module} ran twice at step {self.step}; the contract expects one call per step"
-            )
-        a = transforms.apply(t.to("cpu").numpy(), ref.transform, f"checkpoint {ckpt.name}", self.contract.dims)
-        if self.summarize is None:
-            self.captured[key] = a.copy()
-            return
-        if a.dtype != np.float32:
-            raise CaptureError(f"checkpoint {ckpt.name}: stats-only capture summarizes float32, got {a.dtype}")
-        self.captured[key] = _Summary(tuple(a.shape), int(self.summarize(a)))
-
-
 def run_whisper(
     model_dir: str,
     audio_path: str,
@@ -292,7 +178,7 @@ def run_whisper(
         raise OracleInputError("stats-only capture (summarize) is float32 with no op-level points")
     d, config, weights_sha = check_model_dir(model_dir)
     contract = load_resolved(contract_json, "whisper")
-    selected = _select(contract, only)
+    selected = select(contract, only)
     # The audio is checked before torch loads: a bad file costs no model load.
     chunk = _chunk_length(d)
     np_dtype = np.float64 if dtype == "float64" else np.float32
@@ -385,7 +271,16 @@ def _run_locked(d: Path, config: dict, weights_sha: str, contract: Contract, sel
         feats = fe(audio.samples, sampling_rate=audio.sample_rate, return_tensors="pt").input_features
     feats = feats.to(tdtype)
 
-    rec = _Recorder(model, contract, selected, summarize)
+    step_ids: list[list[int]] = []  # each decode step's input ids
+
+    def on_decoder(args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            raise CaptureError("the decoder was called without input_ids; cannot tell the step's tokens")
+        step_ids.append([int(t) for t in ids[0].tolist()])
+
+    # Step K is the decoder's K-th call (the encoder's checkpoints fire before the first: step 0).
+    rec = Recorder(model, contract, selected, step_by=StepBy(DECODER, on_decoder), summarize=summarize)
     # Module names are checked here, before generate: the module tree exists once loaded.
     oprec = OpRecorder(model, ops, contract, step=lambda: rec.step)
     rec.install()
@@ -401,9 +296,11 @@ def _run_locked(d: Path, config: dict, weights_sha: str, contract: Contract, sel
         rec.remove()
 
     seq = [int(t) for t in out.sequences[0].tolist()]
-    steps = rec.decoder_calls
-    _check_steps(rec, seq, steps)
-    checkpoints = _verify_and_collect(rec, contract, selected, steps)
+    _check_steps(step_ids, seq, rec.steps)
+    prefix_len = len(step_ids[0])
+    # `tokens`: the step's input positions (the forced prefix at step 0, then one); `past+tokens`:
+    # every position so far (self-attention keys: the cache plus this step's).
+    checkpoints = rec.collect(lambda s: {"tokens": prefix_len if s == 0 else 1, "past+tokens": prefix_len + s})
     op_points = oprec.points()
     transcript = tokenizer.decode(seq, skip_special_tokens=True)
     return {
@@ -421,32 +318,17 @@ def _run_locked(d: Path, config: dict, weights_sha: str, contract: Contract, sel
         "dtype": dtype,
         "weights_variant": getattr(model, "_xray_variant", None),
         "attn_implementation": attn_implementation,
-        "step_tokens": rec.step_input_ids,
+        "step_tokens": step_ids,
     }
 
 
-def _select(contract: Contract, only: Optional[list[str]]) -> list[Checkpoint]:
-    if only is None:
-        return list(contract.checkpoints)
-    names = {c.name for c in contract.checkpoints} | {c.template for c in contract.checkpoints}
-    unknown = [o for o in only if o not in names]
-    if unknown:
-        raise OracleInputError(
-            f"unknown checkpoint name(s) {unknown}; the contract has e.g. "
-            f"{[c.name for c in contract.checkpoints[:3]]} (templates such as {contract.checkpoints[-2].template!r} select every layer)"
-        )
-    want = set(only)
-    return [c for c in contract.checkpoints if c.name in want or c.template in want]
-
-
-def _check_steps(rec: _Recorder, seq: list[int], steps: int) -> None:
+def _check_steps(step_ids: list[list[int]], seq: list[int], steps: int) -> None:
     """The decoder's per-step inputs must be the returned sequence: prefix at step 0, then each
     generated token fed back one step later."""
     if steps == 0:
         raise CaptureError("generate() never called the decoder")
-    prefix = rec.step_input_ids[0]
-    fed = list(prefix)
-    for k, ids in enumerate(rec.step_input_ids[1:], start=1):
+    fed = list(step_ids[0])
+    for k, ids in enumerate(step_ids[1:], start=1):
         if len(ids) != 1:
             raise CaptureError(f"decoder step {k} got {len(ids)} input tokens, expected 1 (KV-cached decoding)")
         fed += ids
@@ -455,51 +337,6 @@ def _check_steps(rec: _Recorder, seq: list[int], steps: int) -> None:
             f"generate() returned {seq}, but the decoder was fed {fed} over {steps} steps "
             "(expected the returned sequence to be the fed tokens plus the last step's token)"
         )
-
-
-def _verify_and_collect(rec: _Recorder, contract: Contract, selected: list[Checkpoint], steps: int) -> list[dict]:
-    prefix_len = len(rec.step_input_ids[0])
-    out = []
-    for ckpt in selected:
-        want_steps = range(steps) if ckpt.steps == "every" else range(1)
-        got_steps = sorted(s for (n, s) in rec.captured if n == ckpt.name)
-        if got_steps != list(want_steps):
-            extra = sorted(set(got_steps) - set(want_steps))
-            missing = sorted(set(want_steps) - set(got_steps))
-            raise CaptureError(
-                f"checkpoint {ckpt.name} (steps: {ckpt.steps}, hook {ckpt.reference.hook} on {ckpt.reference.module}): "
-                f"captured at steps {got_steps} of {steps}; missing {missing}, unexpected {extra}"
-            )
-        for s in want_steps:
-            a = rec.captured[(ckpt.name, s)]
-            tokens = prefix_len if s == 0 else 1
-            expected = []
-            for dim in ckpt.shape:
-                if isinstance(dim, int):
-                    expected.append(dim)
-                elif dim == "tokens":
-                    expected.append(tokens)
-                elif dim == "past+tokens":
-                    # Self-attention keys: every position so far (the cache plus this step's).
-                    expected.append(prefix_len + s)
-                else:
-                    raise ContractError(
-                        f"checkpoint {ckpt.name}: shape symbol {dim!r} is neither a dim, 'tokens' nor 'past+tokens'"
-                    )
-            if list(a.shape) != expected:
-                raise CaptureError(
-                    f"checkpoint {checkpoint_key(ckpt.name, s)}: HF gives shape {list(a.shape)}, the contract says "
-                    f"{ckpt.shape} = {expected} (tokens = {tokens})"
-                )
-            if isinstance(a, _Summary):
-                out.append({"name": ckpt.name, "step": s, "layout": ckpt.layout, "shape": list(a.shape),
-                            "summary": a.index, "order": ckpt.order})
-            else:
-                out.append({"name": ckpt.name, "step": s, "layout": ckpt.layout, "array": a, "order": ckpt.order})
-    out.sort(key=lambda c: (c["step"], c["order"]))
-    for c in out:
-        del c["order"]
-    return out
 
 
 def run_reference(model_dir, audio_path, contract_json, *, dtype, max_new_tokens, teacher, only, threads,

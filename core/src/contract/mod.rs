@@ -307,6 +307,41 @@ impl CheckpointSpec {
     }
 }
 
+/// The names the resolved contract speaks in, shipped in [`Contract::resolved_json`] as
+/// `vocabulary` so the oracle reads them instead of typing them again: each enum's serde
+/// names, in declaration order (`steps`: [`Steps`], `step_refs`: [`StepRef`], `layouts`:
+/// [`Layout`], `hooks`: [`Hook`], `sides`: [`crate::ops::Side`], `transforms`: [`Transform`],
+/// a keyed transform by its key). The variants are listed here once; a unit test holds each list
+/// to the enum's own (serde's list of variant names).
+pub fn vocabulary() -> serde_json::Value {
+    use crate::ops::Side;
+    serde_json::json!({
+        "steps": serde_names(&[Steps::Once, Steps::Prefill, Steps::Every]),
+        "step_refs": serde_names(&[StepRef::Same, StepRef::Prefill, StepRef::Previous]),
+        "layouts": serde_names(&[Layout::TokenMajor, Layout::HeadMajor, Layout::ChannelMajor, Layout::Plain]),
+        "hooks": serde_names(&[Hook::Forward, Hook::Pre]),
+        "sides": serde_names(&[Side::In, Side::Out]),
+        "transforms": serde_names(&[
+            Transform::SqueezeBatch,
+            Transform::FlattenWindows { per_window: String::new() },
+            Transform::SplitHeads,
+            Transform::Crop { axis: 0, to: String::new() },
+        ]),
+    })
+}
+
+/// Each value's serde name: a unit variant serializes as its name, a struct variant as a
+/// one-key object keyed by it.
+fn serde_names<T: Serialize>(all: &[T]) -> Vec<String> {
+    all.iter()
+        .filter_map(|v| match serde_json::to_value(v).ok()? {
+            serde_json::Value::String(s) => Some(s),
+            serde_json::Value::Object(o) if o.len() == 1 => o.keys().next().cloned(),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A contract resolved against one model config.
 #[derive(Debug, Clone)]
 pub struct Contract {
@@ -813,6 +848,7 @@ impl Contract {
             "symbols": self.symbols,
             "checkpoints": self.checkpoints,
             "points": self.points,
+            "vocabulary": vocabulary(),
         })
     }
 
@@ -1249,6 +1285,63 @@ mod tests {
         // It reads back into the same specs.
         let back: Vec<CheckpointSpec> = serde_json::from_value(j["checkpoints"].clone()).unwrap();
         assert_eq!(back, c.checkpoints);
+    }
+
+    /// The variant names serde itself knows for enum `T`, in declaration order: the list its
+    /// "unknown variant" error gives (`expected `a` or `b`` / `expected one of `a`, `b`, `c``).
+    fn serde_variants<T: serde::de::DeserializeOwned + std::fmt::Debug>() -> Vec<String> {
+        let err = serde_json::from_str::<T>("\"__no_such_variant__\"")
+            .unwrap_err()
+            .to_string();
+        let (_, expected) = err.split_once("expected").expect(&err);
+        let names: Vec<String> = expected
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(String::from)
+            .collect();
+        assert!(!names.is_empty(), "{err}");
+        names
+    }
+
+    #[test]
+    fn resolved_json_ships_every_variant_of_the_vocabulary() {
+        let j = Contract::for_family("whisper", &tiny_cfg())
+            .unwrap()
+            .resolved_json();
+        let v = &j["vocabulary"];
+        assert_eq!(v, &vocabulary());
+        let shipped =
+            |key: &str| -> Vec<String> { serde_json::from_value(v[key].clone()).unwrap() };
+        let want = [
+            ("steps", serde_variants::<Steps>()),
+            ("step_refs", serde_variants::<StepRef>()),
+            ("layouts", serde_variants::<Layout>()),
+            ("hooks", serde_variants::<Hook>()),
+            ("sides", serde_variants::<crate::ops::Side>()),
+            ("transforms", serde_variants::<Transform>()),
+        ];
+        let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        let mut want_keys: Vec<&str> = want.iter().map(|(k, _)| *k).collect();
+        keys.sort_unstable();
+        want_keys.sort_unstable();
+        assert_eq!(keys, want_keys);
+        for (key, names) in &want {
+            assert_eq!(&shipped(key), names, "vocabulary '{key}'");
+        }
+        // The names are the ones a contract file is read with.
+        assert_eq!(
+            shipped("layouts"),
+            ["token_major", "head_major", "channel_major", "plain"]
+        );
+        assert_eq!(shipped("hooks"), ["forward", "pre"]);
+        assert_eq!(
+            shipped("transforms"),
+            ["squeeze_batch", "flatten_windows", "split_heads", "crop"]
+        );
+        for name in shipped("steps") {
+            serde_json::from_value::<Steps>(serde_json::json!(name)).unwrap();
+        }
     }
 
     fn edited(f: impl Fn(&mut serde_json::Value)) -> String {

@@ -1,205 +1,35 @@
-//! The comparison pipeline over a checkpoint graph: per node metrics and tolerance, status,
-//! localization, the origin's signature, the error profile and the token drill-down.
+//! The comparison paths, each a short sequence of named stages called once in order:
+//! **align** ([`crate::align`]: each checkpoint's two tensors in the contract's layout),
+//! **judge** ([`crate::judge`]: metrics and tolerance per node), **localize**
+//! ([`crate::localize`]: statuses, origin, error profile, token drill-down) and **explain**
+//! ([`crate::explain`]: the origin's inputs, region, suspects and signature).
 //!
-//! The caller supplies tensors through [`PairSource`] (for example two loaded dumps, or the
-//! runtime and oracle outputs held in memory); [`compare_graph`] returns a [`Comparison`] whose
-//! parts go straight into [`crate::evidence::Evidence`] ([`Comparison::into_evidence`]).
+//! - [`compare_graph`]: tensors from any [`PairSource`] over a checkpoint graph (judge,
+//!   localize, explain);
+//! - [`compare_dumps`]: X-Ray's own runtime dump against the reference (`xray check`);
+//! - [`compare_dumps_isolated`]: any engine's dump, its fed edges, token alignment, declarations
+//!   and isolated runs (`xray compare`);
+//! - [`compare_stats_dumps`]: stats-only dumps, each checkpoint judged from its summaries.
+//!
+//! A [`Comparison`]'s parts go straight into [`crate::evidence::Evidence`]
+//! ([`Comparison::into_evidence`]).
 
 use std::collections::HashMap;
-use xray_core::{Layout, SignatureKind, Step};
+use xray_core::contract::Contract;
+use xray_core::dump::Dump;
+use xray_core::Step;
 
-use ndarray::ArrayViewD;
-
+use crate::align::{align_dumps, DumpPairs, PairSource};
 use crate::evidence::{
-    compress_ids, coverage_of, CheckpointEvidence, DivergenceKind, Evidence, FedEdge,
-    FirstDivergence, InputEvidence, Region, Run, TokenAlignment, ToleranceEvidence, Transcript,
-    Verdict, SCHEMA,
+    coverage_of, CheckpointEvidence, Evidence, FedEdge, FirstDivergence, OracleVersions, Run,
+    TokenAlignment, Transcript, Verdict, SCHEMA,
 };
-use crate::localize::{
-    drill_down, error_profile, first_divergent_token_step, gap_before, localize_fed,
-    CheckpointGraph, DrillDown, ErrorPoint, ErrorProfile, Localization, Observed, Status,
-};
-use crate::metrics::{compare, compare_logits, Metrics};
-use crate::signatures::{explain_with, origin_context, steps_subset, ExplainOptions};
-use crate::tolerance::{Dtype, NoiseFloor, Policy};
+use crate::explain::{divergences, fallback_divergence, name_suppression, stats_divergence};
+use crate::judge::{judge_graph, judge_stats_graph, Judged};
+use crate::localize::{graph_for, locate, CheckpointGraph, DrillDown, ErrorProfile, Localization};
+use crate::suppression::Suppression;
+use crate::tolerance::{NoiseFloor, Policy};
 use crate::Error;
-
-/// Description of a checkpoint's tensors (as recorded in the evidence).
-#[derive(Debug, Clone, PartialEq)]
-pub struct PairMeta {
-    /// Canonical shape.
-    pub shape: Vec<usize>,
-    /// Dtype of the runtime tensor.
-    pub dtype: Dtype,
-    /// Canonical layout.
-    pub layout: Layout,
-    /// Axis names for signature wording; empty = derived from the layout.
-    pub axis_names: Vec<String>,
-}
-
-/// What a [`PairSource`] has for one `(name, step)`.
-// Returned by value once per node; boxing the views would only add allocations.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
-pub enum Pair<'a> {
-    /// Both tensors, aligned to the canonical shape.
-    Tensors {
-        /// Metadata.
-        meta: PairMeta,
-        /// Reference tensor.
-        reference: ArrayViewD<'a, f32>,
-        /// Runtime tensor (cumulative run).
-        runtime: ArrayViewD<'a, f32>,
-        /// Runtime tensor from isolated mode (reference substituted upstream), if it ran.
-        isolated: Option<ArrayViewD<'a, f32>>,
-    },
-    /// Absent from a side that must have it (a failure).
-    Missing {
-        /// Metadata, if one side has the tensor.
-        meta: Option<PairMeta>,
-        /// Which side lacks it and why.
-        note: String,
-    },
-    /// Absent from the side under test, which need not expose it (partial coverage): neither a
-    /// pass nor a failure, unless [`CompareOptions::require_all`].
-    Unobserved {
-        /// Metadata of the reference side, if it has the tensor.
-        meta: Option<PairMeta>,
-        /// Which side lacks it.
-        note: String,
-    },
-    /// Present on the side under test but absent from the reference: the reference must cover
-    /// what is compared, so this is an error.
-    NotInReference {
-        /// Which side lacks it.
-        note: String,
-    },
-    /// Present on both sides but not alignable (shape or layout).
-    AlignmentFault {
-        /// Metadata of the reference side, if known.
-        meta: Option<PairMeta>,
-        /// Why it could not be aligned.
-        note: String,
-        /// `(reference, runtime)` shapes when the tensors were read but their shapes differ.
-        shapes: Option<(Vec<usize>, Vec<usize>)>,
-    },
-}
-
-/// Supplies tensors by checkpoint name and step.
-pub trait PairSource {
-    /// The pair for `name@stepK`.
-    fn pair(&self, name: &str, step: Step) -> Pair<'_>;
-}
-
-/// In-memory [`PairSource`] (tests, small runs).
-#[derive(Debug, Default)]
-pub struct MemorySource {
-    entries: HashMap<(String, Step), MemoryEntry>,
-}
-
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
-enum MemoryEntry {
-    Tensors {
-        meta: PairMeta,
-        reference: ndarray::ArrayD<f32>,
-        runtime: ndarray::ArrayD<f32>,
-        isolated: Option<ndarray::ArrayD<f32>>,
-    },
-    AlignmentFault(String),
-    Unobserved,
-}
-
-impl MemorySource {
-    /// Adds both tensors of a checkpoint (the layout is recorded as given).
-    pub fn insert(
-        &mut self,
-        name: &str,
-        step: Step,
-        layout: Layout,
-        reference: ndarray::ArrayD<f32>,
-        runtime: ndarray::ArrayD<f32>,
-    ) {
-        let meta = PairMeta {
-            shape: reference.shape().to_vec(),
-            dtype: Dtype::F32,
-            layout,
-            axis_names: vec![],
-        };
-        self.entries.insert(
-            (name.into(), step),
-            MemoryEntry::Tensors {
-                meta,
-                reference,
-                runtime,
-                isolated: None,
-            },
-        );
-    }
-
-    /// Sets the isolated-mode runtime tensor of an inserted checkpoint.
-    pub fn set_isolated(&mut self, name: &str, step: Step, isolated: ndarray::ArrayD<f32>) {
-        if let Some(MemoryEntry::Tensors { isolated: i, .. }) =
-            self.entries.get_mut(&(name.to_string(), step))
-        {
-            *i = Some(isolated);
-        }
-    }
-
-    /// Sets the axis names of an inserted checkpoint (the contract's, for signature wording).
-    pub fn set_axes(&mut self, name: &str, step: Step, axes: &[&str]) {
-        if let Some(MemoryEntry::Tensors { meta, .. }) =
-            self.entries.get_mut(&(name.to_string(), step))
-        {
-            meta.axis_names = axes.iter().map(|a| a.to_string()).collect();
-        }
-    }
-
-    /// Marks a checkpoint as absent from the side under test (partial coverage).
-    pub fn insert_unobserved(&mut self, name: &str, step: Step) {
-        self.entries
-            .insert((name.into(), step), MemoryEntry::Unobserved);
-    }
-
-    /// Marks a checkpoint as an alignment fault.
-    pub fn insert_fault(&mut self, name: &str, step: Step, note: &str) {
-        self.entries.insert(
-            (name.into(), step),
-            MemoryEntry::AlignmentFault(note.into()),
-        );
-    }
-}
-
-impl PairSource for MemorySource {
-    fn pair(&self, name: &str, step: Step) -> Pair<'_> {
-        match self.entries.get(&(name.to_string(), step)) {
-            None => Pair::Missing {
-                meta: None,
-                note: "absent from both sides".into(),
-            },
-            Some(MemoryEntry::Unobserved) => Pair::Unobserved {
-                meta: None,
-                note: "absent from the dump under test".into(),
-            },
-            Some(MemoryEntry::AlignmentFault(n)) => Pair::AlignmentFault {
-                meta: None,
-                note: n.clone(),
-                shapes: None,
-            },
-            Some(MemoryEntry::Tensors {
-                meta,
-                reference,
-                runtime,
-                isolated,
-            }) => Pair::Tensors {
-                meta: meta.clone(),
-                reference: reference.view(),
-                runtime: runtime.view(),
-                isolated: isolated.as_ref().map(|a| a.view()),
-            },
-        }
-    }
-}
 
 /// Options of [`compare_graph`].
 #[derive(Debug, Clone, Default)]
@@ -219,7 +49,7 @@ pub struct CompareOptions {
     pub comparable_up_to_step: Option<Step>,
     /// The ids the reference's generation config suppresses (for entries declaring
     /// `logits_processed: suppression`, and to name undeclared suppression).
-    pub suppression: Option<crate::pipeline::Suppression>,
+    pub suppression: Option<Suppression>,
 }
 
 /// Result of [`compare_graph`].
@@ -246,503 +76,146 @@ pub struct Comparison {
     pub fed_nodes: Vec<bool>,
 }
 
-/// The divergence signature of a shape disagreement, in the contract's axis names: which axes
-/// differ and by how much ("one key fewer along past+tokens: the cache lost a position").
-pub fn shape_explanation(
-    axis_names: &[String],
-    reference: &[usize],
-    runtime: &[usize],
-) -> crate::signatures::Explanation {
-    let axis = |i: usize| {
-        axis_names
-            .get(i)
-            .cloned()
-            .unwrap_or_else(|| format!("axis {i}"))
-    };
-    let mut parts = Vec::new();
-    let mut axes = Vec::new();
-    if reference.len() != runtime.len() {
-        parts.push(format!(
-            "rank {} vs {} in the reference ({runtime:?} vs {reference:?})",
-            runtime.len(),
-            reference.len()
-        ));
-    } else {
-        for (i, (&r, &x)) in reference.iter().zip(runtime).enumerate() {
-            if r == x {
-                continue;
-            }
-            let name = axis(i);
-            // A cache axis counts keys (positions); any other axis counts entries.
-            let cache = name.contains("past");
-            let unit = |n: usize| match (cache, n) {
-                (true, 1) => "key",
-                (true, _) => "keys",
-                (false, 1) => "entry",
-                (false, _) => "entries",
-            };
-            let d = x.abs_diff(r);
-            let count = if d == 1 {
-                "one".to_string()
-            } else {
-                d.to_string()
-            };
-            let dir = if x < r { "fewer" } else { "more" };
-            let mut t = format!(
-                "{count} {} {dir} along {name} ({x} vs {r} in the reference)",
-                unit(d)
-            );
-            if name == "tokens" && x == 1 && r > 1 {
-                t.push_str(": the last position only? An engine that returns the last row declares \"token_positions\": \"last\" on the entry (docs/dump-format.md) and it is compared with the reference's last row");
-            }
-            if cache {
-                let what = if d == 1 { "a position" } else { "positions" };
-                t.push_str(&format!(
-                    ": the cache {} {what}",
-                    if x < r { "lost" } else { "gained" }
-                ));
-            }
-            axes.push(name);
-            parts.push(t);
+impl Comparison {
+    /// The comparison's parts: the judged nodes with the localization's statuses, the located
+    /// facts, the explained divergences.
+    fn of(
+        graph: &CheckpointGraph,
+        mut judged: Judged,
+        located: crate::localize::Located,
+        fed_nodes: Vec<bool>,
+        (first_divergence, independent): (Option<FirstDivergence>, Vec<FirstDivergence>),
+    ) -> Comparison {
+        judged.localized(graph, &located.localization);
+        Comparison {
+            checkpoints: judged.checkpoints,
+            first_divergence,
+            independent,
+            error_profile: located.error_profile,
+            first_divergent_token_step: located.first_divergent_token_step,
+            drill_down: located.drill_down,
+            localization: located.localization,
+            graph: graph.clone(),
+            fed_nodes,
         }
-        let (mut rs, mut xs) = (reference.to_vec(), runtime.to_vec());
-        rs.sort_unstable();
-        xs.sort_unstable();
-        if rs == xs && reference != runtime {
-            parts = vec![format!(
-                "the same extents in another axis order ({runtime:?} vs {reference:?} over {}): a layout the contract does not declare",
-                axis_names.join(", ")
-            )];
-        }
-    }
-    crate::signatures::Explanation {
-        signature: SignatureKind::Shape,
-        detail: parts.join("; "),
-        evidence: serde_json::json!({
-            "reference_shape": reference,
-            "runtime_shape": runtime,
-            "axes": axis_names,
-            "differing_axes": axes,
-        }),
     }
 }
 
-/// The unobserved region in front of node `o` as evidence, and the suspects (producers of the
-/// region's checkpoints, then `o`'s own), following the checkpoint graph.
-fn region_and_suspects(
-    graph: &CheckpointGraph,
-    status: &[Status],
-    fed: &[bool],
-    o: usize,
-    own_label: &str,
-) -> (Option<Region>, Vec<String>) {
-    let nodes = graph.nodes();
-    let (region, boundary) = gap_before(graph, status, o);
-    let mut suspects: Vec<String> = Vec::new();
-    for &u in region.iter().chain(std::iter::once(&o)) {
-        if !suspects.contains(&nodes[u].producer) {
-            suspects.push(nodes[u].producer.clone());
-        }
-    }
-    if region.is_empty() {
-        return (None, suspects);
-    }
-    let label = |u: usize| {
-        if fed.get(u).copied().unwrap_or(false) {
-            "fed".to_string()
-        } else {
-            status[u].as_str().to_string()
-        }
-    };
-    let short = |u: usize| format!("{}@{}", nodes[u].name, nodes[u].step);
-    let before: Vec<String> = boundary
-        .iter()
-        .map(|&u| format!("{} ({})", short(u), label(u)))
-        .collect();
-    let summary = if before.is_empty() {
-        format!(
-            "before {} ({own_label}): nothing upstream observed",
-            short(o)
-        )
-    } else {
-        format!(
-            "between {} and {} ({own_label})",
-            before.join(", "),
-            short(o)
-        )
-    };
-    let all: Vec<(&str, Step)> = nodes.iter().map(|n| (n.name.as_str(), n.step)).collect();
-    let sel: Vec<(&str, Step)> = region
-        .iter()
-        .map(|&u| (nodes[u].name.as_str(), nodes[u].step))
-        .collect();
-    (
-        Some(Region {
-            summary,
-            after: boundary
-                .iter()
-                .map(|&u| InputEvidence {
-                    checkpoint: nodes[u].name.clone(),
-                    step: nodes[u].step,
-                    status: status[u],
-                })
-                .collect(),
-            unobserved: compress_ids(&all, &sel),
-            unobserved_count: region.len(),
-        }),
-        suspects,
-    )
-}
-
-/// Default axis names for a layout and rank.
-pub fn layout_axis_names(layout: Layout, rank: usize) -> Vec<String> {
-    let names: &[&str] = match (layout, rank) {
-        (Layout::HeadMajor, 3) => &["heads", "tokens", "head_dim"],
-        (Layout::TokenMajor, 2) => &["tokens", "features"],
-        (Layout::ChannelMajor, 2) => &["channels", "frames"],
-        _ => &[],
-    };
-    names.iter().map(|s| s.to_string()).collect()
-}
-
-/// Compares every node of `graph` with tensors from `src`, localizes the first divergence and
-/// explains it.
+/// Compares every node of `graph` with tensors from `src`: judge, localize, explain.
 pub fn compare_graph(
     graph: &CheckpointGraph,
     src: &dyn PairSource,
     opts: &CompareOptions,
 ) -> Result<Comparison, Error> {
-    let n = graph.len();
-    // A policy rule that matches none of these checkpoints is a typo or another model's rule.
-    opts.policy.check_rules_match(
-        graph
-            .nodes()
-            .iter()
-            .map(|c| (c.name.as_str(), Some(c.step))),
-    )?;
-    let mut observed = Vec::with_capacity(n);
-    let mut partial: Vec<CheckpointEvidence> = Vec::with_capacity(n);
-    let mut errors: Vec<Option<ErrorPoint>> = Vec::with_capacity(n);
-    let mut logits_steps = Vec::new();
     let fed: Vec<bool> = graph
         .nodes()
         .iter()
         .map(|n| opts.fed.contains(&n.name))
         .collect();
-    for node in graph.nodes() {
-        if let Some(k) = opts.comparable_up_to_step.filter(|&k| node.step > k) {
-            let tol =
-                opts.policy
-                    .resolve_kind(&node.name, node.step, Dtype::F32, None, node.logits);
-            errors.push(None);
-            observed.push(Observed::NotComparable);
-            partial.push(CheckpointEvidence {
-                name: node.name.clone(),
-                step: node.step,
-                producer: node.producer.clone(),
-                consumers: node.consumers.clone(),
-                shape: vec![],
-                dtype: Dtype::F32.as_str().into(),
-                layout: String::new(),
-                metrics: None,
-                local_metrics: None,
-                tolerance: ToleranceEvidence::from(&tol),
-                status: Status::NotComparable,
-                propagated_from: vec![],
-                note: Some(format!(
-                    "not comparable: the token streams parted at step {k}, so step {} ran on other tokens",
-                    node.step
-                )),
-            });
-            continue;
-        }
-        let pair = src.pair(&node.name, node.step);
-        let (meta, note) = match &pair {
-            Pair::Tensors { meta, .. } => (Some(meta.clone()), None),
-            Pair::Missing { meta, note }
-            | Pair::Unobserved { meta, note }
-            | Pair::AlignmentFault { meta, note, .. } => (meta.clone(), Some(note.clone())),
-            Pair::NotInReference { note } => {
-                return Err(Error::NotInReference {
-                    checkpoint: node.id(),
-                    note: note.clone(),
-                })
-            }
-        };
-        let dtype = meta.as_ref().map_or(Dtype::F32, |m| m.dtype);
-        let floor = opts.floors.get(&(node.name.clone(), node.step));
-        let tol = opts
-            .policy
-            .resolve_kind(&node.name, node.step, dtype, floor, node.logits);
-        let (obs, metrics, local) = match &pair {
-            Pair::Tensors {
-                reference,
-                runtime,
-                isolated,
-                ..
-            } => {
-                let run = |x: &ArrayViewD<f32>| -> Result<Metrics, Error> {
-                    if node.logits {
-                        compare_logits(reference, x, &tol.tolerance)
-                    } else {
-                        compare(reference, x, &tol.tolerance)
-                    }
-                };
-                match run(runtime) {
-                    Ok(m) => {
-                        let local = isolated.as_ref().map(&run).transpose()?;
-                        let ok = m.passes(&tol.tolerance);
-                        (
-                            if ok { Observed::Pass } else { Observed::Fail },
-                            Some(m),
-                            local,
-                        )
-                    }
-                    // A shape disagreement after alignment is a fault of this edge, not a crash.
-                    Err(Error::ShapeMismatch { .. } | Error::NotLogits { .. }) => {
-                        (Observed::AlignmentFault, None, None)
-                    }
-                    // A non-finite reference is an input error: name the checkpoint and stop.
-                    Err(Error::NonFiniteReference {
-                        count,
-                        index,
-                        value,
-                        ..
-                    }) => {
-                        return Err(Error::NonFiniteReference {
-                            checkpoint: Some(node.id()),
-                            count,
-                            index,
-                            value,
-                        })
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            Pair::Missing { .. } => (Observed::Missing, None, None),
-            Pair::Unobserved { .. } if opts.require_all => (Observed::Missing, None, None),
-            Pair::Unobserved { .. } => (Observed::Unobserved, None, None),
-            Pair::AlignmentFault { .. } | Pair::NotInReference { .. } => {
-                (Observed::AlignmentFault, None, None)
-            }
-        };
-        let note = match (&pair, obs) {
-            (
-                Pair::Tensors {
-                    reference, runtime, ..
-                },
-                Observed::AlignmentFault,
-            ) => Some(format!(
-                "shape {:?} vs {:?} after alignment",
-                reference.shape(),
-                runtime.shape()
-            )),
-            _ => note,
-        };
-        if let Some(l) = metrics.as_ref().and_then(|m| m.logits.as_ref()) {
-            logits_steps.push((node.step, l.clone()));
-        }
-        errors.push(metrics.as_ref().map(|m| ErrorPoint {
-            rel_l2: m.rel_l2,
-            max_abs: m.max_abs,
-        }));
-        observed.push(obs);
-        partial.push(CheckpointEvidence {
-            name: node.name.clone(),
-            step: node.step,
-            producer: node.producer.clone(),
-            consumers: node.consumers.clone(),
-            shape: meta.as_ref().map(|m| m.shape.clone()).unwrap_or_default(),
-            dtype: dtype.as_str().into(),
-            layout: meta
-                .as_ref()
-                .map(|m| m.layout.to_string())
-                .unwrap_or_default(),
-            metrics,
-            local_metrics: local,
-            tolerance: ToleranceEvidence::from(&tol),
-            status: crate::localize::Status::Pass,
-            propagated_from: vec![],
-            note,
-        });
-    }
-    let loc = localize_fed(graph, &observed, &fed)?;
-    let nodes = graph.nodes();
-    for (i, c) in partial.iter_mut().enumerate() {
-        c.status = loc.status[i];
-        c.propagated_from = loc.propagated_from[i]
-            .iter()
-            .map(|&u| nodes[u].id())
-            .collect();
-    }
-    let profile = error_profile(graph, &errors, &loc.status)?;
-    let diverge = |o: usize| {
-        let node = &nodes[o];
-        let inputs = node
-            .upstream
-            .iter()
-            .map(|&u| InputEvidence {
-                checkpoint: nodes[u].name.clone(),
-                step: nodes[u].step,
-                status: loc.status[u],
-            })
-            .collect();
-        let axis_names_of = |meta: &PairMeta, rank: usize| {
-            if meta.axis_names.is_empty() {
-                layout_axis_names(meta.layout, rank)
-            } else {
-                meta.axis_names.clone()
-            }
-        };
-        let kind = match observed[o] {
-            Observed::AlignmentFault => DivergenceKind::Shape,
-            Observed::Missing => DivergenceKind::Missing,
-            _ => DivergenceKind::Values,
-        };
-        let explanation = match src.pair(&node.name, node.step) {
-            Pair::Tensors {
-                meta,
-                reference,
-                runtime,
-                ..
-            } if kind == DivergenceKind::Shape => Some(shape_explanation(
-                &axis_names_of(&meta, reference.ndim()),
-                reference.shape(),
-                runtime.shape(),
-            )),
-            Pair::AlignmentFault { meta, note, shapes } => Some(match shapes {
-                Some((r, x)) => {
-                    shape_explanation(&meta.map_or(vec![], |m| axis_names_of(&m, r.len())), &r, &x)
-                }
-                None => crate::signatures::Explanation {
-                    signature: SignatureKind::Layout,
-                    detail: note,
-                    evidence: serde_json::json!({}),
-                },
-            }),
-            Pair::Missing { note, .. } | Pair::Unobserved { note, .. } => {
-                Some(crate::signatures::Explanation {
-                    signature: SignatureKind::Missing,
-                    detail: note,
-                    evidence: serde_json::json!({}),
-                })
-            }
-            Pair::Tensors {
-                meta,
-                reference,
-                runtime,
-                ..
-            } => {
-                let axis_names = if meta.axis_names.is_empty() {
-                    layout_axis_names(meta.layout, reference.ndim())
-                } else {
-                    meta.axis_names.clone()
-                };
-                let eopts = ExplainOptions {
-                    axis_names,
-                    tolerance: partial[o].tolerance.tolerance(),
-                    ..Default::default()
-                };
-                let oc = origin_context(graph, src, o);
-                let mut e = explain_with(&reference, &runtime, &eopts, &oc);
-                let per_step: Vec<(Step, bool)> = (0..n)
-                    .filter(|&i| nodes[i].name == node.name)
-                    .map(|i| (nodes[i].step, loc.status[i].is_divergent()))
-                    .collect();
-                if per_step.len() > 1 {
-                    if let (Some(s), serde_json::Value::Object(m)) =
-                        (steps_subset(&per_step), &mut e.evidence)
-                    {
-                        m.insert("failing_steps".into(), serde_json::json!(s));
-                    }
-                }
-                Some(e)
-            }
-            Pair::NotInReference { .. } => None,
-        };
-        let own = match kind {
-            DivergenceKind::Shape => "shape",
-            DivergenceKind::Missing => "missing",
-            _ => "fail",
-        };
-        let (region, suspects) = region_and_suspects(graph, &loc.status, &fed, o, own);
-        FirstDivergence {
-            checkpoint: node.name.clone(),
-            step: node.step,
-            producer: node.producer.clone(),
-            inputs,
-            explanation,
-            kind,
-            region,
-            suspects,
-            op: None,
-        }
-    };
-    let first_divergence = loc.origin.map(diverge);
-    let independent = loc.independent.iter().map(|&o| diverge(o)).collect();
-    let token_step = first_divergent_token_step(logits_steps.iter().map(|(s, l)| (*s, l)));
-    Ok(Comparison {
-        checkpoints: partial,
-        first_divergence,
-        independent,
-        error_profile: profile,
-        first_divergent_token_step: token_step,
-        drill_down: token_step.map(|k| drill_down(graph, &loc, k)),
-        localization: loc,
-        graph: graph.clone(),
-        fed_nodes: fed,
-    })
+    let judged = judge_graph(graph, src, opts)?;
+    let located = locate(
+        graph,
+        &judged.observed,
+        &judged.errors,
+        &judged.logits_steps,
+        &fed,
+    )?;
+    let explained = divergences(graph, src, &judged, &located.localization, &fed);
+    Ok(Comparison::of(graph, judged, located, fed, explained))
 }
 
-/// Why the token streams part while every observed checkpoint passes, in words that hold for
-/// what is known: a stream that ends (a reference dump with fewer steps, or truncated: no
-/// numerical divergence), a near tie only when the logits metrics show one, and no step number
-/// when none is known (e.g. a stats-only comparison without the token alignment).
-fn tokens_part_detail(
-    e: &Evidence,
-    step: Option<Step>,
-    logits: usize,
-    logits_id: &str,
-    status: Status,
-) -> String {
-    let at = step.map_or(
-        "at a step not known (no logits metrics to find it)".to_string(),
-        |k| format!("at step {k}"),
-    );
-    if let Some(t) = e.tokens.as_ref().filter(|t| t.parted_at_step.is_some()) {
-        match (t.reference_token, t.candidate_token) {
-            (None, Some(c)) => {
-                return format!(
-                    "the reference's tokens end {at} where the candidate's go on (candidate token {c}): the reference dump holds fewer steps (made with a lower --max-steps, or truncated); no numerical divergence was observed, re-make the reference with as many steps"
-                )
-            }
-            (Some(r), None) => {
-                return format!(
-                    "the candidate's tokens end {at} where the reference's go on (reference token {r}): the candidate stopped early (a lower step cap, or its own end-of-text); every observed checkpoint passes"
-                )
-            }
-            _ => {}
-        }
+/// Compare a runtime dump with a reference dump through the contract (one isolated-mode dump at
+/// most; no token alignment or `extra.fed`: X-Ray's own runtime, teacher-forced by `xray check`;
+/// see [`compare_dumps_isolated`] for other engines).
+pub fn compare_dumps(
+    contract: &Contract,
+    reference: &Dump,
+    runtime: &Dump,
+    isolated: Option<&Dump>,
+    opts: &CompareOptions,
+) -> Result<Comparison, Error> {
+    let g = graph_for(contract, reference)?;
+    let pairs = DumpPairs::new(contract, reference, runtime, isolated);
+    compare_graph(&g, &pairs, opts)
+}
+
+/// What [`compare_dumps_isolated`] returns: the comparison, the fed edges of every dump, the
+/// token alignment, and one note per declaration kind applied.
+pub type IsolatedComparison = (
+    Comparison,
+    Vec<FedEdge>,
+    Option<TokenAlignment>,
+    Vec<String>,
+);
+
+/// Compare a dump under test with a reference dump through the contract, with any number of
+/// isolated dumps (X-Ray's isolated mode, or an outside engine's runs fed with the reference's
+/// tensors: each checkpoint's local error comes from the run fed nearest upstream of it).
+/// Aligns them ([`align_dumps`]: the dump under test's fed checkpoints count as passing for
+/// their consumers, steps after the token streams part are `not_comparable`, the entries'
+/// declarations applied), compares ([`compare_graph`]) and names undeclared suppression at a
+/// divergent logits checkpoint (signature `logits_processed`). Returns the comparison, the fed
+/// edges of every dump, the alignment and one note per declaration kind applied.
+/// Zero observed checkpoints is an error naming both dumps.
+pub fn compare_dumps_isolated(
+    contract: &Contract,
+    reference: &Dump,
+    runtime: &Dump,
+    isolated: Vec<&Dump>,
+    opts: &CompareOptions,
+) -> Result<IsolatedComparison, Error> {
+    let g = graph_for(contract, reference)?;
+    let aligned = align_dumps(contract, &g, reference, runtime, isolated, opts)?;
+    let mut c = compare_graph(&g, &aligned.pairs, &aligned.opts)?;
+    if !c.checkpoints.iter().any(|c| c.status.is_observed()) {
+        return Err(Error::NothingObserved {
+            reference: reference.dir.display().to_string(),
+            got: runtime.dir.display().to_string(),
+        });
     }
-    let why = if !status.is_observed() {
-        " (unobserved)".to_string()
-    } else {
-        match e
-            .checkpoints
-            .get(logits)
-            .and_then(|c| c.metrics.as_ref())
-            .and_then(|m| m.logits.as_ref())
-        {
-            Some(l) if l.argmax_near_ties > 0 => {
-                " within tolerance (a near tie of the reference's top logits)".to_string()
-            }
-            Some(_) => " within tolerance".to_string(),
-            None => " within tolerance (judged without the logits themselves)".to_string(),
-        }
-    };
-    format!(
-        "the token streams part {at} while every observed checkpoint passes: the argmax of {logits_id} differs{why}"
-    )
+    if let Some(sup) = aligned.opts.suppression.as_ref() {
+        let found = aligned.pairs.undeclared_suppression(sup);
+        let all = c
+            .first_divergence
+            .iter_mut()
+            .chain(c.independent.iter_mut());
+        name_suppression(all, &found);
+    }
+    Ok((c, aligned.fed, aligned.tokens, aligned.notes))
+}
+
+/// Compares two dumps when either is stats-only: each checkpoint is judged from its summaries
+/// ([`crate::judge::judge_stats`], tolerances from `opts.policy`), then localized along the
+/// contract's graph like the full comparison, so the evidence has the same form (metrics `null`,
+/// the estimate in the checkpoint's `note`; the origin's explanation says how to get a
+/// signature). Zero observed checkpoints is an error naming both dumps.
+pub fn compare_stats_dumps(
+    contract: &Contract,
+    reference: &Dump,
+    got: &Dump,
+    opts: &CompareOptions,
+) -> Result<Comparison, Error> {
+    let g = graph_for(contract, reference)?;
+    let judged = judge_stats_graph(&g, contract, reference, got, opts)?;
+    let fed = vec![false; g.len()];
+    let located = locate(&g, &judged.observed, &judged.errors, &[], &fed)?;
+    if !judged.any_observed() {
+        return Err(Error::NothingObserved {
+            reference: reference.dir.display().to_string(),
+            got: got.dir.display().to_string(),
+        });
+    }
+    let origin = stats_divergence(&g, &judged, &located.localization);
+    Ok(Comparison::of(&g, judged, located, fed, (origin, vec![])))
+}
+
+/// Tool versions of an oracle dump's manifest.
+pub fn oracle_versions(tools: &std::collections::BTreeMap<String, String>) -> OracleVersions {
+    OracleVersions {
+        python: tools.get("python").cloned(),
+        torch: tools.get("torch").cloned(),
+        transformers: tools.get("transformers").cloned(),
+    }
 }
 
 impl Comparison {
@@ -802,70 +275,7 @@ impl Comparison {
         };
         e.verdict = e.derive_verdict();
         if e.verdict == Verdict::Diverged && e.first_divergence.is_none() {
-            let nodes = self.graph.nodes();
-            let status: Vec<Status> = e.checkpoints.iter().map(|c| c.status).collect();
-            let token_step = e
-                .transcript
-                .as_ref()
-                .filter(|t| !t.tokens_equal)
-                .and_then(|t| t.first_divergent_step);
-            let (kind, target) = if e.transcript.as_ref().is_some_and(|t| !t.tokens_equal) {
-                let at = token_step.unwrap_or(0);
-                (
-                    DivergenceKind::Tokens,
-                    (0..nodes.len())
-                        .find(|&i| nodes[i].logits && nodes[i].step == at)
-                        .or_else(|| (0..nodes.len()).rev().find(|&i| nodes[i].logits)),
-                )
-            } else {
-                (
-                    DivergenceKind::Capture,
-                    (0..nodes.len()).rev().find(|&i| nodes[i].logits),
-                )
-            };
-            let target = target.or(nodes.len().checked_sub(1));
-            if let Some(o) = target.filter(|&o| o < status.len()) {
-                let node = &nodes[o];
-                let (detail, own) = match kind {
-                    DivergenceKind::Tokens => (
-                        tokens_part_detail(&e, token_step, o, &node.id(), status[o]),
-                        "tokens differ",
-                    ),
-                    _ => (
-                        "capture changed the runtime's outputs: the observers are not neutral"
-                            .to_string(),
-                        "capture",
-                    ),
-                };
-                let (region, suspects) =
-                    region_and_suspects(&self.graph, &status, &self.fed_nodes, o, own);
-                e.first_divergence = Some(FirstDivergence {
-                    checkpoint: node.name.clone(),
-                    step: node.step,
-                    producer: node.producer.clone(),
-                    inputs: node
-                        .upstream
-                        .iter()
-                        .map(|&u| InputEvidence {
-                            checkpoint: nodes[u].name.clone(),
-                            step: nodes[u].step,
-                            status: status[u],
-                        })
-                        .collect(),
-                    explanation: Some(crate::signatures::Explanation {
-                        signature: match kind {
-                            DivergenceKind::Tokens => SignatureKind::Tokens,
-                            _ => SignatureKind::Capture,
-                        },
-                        detail,
-                        evidence: serde_json::json!({}),
-                    }),
-                    kind,
-                    region,
-                    suspects,
-                    op: None,
-                });
-            }
+            e.first_divergence = fallback_divergence(&e, &self.graph, &self.fed_nodes);
         }
         e
     }
@@ -874,9 +284,13 @@ impl Comparison {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::align::MemorySource;
+    use crate::evidence::DivergenceKind;
+    use crate::explain::shape_explanation;
     use crate::localize::tests::spec;
     use crate::localize::{build_graph, CheckpointSpec, Status, StepRef, Steps};
     use ndarray::{ArrayD, IxDyn};
+    use xray_core::{Layout, SignatureKind};
 
     fn ramp(shape: &[usize], k: f32) -> ArrayD<f32> {
         let n: usize = shape.iter().product();

@@ -25,6 +25,9 @@ use xray_core::Step;
 
 use serde::{Deserialize, Serialize};
 
+use xray_core::contract::Contract;
+use xray_core::dump::Dump;
+
 use crate::metrics::LogitsMetrics;
 use crate::Error;
 
@@ -447,6 +450,55 @@ pub fn gap_before(
         }
     }
     (region.into_iter().collect(), boundary.into_iter().collect())
+}
+
+/// The steps a dump holds tensors at, ascending (0 always included).
+pub fn dump_steps(d: &Dump) -> Vec<Step> {
+    let mut steps: Vec<Step> = d.manifest.checkpoints.iter().map(|e| e.step).collect();
+    steps.push(0);
+    steps.sort_unstable();
+    steps.dedup();
+    steps
+}
+
+/// The checkpoint graph of a contract over the steps present in the reference dump.
+pub fn graph_for(c: &Contract, reference: &Dump) -> Result<CheckpointGraph, Error> {
+    build_graph(&c.checkpoints, &dump_steps(reference))
+}
+
+/// What the localize stage finds from the judged nodes ([`locate`]).
+#[derive(Debug, Clone)]
+pub struct Located {
+    /// Statuses, origin, independent failures.
+    pub localization: Localization,
+    /// Error along depth.
+    pub error_profile: ErrorProfile,
+    /// First step whose logits disagree in argmax.
+    pub first_divergent_token_step: Option<Step>,
+    /// Drill-down from that step to checkpoints.
+    pub drill_down: Option<DrillDown>,
+}
+
+/// The localize stage: every node classified ([`localize_fed`]; `fed[i]`: node `i`'s consumers
+/// saw the reference's tensor), the error profile of `errors` (per node, `None` without
+/// metrics), and from the logits metrics per step the first divergent token step and its
+/// drill-down.
+pub fn locate(
+    g: &CheckpointGraph,
+    observed: &[Observed],
+    errors: &[Option<ErrorPoint>],
+    logits: &[(Step, LogitsMetrics)],
+    fed: &[bool],
+) -> Result<Located, Error> {
+    let localization = localize_fed(g, observed, fed)?;
+    let error_profile = error_profile(g, errors, &localization.status)?;
+    let token_step = first_divergent_token_step(logits.iter().map(|(s, l)| (*s, l)));
+    Ok(Located {
+        error_profile,
+        first_divergent_token_step: token_step,
+        drill_down: token_step.map(|k| drill_down(g, &localization, k)),
+        localization,
+    })
 }
 
 /// Error of one node for the profile.

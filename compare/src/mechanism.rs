@@ -40,9 +40,9 @@ use xray_core::replay::{
 use xray_core::Layout;
 use xray_core::Step;
 
+use crate::align::to_canonical;
 use crate::metrics::compare;
 use crate::ops::OpDivergence;
-use crate::pipeline::to_canonical;
 use crate::tolerance::Tolerance;
 
 /// One module input handed to a [`Replayer`].

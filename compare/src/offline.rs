@@ -9,17 +9,18 @@ use xray_core::dump::Dump;
 use xray_core::ops::{chain, PointNode};
 use xray_core::Step;
 
-use crate::compare::CompareOptions;
+use crate::align::token_alignment;
+use crate::compare::{
+    compare_dumps_isolated, compare_stats_dumps, oracle_versions, CompareOptions,
+};
 use crate::evidence::{Evidence, Run, RunDumps, Transcript};
+use crate::localize::dump_steps;
 use crate::ops::{
     both_have_points, compare_points, dump_points, has_points, held_graph, localize_op,
     with_same_as,
 };
 use crate::ops::{OpDivergence, WeightLookup};
-use crate::pipeline::{
-    compare_dumps_isolated, compare_stats_dumps, dump_steps, oracle_versions, token_alignment,
-    Suppression,
-};
+use crate::suppression::Suppression;
 use crate::tolerance::Policy;
 
 /// An error of [`compare_dumps_evidence`]: one line, with the cause chain of the library error

@@ -17,11 +17,11 @@ use xray_core::ops::{parse_point, PointNode, Side};
 use xray_core::Layout;
 use xray_core::Step;
 
-use crate::compare::layout_axis_names;
+use crate::align::layout_axis_names;
+use crate::align::to_canonical;
 use crate::evidence::ToleranceEvidence;
 use crate::localize::Status;
 use crate::metrics::{compare, Metrics};
-use crate::pipeline::to_canonical;
 use crate::signatures::{explain_with, ExplainOptions, Explanation, OpContext};
 use crate::tolerance::{Dtype, Policy};
 

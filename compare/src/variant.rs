@@ -14,10 +14,11 @@ use xray_core::contract::Contract;
 use xray_core::dump::Dump;
 use xray_core::Step;
 
-use crate::compare::{Pair, PairSource};
+use crate::align::{comparable_up_to, token_alignment, DumpPairs};
+use crate::align::{Pair, PairSource};
 use crate::evidence::Evidence;
 use crate::localize::Status;
-use crate::pipeline::{comparable_up_to, token_alignment, DumpPairs, Suppression};
+use crate::suppression::Suppression;
 use crate::Error;
 
 /// One checkpoint measured against the reference and the variant.

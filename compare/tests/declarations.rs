@@ -7,9 +7,10 @@
 use std::path::PathBuf;
 
 use ndarray::{ArrayD, Axis, Slice};
+use xray_compare::compare::compare_dumps_isolated;
 use xray_compare::compare::CompareOptions;
 use xray_compare::localize::Status;
-use xray_compare::pipeline::{compare_dumps_isolated, Suppression};
+use xray_compare::suppression::Suppression;
 use xray_core::contract::Contract;
 use xray_core::dump::{Dump, LogitsProcessed, TokenPositions};
 

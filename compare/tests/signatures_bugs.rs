@@ -3,7 +3,8 @@
 //! f32 rounding noise, and a different bug).
 
 use ndarray::{Array1, Array2, ArrayD, Axis, IxDyn};
-use xray_compare::compare::{compare_graph, CompareOptions, MemorySource};
+use xray_compare::align::MemorySource;
+use xray_compare::compare::{compare_graph, CompareOptions};
 use xray_compare::localize::{build_graph, CheckpointSpec, StepRef, Steps};
 use xray_compare::signatures::{
     diagnose, diagnose_with, explain_with, linear_grid, steps_subset, Activation, AxisSegment,

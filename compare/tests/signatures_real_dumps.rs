@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 
 use ndarray::{ArrayD, Axis};
+use xray_compare::compare::compare_dumps;
 use xray_compare::compare::CompareOptions;
-use xray_compare::pipeline::compare_dumps;
 use xray_compare::signatures::{explain_with, ExplainOptions, OpContext};
 use xray_core::contract::Contract;
 use xray_core::dump::Dump;

@@ -40,21 +40,23 @@ use xray_core::reference::OracleRequest;
 use xray_oracle::{Oracle, OracleRun};
 use xray_runtime::audio::{load_wav, Audio};
 use xray_runtime::faults::FaultPlan;
-use xray_runtime::models::{self, Alignment, RunHooks, RunOptions, SpeechModel};
-use xray_runtime::Tensor;
+use xray_runtime::models::{self, Alignment, RunOptions, SpeechModel};
 
+use xray_compare::align::to_canonical;
 use xray_compare::compare::CompareOptions;
+use xray_compare::compare::{compare_dumps, compare_stats_dumps, oracle_versions};
 use xray_compare::evidence::{DivergenceKind, Evidence, Run, Transcript};
 use xray_compare::localize::Status;
 use xray_compare::metrics::compare as metrics_compare;
 use xray_compare::ops::{compare_points, has_points, localize_op};
-use xray_compare::pipeline::{compare_dumps, compare_stats_dumps, oracle_versions, to_canonical};
 use xray_compare::tolerance::{NoiseFloor, Policy, Tolerance};
 use xray_core::ops::PointSelect;
+use xray_core::Step;
 
 pub use crate::runs::{
     runtime_dump, runtime_dump_audio, runtime_stats_dump_audio, Capture, DumpSubstitute,
 };
+use crate::runs::{runtime_side, RuntimeSide};
 
 /// Options of one check.
 #[derive(Debug, Clone, Default)]
@@ -172,37 +174,6 @@ fn check_stats_only(opts: &CheckOptions, family: &str) -> anyhow::Result<()> {
         anyhow::bail!("--stats-only is implemented for {}; a {family} model is checked with full capture (drop --stats-only)", with.join(", "));
     }
     Ok(())
-}
-
-fn bits_equal(a: &[Tensor], b: &[Tensor]) -> bool {
-    a.len() == b.len()
-        && a.iter().zip(b).all(|(x, y)| {
-            x.shape() == y.shape()
-                && x.iter()
-                    .zip(y.iter())
-                    .all(|(p, q)| p.to_bits() == q.to_bits())
-        })
-}
-
-/// Teacher tokens for the runtime from the reference run, by the family's alignment policy. A
-/// policy naming reference ids the run does not carry is an error, never a free run.
-fn teacher_for(
-    align: Alignment,
-    reference: &xray_core::dump::Manifest,
-    teacher_force: bool,
-) -> anyhow::Result<Option<Vec<i64>>> {
-    match align {
-        Alignment::ReferenceTokens => Ok(Some(reference.tokens.clone())),
-        Alignment::OnRequest { extra_key } if teacher_force => reference
-            .extra
-            .get(extra_key)
-            .and_then(|v| serde_json::from_value::<Vec<i64>>(v.clone()).ok())
-            .map(Some)
-            .ok_or_else(|| {
-                anyhow!("teacher forcing needs the reference's '{extra_key}' ids, which its run does not carry")
-            }),
-        Alignment::OnRequest { .. } => Ok(None),
-    }
 }
 
 /// Loads the runtime model and checks what can be checked before any run: policy rules that
@@ -602,7 +573,10 @@ pub fn planned_run(model: &dyn SpeechModel, opts: &CheckOptions, audio: &Audio) 
 /// The runtime side of a check against a reference that is already there (the self-test
 /// reuses one reference for every planted fault), on `audio`: the decoded file the reference
 /// request was made from (the file is not read again). Further references (calibration,
-/// variants, the drill-down's points) come through `refs`.
+/// variants, the drill-down's points) come through `refs`. The stages, in order: the runtime
+/// ([`crate::runs::runtime_side`]), the reference's noise floor (`--calibrate`), the comparison
+/// (align, judge, localize, explain: [`compare_dumps`] / [`compare_stats_dumps`]), reference
+/// variants, the drill-down to the op ([`Drill::localize`]).
 pub fn check_against(
     model: &dyn SpeechModel,
     refs: &References,
@@ -611,40 +585,98 @@ pub fn check_against(
     audio: &Audio,
     progress: &dyn Fn(&str),
 ) -> anyhow::Result<CheckOutput> {
+    let align = check_inputs(model, reference, opts, audio)?;
+    let mut lookups: Vec<CacheLookup> = reference.lookup.iter().cloned().collect();
+    let rt = runtime_side(model, &reference.dump, align, opts, audio, progress)?;
+    let mut notes = check_notes(opts, align, audio);
+    let mut copts = CompareOptions {
+        policy: opts.policy.clone(),
+        // The runtime's graph declares every checkpoint: absence is a failure, not a gap.
+        require_all: true,
+        ..Default::default()
+    };
+    if opts.calibrate {
+        let (floors, lookup) = calibrate(model, refs, reference, progress)?;
+        lookups.extend(lookup);
+        copts.floors = floors;
+        if copts.policy.calibrated().is_none() {
+            copts.policy = copts.policy.with_calibration(Default::default());
+        }
+        notes.push(format!(
+            "calibrated tolerances from the oracle's f32-vs-f64 noise floor over {} checkpoints",
+            copts.floors.len()
+        ));
+    }
+    progress("comparing");
+    let contract = model.contract();
+    let cmp = if opts.stats_only {
+        compare_stats_dumps(contract, &reference.dump, &rt.dump, &copts)?
+    } else {
+        compare_dumps(
+            contract,
+            &reference.dump,
+            &rt.dump,
+            rt.isolated.as_ref(),
+            &copts,
+        )?
+    };
+    let mut evidence = evidence_of(model, opts, audio, &reference.dump, &rt, cmp, notes);
+    for scheme in &opts.reference_variants {
+        compare_variant(
+            model,
+            refs,
+            reference,
+            &rt.dump,
+            scheme,
+            &mut evidence,
+            progress,
+        )
+        .map(|lookup| lookups.extend(lookup))?;
+    }
+    if !opts.no_drill {
+        let drill = Drill {
+            model,
+            refs,
+            req: &reference.req,
+            audio,
+            run_opts: &rt.run_opts,
+            opts,
+        };
+        drill.localize(
+            &mut evidence,
+            &reference.dump,
+            &rt.dump,
+            progress,
+            &mut lookups,
+        )?;
+    }
+    evidence.run.reference_cache = cache_record(refs, lookups);
+    Ok(CheckOutput {
+        evidence,
+        reference: reference.dump.clone(),
+        runtime: rt.dump,
+    })
+}
+
+/// What must hold before the runtime runs against `reference`: the family is registered (its
+/// alignment policy is returned), the oracle was fed the samples the runtime is given, the
+/// faults plant something, the options suit a stats-only check, and the reference was captured
+/// as the check asks (stats-only or full).
+fn check_inputs(
+    model: &dyn SpeechModel,
+    reference: &Reference,
+    opts: &CheckOptions,
+    audio: &Audio,
+) -> anyhow::Result<Alignment> {
     let family = model.family();
     let align = models::family(family)
         .ok_or_else(|| anyhow!("family '{family}' is not registered"))?
         .alignment();
-    let generative = align == Alignment::ReferenceTokens;
-    let contract = model.contract().clone();
-    let req = &reference.req;
-    let mut lookups: Vec<CacheLookup> = reference.lookup.iter().cloned().collect();
-    let ref_m = reference.dump.manifest.clone();
-    let reference = reference.dump.clone();
-
-    let teacher_force = opts.teacher_force || (opts.isolate && !generative);
-    let mut run_opts = RunOptions {
-        max_new_tokens: opts.max_steps,
-        teacher_tokens: teacher_for(align, &ref_m, teacher_force)?,
-    };
-    if let Some(w) = &opts.warmup_audio {
-        // Stale-cache bugs show only when a second input reuses state from the first.
-        progress(&format!("warm-up input {}", w.display()));
-        // The warm-up runs clean: a correct model served input A, then B arrives.
-        model.run(
-            &load_wav(w, 16000)?,
-            &RunOptions {
-                max_new_tokens: Some(2),
-                teacher_tokens: None,
-            },
-            &mut RunHooks::default(),
-        )?;
-    }
-    let a = audio;
-    if req
+    if reference
+        .req
         .samples
         .as_deref()
-        .is_some_and(|s| s != a.samples.as_slice())
+        .is_some_and(|s| s != audio.samples.as_slice())
     {
         return Err(anyhow!(
             "{}: the oracle was fed other samples than the runtime is given",
@@ -653,123 +685,32 @@ pub fn check_against(
     }
     opts.faults.validate(model.graph())?;
     check_stats_only(opts, family)?;
-    if opts.stats_only != reference.manifest.stats_only {
+    let capture = |stats_only: bool| if stats_only { "stats-only" } else { "full" };
+    if opts.stats_only != reference.dump.manifest.stats_only {
         return Err(anyhow!(
             "the reference run is {} but the check asks for {} capture",
-            if reference.manifest.stats_only {
-                "stats-only"
-            } else {
-                "full"
-            },
-            if opts.stats_only {
-                "stats-only"
-            } else {
-                "full"
-            }
+            capture(reference.dump.manifest.stats_only),
+            capture(opts.stats_only)
         ));
     }
-    opts.faults.reset_hits();
-    let all_points = PointSelect::All;
-    let capture = Capture {
-        only: None,
-        points: opts.ops.then_some(&all_points),
-    };
-    progress(if opts.stats_only {
-        "running the runtime with stats-only capture (teacher-forced on the reference tokens)"
-    } else {
-        "running the runtime with capture (teacher-forced on the reference tokens)"
-    });
-    let (runtime, out_on) = if opts.stats_only {
-        runtime_stats_dump_audio(model, a, &run_opts, Some(&opts.faults))?
-    } else {
-        runtime_dump_audio(model, a, &run_opts, Some(&opts.faults), None, capture)?
-    };
-    // The evidence says these faults were planted: they must have changed something.
-    opts.faults.confirm_fired()?;
-    progress("running the runtime with capture off (neutrality)");
-    let out_off = model.run(
-        a,
-        &run_opts,
-        &mut RunHooks {
-            faults: Some(&opts.faults),
-            ..Default::default()
-        },
-    )?;
-    let capture_neutral = bits_equal(&out_on.outputs, &out_off.outputs);
+    Ok(align)
+}
 
-    // The runtime's own transcript: free-running unless its teacher-forced choices already equal
-    // the reference's (then the free run is the same computation).
-    let (runtime_tokens, runtime_text) = match align {
-        Alignment::ReferenceTokens => {
-            let prefix = ref_m.tokens.len().saturating_sub(out_on.predicted.len());
-            if ref_m.tokens.get(prefix..) == Some(&out_on.predicted[..]) {
-                (out_on.predicted.clone(), out_on.transcript.clone())
-            } else {
-                progress(
-                    "runtime departs from the reference tokens: free-running for its transcript",
-                );
-                run_opts.teacher_tokens = None;
-                let free = model.run(
-                    a,
-                    &run_opts,
-                    &mut RunHooks {
-                        faults: Some(&opts.faults),
-                        ..Default::default()
-                    },
-                )?;
-                (free.predicted.clone(), free.transcript)
-            }
-        }
-        _ => (out_on.predicted.clone(), out_on.transcript.clone()),
-    };
-    let ref_generated: Vec<i64> = match align {
-        Alignment::ReferenceTokens => {
-            ref_m.tokens[ref_m.tokens.len().saturating_sub(out_on.predicted.len())..].to_vec()
-        }
-        _ => ref_m.tokens.clone(),
-    };
-
-    let isolated = if opts.isolate {
-        progress("isolated mode: reference substituted at every checkpoint edge");
-        let sub = DumpSubstitute(&reference);
-        let ro = RunOptions {
-            max_new_tokens: opts.max_steps,
-            teacher_tokens: teacher_for(align, &ref_m, true)?,
-        };
-        Some(
-            runtime_dump_audio(
-                model,
-                a,
-                &ro,
-                Some(&opts.faults),
-                Some(&sub),
-                Capture::default(),
-            )?
-            .0,
-        )
-    } else {
-        None
-    };
-
-    let mut copts = CompareOptions {
-        policy: opts.policy.clone(),
-        floors: HashMap::new(),
-        // The runtime's graph declares every checkpoint: absence is a failure, not a gap.
-        require_all: true,
-        ..Default::default()
-    };
+/// The evidence notes of how the check ran: teacher forcing, the audio conversion, stats-only
+/// capture, the planted faults.
+fn check_notes(opts: &CheckOptions, align: Alignment, audio: &Audio) -> Vec<String> {
     let mut notes = vec![];
-    if generative {
+    if align == Alignment::ReferenceTokens {
         notes.push("runtime teacher-forced on the reference token sequence for checkpoint alignment; its own greedy choices give its transcript".into());
-    } else if teacher_force {
+    } else if opts.teacher_force || opts.isolate {
         notes.push(
             "runtime teacher-forced on the reference CTC hypothesis (--teacher-force)".into(),
         );
     }
-    if !a.conversion.is_identity() {
+    if !audio.conversion.is_identity() {
         notes.push(format!(
             "audio converted once for both engines: {}",
-            a.conversion.to_json()
+            audio.conversion.to_json()
         ));
     }
     if opts.stats_only {
@@ -781,49 +722,58 @@ pub fn check_against(
             opts.fault_names.join(", ")
         ));
     }
-    if opts.calibrate {
-        progress("calibrating: oracle in f64 for the noise floor");
-        let mut r64 = req.clone();
-        r64.dtype = "float64".into();
-        let (f64_dump, lookup) =
-            refs.fetch(model, &r64, "calibration reference (float64)", progress)?;
-        lookups.extend(lookup);
-        for ((name, step), t32) in &reference.tensors {
-            if let Some(t64) = f64_dump.get(name, *step) {
-                if t64.shape() == t32.shape() {
-                    let m = metrics_compare(
-                        &t64.view(),
-                        &t32.view(),
-                        &Tolerance::default_for(xray_compare::tolerance::Dtype::F32),
-                    )
-                    .with_context(|| format!("calibrating {}", xray_core::key(name, *step)))?;
-                    copts
-                        .floors
-                        .insert((name.clone(), *step), NoiseFloor::from_metrics(&m));
-                }
+    notes
+}
+
+/// The reference's own noise floor (`--calibrate`): the oracle in f64 measured against the f32
+/// reference at every checkpoint of equal shape, and the cache's lookup for the f64 run.
+fn calibrate(
+    model: &dyn SpeechModel,
+    refs: &References,
+    reference: &Reference,
+    progress: &dyn Fn(&str),
+) -> anyhow::Result<(HashMap<(String, Step), NoiseFloor>, Option<CacheLookup>)> {
+    progress("calibrating: oracle in f64 for the noise floor");
+    let mut r64 = reference.req.clone();
+    r64.dtype = "float64".into();
+    let (f64_dump, lookup) =
+        refs.fetch(model, &r64, "calibration reference (float64)", progress)?;
+    let mut floors = HashMap::new();
+    for ((name, step), t32) in &reference.dump.tensors {
+        if let Some(t64) = f64_dump.get(name, *step) {
+            if t64.shape() == t32.shape() {
+                let m = metrics_compare(
+                    &t64.view(),
+                    &t32.view(),
+                    &Tolerance::default_for(xray_compare::tolerance::Dtype::F32),
+                )
+                .with_context(|| format!("calibrating {}", xray_core::key(name, *step)))?;
+                floors.insert((name.clone(), *step), NoiseFloor::from_metrics(&m));
             }
         }
-        if copts.policy.calibrated().is_none() {
-            copts.policy = copts.policy.with_calibration(Default::default());
-        }
-        notes.push(format!(
-            "calibrated tolerances from the oracle's f32-vs-f64 noise floor over {} checkpoints",
-            copts.floors.len()
-        ));
     }
-    progress("comparing");
-    let cmp = if opts.stats_only {
-        compare_stats_dumps(&contract, &reference, &runtime, &copts)?
-    } else {
-        compare_dumps(&contract, &reference, &runtime, isolated.as_ref(), &copts)?
-    };
-    // The identity and settings once (`planned_run`); the weights, audio and versions the
-    // reference itself records.
+    Ok((floors, lookup))
+}
+
+/// The check's evidence from the comparison: the run (its identity and settings once,
+/// [`planned_run`]; the weights, audio and versions the reference itself records), the
+/// transcripts, capture neutrality, the notes (and a note when the runtime read other weights
+/// than the oracle), the op-level points when both dumps carry them.
+fn evidence_of(
+    model: &dyn SpeechModel,
+    opts: &CheckOptions,
+    audio: &Audio,
+    reference: &Dump,
+    rt: &RuntimeSide,
+    cmp: xray_compare::compare::Comparison,
+    mut notes: Vec<String>,
+) -> Evidence {
+    let ref_m = &reference.manifest;
     let run = Run {
         weights_sha256: Some(ref_m.weights_sha256.clone()),
         audio_sha256: Some(ref_m.audio_sha256.clone()),
         oracle: Some(oracle_versions(&ref_m.tools)),
-        ..planned_run(model, opts, a)
+        ..planned_run(model, opts, audio)
     };
     if model.weights().sha256() != ref_m.weights_sha256 {
         notes.push(format!(
@@ -833,58 +783,61 @@ pub fn check_against(
         ));
     }
     let transcript = Transcript {
-        runtime: runtime_text,
+        runtime: rt.transcript.clone(),
         reference: ref_m.transcript.clone(),
-        tokens_equal: runtime_tokens == ref_generated,
+        tokens_equal: rt.tokens == rt.reference_tokens,
         first_divergent_step: None,
     };
-    let mut evidence = cmp.into_evidence(run, Some(transcript), Some(capture_neutral), notes);
-    if has_points(&reference) && has_points(&runtime) {
-        evidence.op_points = Some(compare_points(&reference, &runtime, &opts.policy));
+    let mut evidence = cmp.into_evidence(run, Some(transcript), Some(rt.capture_neutral), notes);
+    if has_points(reference) && has_points(&rt.dump) {
+        evidence.op_points = Some(compare_points(reference, &rt.dump, &opts.policy));
     }
-    // Reference variants: the HF model with its weights on a named grid, run like the
-    // reference; the runtime is measured against both (`reference_variants`).
-    for scheme in &opts.reference_variants {
-        let mut rv = req.clone();
-        rv.weights_variant = Some(scheme.clone());
-        rv.ops = xray_core::ops::PointSelect::None;
-        let (mut variant, lookup) =
-            refs.fetch(model, &rv, &format!("{scheme} reference variant"), progress)?;
-        lookups.extend(lookup);
-        variant.dir = std::path::PathBuf::from(format!("<{scheme} reference variant>"));
-        let v = xray_compare::variant::compare_variant(
-            &contract, &reference, &runtime, &variant, None, &evidence,
-        )
-        .with_context(|| format!("comparing with the {scheme} reference variant"))?;
-        evidence.notes.push(v.summary.clone());
-        evidence.reference_variants.push(v);
-    }
-    if !opts.no_drill {
-        let drill = Drill {
-            model,
-            refs,
-            req,
-            audio: a,
-            run_opts: &run_opts,
-            opts,
-        };
-        drill.localize(&mut evidence, &reference, &runtime, progress, &mut lookups)?;
-    }
-    if let Some(dir) = refs.cache_dir() {
-        let mut all = lookups.into_iter();
-        if let Some(first) = all.next() {
-            evidence.run.reference_cache = Some(ReferenceCache {
-                dir: dir.display().to_string(),
-                key: first.key,
-                hit: first.hit,
-                also: all.collect(),
-            });
-        }
-    }
-    Ok(CheckOutput {
-        evidence,
-        reference,
+    evidence
+}
+
+/// Reference variants: the HF model with its weights on the grid `scheme`, run like the
+/// reference; the runtime is measured against both (`reference_variants`, a note). Returns the
+/// cache's lookup for the variant.
+fn compare_variant(
+    model: &dyn SpeechModel,
+    refs: &References,
+    reference: &Reference,
+    runtime: &Dump,
+    scheme: &str,
+    evidence: &mut Evidence,
+    progress: &dyn Fn(&str),
+) -> anyhow::Result<Option<CacheLookup>> {
+    let mut rv = reference.req.clone();
+    rv.weights_variant = Some(scheme.to_string());
+    rv.ops = PointSelect::None;
+    let (mut variant, lookup) =
+        refs.fetch(model, &rv, &format!("{scheme} reference variant"), progress)?;
+    variant.dir = PathBuf::from(format!("<{scheme} reference variant>"));
+    let v = xray_compare::variant::compare_variant(
+        model.contract(),
+        &reference.dump,
         runtime,
+        &variant,
+        None,
+        evidence,
+    )
+    .with_context(|| format!("comparing with the {scheme} reference variant"))?;
+    evidence.notes.push(v.summary.clone());
+    evidence.reference_variants.push(v);
+    Ok(lookup)
+}
+
+/// The evidence's record of the reference cache (`None` without one): the first lookup, the
+/// others as `also`.
+fn cache_record(refs: &References, lookups: Vec<CacheLookup>) -> Option<ReferenceCache> {
+    let dir = refs.cache_dir()?;
+    let mut all = lookups.into_iter();
+    let first = all.next()?;
+    Some(ReferenceCache {
+        dir: dir.display().to_string(),
+        key: first.key,
+        hit: first.hit,
+        also: all.collect(),
     })
 }
 

@@ -21,7 +21,7 @@ use xray_compare::corpus::{gate_corpus, Corpus};
 use xray_compare::evidence::{Evidence, RunDumps, Verdict};
 use xray_compare::gate::{gate, junit_xml, GateOptions, GateReport};
 use xray_compare::offline::{compare_dumps_evidence, op_level, OfflineOptions, PointGraph};
-use xray_compare::pipeline::Suppression;
+use xray_compare::suppression::Suppression;
 use xray_compare::tolerance::Policy;
 use xray_core::dump::{Dump, DumpWriter, LogitsProcessed, Manifest, TokenPositions};
 use xray_core::Layout;

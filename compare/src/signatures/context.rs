@@ -1,7 +1,7 @@
 //! The [`OpContext`] the comparison pipeline can give the origin's signature from the checkpoint
 //! graph and the reference tensors it already holds.
 
-use crate::compare::{Pair, PairSource};
+use crate::align::{Pair, PairSource};
 use crate::localize::CheckpointGraph;
 
 use super::{AxisSegment, OpContext};

@@ -13,8 +13,8 @@ use xray_compare::evidence::{RunDumps, Verdict};
 use xray_compare::offline::{
     compare_dumps_evidence, op_level, Offline, OfflineOptions, PointGraph,
 };
-use xray_compare::pipeline::Suppression;
 use xray_compare::report;
+use xray_compare::suppression::Suppression;
 use xray_compare::tolerance::Policy;
 use xray_core::contract::Contract;
 use xray_core::dump::Dump;

@@ -15,12 +15,12 @@ use std::process::ExitCode;
 use xray_core::Step;
 
 use anyhow::{anyhow, bail};
+use xray_compare::align::to_canonical;
 use xray_compare::case::{
     self, check_case_target, weight_file, Case, CaseDivergence, CaseEngine, CaseFiles, CaseInput,
     CaseOp, CaseSource, CaseWeight, Upstream,
 };
 use xray_compare::evidence::Evidence;
-use xray_compare::pipeline::to_canonical;
 use xray_core::dump::Dump;
 use xray_core::{Layout, Tensor};
 use xray_runtime::replay::OpSpec;

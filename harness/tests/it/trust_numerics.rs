@@ -6,7 +6,8 @@ use crate::common;
 use common::{check, root, stderr, xray};
 
 use ndarray::{ArrayD, IxDyn};
-use xray_compare::compare::{compare_graph, CompareOptions, MemorySource};
+use xray_compare::align::MemorySource;
+use xray_compare::compare::{compare_graph, CompareOptions};
 use xray_compare::localize::{build_graph, Status, Steps};
 use xray_compare::metrics::{compare, compare_logits};
 use xray_compare::tolerance::{Dtype, Policy, Tolerance};

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 use ndarray::{ArrayD, IxDyn};
 use serde_json::Value;
-use xray_compare::compare::{compare_graph, CompareOptions, MemorySource};
+use xray_compare::align::MemorySource;
+use xray_compare::compare::{compare_graph, CompareOptions};
 use xray_compare::evidence::{Evidence, OracleVersions, Run, Transcript};
 use xray_compare::localize::{build_graph, CheckpointGraph, CheckpointSpec, StepRef, Steps};
 use xray_core::contract::Contract;

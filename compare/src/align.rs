@@ -199,6 +199,10 @@ impl PairSource for MemorySource {
     }
 }
 
+/// A checkpoint's reference and the side under test as they are compared, after the dump
+/// entries' declarations.
+type Declared = (ArrayD<f32>, ArrayD<f32>);
+
 /// Default axis names for a layout and rank.
 pub fn layout_axis_names(layout: Layout, rank: usize) -> Vec<String> {
     let names: &[&str] = match (layout, rank) {
@@ -375,7 +379,7 @@ impl<'a> DumpPairs<'a> {
         Ok(notes)
     }
 
-    /// One entry's declarations applied: the reference and the side under test as they are
+    /// One entry's declarations applied ([`Declared`]): the reference and the side under test as they are
     /// compared (`None`: a side lacks the tensor, or the reference's `tokens` axis is empty).
     /// The entry's name joins `last_rows` when it declares `token_positions: last`, its counts
     /// join `processed` when suppressed ids were compared away.
@@ -387,7 +391,7 @@ impl<'a> DumpPairs<'a> {
         suppression: Option<&Suppression>,
         last_rows: &mut Vec<String>,
         processed: &mut Vec<Suppressed>,
-    ) -> Result<Option<(ArrayD<f32>, ArrayD<f32>)>, Error> {
+    ) -> Result<Option<Declared>, Error> {
         let id = xray_core::key(&e.name, e.step).to_string();
         let err = |reason: String| Error::Manifest {
             dump: d.dir.display().to_string(),

@@ -202,6 +202,9 @@ fn shape_and_layout(meta: Option<&PairMeta>) -> (Vec<usize>, String) {
     )
 }
 
+/// The metrics of the side under test and of the isolated run (its local error), where taken.
+type Measured = (Option<Metrics>, Option<Metrics>);
+
 /// The runtime tensor (and the isolated run's, for the local error) measured against the
 /// reference: pass or fail. A shape disagreement after alignment is a fault of this edge, not a
 /// crash; a non-finite reference is an input error naming the checkpoint.
@@ -211,7 +214,7 @@ fn measure(
     runtime: &ArrayViewD<f32>,
     isolated: Option<&ArrayViewD<f32>>,
     tol: &ResolvedTolerance,
-) -> Result<(Observed, (Option<Metrics>, Option<Metrics>)), Error> {
+) -> Result<(Observed, Measured), Error> {
     let run = |x: &ArrayViewD<f32>| -> Result<Metrics, Error> {
         if node.logits {
             compare_logits(reference, x, &tol.tolerance)

@@ -725,6 +725,9 @@ fn check_notes(opts: &CheckOptions, align: Alignment, audio: &Audio) -> Vec<Stri
     notes
 }
 
+/// Each checkpoint's noise floor (`--calibrate`), by name and step.
+type NoiseFloors = HashMap<(String, Step), NoiseFloor>;
+
 /// The reference's own noise floor (`--calibrate`): the oracle in f64 measured against the f32
 /// reference at every checkpoint of equal shape, and the cache's lookup for the f64 run.
 fn calibrate(
@@ -732,7 +735,7 @@ fn calibrate(
     refs: &References,
     reference: &Reference,
     progress: &dyn Fn(&str),
-) -> anyhow::Result<(HashMap<(String, Step), NoiseFloor>, Option<CacheLookup>)> {
+) -> anyhow::Result<(NoiseFloors, Option<CacheLookup>)> {
     progress("calibrating: oracle in f64 for the noise floor");
     let mut r64 = reference.req.clone();
     r64.dtype = "float64".into();

@@ -235,17 +235,30 @@ pub struct EngineOp {
     pub kernel: Option<String>,
 }
 
-/// The first alias of a point node held by `d` at `step`: (name, tensor, layout).
-fn held<'a>(
-    d: &'a Dump,
-    names: &[String],
-    step: Step,
-) -> Option<(&'a str, &'a ArrayD<f32>, Layout)> {
+/// A point as one dump holds it: (name, tensor, layout).
+type Held<'a> = (&'a str, &'a ArrayD<f32>, Layout);
+
+/// The first alias of a point node held by `d` at `step`.
+fn held<'a>(d: &'a Dump, names: &[String], step: Step) -> Option<Held<'a>> {
     names.iter().find_map(|n| {
         let e = d.entry(n, step)?;
         let t = d.get(n, step)?;
         Some((e.name.as_str(), t, e.layout))
     })
+}
+
+/// An attention core's input: its queries, with its keys and values as the extra inputs (all
+/// token-major).
+fn qkv_input(q: &ArrayD<f32>, k: ArrayD<f32>, v: ArrayD<f32>) -> ReplayInput<'_> {
+    ReplayInput {
+        array: q,
+        layout: Layout::TokenMajor,
+        ids_from_rows: false,
+        extra: vec![
+            ("key".into(), k, Layout::TokenMajor),
+            ("value".into(), v, Layout::TokenMajor),
+        ],
+    }
 }
 
 /// The aliases of point `name` (every name of the node carrying it), or just it.
@@ -278,6 +291,59 @@ fn score(
         Ok(m) => Some((m.rel_l2, m.max_abs, m.passes(tol))),
         // A replay holding a NaN or Inf: no agreement can be claimed.
         Err(_) => Some((f64::MAX, f64::MAX, false)),
+    }
+}
+
+impl LocalError {
+    /// The local error of a replay scored against the engine's output as [`score`] scores it
+    /// (`sc`: none when the shapes, `[replay, engine]`, differ).
+    fn scored(
+        module: String,
+        op: Option<String>,
+        inputs: Vec<String>,
+        output: String,
+        sc: Option<(f64, f64, bool)>,
+        shapes: [&[usize]; 2],
+    ) -> Self {
+        let passes = sc.is_some_and(|x| x.2);
+        LocalError {
+            module,
+            op,
+            inputs,
+            output,
+            rel_l2: sc.map(|x| x.0),
+            max_abs: sc.map(|x| x.1),
+            passes,
+            verdict: if passes {
+                ReplayVerdict::Cleared
+            } else {
+                ReplayVerdict::Convicted
+            },
+            shapes: sc
+                .is_none()
+                .then(|| (shapes[0].to_vec(), shapes[1].to_vec())),
+        }
+    }
+}
+
+impl ReplayEvidence {
+    /// The evidence of `local_error`'s module before anything is tried: no kernel, params,
+    /// replay floor, neighbours or covered ops yet.
+    fn of(local_error: LocalError, class: String, kind: ModuleKind) -> Self {
+        ReplayEvidence {
+            module: local_error.module.clone(),
+            class,
+            kind,
+            kernel: None,
+            params: vec![],
+            local_error,
+            replay_floor: None,
+            mechanism: None,
+            tried: vec![],
+            neighbours: vec![],
+            covers: vec![],
+            implicates: None,
+        }
     }
 }
 
@@ -358,23 +424,14 @@ fn local_error(
 ) -> (LocalError, Option<ArrayD<f32>>) {
     let engine = in_layout(s.engine_out, s.engine_layout, clean.1);
     let sc = engine.as_ref().and_then(|e| score(&clean.0, e, tol));
-    let le = LocalError {
-        module: s.module.clone(),
-        op: eop.op.clone(),
-        inputs: vec![s.input_name.clone()],
-        output: s.out_name.clone(),
-        rel_l2: sc.map(|x| x.0),
-        max_abs: sc.map(|x| x.1),
-        passes: sc.is_some_and(|x| x.2),
-        verdict: if sc.is_some_and(|x| x.2) {
-            ReplayVerdict::Cleared
-        } else {
-            ReplayVerdict::Convicted
-        },
-        shapes: sc
-            .is_none()
-            .then(|| (clean.0.shape().to_vec(), s.engine_out.shape().to_vec())),
-    };
+    let le = LocalError::scored(
+        s.module.clone(),
+        eop.op.clone(),
+        vec![s.input_name.clone()],
+        s.out_name.clone(),
+        sc,
+        [clean.0.shape(), s.engine_out.shape()],
+    );
     (le, engine)
 }
 
@@ -841,7 +898,28 @@ fn region_modules(cx: &ReplayContext<'_>, origin: &str, step: Step) -> Vec<Strin
     v
 }
 
-impl ReplayContext<'_> {
+impl<'a> ReplayContext<'a> {
+    /// The first alias of a point node held at `step` by the engine's dump and the reference's
+    /// (each its own first).
+    fn held_both(&self, names: &[String], step: Step) -> Option<(Held<'a>, Held<'a>)> {
+        Some((
+            held(self.candidate, names, step)?,
+            held(self.reference, names, step)?,
+        ))
+    }
+
+    /// The engine's input and output of `module` at `step` (see [`site`]).
+    fn site(&self, module: &str, step: Step, eop: &EngineOp) -> Option<Site<'a>> {
+        site(
+            self.nodes,
+            self.reference,
+            self.candidate,
+            module,
+            step,
+            eop.kernel.as_deref(),
+        )
+    }
+
     fn input<'b>(&self, s: &'b Site<'_>) -> ReplayInput<'b> {
         ReplayInput {
             array: &s.input,
@@ -854,14 +932,7 @@ impl ReplayContext<'_> {
     /// The local error of `module` at `step` (one clean replay), with its site.
     fn local(&self, module: &str, step: Step) -> Option<LocalError> {
         let eop = (self.engine_op)(module);
-        let s = site(
-            self.nodes,
-            self.reference,
-            self.candidate,
-            module,
-            step,
-            eop.kernel.as_deref(),
-        )?;
+        let s = self.site(module, step, &eop)?;
         let (_, outs) = self
             .replayer
             .replay(module, &self.input(&s), &[Counterfactual::None])
@@ -877,15 +948,7 @@ impl ReplayContext<'_> {
         let step = op.step;
         let module = op.module.as_str();
         let eop = (self.engine_op)(module);
-        let s = site(
-            self.nodes,
-            self.reference,
-            self.candidate,
-            module,
-            step,
-            eop.kernel.as_deref(),
-        )
-        .ok_or_else(|| {
+        let s = self.site(module, step, &eop).ok_or_else(|| {
             format!("the engine dump holds no {module}:in and :out at step {step} to replay")
         })?;
         let tol = (self.tolerance)(&s.out_name);
@@ -918,18 +981,12 @@ impl ReplayContext<'_> {
             .filter_map(|m| self.local(&m, step))
             .collect();
         let mut ev = ReplayEvidence {
-            module: module.to_string(),
-            class: info.class.clone(),
-            kind: info.kind,
             kernel: eop.kernel.clone(),
             params: info.params.iter().map(|p| p.key.clone()).collect(),
-            local_error: local.clone(),
             replay_floor,
-            mechanism: None,
-            tried: Vec::new(),
             neighbours,
             covers: eop.op.iter().cloned().collect(),
-            implicates: None,
+            ..ReplayEvidence::of(local.clone(), info.class.clone(), info.kind)
         };
         if local.verdict == ReplayVerdict::Cleared {
             return Ok(ev);
@@ -1295,24 +1352,18 @@ impl ReplayContext<'_> {
                 node.inputs.len()
             ));
         };
-        let names = |i: usize| &self.nodes[i].names;
-        let (Some((un, ue, ul)), Some((vn, ve, vl)), Some((ur, _, url)), Some((vr, _, vrl))) = (
-            held(self.candidate, names(*u), step),
-            held(self.candidate, names(*v), step),
-            held(self.reference, names(*u), step),
-            held(self.reference, names(*v), step),
-        ) else {
+        let both = |i: usize| self.held_both(&self.nodes[i].names, step);
+        let (Some(((un, ue, ul), (ur, _, url))), Some(((vn, ve, vl), (vr, _, vrl)))) =
+            (both(*u), both(*v))
+        else {
             return Err(format!(
                 "the inputs of {} are not held by both dumps",
                 op.point
             ));
         };
-        let (Some((xn, xe, xl)), Some((_, xr, xrl))) = (
-            held(self.candidate, &node.names, step),
-            held(self.reference, &node.names, step),
-        ) else {
-            return Err(format!("{} is not held by both dumps", op.point));
-        };
+        let ((xn, xe, xl), (_, xr, xrl)) = self
+            .held_both(&node.names, step)
+            .ok_or_else(|| format!("{} is not held by both dumps", op.point))?;
         let to = |t: &ArrayD<f32>, l: Layout| in_layout(t, l, xrl).ok_or("layouts do not align");
         let (ue, ve, xe) = (to(ue, ul)?, to(ve, vl)?, to(xe, xl)?);
         let (ur_t, vr_t) = (
@@ -1339,34 +1390,20 @@ impl ReplayContext<'_> {
         let tol = (self.tolerance)(xn);
         let clean = combine(&ue, a, &ve, b);
         let sc = score(&clean, &xe, &tol);
-        let local = LocalError {
-            module: op.point.clone(),
-            op: node.ops.first().cloned(),
-            inputs: vec![un.to_string(), vn.to_string()],
-            output: xn.to_string(),
-            rel_l2: sc.map(|x| x.0),
-            max_abs: sc.map(|x| x.1),
-            passes: sc.is_some_and(|x| x.2),
-            verdict: if sc.is_some_and(|x| x.2) {
-                ReplayVerdict::Cleared
-            } else {
-                ReplayVerdict::Convicted
-            },
-            shapes: None,
-        };
+        let local = LocalError::scored(
+            op.point.clone(),
+            node.ops.first().cloned(),
+            vec![un.to_string(), vn.to_string()],
+            xn.to_string(),
+            sc,
+            [clean.shape(), xe.shape()],
+        );
+        let class = format!("add ({a:.4}·{un} + {b:.4}·{vn})");
         let mut ev = ReplayEvidence {
-            module: op.point.clone(),
-            class: format!("add ({a:.4}·{un} + {b:.4}·{vn})"),
-            kind: ModuleKind::ResidualAdd,
             kernel: kernels.first().cloned().flatten(),
-            params: vec![],
-            local_error: local.clone(),
             replay_floor: Some(fit),
-            mechanism: None,
-            tried: vec![],
-            neighbours: vec![],
             covers: node.ops.clone(),
-            implicates: None,
+            ..ReplayEvidence::of(local.clone(), class, ModuleKind::ResidualAdd)
         };
         if local.verdict == ReplayVerdict::Cleared {
             return Ok(ev);
@@ -1435,21 +1472,12 @@ impl ReplayContext<'_> {
         let step = op.step;
         let u = node.inputs[0];
         let names = &self.nodes[u].names;
-        let (Some((un, ue, ul)), Some((_, ur, url))) = (
-            held(self.candidate, names, step),
-            held(self.reference, names, step),
-        ) else {
-            return Err(format!(
-                "the input of {} is not held by both dumps",
-                op.point
-            ));
-        };
-        let (Some((xn, xe, xl)), Some((_, xr, xrl))) = (
-            held(self.candidate, &node.names, step),
-            held(self.reference, &node.names, step),
-        ) else {
-            return Err(format!("{} is not held by both dumps", op.point));
-        };
+        let ((un, ue, ul), (_, ur, url)) = self
+            .held_both(names, step)
+            .ok_or_else(|| format!("the input of {} is not held by both dumps", op.point))?;
+        let ((xn, xe, xl), (_, xr, xrl)) = self
+            .held_both(&node.names, step)
+            .ok_or_else(|| format!("{} is not held by both dumps", op.point))?;
         let to = |t: &ArrayD<f32>, l: Layout| in_layout(t, l, xrl).ok_or("layouts do not align");
         let (ue, ur, xe) = (to(ue, ul)?, to(ur, url)?, to(xe, xl)?);
         if ue.shape() != xr.shape() || ur.shape() != xr.shape() || xe.shape() != xr.shape() {
@@ -1476,34 +1504,20 @@ impl ReplayContext<'_> {
         let clean = apply(f, &ue);
         let sc = score(&clean, &xe, &tol);
         let passes = sc.is_some_and(|x| x.2);
-        let local = LocalError {
-            module: op.point.clone(),
-            op: node.ops.first().cloned(),
-            inputs: vec![un.to_string()],
-            output: xn.to_string(),
-            rel_l2: sc.map(|x| x.0),
-            max_abs: sc.map(|x| x.1),
-            passes,
-            verdict: if passes {
-                ReplayVerdict::Cleared
-            } else {
-                ReplayVerdict::Convicted
-            },
-            shapes: None,
-        };
+        let local = LocalError::scored(
+            op.point.clone(),
+            node.ops.first().cloned(),
+            vec![un.to_string()],
+            xn.to_string(),
+            sc,
+            [clean.shape(), xe.shape()],
+        );
+        let class = format!("elementwise ({} of {un})", f.name());
         let mut ev = ReplayEvidence {
-            module: op.point.clone(),
-            class: format!("elementwise ({} of {un})", f.name()),
-            kind: ModuleKind::Elementwise,
             kernel,
-            params: vec![],
-            local_error: local,
             replay_floor: Some(floor),
-            mechanism: None,
-            tried: vec![],
-            neighbours: vec![],
             covers: node.ops.clone(),
-            implicates: None,
+            ..ReplayEvidence::of(local, class, ModuleKind::Elementwise)
         };
         if passes {
             return Ok(ev);
@@ -1604,15 +1618,7 @@ impl ReplayContext<'_> {
         let x = self
             .rows(self.candidate, &op.point, step..=step)
             .ok_or_else(|| format!("the engine dump holds no {}", op.point))?;
-        let input = ReplayInput {
-            array: &q,
-            layout: Layout::TokenMajor,
-            ids_from_rows: false,
-            extra: vec![
-                ("key".into(), k, Layout::TokenMajor),
-                ("value".into(), v, Layout::TokenMajor),
-            ],
-        };
+        let input = qkv_input(&q, k, v);
         let (info, outs) = self
             .replayer
             .replay(parent, &input, &[Counterfactual::None])?;
@@ -1628,15 +1634,7 @@ impl ReplayContext<'_> {
         let replay_floor = (|| {
             let [rq, rk, rv] = self.qkv(self.reference, parent, step)?;
             let rx = self.rows(self.reference, &op.point, step..=step)?;
-            let inp = ReplayInput {
-                array: &rq,
-                layout: Layout::TokenMajor,
-                ids_from_rows: false,
-                extra: vec![
-                    ("key".into(), rk, Layout::TokenMajor),
-                    ("value".into(), rv, Layout::TokenMajor),
-                ],
-            };
+            let inp = qkv_input(&rq, rk, rv);
             let (_, o) = self
                 .replayer
                 .replay(parent, &inp, &[Counterfactual::None])
@@ -1645,41 +1643,24 @@ impl ReplayContext<'_> {
             score(&r, &in_layout(&rx, Layout::TokenMajor, l)?, &tol).map(|x| x.0)
         })();
         let passes = sc.is_some_and(|x| x.2);
-        let local = LocalError {
-            module: parent.to_string(),
-            op: ops.first().cloned(),
-            inputs: ["q_proj", "k_proj", "v_proj"]
+        let local = LocalError::scored(
+            parent.to_string(),
+            ops.first().cloned(),
+            ["q_proj", "k_proj", "v_proj"]
                 .iter()
                 .map(|p| format!("{parent}.{p}:out"))
                 .collect(),
-            output: op.point.clone(),
-            rel_l2: sc.map(|x| x.0),
-            max_abs: sc.map(|x| x.1),
-            passes,
-            verdict: if passes {
-                ReplayVerdict::Cleared
-            } else {
-                ReplayVerdict::Convicted
-            },
-            shapes: sc
-                .is_none()
-                .then(|| (clean.shape().to_vec(), x.shape().to_vec())),
-        };
+            op.point.clone(),
+            sc,
+            [clean.shape(), x.shape()],
+        );
         let mut ev = ReplayEvidence {
-            module: parent.to_string(),
-            class: info.class.clone(),
-            kind: info.kind,
             kernel: ops
                 .iter()
                 .find_map(|o| (self.op_kernel)(o).filter(|k| k.contains("attention"))),
-            params: vec![],
-            local_error: local,
             replay_floor,
-            mechanism: None,
-            tried: vec![],
-            neighbours: vec![],
             covers: ops.to_vec(),
-            implicates: None,
+            ..ReplayEvidence::of(local, info.class.clone(), info.kind)
         };
         if passes {
             return Ok(ev);
@@ -1756,15 +1737,7 @@ impl ReplayContext<'_> {
             if kj.shape() != k_shape.as_slice() || vj.shape() != v_shape.as_slice() {
                 continue;
             }
-            let inp = ReplayInput {
-                array: &q,
-                layout: Layout::TokenMajor,
-                ids_from_rows: false,
-                extra: vec![
-                    ("key".into(), kj, Layout::TokenMajor),
-                    ("value".into(), vj, Layout::TokenMajor),
-                ],
-            };
+            let inp = qkv_input(&q, kj, vj);
             let cf = Counterfactual::KvOtherLayer { layer };
             scored.extend(self.try_input(&mut ev, parent, &inp, cf, &x, &tol));
         }
@@ -2066,17 +2039,31 @@ mod tests {
         .unwrap()
     }
 
+    /// A matrix of `clean`'s shape whose element `[i, j]` is read from `clean` where `from(i, j)`
+    /// says, and is 42 where it says nothing.
+    fn read_from(
+        clean: &ArrayD<f32>,
+        from: impl Fn(usize, usize) -> Option<[usize; 2]>,
+    ) -> ArrayD<f32> {
+        ArrayD::from_shape_fn(clean.raw_dim(), |ix| {
+            from(ix[0], ix[1]).map_or(42.0, |p| clean[p])
+        })
+    }
+
     #[test]
     fn heads_in_another_order_are_solved_slot_by_slot() {
         // [T = 5, H = 3 x head_dim 4], token-major: slots 0 and 2 exchanged.
         let clean = ramp(&[5, 12]);
-        let mut engine = clean.clone();
-        for t in 0..5 {
-            for d in 0..4 {
-                engine[[t, d]] = clean[[t, 8 + d]];
-                engine[[t, 8 + d]] = clean[[t, d]];
-            }
-        }
+        let engine = read_from(&clean, |t, d| {
+            Some([
+                t,
+                match d / 4 {
+                    0 => d + 8,
+                    2 => d - 8,
+                    _ => d,
+                },
+            ])
+        });
         let (cf, out) = heads_permuted(&clean, Layout::TokenMajor, &engine, 4).expect("solved");
         assert_eq!(
             cf,
@@ -2090,12 +2077,7 @@ mod tests {
             .contains("slot 0 holds head 2, slot 2 holds head 0"));
         // Every slot holding its own head is no permutation; nor is a head read twice.
         assert!(heads_permuted(&clean, Layout::TokenMajor, &clean, 4).is_none());
-        let mut twice = clean.clone();
-        for t in 0..5 {
-            for d in 0..4 {
-                twice[[t, 4 + d]] = clean[[t, d]];
-            }
-        }
+        let twice = read_from(&clean, |t, d| Some([t, if d / 4 == 1 { d - 4 } else { d }]));
         assert!(heads_permuted(&clean, Layout::TokenMajor, &twice, 4).is_none());
         // A layout whose heads are not known is not tried.
         assert!(heads_permuted(&clean, Layout::ChannelMajor, &engine, 4).is_none());
@@ -2106,12 +2088,7 @@ mod tests {
         // Token-major [T = 6, D = 5]: features 1 and 3 exchanged, 4 moved to 0 and 0 to 4.
         let clean = ramp(&[6, 5]);
         let order = [4usize, 3, 2, 1, 0];
-        let mut engine = clean.clone();
-        for t in 0..6 {
-            for (i, &h) in order.iter().enumerate() {
-                engine[[t, i]] = clean[[t, h]];
-            }
-        }
+        let engine = read_from(&clean, |t, i| Some([t, order[i]]));
         let (cf, out) = features_permuted(&clean, Layout::TokenMajor, &engine).expect("solved");
         assert_eq!(
             cf,
@@ -2138,13 +2115,7 @@ mod tests {
     fn a_shift_in_time_leaves_the_frames_shifted_in_unjudged() {
         // Channel-major [C = 3, T = 8]: the engine one frame late, frame 0 its own.
         let clean = ramp(&[3, 8]);
-        let mut engine = clean.clone();
-        for c in 0..3 {
-            for t in 1..8 {
-                engine[[c, t]] = clean[[c, t - 1]];
-            }
-            engine[[c, 0]] = 42.0;
-        }
+        let engine = read_from(&clean, |c, t| t.checked_sub(1).map(|s| [c, s]));
         let axis = time_axis(&clean, Layout::ChannelMajor).unwrap();
         assert_eq!(axis, 1);
         assert_eq!(shifted(&clean, &engine, axis, 1).unwrap(), engine);

@@ -109,18 +109,66 @@ fn verdict_badge(v: Verdict) -> &'static str {
     }
 }
 
+/// The statuses in the order both renderings list them (counts, the plot's legend).
+const STATUS_ORDER: [Status; 8] = [
+    Status::Pass,
+    Status::Origin,
+    Status::Fail,
+    Status::Propagated,
+    Status::AlignmentFault,
+    Status::Missing,
+    Status::Unobserved,
+    Status::NotComparable,
+];
+
+/// The statuses a depth plot draws a point for (those with a measured error or a missing one):
+/// [`STATUS_ORDER`] but unobserved and not comparable.
+const PLOTTED: &[Status] = STATUS_ORDER.split_at(6).0;
+
+/// `"; steps {r} not comparable"` when the token comparison has steps that are not, else empty.
+fn not_comparable_tail(t: &crate::evidence::TokenAlignment) -> String {
+    t.not_comparable_steps
+        .as_ref()
+        .map_or(String::new(), |r| format!("; steps {r} not comparable"))
+}
+
+/// The token drill-down's sentence after its step, each checkpoint name rendered by `name`
+/// (`none` for none).
+fn drill_down_checkpoints(d: &crate::localize::DrillDown, name: impl Fn(&str) -> String) -> String {
+    let opt = |o: &Option<String>| o.as_deref().map_or("none".into(), &name);
+    format!(
+        "first divergent checkpoint at that step {}; earliest up to it {}; cause {}",
+        opt(&d.first_at_step),
+        opt(&d.first_up_to_step),
+        opt(&d.cause_up_to_step)
+    )
+}
+
+/// How a rendering says whether capture left the outputs alone: `yes`, or its own `no` wording.
+fn capture_neutral(neutral: bool, no: &'static str) -> &'static str {
+    if neutral {
+        "yes"
+    } else {
+        no
+    }
+}
+
+/// `first divergence: {checkpoint@step} (producer {op})`, as the console lines open it, then
+/// what `explained` says of its explanation when it has one.
+fn first_divergence_head(
+    f: &crate::evidence::FirstDivergence,
+    explained: impl Fn(&crate::signatures::Explanation) -> String,
+) -> String {
+    format!(
+        "first divergence: {} (producer {}){}",
+        xray_core::key(&f.checkpoint, f.step),
+        f.producer,
+        f.explanation.as_ref().map(explained).unwrap_or_default()
+    )
+}
+
 fn status_counts(e: &Evidence) -> String {
-    let order = [
-        Status::Pass,
-        Status::Origin,
-        Status::Fail,
-        Status::Propagated,
-        Status::AlignmentFault,
-        Status::Missing,
-        Status::Unobserved,
-        Status::NotComparable,
-    ];
-    let parts: Vec<String> = order
+    let parts: Vec<String> = STATUS_ORDER
         .iter()
         .filter_map(|s| {
             let n = e.checkpoints.iter().filter(|c| c.status == *s).count();
@@ -155,10 +203,7 @@ pub fn partial_lines(e: &Evidence) -> Vec<String> {
         } else {
             "free-running"
         };
-        let tail = t
-            .not_comparable_steps
-            .as_ref()
-            .map_or(String::new(), |r| format!("; steps {r} not comparable"));
+        let tail = not_comparable_tail(t);
         out.push(match (t.parted_at_step, t.reference_token, t.candidate_token) {
             (Some(k), None, Some(c)) => format!(
                 "Tokens ({forced}): part at step {k}: the reference's tokens end there (candidate {c} goes on): a reference dump with fewer steps, or truncated{tail}"
@@ -259,11 +304,7 @@ pub fn markdown(e: &Evidence) -> String {
         let _ = writeln!(
             s,
             "Capture neutral: {}.",
-            if c {
-                "yes"
-            } else {
-                "**no** (capture changed the outputs)"
-            }
+            capture_neutral(c, "**no** (capture changed the outputs)")
         );
     }
     s.push('\n');
@@ -335,14 +376,11 @@ pub fn markdown(e: &Evidence) -> String {
         );
     }
     if let Some(d) = &e.drill_down {
-        let opt = |o: &Option<String>| o.as_ref().map_or("none".into(), |x| md_code(x, false));
         let _ = writeln!(
             s,
-            "**Token drill-down:** first divergent token at step {}; first divergent checkpoint at that step {}; earliest up to it {}; cause {}.\n",
+            "**Token drill-down:** first divergent token at step {}; {}.\n",
             d.token_step,
-            opt(&d.first_at_step),
-            opt(&d.first_up_to_step),
-            opt(&d.cause_up_to_step)
+            drill_down_checkpoints(d, |x| md_code(x, false))
         );
     }
     if let Some(t) = &e.transcript {
@@ -628,17 +666,11 @@ pub fn html(e: &Evidence) -> String {
         s.push_str("<section class=\"box origin\"><h2>First divergence: not localized</h2><p>No failing checkpoint has all its inputs passing; see missing or alignment-fault checkpoints below.</p></section>");
     }
     if let Some(d) = &e.drill_down {
-        let opt = |o: &Option<String>| {
-            o.as_ref()
-                .map_or("none".into(), |x| format!("<code>{}</code>", esc_html(x)))
-        };
         let _ = write!(
             s,
-            "<section class=\"box\"><h2>Token drill-down</h2><p>First divergent token at step {}: first divergent checkpoint at that step {}; earliest up to it {}; cause {}.</p></section>",
+            "<section class=\"box\"><h2>Token drill-down</h2><p>First divergent token at step {}: {}.</p></section>",
             d.token_step,
-            opt(&d.first_at_step),
-            opt(&d.first_up_to_step),
-            opt(&d.cause_up_to_step)
+            drill_down_checkpoints(d, |x| format!("<code>{}</code>", esc_html(x)))
         );
     }
     if e.transcript.is_some() || e.capture_neutral.is_some() {
@@ -659,11 +691,7 @@ pub fn html(e: &Evidence) -> String {
             let _ = write!(
                 s,
                 "<p>Capture neutral: <b>{}</b></p>",
-                if c {
-                    "yes"
-                } else {
-                    "no: capture changed the outputs"
-                }
+                capture_neutral(c, "no: capture changed the outputs")
             );
         }
         s.push_str("</section>");
@@ -673,15 +701,8 @@ pub fn html(e: &Evidence) -> String {
         "<section class=\"box\"><h2>Error along graph depth (log10 rel_l2)</h2>{}<p class=\"legend\">",
         svg_plot(e)
     );
-    for st in [
-        Status::Pass,
-        Status::Origin,
-        Status::Fail,
-        Status::Propagated,
-        Status::AlignmentFault,
-        Status::Missing,
-    ] {
-        let _ = write!(s, "<span>{}</span>", status_chip(st));
+    for st in PLOTTED {
+        let _ = write!(s, "<span>{}</span>", status_chip(*st));
     }
     s.push_str("</p></section>");
     if !e.error_profile.by_step.is_empty() {
@@ -952,10 +973,7 @@ pub fn summary(e: &Evidence) -> String {
             } else {
                 "runtime"
             };
-            let tail = t
-                .not_comparable_steps
-                .as_ref()
-                .map_or(String::new(), |r| format!("; steps {r} not comparable"));
+            let tail = not_comparable_tail(t);
             s.push_str(&match (t.reference_token, t.candidate_token) {
                 (None, Some(c)) => format!(
                     "\nxray: tokens part at step {k}: the reference's tokens end there ({who} {c} goes on): a reference dump with fewer steps, or truncated{tail}"
@@ -985,14 +1003,8 @@ pub fn summary(e: &Evidence) -> String {
     }
     let mut printed: Vec<&Vec<String>> = Vec::new();
     if let Some(f) = &e.first_divergence {
-        s.push_str(&format!(
-            "\nxray: first divergence: {} (producer {})",
-            xray_core::key(&f.checkpoint, f.step),
-            f.producer
-        ));
-        if let Some(x) = &f.explanation {
-            s.push_str(&format!(": {}", x.detail));
-        }
+        let head = first_divergence_head(f, |x| format!(": {}", x.detail));
+        s.push_str(&format!("\nxray: {head}"));
         if let Some(r) = &f.region {
             s.push_str(&format!(
                 "\nxray: unobserved region {}: {}",
@@ -1065,14 +1077,8 @@ pub fn headline(e: &Evidence) -> String {
     let s = summary(e);
     let mut line = s.lines().next().unwrap_or_default().to_string();
     if let Some(f) = &e.first_divergence {
-        line.push_str(&format!(
-            "; first divergence: {} (producer {})",
-            xray_core::key(&f.checkpoint, f.step),
-            f.producer
-        ));
-        if let Some(x) = &f.explanation {
-            line.push_str(&format!(", signature {}", x.signature));
-        }
+        let head = first_divergence_head(f, |x| format!(", signature {}", x.signature));
+        line.push_str(&format!("; {head}"));
         if let Some(op) = &f.op {
             line.push_str(&format!(
                 ", op-level origin {}",

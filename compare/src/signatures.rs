@@ -1393,15 +1393,10 @@ mod tests {
 
     /// Deterministic pseudo-random tensor in [-1, 1).
     fn rand(shape: &[usize], seed: u64) -> ArrayD<f32> {
-        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
         let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
+        let v: Vec<f32> = xray_core::testing::xorshift(seed)
+            .take(n)
+            .map(|s| ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
             .collect();
         ArrayD::from_shape_vec(IxDyn(shape), v).unwrap()
     }

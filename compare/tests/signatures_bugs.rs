@@ -13,14 +13,9 @@ use xray_compare::signatures::{
 
 /// Deterministic uniform values in [-1, 1).
 fn uniform(n: usize, seed: u64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
-        })
+    xray_core::testing::xorshift(seed)
+        .take(n)
+        .map(|s| ((s >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0)
         .collect()
 }
 

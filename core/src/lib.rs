@@ -7,11 +7,12 @@
 //! | [`key`] | [`CheckpointKey`] and [`Step`]: a checkpoint at a step, `name@stepK`, spelled once |
 //! | [`contract`] | the per-family checkpoint contracts (`core/contracts/*.json`), parsed and resolved once against a model config |
 //! | [`dump`] | the `xray.dump` format: manifest, `.npy` tensors, atomic writer, checked loader |
+//! | [`engine`] | what an engine writing dumps shares: its run's identity ([`engine::RunIdentity`]: the manifest's, checked against a reference it is fed) and its `extra.fed` records |
 //! | [`ops`] | op-level points: `{module}:{in|out}` names at the reference's module boundaries, and which a run emits |
 //! | [`reference`] | [`reference::OracleRequest`]: what a reference run is asked for (run by the oracle, keyed by the reference cache) |
 //! | [`replay`] | reference replay: the counterfactuals a module is re-run with and what the replay reports about it |
 //! | [`signature`] | [`SignatureKind`]: the kinds of difference, named by compare and expected by the fault catalogues |
-//! | [`testing`] | the one test guard: a missing fixture or CPU feature is a printed, recorded skip, or a failure under `XRAY_REQUIRE_FIXTURES` |
+//! | [`testing`] | the one test guard: a missing fixture or CPU feature is a printed, recorded skip, or a failure under `XRAY_REQUIRE_FIXTURES`; the `xray` binary run from an engine's end-to-end test |
 //! | [`capture`] | the capture API: [`capture::Observer`] (an engine calls it at each checkpoint), [`capture::Recorder`], [`capture::StatsRecorder`], [`capture::Substitute`] (isolation) |
 //!
 //! X-Ray's own runtime, the HF oracle, the comparison library and outside engines (see
@@ -28,6 +29,7 @@ use serde::{Deserialize, Serialize};
 pub mod capture;
 pub mod contract;
 pub mod dump;
+pub mod engine;
 pub mod error;
 pub mod family;
 pub mod key;

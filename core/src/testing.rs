@@ -197,6 +197,112 @@ fn test_name() -> String {
     format!("{bin}::{test}")
 }
 
+/// Deterministic pseudo-random 64-bit words (xorshift64 seeded from `seed`, never stuck at 0):
+/// the noise of numeric tests, the same on every machine.
+pub fn xorshift(seed: u64) -> impl Iterator<Item = u64> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    std::iter::repeat_with(move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    })
+}
+
+// The `xray` binary from an end-to-end test of an engine (any crate of the workspace): run in
+// the repository root, its evidence read as JSON.
+
+/// target/<profile>/xray, beside the running test's deps/ directory (`cargo test --workspace`
+/// builds it there).
+pub fn xray_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>")
+        .join("xray")
+}
+
+/// `bin ARGS` run in the repository root (where relative fixture paths resolve).
+pub fn run_in_repo(bin: &Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(bin)
+        .current_dir(repo())
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", bin.display()))
+}
+
+/// A finished command's stderr, as text.
+pub fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+/// `xray oracle --model MODEL --audio AUDIO --out OUT EXTRA..`, which must succeed: the HF
+/// reference's dump at `out`.
+pub fn xray_oracle(model: &str, audio: &str, out: &Path, extra: &[&str]) {
+    let out = out.to_str().expect("a UTF-8 dump path");
+    let args = [
+        &["oracle", "--model", model, "--audio", audio, "--out", out],
+        extra,
+    ]
+    .concat();
+    let o = run_in_repo(&xray_bin(), &args);
+    assert!(o.status.success(), "xray oracle: {}", stderr(&o));
+}
+
+/// `xray compare REF GOT --evidence DIR/TAG.evidence.json ARGS..`, which must exit 0 (pass) or 1
+/// (a divergence; a dump xray could not read exits 2): the evidence.
+pub fn xray_compare(
+    reference: &Path,
+    got: &Path,
+    dir: &Path,
+    tag: &str,
+    args: &[&str],
+) -> serde_json::Value {
+    let ev = dir.join(format!("{tag}.evidence.json"));
+    let path = |p: &Path| p.to_str().expect("a UTF-8 path").to_string();
+    let (r, g, e) = (path(reference), path(got), path(&ev));
+    let all = [
+        &["compare", r.as_str(), g.as_str(), "--evidence", e.as_str()],
+        args,
+    ]
+    .concat();
+    let o = run_in_repo(&xray_bin(), &all);
+    assert!(
+        matches!(o.status.code(), Some(0) | Some(1)),
+        "xray compare ({tag}): {}",
+        stderr(&o)
+    );
+    let text = std::fs::read_to_string(&ev).unwrap_or_else(|e| panic!("{}: {e}", ev.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", ev.display()))
+}
+
+/// The evidence's checkpoint `name` at `step` (a panic naming it when there is none).
+pub fn evidence_checkpoint<'a>(
+    e: &'a serde_json::Value,
+    name: &str,
+    step: u64,
+) -> &'a serde_json::Value {
+    e["checkpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == name && c["step"] == step)
+        .unwrap_or_else(|| panic!("{name}@step{step} not in the evidence"))
+}
+
+/// The string `key` of each element of the JSON array `v` (a panic on anything else).
+pub fn strs<'a>(v: &'a serde_json::Value, key: &str) -> Vec<&'a str> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .map(|x| {
+            x[key]
+                .as_str()
+                .unwrap_or_else(|| panic!("{x}: no string {key}"))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,6 +14,18 @@ fn plan_of(spec: &str, family: &str, config: &serde_json::Value) -> FaultPlan {
     }
 }
 
+/// whisper-rand-a loaded, its config.json and fox.wav, when the fixtures are there.
+fn rand_a_on_fox() -> Option<(
+    Box<dyn models::SpeechModel>,
+    serde_json::Value,
+    xray_runtime::audio::Audio,
+)> {
+    let dir = whisper_support::fixture("fixtures/build/whisper-rand-a")?;
+    let wav = whisper_support::fixture("fixtures/audio/fox.wav")?;
+    let model = models::load(&dir).expect("load");
+    Some((model, config(&dir), load_wav(&wav, 16000).expect("wav")))
+}
+
 fn config(dir: &std::path::Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).expect("config"))
         .expect("config json")
@@ -104,15 +116,9 @@ fn wrong_op_kind_is_refused() {
 /// while the same fault at a reached step fires.
 #[test]
 fn a_fault_that_never_fires_is_an_error() {
-    let (Some(dir), Some(wav)) = (
-        whisper_support::fixture("fixtures/build/whisper-rand-a"),
-        whisper_support::fixture("fixtures/audio/fox.wav"),
-    ) else {
+    let Some((model, cfg, audio)) = rand_a_on_fox() else {
         return;
     };
-    let model = models::load(&dir).expect("load");
-    let cfg = config(&dir);
-    let audio = load_wav(&wav, 16000).expect("wav");
     // nan_one is planted at step 2; a run capped at one new token never gets there.
     let plan = plan_of("nan_one", "whisper", &cfg);
     plan.validate(model.graph()).expect("valid target");
@@ -121,10 +127,7 @@ fn a_fault_that_never_fires_is_an_error() {
         model
             .run(
                 &audio,
-                &RunOptions {
-                    max_new_tokens: Some(max),
-                    teacher_tokens: None,
-                },
+                &RunOptions::capped(max),
                 &mut RunHooks {
                     faults: Some(&plan),
                     ..Default::default()
@@ -147,24 +150,15 @@ fn a_fault_that_never_fires_is_an_error() {
 /// only (layer 0 untouched), the mel floor raises the log-mel minimum to `max - 7/4`.
 #[test]
 fn new_whisper_faults_change_what_they_claim() {
-    let (Some(dir), Some(wav)) = (
-        whisper_support::fixture("fixtures/build/whisper-rand-a"),
-        whisper_support::fixture("fixtures/audio/fox.wav"),
-    ) else {
+    let Some((model, cfg, audio)) = rand_a_on_fox() else {
         return;
     };
-    let model = models::load(&dir).expect("load");
-    let cfg = config(&dir);
-    let audio = load_wav(&wav, 16000).expect("wav");
     let record = |plan: Option<&FaultPlan>| {
         let mut rec = xray_runtime::capture::Recorder::new();
         model
             .run(
                 &audio,
-                &RunOptions {
-                    max_new_tokens: Some(2),
-                    teacher_tokens: None,
-                },
+                &RunOptions::capped(2),
                 &mut RunHooks {
                     observer: Some(&mut rec),
                     faults: plan,

@@ -26,14 +26,7 @@ fn threads_come_from_one_place_and_the_environment_is_left_alone() {
     )
     .expect("fox.wav");
     model
-        .run(
-            &audio,
-            &RunOptions {
-                max_new_tokens: Some(2),
-                teacher_tokens: None,
-            },
-            &mut RunHooks::default(),
-        )
+        .run(&audio, &RunOptions::capped(2), &mut RunHooks::default())
         .expect("run");
     assert_eq!(threads(), 2);
     assert!(

@@ -5,6 +5,7 @@ mod whisper_support;
 
 use std::collections::HashMap;
 
+use xray_core::testing::strs;
 use xray_runtime::graph::{GraphBuilder, Layout};
 use xray_runtime::kernels::{Attention, Linear, MatmulStrategy, SplitHeads};
 use xray_runtime::weights::Weights;
@@ -160,12 +161,7 @@ fn whisper_graph_exports_edges_layouts_and_contract_labels() {
         "decoder.layer.0.cross_k_to_head_major"
     );
     assert_eq!(ck["shape"], serde_json::json!(["4", "250", "16"]));
-    let consumers: Vec<&str> = ck["consumers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["op"].as_str().unwrap())
-        .collect();
+    let consumers: Vec<&str> = strs(&ck["consumers"], "op");
     assert_eq!(consumers, ["decoder.layer.0.cross_attn"]);
     // Encoder memory: one producer, every decoder layer's cross K and V projection consumes it.
     let mem = edges

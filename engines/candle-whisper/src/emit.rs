@@ -41,7 +41,8 @@ use ndarray::{ArrayD, IxDyn};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use xray_core::contract::Contract;
-use xray_core::dump::{Dump, DumpWriter, Manifest, SCHEMA, VERSION};
+use xray_core::dump::{Dump, DumpWriter};
+use xray_core::engine::RunIdentity;
 use xray_core::ops::Side;
 use xray_core::Layout;
 
@@ -105,7 +106,7 @@ pub struct Reference {
 impl Reference {
     /// Loads and verifies a dump (every hash, shape and dtype) and refuses one made from other
     /// weights or audio: feeding its tensors would measure nothing.
-    pub fn open(dir: &Path, weights_sha: &str, audio_sha: &str) -> Result<Reference, Error> {
+    pub fn open(dir: &Path, id: &RunIdentity) -> Result<Reference, Error> {
         let dump = Dump::load(dir).map_err(|e| Error::Input(format!("reference dump: {e}")))?;
         let m = &dump.manifest;
         if m.family != "whisper" {
@@ -121,17 +122,7 @@ impl Reference {
                 dir.display()
             )));
         }
-        for (what, theirs, ours) in [
-            ("weights", &m.weights_sha256, weights_sha),
-            ("audio", &m.audio_sha256, audio_sha),
-        ] {
-            if theirs != ours {
-                return Err(Error::Input(format!(
-                    "{}: made from other {what} (sha256 {theirs}, this run's is {ours})",
-                    dir.display()
-                )));
-            }
-        }
+        id.check_reference(dir, m).map_err(Error::Input)?;
         Ok(Reference {
             dump,
             dir: dir.to_path_buf(),
@@ -222,12 +213,8 @@ impl Reference {
 /// What went into the dump's provenance.
 #[derive(Debug, Clone)]
 pub struct Provenance {
-    /// Model directory as given.
-    pub model_id: String,
-    /// See [`weights_sha256`].
-    pub weights_sha256: String,
-    /// See [`audio_sha256`].
-    pub audio_sha256: String,
+    /// The model directory as given, and the hashes of [`weights_sha256`] and [`audio_sha256`].
+    pub id: RunIdentity,
     /// What was fed from a reference (recorded in `extra.fed`), keyed by checkpoint name
     /// (`audio.frontend.mel`, `audio.encoder.memory`) or `tokens`.
     pub fed: BTreeMap<String, Value>,
@@ -288,22 +275,12 @@ pub fn dump(
         "step_argmax".to_string(),
         json!(obs.steps.iter().map(|s| s.argmax).collect::<Vec<_>>()),
     );
-    let mut w = DumpWriter::new(Manifest {
-        schema: SCHEMA.into(),
-        version: VERSION,
-        family: "whisper".into(),
-        model_id: prov.model_id.clone(),
-        producer: PRODUCER.into(),
-        weights_sha256: prov.weights_sha256.clone(),
-        audio_sha256: prov.audio_sha256.clone(),
-        tools,
-        tokens: obs.tokens.iter().map(|&t| i64::from(t)).collect(),
-        transcript: transcript.to_string(),
-        stats_only: false,
-        checkpoints: vec![],
-        extra,
-        engine_weights: None,
-    });
+    let tokens = obs.tokens.iter().map(|&t| i64::from(t)).collect();
+    let mut manifest = prov
+        .id
+        .manifest("whisper", PRODUCER, tools, tokens, transcript.to_string());
+    manifest.extra = extra;
+    let mut w = DumpWriter::new(manifest);
     // A checkpoint, then (with --ops) the same tensor under each point the contract says it is;
     // a consumer's `:in` points get what the consumer took (`took`: the fed tensor).
     let mut put =

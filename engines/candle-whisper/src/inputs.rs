@@ -39,27 +39,7 @@ fn required_uint(v: &Value, file: &Path, key: &str) -> Result<u64, Error> {
 }
 
 fn id_list(v: &Value, file: &Path, key: &str) -> Result<Vec<u32>, Error> {
-    match v.get(key) {
-        // HF's generate applies no such processor when the key is absent or null.
-        None | Some(Value::Null) => Ok(vec![]),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|x| {
-                x.as_u64()
-                    .and_then(|n| u32::try_from(n).ok())
-                    .ok_or_else(|| {
-                        input(format!(
-                            "{}: '{key}' holds {x}, expected token ids",
-                            file.display()
-                        ))
-                    })
-            })
-            .collect(),
-        Some(x) => Err(input(format!(
-            "{}: '{key}' is {x}, expected a list of token ids",
-            file.display()
-        ))),
-    }
+    xray_core::engine::token_ids(v, file, key).map_err(Error::Input)
 }
 
 /// The decoding set-up HF's Whisper `generate` derives from generation_config.json (greedy,

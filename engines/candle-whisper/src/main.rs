@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
-use serde_json::json;
 use xray_candle_whisper::emit::{self, Provenance, Reference};
 use xray_candle_whisper::engine::{self, Feeds};
 use xray_candle_whisper::inputs::{read_wav, ModelDir};
 use xray_candle_whisper::Error;
+use xray_core::engine::{fed as fed_from, fed_tokens, RunIdentity};
 
 /// candle-transformers' Whisper (CPU, f32) writing an X-Ray dump.
 #[derive(Debug, Parser)]
@@ -81,43 +81,39 @@ fn run(a: &Args) -> Result<(), Error> {
         let bytes = std::fs::read(f).map_err(|e| Error::Input(format!("{}: {e}", f.display())))?;
         weights.push((f.clone(), bytes));
     }
-    let weights_sha = emit::weights_sha256(&weights);
-    let audio_sha = emit::audio_sha256(&audio.bytes);
+    let id = RunIdentity {
+        model_id: a.model.display().to_string(),
+        weights_sha256: emit::weights_sha256(&weights),
+        audio_sha256: emit::audio_sha256(&audio.bytes),
+    };
     let max_new = a
         .max_new_tokens
         .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
 
     let mut feeds = Feeds::default();
     let mut fed = BTreeMap::new();
-    let open = |d: &Path| Reference::open(d, &weights_sha, &audio_sha);
+    let open = |d: &Path| Reference::open(d, &id);
     if let Some(d) = &a.mel_from {
         let r = open(d)?;
         let shape = [p.feature_size, p.frames()];
         feeds.mel = Some(r.mel(&shape)?);
-        fed.insert(
-            emit::MEL.to_string(),
-            json!({"from": d.display().to_string(), "into": "AudioEncoder::forward"}),
-        );
+        fed.insert(emit::MEL.to_string(), fed_from(d, "AudioEncoder::forward"));
     }
     if let Some(d) = &a.memory_from {
         let r = open(d)?;
         let shape = [md.config.max_source_positions, md.config.d_model];
         feeds.memory = Some(r.memory(&shape)?);
-        fed.insert(
-            emit::MEMORY.to_string(),
-            json!({"from": d.display().to_string(), "into": "TextDecoder::forward (cross-attention)"}),
-        );
+        let into = "TextDecoder::forward (cross-attention)";
+        fed.insert(emit::MEMORY.to_string(), fed_from(d, into));
     }
     if let Some(d) = &a.tokens_from {
         let r = open(d)?;
         let mut t = r.generated_tokens(&md.generation.prefix, md.config.vocab_size)?;
         let limit = engine::length_limit(&md.generation, max_new);
         t.truncate(limit - md.generation.prefix.len());
-        fed.insert(
-            "tokens".to_string(),
-            json!({"from": d.display().to_string(), "into": "TextDecoder::forward (teacher forcing)",
-                   "tokens": md.generation.prefix.iter().chain(t.iter()).collect::<Vec<_>>()}),
-        );
+        let all = [md.generation.prefix.as_slice(), &t].concat();
+        let into = "TextDecoder::forward (teacher forcing)";
+        fed.insert("tokens".to_string(), fed_tokens(d, into, &all));
         feeds.tokens = Some(t);
     }
 
@@ -125,9 +121,7 @@ fn run(a: &Args) -> Result<(), Error> {
     let obs = engine::run(&md, &audio.samples, &bytes, &feeds, max_new)?;
     let text = engine::transcript(&md, &obs.tokens)?;
     let prov = Provenance {
-        model_id: a.model.display().to_string(),
-        weights_sha256: weights_sha,
-        audio_sha256: audio_sha,
+        id,
         fed,
         ops: a.ops,
     };
@@ -144,12 +138,5 @@ fn run(a: &Args) -> Result<(), Error> {
 }
 
 fn main() -> ExitCode {
-    let a = Args::parse();
-    match run(&a) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            note(&format!("error: {e}"));
-            ExitCode::from(e.exit_code())
-        }
-    }
+    xray_core::engine::exit("xray-candle-whisper", run(&Args::parse()), Error::exit_code)
 }

@@ -5,28 +5,18 @@
 //! The `xray` binary is the one `cargo test --workspace` / `make test` builds next to this test
 //! (target/<profile>/xray); the oracle needs the project venv (`make venv fixtures`).
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Output;
 
 use serde_json::Value;
 use xray_core::dump::Dump;
+use xray_core::testing::{
+    evidence_checkpoint as checkpoint, repo as root, run_in_repo as run, stderr, strs, xray_bin,
+    xray_compare as compare, xray_oracle,
+};
 
 const MODEL: &str = "fixtures/whisper-tiny-en";
 const FOX: &str = "fixtures/audio/fox.wav";
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// target/<profile>/xray, beside this test's deps/ directory.
-fn xray_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps/<test>");
-    profile_dir.join("xray")
-}
 
 /// Fixtures, venv and the xray binary present; otherwise skip, or fail under
 /// XRAY_REQUIRE_FIXTURES (set by `make test`).
@@ -38,18 +28,6 @@ fn ready() -> bool {
         xray_bin(),
     ];
     xray_core::testing::require_all(&need, "run `make test`, which builds xray and the fixtures")
-}
-
-fn run(bin: &Path, args: &[&str]) -> Output {
-    Command::new(bin)
-        .current_dir(root())
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("run {}: {e}", bin.display()))
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).to_string()
 }
 
 fn engine(out: &Path, extra: &[&str]) -> Output {
@@ -68,36 +46,6 @@ fn engine_on(model: &str, audio: &str, out: &Path, extra: &[&str]) -> Output {
     ];
     args.extend_from_slice(extra);
     run(Path::new(env!("CARGO_BIN_EXE_xray-candle-whisper")), &args)
-}
-
-/// `xray compare REF GOT [ARGS]`; returns the evidence.
-fn compare(reference: &Path, got: &Path, dir: &Path, tag: &str, args: &[&str]) -> Value {
-    let ev = dir.join(format!("{tag}.evidence.json"));
-    let mut all = vec![
-        "compare",
-        reference.to_str().unwrap(),
-        got.to_str().unwrap(),
-        "--evidence",
-        ev.to_str().unwrap(),
-    ];
-    all.extend_from_slice(args);
-    let o = run(&xray_bin(), &all);
-    // A dump xray could not read would exit 2; a divergence exits 1.
-    assert!(
-        matches!(o.status.code(), Some(0) | Some(1)),
-        "xray compare ({tag}): {}",
-        stderr(&o)
-    );
-    serde_json::from_str(&std::fs::read_to_string(&ev).unwrap()).unwrap()
-}
-
-fn checkpoint<'a>(e: &'a Value, name: &str, step: u64) -> &'a Value {
-    e["checkpoints"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == name && c["step"] == step)
-        .unwrap_or_else(|| panic!("{name}@step{step} not in the evidence"))
 }
 
 fn metric(c: &Value, key: &str) -> f64 {
@@ -151,19 +99,7 @@ fn candle_whisper_under_xray_on_real_tiny_en() {
     }
     let dir = tempfile::tempdir().unwrap();
     let reference = dir.path().join("ref");
-    let o = run(
-        &xray_bin(),
-        &[
-            "oracle",
-            "--model",
-            MODEL,
-            "--audio",
-            FOX,
-            "--out",
-            reference.to_str().unwrap(),
-        ],
-    );
-    assert!(o.status.success(), "xray oracle: {}", stderr(&o));
+    xray_oracle(MODEL, FOX, &reference, &[]);
     let ref_dump = Dump::load(&reference).unwrap();
     let ref_tokens = ref_dump.manifest.tokens.clone();
     let r = reference.to_str().unwrap();
@@ -319,12 +255,7 @@ fn candle_whisper_under_xray_on_real_tiny_en() {
             s["step"]
         );
     }
-    let fed: Vec<&str> = e["fed"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["checkpoint"].as_str().unwrap())
-        .collect();
+    let fed: Vec<&str> = strs(&e["fed"], "checkpoint");
     assert_eq!(
         fed,
         ["audio.frontend.mel", "audio.encoder.memory", "tokens"]

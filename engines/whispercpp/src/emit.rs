@@ -14,7 +14,8 @@ use std::path::Path;
 use ndarray::{ArrayD, IxDyn};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
-use xray_core::dump::{Dump, DumpWriter, Manifest, PRECISION_KEY, SCHEMA, VERSION};
+use xray_core::dump::{Dump, DumpWriter, PRECISION_KEY};
+use xray_core::engine::RunIdentity;
 
 use crate::engine::{Error, ModelDir, Run};
 use crate::ffi;
@@ -78,7 +79,7 @@ pub struct Reference {
 
 impl Reference {
     /// Loads and verifies a dump; refuses one of other weights or audio.
-    pub fn open(dir: &Path, weights_sha: &str, audio_sha: &str) -> Result<Reference, Error> {
+    pub fn open(dir: &Path, id: &RunIdentity) -> Result<Reference, Error> {
         let dump = Dump::load(dir).map_err(|e| Error::Input(format!("reference dump: {e}")))?;
         let m = &dump.manifest;
         if m.family != "whisper" || m.stats_only {
@@ -87,17 +88,7 @@ impl Reference {
                 dir.display()
             )));
         }
-        for (what, theirs, ours) in [
-            ("weights", &m.weights_sha256, weights_sha),
-            ("audio", &m.audio_sha256, audio_sha),
-        ] {
-            if theirs != ours {
-                return Err(Error::Input(format!(
-                    "{}: made from other {what} (sha256 {theirs}, this run's is {ours})",
-                    dir.display()
-                )));
-            }
-        }
+        id.check_reference(dir, m).map_err(Error::Input)?;
         Ok(Reference { dump })
     }
 
@@ -144,12 +135,9 @@ impl Reference {
 /// Provenance of a run.
 #[derive(Debug, Clone)]
 pub struct Provenance {
-    /// Model directory as given.
-    pub model_id: String,
-    /// sha256 of the HF weights the ggml file was converted from.
-    pub weights_sha256: String,
-    /// sha256 of the WAV bytes.
-    pub audio_sha256: String,
+    /// The model directory as given, the sha256 of the HF weights the ggml file was converted
+    /// from and of the WAV bytes.
+    pub id: RunIdentity,
     /// The engine's own weights file (`extra.ggml_model`).
     pub ggml_model: Value,
     /// Flash attention on.
@@ -170,7 +158,7 @@ fn engine_weights(prov: &Provenance) -> Option<xray_core::dump::EngineWeights> {
         format: "ggml".into(),
         sha256: text("sha256")?,
         file: text("file").or_else(|| text("path")),
-        source: Some(prov.model_id.clone()),
+        source: Some(prov.id.model_id.clone()),
         conversion: Some(format!(
             "fixtures/make_ggml.py{}",
             text("ftype").map_or(String::new(), |f| format!(" (ftype {f})"))
@@ -260,22 +248,13 @@ pub fn dump(md: &ModelDir, prov: &Provenance, run: &Run) -> Result<DumpWriter, E
             json!({"tokens_taps_off": t, "equal": *t == run.tokens}),
         );
     }
-    let mut w = DumpWriter::new(Manifest {
-        schema: SCHEMA.into(),
-        version: VERSION,
-        family: "whisper".into(),
-        model_id: prov.model_id.clone(),
-        producer: PRODUCER.into(),
-        weights_sha256: prov.weights_sha256.clone(),
-        audio_sha256: prov.audio_sha256.clone(),
-        tools,
-        tokens: run.tokens.iter().map(|&t| i64::from(t)).collect(),
-        transcript: run.transcript.clone(),
-        stats_only: false,
-        checkpoints: vec![],
-        extra,
-        engine_weights: engine_weights(prov),
-    });
+    let tokens = run.tokens.iter().map(|&t| i64::from(t)).collect();
+    let mut manifest = prov
+        .id
+        .manifest("whisper", PRODUCER, tools, tokens, run.transcript.clone());
+    manifest.extra = extra;
+    manifest.engine_weights = engine_weights(prov);
+    let mut w = DumpWriter::new(manifest);
     for c in &run.captured {
         let shape: Vec<usize> = match &c.tap.shape {
             crate::graph::Shape::As(s) => s.clone(),

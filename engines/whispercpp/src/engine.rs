@@ -87,18 +87,7 @@ fn uint(v: &Value, file: &Path, key: &str) -> Result<u64, Error> {
 }
 
 fn ids(v: &Value, file: &Path, key: &str) -> Result<Vec<i32>, Error> {
-    match v.get(key) {
-        None | Some(Value::Null) => Ok(vec![]),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|x| {
-                x.as_u64()
-                    .and_then(|n| i32::try_from(n).ok())
-                    .ok_or_else(|| input(format!("{}: '{key}' holds {x}", file.display())))
-            })
-            .collect(),
-        Some(x) => Err(input(format!("{}: '{key}' is {x}", file.display()))),
-    }
+    xray_core::engine::token_ids(v, file, key).map_err(Error::Input)
 }
 
 impl ModelDir {

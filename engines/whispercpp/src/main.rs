@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use serde_json::json;
+use xray_core::engine::{fed as fed_from, fed_tokens, RunIdentity};
 use xray_whispercpp::emit::{self, Provenance, Reference};
 use xray_whispercpp::engine::{self, Error, ModelDir, Plan};
 
@@ -72,8 +72,12 @@ fn run(a: &Args) -> Result<(), Error> {
     let (samples, wav) = engine::read_wav(&a.audio, (md.dims.frames as usize) / 100)?;
     xray_core::dump::check_dump_target(&a.out, a.force)
         .map_err(|e| Error::Input(format!("{e} (--force replaces an X-Ray dump)")))?;
-    let (ggml_model, weights_sha) = emit::ggml_identity(&a.ggml, &md)?;
-    let audio_sha = emit::sha256_file(&a.audio)?;
+    let (ggml_model, weights_sha256) = emit::ggml_identity(&a.ggml, &md)?;
+    let id = RunIdentity {
+        model_id: a.model.display().to_string(),
+        weights_sha256,
+        audio_sha256: emit::sha256_file(&a.audio)?,
+    };
     let _ = wav;
     let mut plan = Plan {
         ggml: a.ggml.clone(),
@@ -88,21 +92,19 @@ fn run(a: &Args) -> Result<(), Error> {
     };
     let mut fed = BTreeMap::new();
     if let Some(d) = &a.mel_from {
-        let r = Reference::open(d, &weights_sha, &audio_sha)?;
+        let r = Reference::open(d, &id)?;
         plan.mel = Some(r.mel(md.dims.n_mels as usize, md.dims.frames as usize)?);
         fed.insert(
             "audio.frontend.mel".to_string(),
-            json!({"from": d.display().to_string(), "into": "whisper_set_mel"}),
+            fed_from(d, "whisper_set_mel"),
         );
     }
     if let Some(d) = &a.tokens_from {
-        let r = Reference::open(d, &weights_sha, &audio_sha)?;
+        let r = Reference::open(d, &id)?;
         let t = r.generated(&md.prefix, md.dims.vocab)?;
-        fed.insert(
-            "tokens".to_string(),
-            json!({"from": d.display().to_string(), "into": "whisper_decode (teacher forcing)",
-                   "tokens": md.prefix.iter().chain(t.iter()).collect::<Vec<_>>()}),
-        );
+        let all = [md.prefix.as_slice(), &t].concat();
+        let into = "whisper_decode (teacher forcing)";
+        fed.insert("tokens".to_string(), fed_tokens(d, into, &all));
         plan.tokens = Some(t);
     }
     let run = engine::run(&md, &samples, &plan)?;
@@ -124,9 +126,7 @@ fn run(a: &Args) -> Result<(), Error> {
         }
     }
     let prov = Provenance {
-        model_id: a.model.display().to_string(),
-        weights_sha256: weights_sha,
-        audio_sha256: audio_sha,
+        id,
         ggml_model,
         flash: a.flash_attn,
         fed,
@@ -146,12 +146,5 @@ fn run(a: &Args) -> Result<(), Error> {
 }
 
 fn main() -> ExitCode {
-    let a = Args::parse();
-    match run(&a) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            note(&format!("error: {e}"));
-            ExitCode::from(e.exit_code())
-        }
-    }
+    xray_core::engine::exit("xray-whispercpp", run(&Args::parse()), Error::exit_code)
 }

@@ -13,6 +13,10 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 use xray_core::dump::Dump;
+use xray_core::testing::{
+    evidence_checkpoint as checkpoint, repo as root, run_in_repo as run, stderr, strs, xray_bin,
+    xray_compare, xray_oracle,
+};
 
 const MODEL: &str = "fixtures/whisper-tiny-en";
 const FOX: &str = "fixtures/audio/fox.wav";
@@ -28,34 +32,9 @@ fn reference() -> &'static Path {
     REF.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap().keep();
         let r = dir.join("ref");
-        let o = run(
-            &xray_bin(),
-            &[
-                "oracle",
-                "--model",
-                MODEL,
-                "--audio",
-                FOX,
-                "--out",
-                r.to_str().unwrap(),
-                "--ops",
-            ],
-        );
-        assert!(o.status.success(), "xray oracle: {}", stderr(&o));
+        xray_oracle(MODEL, FOX, &r, &["--ops"]);
         r
     })
-}
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn xray_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps/<test>")
-        .join("xray")
 }
 
 fn ready() -> bool {
@@ -73,18 +52,6 @@ fn ready() -> bool {
     )
 }
 
-fn run(bin: &Path, args: &[&str]) -> Output {
-    Command::new(bin)
-        .current_dir(root())
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("run {}: {e}", bin.display()))
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).to_string()
-}
-
 fn engine(ggml: &str, out: &Path, extra: &[&str]) -> Output {
     let mut args = vec![
         "--model",
@@ -100,34 +67,16 @@ fn engine(ggml: &str, out: &Path, extra: &[&str]) -> Output {
     run(Path::new(env!("CARGO_BIN_EXE_xray-whispercpp")), &args)
 }
 
+/// `xray compare REF GOT --model MODEL ARGS..` (the op-level drill-down and replay along the
+/// model): the evidence.
 fn compare(reference: &Path, got: &Path, dir: &Path, tag: &str, args: &[&str]) -> Value {
-    let ev = dir.join(format!("{tag}.evidence.json"));
-    let mut all = vec![
-        "compare",
-        reference.to_str().unwrap(),
-        got.to_str().unwrap(),
-        "--model",
-        MODEL,
-        "--evidence",
-        ev.to_str().unwrap(),
-    ];
-    all.extend_from_slice(args);
-    let o = run(&xray_bin(), &all);
-    assert!(
-        matches!(o.status.code(), Some(0) | Some(1)),
-        "xray compare ({tag}): {}",
-        stderr(&o)
-    );
-    serde_json::from_str(&std::fs::read_to_string(&ev).unwrap()).unwrap()
-}
-
-fn checkpoint<'a>(e: &'a Value, name: &str, step: u64) -> &'a Value {
-    e["checkpoints"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == name && c["step"] == step)
-        .unwrap_or_else(|| panic!("{name}@step{step} not in the evidence"))
+    xray_compare(
+        reference,
+        got,
+        dir,
+        tag,
+        &[&["--model", MODEL], args].concat(),
+    )
 }
 
 fn rel_l2(c: &Value) -> f64 {
@@ -144,13 +93,7 @@ fn whisper_cpp_under_xray_on_real_tiny_en() {
     let dir = tempfile::tempdir().unwrap();
     let reference = dir.path().join("ref");
     let r = reference.to_str().unwrap();
-    let o = run(
-        &xray_bin(),
-        &[
-            "oracle", "--model", MODEL, "--audio", FOX, "--out", r, "--ops",
-        ],
-    );
-    assert!(o.status.success(), "xray oracle: {}", stderr(&o));
+    xray_oracle(MODEL, FOX, &reference, &["--ops"]);
     let ref_dump = Dump::load(&reference).unwrap();
 
     // 1. whisper.cpp 1.8.3 cannot run an f32 model: its conv's f16 IM2COL asserts an f16
@@ -179,12 +122,7 @@ fn whisper_cpp_under_xray_on_real_tiny_en() {
     assert_eq!(m.extra["capture_neutral"]["equal"], true);
     assert_eq!(m.extra["ggml"]["graph_edits"][0]["nodes"], 2);
     // The ops computed below f32 although every weight is f32, each with its ggml source.
-    let reduced: Vec<&str> = m.extra["precision"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["op"].as_str().unwrap())
-        .collect();
+    let reduced: Vec<&str> = strs(&m.extra["precision"], "op");
     for op in [
         "encoder.conv1",
         "encoder.conv1_gelu",
@@ -224,12 +162,7 @@ fn whisper_cpp_under_xray_on_real_tiny_en() {
     let mem = rel_l2(checkpoint(&e, "audio.encoder.memory", 0));
     assert!((1e-3..5e-3).contains(&mem), "memory rel_l2 {mem}");
     // The comparison names the ops the dump declares computed below f32; nothing accepted.
-    let declared: Vec<&str> = e["precision"]["declared"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["op"].as_str().unwrap())
-        .collect();
+    let declared: Vec<&str> = strs(&e["precision"]["declared"], "op");
     assert_eq!(declared, reduced);
     assert_eq!(e["precision"]["accepted"], serde_json::json!([]));
     // Told to accept the declared f16, the f32 model passes every checkpoint.
@@ -272,12 +205,7 @@ fn whisper_cpp_under_xray_on_real_tiny_en() {
     assert!(o.status.success(), "engine fed: {}", stderr(&o));
     let e = compare(&reference, &fed, dir.path(), "f16-fed", &[]);
     assert_eq!(e["tokens"]["teacher_forced"], true);
-    let fed_list: Vec<&str> = e["fed"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["checkpoint"].as_str().unwrap())
-        .collect();
+    let fed_list: Vec<&str> = strs(&e["fed"], "checkpoint");
     assert_eq!(fed_list, ["audio.frontend.mel", "tokens"]);
     for c in e["checkpoints"].as_array().unwrap() {
         if c["name"] == "audio.decoder.logits" {

@@ -32,15 +32,11 @@ use xray_runtime::audio::load_wav;
 use xray_runtime::graph::{Feeds, RunCtx};
 use xray_runtime::models::{self, RunHooks, RunOptions};
 
-/// Arguments of `xray bench`.
+/// Arguments of `xray bench` (its model: a Whisper model directory).
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// HF Whisper model directory.
-    #[arg(long, value_name = "DIR")]
-    pub model: PathBuf,
-    /// 16 kHz mono WAV.
-    #[arg(long, value_name = "WAV")]
-    pub audio: PathBuf,
+    #[command(flatten)]
+    pub clip: super::Clip,
     /// Repetitions per measurement (medians are reported).
     #[arg(long, default_value_t = 5)]
     pub reps: usize,
@@ -197,7 +193,7 @@ fn corpus_timing(a: &Args, threads: usize) -> anyhow::Result<serde_json::Value> 
         let mut cmd = Command::new(&exe);
         cmd.arg("check")
             .arg("--model")
-            .arg(&a.model)
+            .arg(&a.clip.model)
             .arg("--threads")
             .arg(threads.to_string())
             .args(extra)
@@ -291,7 +287,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         xray_runtime::kernels::set_threads(n as usize).map_err(|e| anyhow!("--threads: {e}"))?;
     }
     let threads = xray_runtime::kernels::threads();
-    let model = models::load(&a.model)?;
+    let model = models::load(&a.clip.model)?;
     if !xray_core::family::descriptor(model.family())?
         .capabilities
         .bench
@@ -299,25 +295,28 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         return Err(anyhow!(
             "xray bench does not measure the {} family (its descriptor's capabilities.bench); {} is one",
             model.family(),
-            a.model.display(),
+            a.clip.model.display(),
         ));
     }
-    let audio = load_wav(&a.audio, 16000)?;
+    let audio = load_wav(&a.clip.audio, 16000)?;
     let oracle = Oracle::discover()?;
     super::note(&format!(
         "xray bench: loading torch and CTranslate2 (threads {threads})"
     ));
-    let torch = TorchBench::whisper(&oracle, &a.model, &a.audio, &audio.samples, threads)?;
+    let torch = TorchBench::whisper(
+        &oracle,
+        &a.clip.model,
+        &a.clip.audio,
+        &audio.samples,
+        threads,
+    )?;
 
     // The runtime's log-mel of this input, then the encoder formula fed with it.
     let mut rec =
         Recorder::only(&["audio.frontend.mel".to_string()]).map_err(|e| anyhow!("{e}"))?;
     model.run(
         &audio,
-        &RunOptions {
-            max_new_tokens: Some(1),
-            teacher_tokens: None,
-        },
+        &RunOptions::capped(1),
         &mut RunHooks {
             observer: Some(&mut rec),
             ..Default::default()
@@ -342,7 +341,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         g.run(model.weights(), feeds, &[mem_edge], &mut RunCtx::default())?;
         Ok(t0.elapsed().as_secs_f64())
     };
-    let wm = xray_runtime::models::whisper::WhisperModel::load(&a.model)?;
+    let wm = xray_runtime::models::whisper::WhisperModel::load(&a.clip.model)?;
     let memory = wm.encode_mel(mel.clone(), &mut RunCtx::default())?;
     let rt_decode = |cap: usize| -> anyhow::Result<(f64, usize)> {
         let mut sess = xray_runtime::models::whisper::decode::DecoderSession::new();
@@ -350,10 +349,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         let t0 = Instant::now();
         let out = wm.generate(
             &mut sess,
-            &RunOptions {
-                max_new_tokens: Some(cap),
-                teacher_tokens: None,
-            },
+            &RunOptions::capped(cap),
             &mut RunHooks::default(),
         )?;
         Ok((t0.elapsed().as_secs_f64(), out.predicted.len()))
@@ -492,10 +488,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             sess.install_memory(memory.clone(), None);
             let out = wm.generate(
                 &mut sess,
-                &RunOptions {
-                    max_new_tokens: Some(n_full),
-                    teacher_tokens: None,
-                },
+                &RunOptions::capped(n_full),
                 &mut RunHooks {
                     profile: Some(&mut dprof),
                     ..Default::default()
@@ -516,7 +509,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         corpus_timing(&a, threads)?
     };
     let report = serde_json::json!({
-        "model": a.model.display().to_string(),
+        "model": a.clip.model.display().to_string(),
         "threads": threads,
         "cpu_model": info.get("cpu_model"),
         "cpu": cpu_info(),

@@ -7,7 +7,6 @@ use std::process::ExitCode;
 
 use xray_compare::corpus;
 use xray_compare::evidence::{Evidence, Run, Verdict};
-use xray_compare::report;
 use xray_compare::tolerance::Policy;
 use xray_harness::check::{check, check_corpus, CheckOptions};
 
@@ -33,18 +32,13 @@ pub struct Args {
     /// Write the evidence JSON here (default: reports/<model>.<audio>.evidence.json).
     #[arg(long, value_name = "FILE")]
     pub evidence: Option<PathBuf>,
-    /// Write the self-contained HTML report here.
-    #[arg(long, value_name = "FILE.html")]
-    pub report: Option<PathBuf>,
-    /// Write the Markdown summary here.
-    #[arg(long, value_name = "FILE.md")]
-    pub markdown: Option<PathBuf>,
+    #[command(flatten)]
+    pub renderings: super::Renderings,
     /// Tolerance policy (JSON; docs/tolerances.md).
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
-    /// Cap on generated tokens (at least 1).
-    #[arg(long, value_name = "N", value_parser = super::positive)]
-    pub max_steps: Option<usize>,
+    #[command(flatten)]
+    pub steps: super::MaxSteps,
     /// Also measure each checkpoint's local error with the reference substituted upstream.
     #[arg(long)]
     pub isolate: bool,
@@ -145,12 +139,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     // Every output location is checked before anything runs.
     let mut outputs = super::Outputs::default();
     outputs.file("evidence", &evidence_path);
-    if let Some(p) = &a.report {
-        outputs.file("report", p);
-    }
-    if let Some(p) = &a.markdown {
-        outputs.file("markdown", p);
-    }
+    a.renderings.plan(&mut outputs);
     if let Some(d) = &a.dumps {
         if d.exists() && !d.is_dir() {
             anyhow::bail!("--dumps {}: exists and is not a directory", d.display());
@@ -160,29 +149,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     plan_inputs(&mut outputs, &a, &a.audio);
     outputs.check()?;
-    let policy = match &a.policy {
-        Some(p) => Policy::load(p)?,
-        None => Policy::default(),
-    };
-    let (faults, fault_names) = super::faults::plan(&a.inject, &a.model)?;
-    let opts = CheckOptions {
-        model: a.model.clone(),
-        audio,
-        policy,
-        max_steps: a.max_steps,
-        isolate: a.isolate,
-        calibrate: a.calibrate,
-        teacher_force: a.teacher_force,
-        faults,
-        fault_names,
-        threads: Some(a.threads.unwrap_or(1)),
-        warmup_audio: None,
-        ops: a.ops,
-        no_drill: a.no_drill,
-        stats_only: a.stats_only,
-        reference_variants: a.reference_variant.clone(),
-        reference_cache: a.reference_cache.clone(),
-    };
+    let opts = check_options(&a, audio)?;
     let t0 = std::time::Instant::now();
     let mut out = check(&opts, &|m| {
         super::note(&format!("xray: {m} [{:.1}s]", t0.elapsed().as_secs_f64()))
@@ -197,12 +164,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ev = &out.evidence;
     // The evidence first, then the reports, then the dumps; a failed write does not stop the rest.
     outputs.write_evidence(&evidence_path, &ev.to_json()?);
-    if let Some(p) = &a.report {
-        outputs.write_file("report", p, report::html(ev).as_bytes());
-    }
-    if let Some(p) = &a.markdown {
-        outputs.write_file("markdown", p, report::markdown(ev).as_bytes());
-    }
+    a.renderings.write(&mut outputs, ev);
     if let Some(d) = &a.dumps {
         outputs.write_dump(
             "dumps",
@@ -226,7 +188,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         // Both models and the oracle live in this process: the whole check's footprint.
         super::note(&format!("xray: peak RSS {:.0} MB (VmHWM)", b as f64 / 1e6));
     }
-    if let Some(p) = &a.report {
+    if let Some(p) = &a.renderings.report {
         super::note(&format!("xray: report {}", p.display()));
     }
     outputs.finish()?;
@@ -236,15 +198,41 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// The check's options for `audio` (a corpus sets each clip's): the policy loaded and the
+/// faults planned (after the outputs are checked).
+fn check_options(a: &Args, audio: PathBuf) -> anyhow::Result<CheckOptions> {
+    let policy = match &a.policy {
+        Some(p) => Policy::load(p)?,
+        None => Policy::default(),
+    };
+    let (faults, fault_names) = super::faults::plan(&a.inject, &a.model)?;
+    Ok(CheckOptions {
+        model: a.model.clone(),
+        audio,
+        policy,
+        max_steps: a.steps.max_steps,
+        isolate: a.isolate,
+        calibrate: a.calibrate,
+        teacher_force: a.teacher_force,
+        faults,
+        fault_names,
+        threads: Some(a.threads.unwrap_or(1)),
+        warmup_audio: None,
+        ops: a.ops,
+        no_drill: a.no_drill,
+        stats_only: a.stats_only,
+        reference_variants: a.reference_variant.clone(),
+        reference_cache: a.reference_cache.clone(),
+    })
+}
+
 /// The files a check reads: the model directory, the audio and the policy (no output may be one).
 fn plan_inputs(outputs: &mut super::Outputs, a: &Args, clips: &[PathBuf]) {
     outputs.input("model directory", &a.model);
     for c in clips {
         outputs.input("audio", c);
     }
-    if let Some(p) = &a.policy {
-        outputs.input("policy", p);
-    }
+    outputs.input_if("policy", a.policy.as_deref());
 }
 
 /// `reports/<model>.<audio>.evidence.json` (the `reports/` folder is created when writing).
@@ -426,8 +414,8 @@ fn run_corpus(a: Args) -> anyhow::Result<ExitCode> {
     };
     for (given, flag) in [
         (a.evidence.is_some(), "--evidence"),
-        (a.report.is_some(), "--report"),
-        (a.markdown.is_some(), "--markdown"),
+        (a.renderings.report.is_some(), "--report"),
+        (a.renderings.markdown.is_some(), "--markdown"),
         (a.dumps.is_some(), "--dumps"),
         (a.json, "--json"),
     ] {
@@ -457,29 +445,7 @@ fn run_corpus(a: Args) -> anyhow::Result<ExitCode> {
     }
     plan_inputs(&mut outputs, &a, &clips);
     outputs.check()?;
-    let policy = match &a.policy {
-        Some(p) => Policy::load(p)?,
-        None => Policy::default(),
-    };
-    let (faults, fault_names) = super::faults::plan(&a.inject, &a.model)?;
-    let opts = CheckOptions {
-        model: a.model.clone(),
-        audio: PathBuf::new(),
-        policy,
-        max_steps: a.max_steps,
-        isolate: a.isolate,
-        calibrate: a.calibrate,
-        teacher_force: a.teacher_force,
-        faults,
-        fault_names,
-        threads: Some(a.threads.unwrap_or(1)),
-        warmup_audio: None,
-        ops: a.ops,
-        no_drill: a.no_drill,
-        stats_only: a.stats_only,
-        reference_variants: a.reference_variant.clone(),
-        reference_cache: a.reference_cache.clone(),
-    };
+    let opts = check_options(&a, PathBuf::new())?;
     let t0 = std::time::Instant::now();
     let progress =
         |m: &str| super::note(&format!("xray: {m} [{:.1}s]", t0.elapsed().as_secs_f64()));

@@ -13,7 +13,6 @@ use xray_compare::evidence::{RunDumps, Verdict};
 use xray_compare::offline::{
     compare_dumps_evidence, op_level, Offline, OfflineOptions, PointGraph,
 };
-use xray_compare::report;
 use xray_compare::suppression::Suppression;
 use xray_compare::tolerance::Policy;
 use xray_core::contract::Contract;
@@ -37,12 +36,8 @@ pub struct Args {
     /// Tolerance policy.
     #[arg(long, value_name = "FILE")]
     pub policy: Option<PathBuf>,
-    /// Write the HTML report here.
-    #[arg(long, value_name = "FILE.html")]
-    pub report: Option<PathBuf>,
-    /// Write Markdown here.
-    #[arg(long, value_name = "FILE.md")]
-    pub markdown: Option<PathBuf>,
+    #[command(flatten)]
+    pub renderings: super::Renderings,
     /// Print the evidence JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -67,15 +62,8 @@ pub struct Args {
 /// way). Exit 0 pass, 1 divergence, 2 input error.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let mut outputs = super::Outputs::default();
-    for (what, p) in [
-        ("evidence", &a.evidence),
-        ("report", &a.report),
-        ("markdown", &a.markdown),
-    ] {
-        if let Some(p) = p {
-            outputs.file(what, p);
-        }
-    }
+    outputs.file_if("evidence", a.evidence.as_deref());
+    a.renderings.plan(&mut outputs);
     outputs
         .input("reference dump", &a.reference)
         .input("dump under test", &a.got);
@@ -88,9 +76,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if let Some(m) = &a.model {
         outputs.input("model directory", m);
     }
-    if let Some(p) = &a.policy {
-        outputs.input("policy", p);
-    }
+    outputs.input_if("policy", a.policy.as_deref());
     outputs.check()?;
     let reference = Dump::load(&a.reference)?;
     let got = Dump::load(&a.got)?;
@@ -213,12 +199,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if let Some(p) = &a.evidence {
         outputs.write_evidence(p, &ev.to_json()?);
     }
-    if let Some(p) = &a.report {
-        outputs.write_file("report", p, report::html(&ev).as_bytes());
-    }
-    if let Some(p) = &a.markdown {
-        outputs.write_file("markdown", p, report::markdown(&ev).as_bytes());
-    }
+    a.renderings.write(&mut outputs, &ev);
     if a.json {
         super::say(&ev.to_json()?)?;
     }
@@ -290,8 +271,8 @@ fn refine_suspects(
 
 /// Reference replay at the op-level origin (`xray_compare::mechanism`): with `--model DIR` and
 /// the oracle, the named module is re-run on the dump's own input, which clears or convicts the
-/// op and names the counterfactual that reproduces its output.
-#[cfg(feature = "oracle")]
+/// op and names the counterfactual that reproduces its output. Without the oracle feature: one
+/// line of what replay would add.
 #[allow(clippy::too_many_arguments)]
 fn replay(
     op: &mut xray_compare::ops::OpDivergence,
@@ -303,40 +284,31 @@ fn replay(
     model_dir: Option<&std::path::Path>,
     policy: &Policy,
 ) -> Vec<String> {
-    let Some(dir) = model_dir else {
-        return vec![format!(
-            "replay: pass --model DIR (the reference model) to re-run {} on the dump's own input: it would clear or convict the op and test the mechanisms of its kind",
-            op.module
-        )];
-    };
-    match xray_oracle::Oracle::discover() {
-        Ok(oracle) => xray_harness::replay::replay_origin(
-            op,
-            nodes,
-            reference,
-            got,
-            policy,
-            &oracle,
-            contract,
-            dir,
-            model.map(|m| m.graph()),
-        ),
-        Err(e) => vec![format!("replay: not run, the oracle is unavailable: {e}")],
+    #[cfg(not(feature = "oracle"))]
+    let _ = (nodes, reference, got, contract, model, model_dir, policy);
+    #[cfg(not(feature = "oracle"))]
+    return vec![xray_harness::replay::not_built(&op.module)];
+    #[cfg(feature = "oracle")]
+    {
+        let Some(dir) = model_dir else {
+            return vec![format!(
+                "replay: pass --model DIR (the reference model) to re-run {} on the dump's own input: it would clear or convict the op and test the mechanisms of its kind",
+                op.module
+            )];
+        };
+        match xray_oracle::Oracle::discover() {
+            Ok(oracle) => xray_harness::replay::replay_origin(
+                op,
+                nodes,
+                reference,
+                got,
+                policy,
+                &oracle,
+                contract,
+                dir,
+                model.map(|m| m.graph()),
+            ),
+            Err(e) => vec![format!("replay: not run, the oracle is unavailable: {e}")],
+        }
     }
-}
-
-/// Without the oracle feature: one line of what replay would add.
-#[cfg(not(feature = "oracle"))]
-#[allow(clippy::too_many_arguments)]
-fn replay(
-    op: &mut xray_compare::ops::OpDivergence,
-    _nodes: &[xray_core::ops::PointNode],
-    _reference: &Dump,
-    _got: &Dump,
-    _contract: &Contract,
-    _model: Option<&dyn SpeechModel>,
-    _model_dir: Option<&std::path::Path>,
-    _policy: &Policy,
-) -> Vec<String> {
-    vec![xray_harness::replay::not_built(&op.module)]
 }

@@ -47,9 +47,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         bail!("--factor must be >= 1 and the floors finite and >= 0");
     }
     let mut outputs = super::Outputs::default();
-    if let Some(p) = &a.junit {
-        outputs.file("junit", p);
-    }
+    outputs.file_if("junit", a.junit.as_deref());
     outputs
         .input("evidence", &a.evidence)
         .input("baseline", &a.baseline);

@@ -175,12 +175,28 @@ impl Outputs {
         self
     }
 
+    /// [`Outputs::file`] when the output was asked for (`None`: nothing planned).
+    pub fn file_if(&mut self, what: &str, path: Option<&std::path::Path>) -> &mut Self {
+        match path {
+            Some(p) => self.file(what, p),
+            None => self,
+        }
+    }
+
     /// Declares an input the command reads (`what` names it: `evidence`, `model directory`,
     /// ...): a file, or a directory and every file under it. [`Outputs::check`] refuses an
     /// output that is one of them, by path or through a symbolic or hard link.
     pub fn input(&mut self, what: &str, path: &std::path::Path) -> &mut Self {
         self.inputs.push((what.to_string(), path.to_path_buf()));
         self
+    }
+
+    /// [`Outputs::input`] when the input was given (`None`: nothing declared).
+    pub fn input_if(&mut self, what: &str, path: Option<&std::path::Path>) -> &mut Self {
+        match path {
+            Some(p) => self.input(what, p),
+            None => self,
+        }
     }
 
     /// Checks every planned location before anything runs: no output is an input (the same
@@ -260,13 +276,18 @@ impl Outputs {
         })();
         match r {
             Ok(()) => true,
-            Err(e) => {
-                let msg = format!("could not write the {what} {}: {e:#}", path.display());
-                note(&format!("xray: error: {msg}"));
-                self.failed.push(msg);
-                false
-            }
+            Err(e) => self.failed(format!(
+                "could not write the {what} {}: {e:#}",
+                path.display()
+            )),
         }
+    }
+
+    /// Records a failed write (said now, named again by [`Outputs::finish`]); false.
+    fn failed(&mut self, msg: String) -> bool {
+        note(&format!("xray: error: {msg}"));
+        self.failed.push(msg);
+        false
     }
 
     /// Writes a dump (see [`xray_core::dump::DumpWriter::write_to`]); on failure records it
@@ -280,12 +301,10 @@ impl Outputs {
     ) -> bool {
         match w.write_to(dir, force) {
             Ok(()) => true,
-            Err(e) => {
-                let msg = format!("could not write the {what} dump {}: {e}", dir.display());
-                note(&format!("xray: error: {msg}"));
-                self.failed.push(msg);
-                false
-            }
+            Err(e) => self.failed(format!(
+                "could not write the {what} dump {}: {e}",
+                dir.display()
+            )),
         }
     }
 
@@ -426,6 +445,104 @@ pub fn check_only(
         }
     }
     Ok(())
+}
+
+/// `--model DIR --audio WAV`: the model and the clip of a one-clip command (`xray run`, `xray
+/// oracle`, `xray bench`), flattened into its arguments.
+#[derive(Debug, clap::Args)]
+pub struct Clip {
+    /// HF model directory.
+    #[arg(long, value_name = "DIR")]
+    pub model: std::path::PathBuf,
+    /// WAV file (any common rate, mono or stereo: converted once to 16 kHz mono for both engines).
+    #[arg(long, value_name = "WAV")]
+    pub audio: std::path::PathBuf,
+}
+
+/// `--model DIR --audio WAV --out DIR [--force]`: a one-clip run written as a dump (`xray run`,
+/// `xray oracle`).
+#[derive(Debug, clap::Args)]
+pub struct ClipDump {
+    #[command(flatten)]
+    pub clip: Clip,
+    /// Dump directory to write (atomically): new or empty, or an existing X-Ray dump with --force.
+    #[arg(long, value_name = "DIR")]
+    pub out: std::path::PathBuf,
+    /// Replace an existing X-Ray dump at --out (only a directory holding nothing but a dump).
+    #[arg(long)]
+    pub force: bool,
+}
+
+impl ClipDump {
+    /// Writes `w` to --out and finishes `outputs` (every planned output named on failure), then
+    /// says how many `entries` (`checkpoints`, `checkpoint summaries`) went where and prints
+    /// the transcript on stdout.
+    pub fn write(
+        &self,
+        mut outputs: Outputs,
+        w: &xray_core::dump::DumpWriter,
+        entries: &str,
+        transcript: &str,
+    ) -> anyhow::Result<ExitCode> {
+        outputs.write_dump("out", &self.out, w, self.force);
+        outputs.finish()?;
+        note(&format!(
+            "xray: {} {entries} -> {}",
+            w.manifest.checkpoints.len(),
+            self.out.display()
+        ));
+        say(&format!("{transcript}\n"))?;
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// `--max-steps N`: the cap on generated tokens of a command that runs a model.
+#[derive(Debug, clap::Args)]
+pub struct MaxSteps {
+    /// Cap on generated tokens (at least 1).
+    #[arg(long, value_name = "N", value_parser = positive)]
+    pub max_steps: Option<usize>,
+}
+
+/// `--report FILE.html --markdown FILE.md`: the renderings of a command's evidence (`xray
+/// check`, `xray compare`).
+#[derive(Debug, clap::Args)]
+pub struct Renderings {
+    /// Write the self-contained HTML report here.
+    #[arg(long, value_name = "FILE.html")]
+    pub report: Option<std::path::PathBuf>,
+    /// Write the Markdown summary here.
+    #[arg(long, value_name = "FILE.md")]
+    pub markdown: Option<std::path::PathBuf>,
+}
+
+/// A rendering of the evidence (HTML report, Markdown summary).
+type Render = fn(&xray_compare::evidence::Evidence) -> String;
+
+impl Renderings {
+    /// Plans the renderings asked for among `outputs` (checked before anything runs).
+    pub fn plan(&self, outputs: &mut Outputs) {
+        for (what, p, _) in self.asked() {
+            outputs.file(what, p);
+        }
+    }
+
+    /// Writes the renderings of `ev` asked for (a failed write recorded in `outputs`).
+    pub fn write(&self, outputs: &mut Outputs, ev: &xray_compare::evidence::Evidence) {
+        for (what, p, render) in self.asked() {
+            outputs.write_file(what, p, render(ev).as_bytes());
+        }
+    }
+
+    /// `(what, path, renderer)` of each rendering asked for, the report first.
+    fn asked(&self) -> impl Iterator<Item = (&'static str, &std::path::Path, Render)> {
+        [
+            ("report", &self.report, xray_compare::report::html as Render),
+            ("markdown", &self.markdown, xray_compare::report::markdown),
+        ]
+        .into_iter()
+        .filter_map(|(what, p, render)| Some((what, p.as_deref()?, render)))
+    }
 }
 
 /// clap value parser for counts that must be at least 1 (`--max-steps`, `--threads`).

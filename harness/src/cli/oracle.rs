@@ -1,6 +1,5 @@
 //! `xray oracle --model DIR --audio WAV --out DIR`: the HF reference's dump.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use xray_oracle::{Oracle, OracleRequest};
@@ -8,24 +7,13 @@ use xray_oracle::{Oracle, OracleRequest};
 /// Arguments of `xray oracle`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// HF model directory.
-    #[arg(long, value_name = "DIR")]
-    pub model: PathBuf,
-    /// WAV file (any common rate, mono or stereo: converted once to 16 kHz mono for both engines).
-    #[arg(long, value_name = "WAV")]
-    pub audio: PathBuf,
-    /// Dump directory to write (atomically): new or empty, or an existing X-Ray dump with --force.
-    #[arg(long, value_name = "DIR")]
-    pub out: PathBuf,
-    /// Replace an existing X-Ray dump at --out (only a directory holding nothing but a dump).
-    #[arg(long)]
-    pub force: bool,
+    #[command(flatten)]
+    pub dump: super::ClipDump,
     /// `float32` (the reference) or `float64` (noise-floor calibration).
     #[arg(long, default_value = "float32", value_parser = ["float32", "float64"])]
     pub dtype: String,
-    /// Cap on generated tokens (at least 1).
-    #[arg(long, value_name = "N", value_parser = super::positive)]
-    pub max_steps: Option<usize>,
+    #[command(flatten)]
+    pub steps: super::MaxSteps,
     /// Only checkpoints matching these names.
     #[arg(long, value_name = "NAME")]
     pub only: Vec<String>,
@@ -45,24 +33,21 @@ pub struct Args {
 
 /// Runs the reference and writes its dump.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let family = xray_runtime::models::detect_family(&a.model)?;
-    let config = super::read_config(&a.model)?;
-    let contract = super::contract_for(family, &a.model, &config)?;
+    let family = xray_runtime::models::detect_family(&a.dump.clip.model)?;
+    let config = super::read_config(&a.dump.clip.model)?;
+    let contract = super::contract_for(family, &a.dump.clip.model, &config)?;
     // Checked before the reference runs: the output directory and --only.
     let mut outputs = super::Outputs::default();
-    outputs.dump("out", &a.out, a.force).check()?;
+    outputs.dump("out", &a.dump.out, a.dump.force).check()?;
     super::check_only(&a.only, &contract, true)?;
     // Decoded and converted once by the runtime's reader (refused here, before Python starts,
     // if the runtime would refuse it); the reference is fed these samples.
-    let audio = xray_runtime::audio::load_wav(&a.audio, 16000)?;
+    let audio = xray_runtime::audio::load_wav(&a.dump.clip.audio, 16000)?;
     let oracle = Oracle::discover()?;
-    let mut req = OracleRequest::new(&a.model, &a.audio, &contract).with_samples(
-        &audio.samples,
-        &audio.sha256,
-        audio.conversion.to_json(),
-    );
+    let mut req = OracleRequest::new(&a.dump.clip.model, &a.dump.clip.audio, &contract)
+        .with_samples(&audio.samples, &audio.sha256, audio.conversion.to_json());
     req.dtype = a.dtype.clone();
-    req.max_new_tokens = a.max_steps;
+    req.max_new_tokens = a.steps.max_steps;
     req.only = (!a.only.is_empty()).then(|| a.only.clone());
     req.threads = Some(a.threads.unwrap_or(1));
     if a.ops {
@@ -76,11 +61,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     req.weights_variant = a.weights_variant.clone();
     let run = oracle.run(&req)?;
-    let mut w = run.to_dump(family, &a.model.display().to_string());
+    let mut w = run.to_dump(family, &a.dump.clip.model.display().to_string());
     w.manifest.extra.insert("config".into(), config);
     // The logits processors' lists (`suppress_tokens`, ...), so `xray compare` can name and
     // honour an engine's processed logits without the model directory.
-    let gp = a.model.join("generation_config.json");
+    let gp = a.dump.clip.model.join("generation_config.json");
     if let Ok(text) = std::fs::read_to_string(&gp) {
         let g: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", gp.display()))?;
@@ -89,13 +74,5 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     w.manifest
         .extra
         .insert("dtype".into(), serde_json::json!(a.dtype));
-    outputs.write_dump("out", &a.out, &w, a.force);
-    outputs.finish()?;
-    super::note(&format!(
-        "xray: {} checkpoints -> {}",
-        w.manifest.checkpoints.len(),
-        a.out.display()
-    ));
-    super::say(&format!("{}\n", run.transcript))?;
-    Ok(ExitCode::SUCCESS)
+    a.dump.write(outputs, &w, "checkpoints", &run.transcript)
 }

@@ -27,12 +27,8 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let md_file = a.markdown.as_ref().filter(|p| p.as_os_str() != "-");
     let mut outputs = super::Outputs::default();
-    if let Some(p) = &a.html {
-        outputs.file("html", p);
-    }
-    if let Some(p) = md_file {
-        outputs.file("markdown", p);
-    }
+    outputs.file_if("html", a.html.as_deref());
+    outputs.file_if("markdown", md_file.map(|p| p.as_path()));
     outputs.input("evidence", &a.evidence);
     outputs.check()?;
     let e = Evidence::load(&a.evidence)?;

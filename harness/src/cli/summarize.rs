@@ -29,12 +29,8 @@ pub struct Args {
 /// Merges and writes.
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let mut outputs = super::Outputs::default();
-    if let Some(p) = &a.out {
-        outputs.file("out", p);
-    }
-    if let Some(p) = &a.markdown {
-        outputs.file("markdown", p);
-    }
+    outputs.file_if("out", a.out.as_deref());
+    outputs.file_if("markdown", a.markdown.as_deref());
     for d in &a.dirs {
         outputs.input("corpus directory", d);
     }

@@ -5,15 +5,16 @@
 use crate::common;
 
 use std::path::Path;
-use std::process::Command;
 
-use common::{assert_schema_valid, check, code, dump_to, ready, root, stderr, xray};
+use common::{
+    assert_schema_valid, check, code, dump_to, edited, oracle_dump, patched_oracle_dump, ready, s,
+    stderr, xray, FOX,
+};
 use serde_json::Value;
 
 const RAND: &str = "fixtures/build/whisper-rand-a";
 const TINY: &str = "fixtures/whisper-tiny-en";
 const GRANITE: &str = "fixtures/build/granite-nar-tiny";
-const FOX: &str = "fixtures/audio/fox.wav";
 
 /// `xray compare REF GOT --model MODEL`: asserts the exit code, returns the evidence.
 fn compare(r: &Path, x: &Path, model: &str, want: i32) -> Value {
@@ -30,10 +31,6 @@ fn compare(r: &Path, x: &Path, model: &str, want: i32) -> Value {
     ]);
     assert_eq!(code(&o), want, "{}", stderr(&o));
     serde_json::from_str(&std::fs::read_to_string(&ev).unwrap()).unwrap()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
 }
 
 /// A fault the catalogue plants elsewhere (its default is encoder layer 1's MLP norm), planted on
@@ -209,70 +206,17 @@ fn int8_rounded_fc2_in_another_engines_dump_is_localized_to_the_module() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let patched = dir.path().join("tiny-int8-fc2");
-    std::fs::create_dir(&patched).unwrap();
-    let tiny = root().join(TINY);
-    for f in std::fs::read_dir(&tiny).unwrap() {
-        let f = f.unwrap();
-        if f.file_name() != "model.safetensors" {
-            std::os::unix::fs::symlink(f.path(), patched.join(f.file_name())).unwrap();
-        }
-    }
-    let py = root().join(".venv/bin/python");
-    let patch = "import sys\n\
-        from safetensors.numpy import load_file, save_file\n\
-        import numpy as np\n\
-        w = load_file(sys.argv[1])\n\
-        k = 'model.encoder.layers.3.fc2.weight'\n\
-        a = w[k].astype(np.float32)\n\
-        s = np.abs(a).max(axis=1, keepdims=True) / 127.0\n\
-        w[k] = (np.round(a / s) * s).astype(w[k].dtype)\n\
-        save_file(w, sys.argv[2], metadata={'format': 'pt'})\n";
-    let o = Command::new(&py)
-        .args([
-            "-c",
-            patch,
-            s(&tiny.join("model.safetensors")),
-            s(&patched.join("model.safetensors")),
-        ])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let contract = dir.path().join("contract.json");
-    let o = xray(&["contract", "--model", TINY, "--out", s(&contract)]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let (r, x) = (dir.path().join("ref"), dir.path().join("engine"));
-    let o = xray(&[
-        "oracle",
-        "--model",
+    let patched = edited(
+        dir.path(),
         TINY,
-        "--audio",
-        FOX,
-        "--out",
-        s(&r),
-        "--ops",
-    ]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let o = Command::new(&py)
-        .current_dir(root())
-        .env("PYTHONPATH", root().join("oracle"))
-        .args([
-            "-m",
-            "xray_oracle",
-            "dump",
-            "--model",
-            s(&patched),
-            "--audio",
-            FOX,
-            "--contract",
-            s(&contract),
-            "--ops",
-            "--out",
-            s(&x),
-        ])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        "tiny-int8-fc2",
+        "k = 'model.encoder.layers.3.fc2.weight'\n\
+         a = w[k].astype(np.float32)\n\
+         s = np.abs(a).max(axis=1, keepdims=True) / 127.0\n\
+         w[k] = (np.round(a / s) * s).astype(w[k].dtype)",
+    );
+    let r = oracle_dump(dir.path(), TINY);
+    let x = patched_oracle_dump(dir.path(), s(&patched), "");
     let ev = compare(&r, &x, TINY, 1);
     let fd = &ev["first_divergence"];
     assert_eq!(fd["checkpoint"], "audio.encoder.layer.3.out", "{fd:#}");

@@ -8,19 +8,16 @@
 use crate::common;
 
 use std::path::Path;
-use std::process::Command;
 
-use common::{assert_schema_valid, check, code, compare_dumps, dump_to, ready, root, stderr, xray};
+use common::{
+    assert_schema_valid, check, code, compare_dumps, dump_to, edited, oracle_dump,
+    patched_oracle_dump, ready, s, stderr, xray, FOX,
+};
 use serde_json::Value;
 
 const RAND: &str = "fixtures/build/whisper-rand-a";
 const GRANITE: &str = "fixtures/build/granite-nar-tiny";
 const TINY: &str = "fixtures/whisper-tiny-en";
-const FOX: &str = "fixtures/audio/fox.wav";
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
 
 /// The op-level origin's replay evidence, with the op it names.
 fn replay(ev: &Value) -> (&Value, &Value) {
@@ -50,36 +47,6 @@ fn convicted<'a>(ev: &'a Value, op_name: &str, kind: &str) -> &'a Value {
     m
 }
 
-/// A copy of `model` (every file linked but the weights) whose `model.safetensors` is rewritten by
-/// `edit`, a Python statement on `w` (the state dict as numpy arrays) and `np`.
-fn edited(dir: &Path, model: &str, name: &str, edit: &str) -> std::path::PathBuf {
-    let out = dir.join(name);
-    std::fs::create_dir(&out).unwrap();
-    let src = root().join(model);
-    for f in std::fs::read_dir(&src).unwrap() {
-        let f = f.unwrap();
-        if f.file_name() != "model.safetensors" {
-            std::os::unix::fs::symlink(f.path(), out.join(f.file_name())).unwrap();
-        }
-    }
-    let script = format!(
-        "import sys\nimport numpy as np\nfrom safetensors.numpy import load_file, save_file\n\
-         w = load_file(sys.argv[1])\n{edit}\n\
-         save_file({{k: np.ascontiguousarray(v) for k, v in w.items()}}, sys.argv[2], metadata={{'format': 'pt'}})\n"
-    );
-    let o = Command::new(root().join(".venv/bin/python"))
-        .args([
-            "-c",
-            &script,
-            s(&src.join("model.safetensors")),
-            s(&out.join("model.safetensors")),
-        ])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    out
-}
-
 /// `xray run --model BAD --ops`, then `xray compare REF GOT --model GOOD`: the evidence.
 fn run_and_compare(dir: &Path, reference: &Path, bad: &Path, good: &str) -> Value {
     let got = dir.join(format!(
@@ -105,13 +72,6 @@ fn run_and_compare(dir: &Path, reference: &Path, bad: &Path, good: &str) -> Valu
     let text = String::from_utf8_lossy(&o.stderr);
     assert!(text.contains("xray: replay: "), "{text}");
     serde_json::from_str(&std::fs::read_to_string(&ev).unwrap()).unwrap()
-}
-
-fn oracle_dump(dir: &Path, model: &str) -> std::path::PathBuf {
-    let r = dir.join(format!("ref-{}", model.rsplit('/').next().unwrap()));
-    let o = dump_to("oracle", model, FOX, &r, &["--ops"]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
-    r
 }
 
 /// Faults planted in the runtime's kernels and parameters: the named op is convicted by its
@@ -408,41 +368,6 @@ fn a_doubled_residual_branch_in_another_engines_dump_is_solved() {
     );
     assert!((m["counterfactual"]["factor"].as_f64().unwrap() - 2.0).abs() < 1e-4);
     assert_schema_valid(&ev);
-}
-
-/// The HF reference of `model` on fox with `patch` (Python run before the oracle's entry point:
-/// a bug planted in transformers' modules) dumped with op-level points, as another engine's
-/// dump: the directory.
-fn patched_oracle_dump(dir: &Path, model: &str, patch: &str) -> std::path::PathBuf {
-    let contract = dir.join("contract.json");
-    let o = xray(&["contract", "--model", model, "--out", s(&contract)]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let program = format!(
-        "import sys, runpy\n{patch}sys.argv = ['xray_oracle'] + sys.argv[1:]\n\
-         runpy.run_module('xray_oracle', run_name='__main__')\n"
-    );
-    let got = dir.join("engine");
-    let o = Command::new(root().join(".venv/bin/python"))
-        .current_dir(root())
-        .env("PYTHONPATH", root().join("oracle"))
-        .args([
-            "-c",
-            &program,
-            "dump",
-            "--model",
-            model,
-            "--audio",
-            FOX,
-            "--contract",
-            s(&contract),
-            "--ops",
-            "--out",
-            s(&got),
-        ])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    got
 }
 
 /// Another engine's dump with its cross-attention cache indexed by the wrong layer: the HF

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use common::{code, ready, root, stderr, xray};
 use serde_json::Value;
+use xray_core::testing::strs;
 
 const RAND: &str = "fixtures/build/whisper-rand-a";
 const TINY: &str = "fixtures/whisper-tiny-en";
@@ -74,6 +75,42 @@ fn replayed(o: &std::process::Output, verdict: &str) {
     );
 }
 
+/// The case directory `c` cut out of the evidence at `ev` by `xray repro`: its output.
+fn repro(ev: &Path, c: &Path) -> std::process::Output {
+    let o = xray(&["repro", s(ev), "--out", s(c)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    o
+}
+
+/// X-Ray's kernel on case `c`: with `fault` planted it fails, without it passes.
+fn runtime_judged(c: &Path, fault: &str) {
+    replayed(
+        &xray(&["replay", s(c), "--runtime", "--inject", fault]),
+        "fail",
+    );
+    replayed(&xray(&["replay", s(c), "--runtime"]), "pass");
+}
+
+/// Case `c`'s given outputs judged: the engine's own fails, the reference passes.
+fn given_outputs_judged(c: &Path) {
+    for (given, verdict) in [("engine.npy", "fail"), ("reference.npy", "pass")] {
+        replayed(
+            &xray(&["replay", s(c), "--got", s(&c.join(given))]),
+            verdict,
+        );
+    }
+}
+
+/// `xray-candle-op CASE --out OUT` (beside the candle engine `bin`), which must succeed: candle's
+/// own kernel on the case's input and weights.
+fn candle_op(bin: &Path, c: &Path, out: &Path) {
+    let o = std::process::Command::new(bin.with_file_name("xray-candle-op"))
+        .args([s(c), "--out", s(out)])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 fn case_json(c: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(c.join("case.json")).unwrap()).unwrap()
 }
@@ -106,8 +143,7 @@ fn layer_norm_case_reproduces_the_fault_and_replays() {
     common::assert_schema_valid(&e);
 
     let c = tmp.path().join("case");
-    let o = xray(&["repro", s(&ev), "--out", s(&c)]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = repro(&ev, &c);
     assert_eq!(stderr(&o).trim_end().lines().count(), 1, "{}", stderr(&o));
     let j = case_json(&c);
     assert_eq!(j["schema"], "xray.case/v1");
@@ -126,12 +162,7 @@ fn layer_norm_case_reproduces_the_fault_and_replays() {
     assert_eq!(j["engine"]["passes"], false);
     assert_eq!(j["tolerance"], op["tolerance"]);
     // Only the weights the op reads, named by their safetensors keys.
-    let keys: Vec<&str> = j["weights"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|w| w["key"].as_str().unwrap())
-        .collect();
+    let keys: Vec<&str> = strs(&j["weights"], "key");
     assert_eq!(keys, [format!("{m}.weight"), format!("{m}.bias")]);
     let mut on_disk: Vec<String> = std::fs::read_dir(c.join("weights"))
         .unwrap()
@@ -144,20 +175,9 @@ fn layer_norm_case_reproduces_the_fault_and_replays() {
     );
 
     // X-Ray's kernel on the case: with the fault it fails, without it passes.
-    replayed(
-        &xray(&["replay", s(&c), "--runtime", "--inject", "layernorm_eps"]),
-        "fail",
-    );
-    replayed(&xray(&["replay", s(&c), "--runtime"]), "pass");
+    runtime_judged(&c, "layernorm_eps");
     // Given outputs: the engine's own fails, the reference passes.
-    replayed(
-        &xray(&["replay", s(&c), "--got", s(&c.join("engine.npy"))]),
-        "fail",
-    );
-    replayed(
-        &xray(&["replay", s(&c), "--got", s(&c.join("reference.npy"))]),
-        "pass",
-    );
+    given_outputs_judged(&c);
     // A fault that plants on another op does not change this one: refused, not a silent pass.
     refused(
         &xray(&["replay", s(&c), "--runtime", "--inject", "gelu_tanh"]),
@@ -255,8 +275,7 @@ fn linear_case_reproduces_the_fault_and_replays() {
         e["first_divergence"]
     );
     let c = tmp.path().join("case");
-    let o = xray(&["repro", s(&ev), "--out", s(&c)]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    repro(&ev, &c);
     let j = case_json(&c);
     let m = "model.encoder.layers.1.self_attn.out_proj";
     assert_eq!(j["op"]["kind"], "linear");
@@ -264,19 +283,8 @@ fn linear_case_reproduces_the_fault_and_replays() {
     assert_eq!(j["upstream"]["module"], m);
     assert_eq!(j["inputs"][0]["point"], format!("{m}:in"));
     assert_eq!(j["divergence"]["signature"], "grid_quantization");
-    replayed(
-        &xray(&["replay", s(&c), "--runtime", "--inject", "out_proj_int8"]),
-        "fail",
-    );
-    replayed(&xray(&["replay", s(&c), "--runtime"]), "pass");
-    replayed(
-        &xray(&["replay", s(&c), "--got", s(&c.join("engine.npy"))]),
-        "fail",
-    );
-    replayed(
-        &xray(&["replay", s(&c), "--got", s(&c.join("reference.npy"))]),
-        "pass",
-    );
+    runtime_judged(&c, "out_proj_int8");
+    given_outputs_judged(&c);
 }
 
 /// Dumps made without `--ops` hold no op-level points (the drill-down captured its points in
@@ -389,8 +397,7 @@ fn candle_encoder_case_from_its_own_dump() {
     );
 
     let c = tmp.path().join("case");
-    let o = xray(&["repro", s(&ev), "--out", s(&c)]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    repro(&ev, &c);
     eprintln!("{}", stderr(&o));
     let j = case_json(&c);
     assert_eq!(j["op"]["name"], "model.encoder");
@@ -402,12 +409,7 @@ fn candle_encoder_case_from_its_own_dump() {
     assert_eq!(j["engine"]["producer"], "candle");
     assert_eq!(j["engine"]["passes"], false);
     assert_eq!(j["config"]["model_type"], "whisper");
-    let keys: Vec<&str> = j["weights"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|w| w["key"].as_str().unwrap())
-        .collect();
+    let keys: Vec<&str> = strs(&j["weights"], "key");
     assert!(
         keys.iter().all(|k| k.starts_with("model.encoder.")),
         "{keys:?}"
@@ -418,14 +420,7 @@ fn candle_encoder_case_from_its_own_dump() {
     );
 
     // Given outputs: candle's own fails, the reference passes.
-    replayed(
-        &xray(&["replay", s(&c), "--got", s(&c.join("engine.npy"))]),
-        "fail",
-    );
-    replayed(
-        &xray(&["replay", s(&c), "--got", s(&c.join("reference.npy"))]),
-        "pass",
-    );
+    given_outputs_judged(&c);
     // X-Ray's own ops for the module: clean they pass, with a fault inside it they fail.
     let o = xray(&["replay", s(&c), "--runtime"]);
     eprintln!("{}", stdout(&o));
@@ -446,11 +441,7 @@ fn candle_encoder_case_from_its_own_dump() {
     );
     // candle's encoder alone on the case: what candle's dump held.
     let out = tmp.path().join("candle-enc.npy");
-    let o = std::process::Command::new(bin.with_file_name("xray-candle-op"))
-        .args([s(&c), "--out", s(&out)])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    candle_op(&bin, &c, &out);
     let o = xray(&["replay", s(&c), "--got", s(&out), "--json"]);
     assert_eq!(code(&o), 1, "{}{}", stdout(&o), stderr(&o));
     let got: Value = serde_json::from_str(&stdout(&o)).unwrap();
@@ -508,14 +499,9 @@ fn candle_dump_without_points_is_refused_naming_what_is_missing() {
     // The case cut from X-Ray's runtime is a unit test for candle's kernel of the same op:
     // candle_nn::LayerNorm on the case's input and weights meets the reference.
     let c = tmp.path().join("case");
-    let o = xray(&["repro", s(&ev), "--out", s(&c)]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    repro(&ev, &c);
     let out = tmp.path().join("candle-op.npy");
-    let o = std::process::Command::new(bin.with_file_name("xray-candle-op"))
-        .args([s(&c), "--out", s(&out)])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    candle_op(&bin, &c, &out);
     let o = xray(&["replay", s(&c), "--got", s(&out)]);
     eprintln!("{}", stdout(&o));
     replayed(&o, "pass");

@@ -13,7 +13,7 @@ fn root() -> PathBuf {
 }
 
 /// `xray` with `cwd` as the working directory and no explicit environment variables.
-fn xray_in(cwd: &Path, args: &[&str]) -> Output {
+fn xray_in<S: AsRef<std::ffi::OsStr>>(cwd: &Path, args: &[S]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_xray"))
         .current_dir(cwd)
         .env_remove("XRAY_VENV")
@@ -21,6 +21,17 @@ fn xray_in(cwd: &Path, args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("run xray")
+}
+
+/// `oracle --model <rand-a> --audio <fox> --out OUT EXTRA..` (absolute paths: the working
+/// directory is a test's own folder).
+fn oracle_args(out: &Path, extra: &[&str]) -> Vec<String> {
+    let model = root().join("fixtures/build/whisper-rand-a");
+    let audio = root().join("fixtures/audio/fox.wav");
+    let path = |p: &Path| p.to_str().expect("utf-8 path").to_string();
+    let (model, audio, out) = (path(&model), path(&audio), path(out));
+    let head = ["oracle", "--model", &model, "--audio", &audio, "--out", &out];
+    head.iter().chain(extra).map(|a| a.to_string()).collect()
 }
 
 /// A hostile folder: `.venv/lib/python3.11/site-packages/x.pth` and `oracle/xray_oracle/__init__.py`
@@ -67,23 +78,8 @@ fn oracle_ignores_a_planted_venv_and_package_in_the_working_directory() {
     }
     let dir = tempfile::tempdir().unwrap();
     let (pth, pkg) = plant(dir.path());
-    let model = root().join("fixtures/build/whisper-rand-a");
-    let audio = root().join("fixtures/audio/fox.wav");
     let out = dir.path().join("dump");
-    let o = xray_in(
-        dir.path(),
-        &[
-            "oracle",
-            "--model",
-            model.to_str().unwrap(),
-            "--audio",
-            audio.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-            "--max-steps",
-            "2",
-        ],
-    );
+    let o = xray_in(dir.path(), &oracle_args(&out, &["--max-steps", "2"]));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!pth.exists(), "the planted .pth file ran: {err}");
     assert!(!pkg.exists(), "the planted xray_oracle package ran: {err}");
@@ -265,7 +261,7 @@ fn python_environment_variables_do_not_reach_the_embedded_interpreter() {
     }
     let dir = tempfile::tempdir().unwrap();
     let (foreign, userbase, markers) = plant_foreign_python(dir.path());
-    let with_env = |args: &[&str]| {
+    let with_env = |args: &[String]| {
         Command::new(env!("CARGO_BIN_EXE_xray"))
             .current_dir(dir.path())
             .env_remove("XRAY_VENV")
@@ -280,20 +276,8 @@ fn python_environment_variables_do_not_reach_the_embedded_interpreter() {
             .output()
             .unwrap()
     };
-    let model = root().join("fixtures/build/whisper-rand-a");
-    let audio = root().join("fixtures/audio/fox.wav");
     let out = dir.path().join("dump");
-    let o = with_env(&[
-        "oracle",
-        "--model",
-        model.to_str().unwrap(),
-        "--audio",
-        audio.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--max-steps",
-        "2",
-    ]);
+    let o = with_env(&oracle_args(&out, &["--max-steps", "2"]));
     let err = String::from_utf8_lossy(&o.stderr).to_string();
     for m in &markers {
         assert!(!m.exists(), "{} ran: {err}", m.display());
@@ -305,7 +289,7 @@ fn python_environment_variables_do_not_reach_the_embedded_interpreter() {
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert!(out.join("manifest.json").is_file());
     // doctor: the venv's numpy, and no foreign entry on sys.path.
-    let o = with_env(&["doctor"]);
+    let o = with_env(&["doctor".to_string()]);
     let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(0), "{text}");
     assert!(!text.contains(&foreign.display().to_string()), "{text}");
@@ -343,22 +327,12 @@ fn a_broken_numpy_in_the_venv_is_one_line_not_a_panic() {
         std::fs::write(sp.join(pkg).join("__init__.py"), "__version__ = '0.0'\n").unwrap();
     }
     std::fs::write(venv.join("pyvenv.cfg"), "home = /usr/bin\n").unwrap();
-    let model = root().join("fixtures/build/whisper-rand-a");
-    let audio = root().join("fixtures/audio/fox.wav");
     let out = dir.path().join("dump");
     let o = Command::new(env!("CARGO_BIN_EXE_xray"))
         .current_dir(dir.path())
         .env("XRAY_VENV", &venv)
         .env_remove("XRAY_ORACLE_PATH")
-        .args([
-            "oracle",
-            "--model",
-            model.to_str().unwrap(),
-            "--audio",
-            audio.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ])
+        .args(oracle_args(&out, &[]))
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr).to_string();

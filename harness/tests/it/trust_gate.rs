@@ -7,20 +7,11 @@ use crate::common;
 
 use std::process::Command;
 
+/// `xray gate --evidence NEW --baseline BASE EXTRA..` from this test's directory: the exit code
+/// and stdout then stderr.
 fn gate(new: &str, base: &str, extra: &[&str]) -> (i32, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_xray"))
-        .args(["gate", "--evidence", new, "--baseline", base])
-        .args(extra)
-        .output()
-        .expect("run xray");
-    (
-        o.status.code().unwrap_or(-1),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        ),
-    )
+    let args = [&["gate", "--evidence", new, "--baseline", base], extra].concat();
+    xray_in(Path::new("."), &args)
 }
 
 #[test]
@@ -70,6 +61,7 @@ use std::path::{Path, PathBuf};
 
 use xray_compare::corpus::{ClipSummary, Summary};
 use xray_compare::evidence::{Evidence, Verdict};
+use xray_core::testing::strs;
 
 /// `xray ARGS` from `cwd`: exit code and stdout + stderr.
 fn xray_in(cwd: &Path, args: &[&str]) -> (i32, String) {
@@ -276,12 +268,7 @@ fn a_merged_summary_reads_back_from_anywhere() {
     assert_eq!(c, 0, "{out}");
     let m: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(t("merged/summary.json")).unwrap()).unwrap();
-    let paths: Vec<&str> = m["clips"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["evidence"].as_str().unwrap())
-        .collect();
+    let paths: Vec<&str> = strs(&m["clips"], "evidence");
     assert_eq!(
         paths,
         ["../s1/fox.evidence.json", "../s2/stella.evidence.json"]

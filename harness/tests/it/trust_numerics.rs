@@ -19,14 +19,9 @@ fn arr(shape: &[usize], v: Vec<f32>) -> ArrayD<f32> {
 
 /// Deterministic pseudo-random values in [-0.5, 0.5).
 fn noise(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
+    xray_core::testing::xorshift(seed)
+        .take(n)
+        .map(|s| (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
         .collect()
 }
 

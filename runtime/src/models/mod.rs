@@ -62,6 +62,16 @@ pub struct RunOptions {
     pub teacher_tokens: Option<Vec<i64>>,
 }
 
+impl RunOptions {
+    /// A free run of at most `max_new_tokens` generated tokens.
+    pub fn capped(max_new_tokens: usize) -> RunOptions {
+        RunOptions {
+            max_new_tokens: Some(max_new_tokens),
+            teacher_tokens: None,
+        }
+    }
+}
+
 /// What a run produced.
 #[derive(Debug, Clone, Default)]
 pub struct RunOutput {

@@ -352,6 +352,87 @@ pub fn dump_to(
     on(cmd, model, audio, &[&["--out", out], extra].concat())
 }
 
+/// fox.wav, the clip most tests run.
+pub const FOX: &str = "fixtures/audio/fox.wav";
+
+/// `p` as a command-line argument.
+pub fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// A copy of `model` (every file linked but the weights) whose `model.safetensors` is rewritten by
+/// `edit`, a Python statement on `w` (the state dict as numpy arrays) and `np`.
+pub fn edited(dir: &Path, model: &str, name: &str, edit: &str) -> PathBuf {
+    let out = dir.join(name);
+    std::fs::create_dir(&out).unwrap();
+    let src = root().join(model);
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap();
+        if f.file_name() != "model.safetensors" {
+            std::os::unix::fs::symlink(f.path(), out.join(f.file_name())).unwrap();
+        }
+    }
+    let script = format!(
+        "import sys\nimport numpy as np\nfrom safetensors.numpy import load_file, save_file\n\
+         w = load_file(sys.argv[1])\n{edit}\n\
+         save_file({{k: np.ascontiguousarray(v) for k, v in w.items()}}, sys.argv[2], metadata={{'format': 'pt'}})\n"
+    );
+    let o = std::process::Command::new(root().join(".venv/bin/python"))
+        .args([
+            "-c",
+            &script,
+            s(&src.join("model.safetensors")),
+            s(&out.join("model.safetensors")),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    out
+}
+
+/// `xray oracle --model MODEL --audio FOX --ops` into `dir/ref-<model's name>`: the directory.
+pub fn oracle_dump(dir: &Path, model: &str) -> PathBuf {
+    let r = dir.join(format!("ref-{}", model.rsplit('/').next().unwrap()));
+    let o = dump_to("oracle", model, FOX, &r, &["--ops"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    r
+}
+
+/// The HF reference of `model` on fox with `patch` (Python run before the oracle's entry point:
+/// a bug planted in transformers' modules; empty for none) dumped with op-level points by the
+/// oracle's own program, as another engine's dump: the directory (`dir/engine`).
+pub fn patched_oracle_dump(dir: &Path, model: &str, patch: &str) -> PathBuf {
+    let contract = dir.join("contract.json");
+    let o = xray(&["contract", "--model", model, "--out", s(&contract)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let program = format!(
+        "import sys, runpy\n{patch}sys.argv = ['xray_oracle'] + sys.argv[1:]\n\
+         runpy.run_module('xray_oracle', run_name='__main__')\n"
+    );
+    let got = dir.join("engine");
+    let o = std::process::Command::new(root().join(".venv/bin/python"))
+        .current_dir(root())
+        .env("PYTHONPATH", root().join("oracle"))
+        .args([
+            "-c",
+            &program,
+            "dump",
+            "--model",
+            model,
+            "--audio",
+            FOX,
+            "--contract",
+            s(&contract),
+            "--ops",
+            "--out",
+            s(&got),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    got
+}
+
 /// The first checkpoint named `name` of an evidence document (panics naming it when absent).
 pub fn checkpoint<'a>(e: &'a Value, name: &str) -> &'a Value {
     e["checkpoints"]

@@ -128,17 +128,29 @@ fn qkv_proj(
     Ok(proj)
 }
 
-/// [`qkv_proj`], each projection split to head-major.
-/// Op names: `{p}.{side}q_proj` .. and `{p}.{side}q_to_head_major` ..
-fn qkv_heads(
+/// Layer `vb`'s self-attention pre-norm (`{p}.self_attn_norm`) of `h` and [`qkv_proj`] of it.
+fn self_attn_qkv(
     g: &mut GraphBuilder,
     p: &str,
     side: &str,
     vb: &Vb,
-    x: EdgeId,
+    h: EdgeId,
     geo: &Geo,
 ) -> Result<Vec<EdgeId>> {
-    let proj = qkv_proj(g, p, side, vb, x, geo)?;
+    let norm = format!("{p}.self_attn_norm");
+    let x = ln(g, &norm, &vb.pp("self_attn_layer_norm"), h, geo)?;
+    qkv_proj(g, p, side, &vb.pp("self_attn"), x, geo)
+}
+
+/// The projections `proj` of [`qkv_proj`], each split to head-major.
+/// Op names: `{p}.{side}q_to_head_major` ..
+fn qkv_heads(
+    g: &mut GraphBuilder,
+    p: &str,
+    side: &str,
+    proj: Vec<EdgeId>,
+    geo: &Geo,
+) -> Result<Vec<EdgeId>> {
     let mut heads = Vec::with_capacity(3);
     for (n, e) in ["q", "k", "v"].into_iter().zip(proj) {
         let name = format!("{p}.{side}{n}_to_head_major");
@@ -211,16 +223,9 @@ fn encoder_layer(g: &mut GraphBuilder, i: usize, h: EdgeId, geo: &Geo) -> Result
     let p = format!("encoder.layer.{i}");
     let vb = Vb::root("model.encoder.layers").pp(i);
     let sa = vb.pp("self_attn");
-    let x = ln(
-        g,
-        &format!("{p}.self_attn_norm"),
-        &vb.pp("self_attn_layer_norm"),
-        h,
-        geo,
-    )?;
     // Token-major q/k/v and context: the fused attention reads the projections as they are
     // (the split and merge of 1500 x 384 operands were copies on every layer).
-    let qkv = qkv_proj(g, &p, "", &sa, x, geo)?;
+    let qkv = self_attn_qkv(g, &p, "", &vb, h, geo)?;
     let attention = Attention {
         scale: (geo.head_dim as f32).powf(-0.5),
         causal: false,
@@ -284,14 +289,8 @@ fn decoder_layer(
         Layout::HeadMajor,
     )?;
     let sa = vb.pp("self_attn");
-    let x = ln(
-        g,
-        &format!("{p}.self_attn_norm"),
-        &vb.pp("self_attn_layer_norm"),
-        h,
-        geo,
-    )?;
-    let hm = qkv_heads(g, &p, "self_", &sa, x, geo)?;
+    let proj = self_attn_qkv(g, &p, "self_", &vb, h, geo)?;
+    let hm = qkv_heads(g, &p, "self_", proj, geo)?;
     let mut cache = Vec::with_capacity(2);
     for (n, past, new, out_name) in [
         ("k", kp, hm[1], names::self_k(i)),

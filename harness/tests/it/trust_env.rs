@@ -30,7 +30,9 @@ fn oracle_args(out: &Path, extra: &[&str]) -> Vec<String> {
     let audio = root().join("fixtures/audio/fox.wav");
     let path = |p: &Path| p.to_str().expect("utf-8 path").to_string();
     let (model, audio, out) = (path(&model), path(&audio), path(out));
-    let head = ["oracle", "--model", &model, "--audio", &audio, "--out", &out];
+    let head = [
+        "oracle", "--model", &model, "--audio", &audio, "--out", &out,
+    ];
     head.iter().chain(extra).map(|a| a.to_string()).collect()
 }
 

@@ -1,7 +1,7 @@
 //! Fused scaled dot-product attention for the `gemm` strategy (the encoder's bidirectional
 //! self-attention over 1500 frames) on AVX-512 or AVX2 (with FMA): per task of (head, [`BQ`]
-//! query rows), the block's scores `q k^T` by a register-tiled microkernel into a `BQ x keys` slab that stays in
-//! L2 (never the `T x S` matrix), their row maxima, `exp(s - max)` and row sums in one pass, then
+//! query rows), the block's scores `q k^T` by a register-tiled microkernel into a `BQ x keys`
+//! slab that stays in L2 (never the `T x S` matrix), their row maxima, `exp(s - max)` and row sums in one pass, then
 //! `p v` by the same microkernel and one multiply of the `BQ x Dv` context by `1 / sum` (the
 //! probabilities themselves are normalized only when they are an output). Fused multiply-adds
 //! throughout, so the rounding differs from the unfused path (within the checkpoints'

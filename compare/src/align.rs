@@ -19,7 +19,7 @@ use crate::compare::CompareOptions;
 use crate::evidence::{int_ranges, FedEdge, TokenAlignment};
 use crate::localize::CheckpointGraph;
 use crate::suppression::{Suppressed, Suppression, SuppressionFound, SUPPRESSED};
-use crate::tolerance::Dtype;
+use crate::tolerance::Precision;
 use crate::Error;
 
 /// Description of a checkpoint's tensors (as recorded in the evidence).
@@ -27,8 +27,8 @@ use crate::Error;
 pub struct PairMeta {
     /// Canonical shape.
     pub shape: Vec<usize>,
-    /// Dtype of the runtime tensor.
-    pub dtype: Dtype,
+    /// The precision the runtime tensor is judged at (its tolerance's).
+    pub dtype: Precision,
     /// Canonical layout.
     pub layout: Layout,
     /// Axis names for signature wording; empty = derived from the layout.
@@ -120,7 +120,7 @@ impl MemorySource {
     ) {
         let meta = PairMeta {
             shape: reference.shape().to_vec(),
-            dtype: Dtype::F32,
+            dtype: Precision::F32,
             layout,
             axis_names: vec![],
         };
@@ -547,7 +547,7 @@ impl PairSource for DumpPairs<'_> {
         let x = self.side(self.runtime, 1, name, step);
         let meta_of = |a: &ArrayViewD<f32>| PairMeta {
             shape: a.shape().to_vec(),
-            dtype: Dtype::F32,
+            dtype: Precision::F32,
             layout,
             // The contract's own axis names when they fit, else the layout's defaults.
             axis_names: match spec {

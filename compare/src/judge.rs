@@ -15,7 +15,7 @@ use crate::compare::CompareOptions;
 use crate::evidence::{CheckpointEvidence, ToleranceEvidence};
 use crate::localize::{CheckpointGraph, ErrorPoint, Localization, Node, Observed, Status};
 use crate::metrics::{compare, compare_logits, LogitsMetrics, Metrics};
-use crate::tolerance::{Dtype, ResolvedTolerance};
+use crate::tolerance::{Precision, ResolvedTolerance};
 use crate::Error;
 
 /// Every node judged, indexed like the graph's nodes.
@@ -69,7 +69,7 @@ impl Judged {
 fn evidence(
     node: &Node,
     shape: Vec<usize>,
-    dtype: Dtype,
+    dtype: Precision,
     layout: String,
     tol: &ResolvedTolerance,
     (metrics, local_metrics): (Option<Metrics>, Option<Metrics>),
@@ -120,11 +120,11 @@ pub fn judge_graph(
 fn not_comparable(node: &Node, k: Step, opts: &CompareOptions) -> (Observed, CheckpointEvidence) {
     let tol = opts
         .policy
-        .resolve_kind(&node.name, node.step, Dtype::F32, None, node.logits);
+        .resolve_kind(&node.name, node.step, Precision::F32, None, node.logits);
     let mut c = evidence(
         node,
         vec![],
-        Dtype::F32,
+        Precision::F32,
         String::new(),
         &tol,
         (None, None),
@@ -157,7 +157,7 @@ fn judge_node(
             })
         }
     };
-    let dtype = meta.as_ref().map_or(Dtype::F32, |m| m.dtype);
+    let dtype = meta.as_ref().map_or(Precision::F32, |m| m.dtype);
     let floor = opts.floors.get(&(node.name.clone(), node.step));
     let tol = opts
         .policy
@@ -268,7 +268,7 @@ pub fn judge_stats_graph(
         let tol = opts.policy.resolve(
             &node.name,
             node.step,
-            Dtype::F32,
+            Precision::F32,
             opts.floors.get(&(node.name.clone(), node.step)),
         );
         check_summaries(node, (&r, reference), (&x, got))?;
@@ -308,7 +308,7 @@ pub fn judge_stats_graph(
         let c = evidence(
             node,
             shape,
-            Dtype::F32,
+            Precision::F32,
             layout,
             &tol,
             (None, None),

@@ -12,8 +12,9 @@ use xray_core::Step;
 use crate::align::token_alignment;
 use crate::compare::{
     compare_dumps_isolated, compare_stats_dumps, oracle_versions, CompareOptions,
+    IsolatedComparison,
 };
-use crate::evidence::{Evidence, Run, RunDumps, Transcript};
+use crate::evidence::{Evidence, Run, RunDumps, TokenAlignment, Transcript};
 use crate::localize::dump_steps;
 use crate::ops::{
     both_have_points, compare_points, dump_points, has_points, held_graph, localize_op,
@@ -93,55 +94,16 @@ fn short(sha: &str) -> &str {
 }
 
 /// Compares `got` with `reference` as `xray compare` does, up to the op-level origin (see
-/// [`op_level`]): family and identity checks, the contract from the config, the comparison
-/// (stats-only or full, with isolated runs), notes, the run record, variants.
+/// [`op_level`]), in stages: family and identity checks, the contract from the config, the
+/// comparison (stats-only or full, with isolated runs), notes, the run record, variants.
 pub fn compare_dumps_evidence(
     reference: &Dump,
     got: &Dump,
     o: OfflineOptions<'_>,
 ) -> Result<Offline, OfflineError> {
-    let isolated = &o.isolated;
-    for (what, d) in std::iter::once(("got", got)).chain(isolated.iter().map(|d| ("isolated", *d)))
-    {
-        if reference.manifest.family != d.manifest.family {
-            return Err(OfflineError::Input(format!(
-                "family mismatch: reference is {}, {what} {} is {}",
-                reference.manifest.family,
-                d.dir.display(),
-                d.manifest.family
-            )));
-        }
-        // Local errors measured on other weights or audio would measure nothing.
-        if what == "isolated" {
-            if let Some(diff) = identity_difference(reference, d) {
-                return Err(OfflineError::Input(format!(
-                    "{}: {diff}; an isolated run must use the reference's weights and audio",
-                    d.dir.display()
-                )));
-            }
-        }
-    }
+    check_sides(reference, got, &o.isolated)?;
     let from_model = o.config.is_some();
-    let (config, config_source) = match o.config {
-        Some((v, source)) => (v, source),
-        None => (
-            reference
-                .manifest
-                .extra
-                .get("config")
-                .cloned()
-                .ok_or_else(|| {
-                    OfflineError::Input(format!(
-                        "{}: the manifest records no model config; pass --model DIR",
-                        reference.dir.display()
-                    ))
-                })?,
-            format!("{}: the manifest's extra.config", reference.dir.display()),
-        ),
-    };
-    // A foreign dump's extra.config is untrusted like a config.json: core bounds what it reads.
-    let contract =
-        Contract::for_family(&reference.manifest.family, &config).map_err(ctx(config_source))?;
+    let (contract, config) = contract_of(reference, o.config)?;
     let suppression = match o.suppression {
         Some(s) => s,
         None => Suppression::of_dump(reference).map_err(|e| OfflineError::Input(e.to_string()))?,
@@ -153,78 +115,11 @@ pub fn compare_dumps_evidence(
         ..Default::default()
     };
     let stats_only = reference.manifest.stats_only || got.manifest.stats_only;
-    if stats_only && !isolated.is_empty() {
-        return Err(OfflineError::Input(format!(
-            "--isolated needs full dumps; {} or {} is stats-only",
-            reference.dir.display(),
-            got.dir.display()
-        )));
-    }
-    let (cmp, fed, tokens, declared) = if stats_only {
-        // Stats-only (large-model) dumps: each checkpoint judged from its summaries (order-
-        // sensitive sketch, mean, rms, counts), localized along the same graph.
-        // The token alignment from the manifests, so a parting is placed at its step; the
-        // stats-only comparison judges every step, so none is claimed not comparable.
-        let tokens = token_alignment(&contract, reference, got)
-            .map_err(ctx("comparing"))?
-            .map(|mut t| {
-                t.not_comparable_steps = None;
-                t
-            });
-        (
-            compare_stats_dumps(&contract, reference, got, &opts).map_err(ctx("comparing"))?,
-            vec![],
-            tokens,
-            vec![],
-        )
-    } else {
-        compare_dumps_isolated(&contract, reference, got, isolated.clone(), &opts)
-            .map_err(ctx("comparing"))?
-    };
-    let mut console = Vec::new();
-    let mut notes = vec![];
-    if stats_only {
-        notes.push("stats-only comparison: metrics are estimated from each checkpoint's summary (see its note); re-tap with `xray run --only` for full tensors".to_string());
-    }
-    for (side, d) in [("reference", reference), ("dump under test", got)] {
-        if !d.unlisted.is_empty() {
-            let msg = format!(
-                "{} ({side}) holds files its manifest does not list (ignored): {}",
-                d.dir.display(),
-                d.unlisted.join(", ")
-            );
-            console.push(format!("xray: note: {msg}"));
-            notes.push(msg);
-        }
-    }
-    // Identity: the HF weights (`weights_sha256`, for a converted engine the source its
-    // `engine_weights` were converted from or into) and the audio; a difference is said on the
-    // console, naming which.
-    if let Some(diff) = identity_difference(reference, got) {
-        console.push(format!("xray: note: {diff}"));
-        notes.push(diff);
-    }
-    if let Some(ew) = &got.manifest.engine_weights {
-        let msg = format!(
-            "engine weights: {} ({}, sha256 {}), declared to correspond to the HF weights sha256 {}{}{}",
-            ew.file.as_deref().unwrap_or("(file not named)"),
-            ew.format,
-            short(&ew.sha256),
-            short(&got.manifest.weights_sha256),
-            ew.source.as_ref().map_or(String::new(), |s| format!(" ({s})")),
-            ew.conversion.as_ref().map_or(String::new(), |c| format!(": {c}")),
-        );
-        console.push(format!("xray: {msg}"));
-        notes.push(msg);
-    }
-    if let Some(msg) = config_difference(reference, got, from_model, &config) {
-        console.push(format!("xray: note: {msg}"));
-        notes.push(msg);
-    }
-    for n in declared {
-        console.push(format!("xray: {n}"));
-        notes.push(n);
-    }
+    let (cmp, fed, tokens, declared) =
+        compare(&contract, reference, got, &o.isolated, &opts, stats_only)?;
+    let mut said = Said::default();
+    said.sides(reference, got, stats_only, from_model, &config);
+    said.declared(declared, tokens.as_ref());
     let run = Run {
         family: reference.manifest.family.clone(),
         model_path: reference.manifest.model_id.clone(),
@@ -237,27 +132,20 @@ pub fn compare_dumps_evidence(
             .cloned()
             .unwrap_or_else(|| got.manifest.producer.clone()),
         oracle: Some(oracle_versions(&reference.manifest.tools)),
-        isolated: !isolated.is_empty(),
+        isolated: !o.isolated.is_empty(),
         stats_only,
         contract_sha256: Some(contract.sha256()),
         dumps: o.dump_paths,
         engine_weights: got.manifest.engine_weights.clone(),
         ..Default::default()
     };
-    if let Some(t) = tokens.as_ref().filter(|t| t.teacher_forced) {
-        notes.push(format!(
-            "the dump under test was teacher-forced on the reference's tokens (extra.fed.tokens): every step is compared{}",
-            t.parted_at_step.map_or(String::new(), |k| format!(
-                "; its own argmax first differs at step {k}"
-            ))
-        ));
-    }
     let transcript = Transcript {
         runtime: got.manifest.transcript.clone(),
         reference: reference.manifest.transcript.clone(),
         tokens_equal: got.manifest.tokens == reference.manifest.tokens,
         first_divergent_step: None,
     };
+    let Said { mut console, notes } = said;
     let mut ev = cmp.into_evidence_with(run, Some(transcript), None, notes, fed, tokens);
     for variant in &o.variants {
         let v = crate::variant::compare_variant(
@@ -283,6 +171,170 @@ pub fn compare_dumps_evidence(
         stats_only,
         console,
     })
+}
+
+/// The dump under test and every isolated run must be of the reference's family; an isolated
+/// run of its weights and audio too (local errors measured on others would measure nothing).
+fn check_sides(reference: &Dump, got: &Dump, isolated: &[&Dump]) -> Result<(), OfflineError> {
+    for (what, d) in std::iter::once(("got", got)).chain(isolated.iter().map(|d| ("isolated", *d)))
+    {
+        if reference.manifest.family != d.manifest.family {
+            return Err(OfflineError::Input(format!(
+                "family mismatch: reference is {}, {what} {} is {}",
+                reference.manifest.family,
+                d.dir.display(),
+                d.manifest.family
+            )));
+        }
+        if what == "isolated" {
+            if let Some(diff) = identity_difference(reference, d) {
+                return Err(OfflineError::Input(format!(
+                    "{}: {diff}; an isolated run must use the reference's weights and audio",
+                    d.dir.display()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The contract resolved from `config` (`--model`'s config.json and where it was read), else
+/// from the reference dump's `extra.config`; with the config it was resolved from.
+fn contract_of(
+    reference: &Dump,
+    config: Option<(serde_json::Value, String)>,
+) -> Result<(Contract, serde_json::Value), OfflineError> {
+    let (config, config_source) = match config {
+        Some((v, source)) => (v, source),
+        None => (
+            reference
+                .manifest
+                .extra
+                .get("config")
+                .cloned()
+                .ok_or_else(|| {
+                    OfflineError::Input(format!(
+                        "{}: the manifest records no model config; pass --model DIR",
+                        reference.dir.display()
+                    ))
+                })?,
+            format!("{}: the manifest's extra.config", reference.dir.display()),
+        ),
+    };
+    // A foreign dump's extra.config is untrusted like a config.json: core bounds what it reads.
+    let contract =
+        Contract::for_family(&reference.manifest.family, &config).map_err(ctx(config_source))?;
+    Ok((contract, config))
+}
+
+/// The comparison itself: stats-only (large-model) dumps judged from their summaries
+/// ([`compare_stats_dumps`]), else full dumps with their isolated runs
+/// ([`compare_dumps_isolated`]).
+fn compare(
+    contract: &Contract,
+    reference: &Dump,
+    got: &Dump,
+    isolated: &[&Dump],
+    opts: &CompareOptions,
+    stats_only: bool,
+) -> Result<IsolatedComparison, OfflineError> {
+    if !stats_only {
+        return compare_dumps_isolated(contract, reference, got, isolated.to_vec(), opts)
+            .map_err(ctx("comparing"));
+    }
+    if !isolated.is_empty() {
+        return Err(OfflineError::Input(format!(
+            "--isolated needs full dumps; {} or {} is stats-only",
+            reference.dir.display(),
+            got.dir.display()
+        )));
+    }
+    // The token alignment from the manifests, so a parting is placed at its step; the stats-only
+    // comparison judges every step, so none is claimed not comparable.
+    let tokens = token_alignment(contract, reference, got)
+        .map_err(ctx("comparing"))?
+        .map(|mut t| {
+            t.not_comparable_steps = None;
+            t
+        });
+    let cmp = compare_stats_dumps(contract, reference, got, opts).map_err(ctx("comparing"))?;
+    Ok((cmp, vec![], tokens, vec![]))
+}
+
+/// What `xray compare` says: console lines, in order, each as printed, and the evidence notes.
+#[derive(Default)]
+struct Said {
+    console: Vec<String>,
+    notes: Vec<String>,
+}
+
+impl Said {
+    /// A note the console prints too, with its prefix (`xray: note: `, `xray: `).
+    fn both(&mut self, prefix: &str, msg: String) {
+        self.console.push(format!("{prefix}{msg}"));
+        self.notes.push(msg);
+    }
+
+    /// What the two dumps say of themselves: stats-only, files their manifests do not list, an
+    /// identity difference, the engine's own weights, a config of its own.
+    fn sides(
+        &mut self,
+        reference: &Dump,
+        got: &Dump,
+        stats_only: bool,
+        from_model: bool,
+        config: &serde_json::Value,
+    ) {
+        if stats_only {
+            self.notes.push("stats-only comparison: metrics are estimated from each checkpoint's summary (see its note); re-tap with `xray run --only` for full tensors".to_string());
+        }
+        for (side, d) in [("reference", reference), ("dump under test", got)] {
+            if !d.unlisted.is_empty() {
+                let msg = format!(
+                    "{} ({side}) holds files its manifest does not list (ignored): {}",
+                    d.dir.display(),
+                    d.unlisted.join(", ")
+                );
+                self.both("xray: note: ", msg);
+            }
+        }
+        // Identity: the HF weights (`weights_sha256`, for a converted engine the source its
+        // `engine_weights` were converted from or into) and the audio; a difference is said on
+        // the console, naming which.
+        if let Some(diff) = identity_difference(reference, got) {
+            self.both("xray: note: ", diff);
+        }
+        if let Some(ew) = &got.manifest.engine_weights {
+            let msg = format!(
+                "engine weights: {} ({}, sha256 {}), declared to correspond to the HF weights sha256 {}{}{}",
+                ew.file.as_deref().unwrap_or("(file not named)"),
+                ew.format,
+                short(&ew.sha256),
+                short(&got.manifest.weights_sha256),
+                ew.source.as_ref().map_or(String::new(), |s| format!(" ({s})")),
+                ew.conversion.as_ref().map_or(String::new(), |c| format!(": {c}")),
+            );
+            self.both("xray: ", msg);
+        }
+        if let Some(msg) = config_difference(reference, got, from_model, config) {
+            self.both("xray: note: ", msg);
+        }
+    }
+
+    /// The declarations applied (one line each) and teacher forcing of the dump under test.
+    fn declared(&mut self, declared: Vec<String>, tokens: Option<&TokenAlignment>) {
+        for n in declared {
+            self.both("xray: ", n);
+        }
+        if let Some(t) = tokens.filter(|t| t.teacher_forced) {
+            self.notes.push(format!(
+                "the dump under test was teacher-forced on the reference's tokens (extra.fed.tokens): every step is compared{}",
+                t.parted_at_step.map_or(String::new(), |k| format!(
+                    "; its own argmax first differs at step {k}"
+                ))
+            ));
+        }
+    }
 }
 
 /// What differs between the reference's identity and a dump's, in one sentence naming which

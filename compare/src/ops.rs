@@ -23,7 +23,7 @@ use crate::evidence::ToleranceEvidence;
 use crate::localize::Status;
 use crate::metrics::{compare, Metrics};
 use crate::signatures::{explain_with, ExplainOptions, Explanation, OpContext};
-use crate::tolerance::{Dtype, Policy};
+use crate::tolerance::{Policy, Precision};
 
 /// A point upstream of the op-level origin and its status.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -204,7 +204,7 @@ pub fn localize_op(
             continue;
         }
         compared += 1;
-        let tol = policy.resolve_kind(name, step, Dtype::F32, None, false);
+        let tol = policy.resolve_kind(name, step, Precision::F32, None, false);
         // Every input held by both dumps came earlier in graph order and agreed.
         let inputs: Vec<PointInput> = node
             .inputs
@@ -497,7 +497,7 @@ pub fn compare_points(reference: &Dump, candidate: &Dump, policy: &Policy) -> Op
             )));
             continue;
         }
-        let tol = policy.resolve_kind(&e.name, step, Dtype::F32, None, false);
+        let tol = policy.resolve_kind(&e.name, step, Precision::F32, None, false);
         let Ok(m) = compare(&r.view(), &x.view(), &tol.tolerance) else {
             continue;
         };

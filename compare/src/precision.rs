@@ -12,7 +12,7 @@
 use serde::{Deserialize, Serialize};
 use xray_core::dump::Dump;
 
-use crate::tolerance::{Dtype, Policy};
+use crate::tolerance::{Policy, Precision};
 use crate::Error;
 
 use xray_core::dump::PRECISION_KEY as KEY;
@@ -23,7 +23,7 @@ pub struct DeclaredOp {
     /// The op (the contract's / X-Ray's runtime graph's op name, e.g. `encoder.conv1`).
     pub op: String,
     /// The precision it computed at (`f16`, `bf16`).
-    pub dtype: Dtype,
+    pub dtype: Precision,
     /// Why, as the engine says (e.g. the function of its source that rounds).
     pub why: String,
 }
@@ -34,7 +34,7 @@ pub struct PrecisionEvidence {
     /// The ops the dump under test declares computed below f32, in its order.
     pub declared: Vec<DeclaredOp>,
     /// The precisions the policy accepts (`accept_precision`'s keys); empty: none.
-    pub accepted: Vec<Dtype>,
+    pub accepted: Vec<Precision>,
     /// How many checkpoint and op-level point names are downstream of an accepted declared op,
     /// so judged at the accepted bounds (their `tolerance.source` is `precision:<dtype> via
     /// <op>`).
@@ -44,7 +44,7 @@ pub struct PrecisionEvidence {
 impl PrecisionEvidence {
     /// One console line: the ops named, and what the policy accepted.
     pub fn summary(&self) -> String {
-        let mut by: Vec<(Dtype, Vec<&str>)> = Vec::new();
+        let mut by: Vec<(Precision, Vec<&str>)> = Vec::new();
         for d in &self.declared {
             match by.iter_mut().find(|(t, _)| *t == d.dtype) {
                 Some((_, v)) => v.push(&d.op),
@@ -106,8 +106,8 @@ pub fn declared(d: &Dump) -> Result<Vec<DeclaredOp>, Error> {
         };
         let op = field("op")?.to_string();
         let dtype = field("dtype")?;
-        let dtype = Dtype::parse(dtype)
-            .filter(|t| matches!(t, Dtype::F16 | Dtype::Bf16))
+        let dtype = Precision::parse(dtype)
+            .filter(|t| matches!(t, Precision::F16 | Precision::Bf16))
             .ok_or_else(|| {
                 bad(format!(
                     "[{i}] ({op}) declares dtype {dtype:?}: a precision below f32 is f16 or bf16"
@@ -161,11 +161,11 @@ pub fn apply(
     reached: Vec<(String, String)>,
 ) -> (Policy, PrecisionEvidence) {
     let dtype_of = |op: &str| declared.iter().find(|d| d.op == op).map(|d| d.dtype);
-    let named: Vec<(String, (Dtype, String))> = reached
+    let named: Vec<(String, (Precision, String))> = reached
         .into_iter()
         .filter_map(|(name, op)| dtype_of(&op).map(|t| (name, (t, op))))
         .collect();
-    let accepted: Vec<Dtype> = policy.spec().accept_precision.keys().copied().collect();
+    let accepted: Vec<Precision> = policy.spec().accept_precision.keys().copied().collect();
     let policy = policy.with_declared_precision(named);
     let ev = PrecisionEvidence {
         declared,
@@ -185,7 +185,7 @@ mod tests {
       "accept_precision": {"f16": {"default": {"atol": 1e-2, "rtol": 1e-2, "max_outlier_fraction": 1e-2, "max_rel_l2": 1e-2},
                                     "logits": {"atol": 1e-1, "rtol": 1e-1, "max_outlier_fraction": 1e-2, "max_rel_l2": 3e-2}}}}"#;
 
-    fn op(name: &str, t: Dtype) -> DeclaredOp {
+    fn op(name: &str, t: Precision) -> DeclaredOp {
         DeclaredOp {
             op: name.into(),
             dtype: t,
@@ -198,7 +198,10 @@ mod tests {
         let p = Policy::from_json(POLICY).unwrap();
         let (p, ev) = apply(
             p,
-            vec![op("enc.conv1", Dtype::F16), op("dec.x", Dtype::Bf16)],
+            vec![
+                op("enc.conv1", Precision::F16),
+                op("dec.x", Precision::Bf16),
+            ],
             vec![
                 ("a.out".into(), "enc.conv1".into()),
                 ("a.logits".into(), "enc.conv1".into()),
@@ -210,24 +213,24 @@ mod tests {
         // a.out, a.logits and b.logits: f16 is accepted; c.out is bf16 (not accepted); d.out's op
         // is not declared.
         assert_eq!(ev.names_at_accepted_bounds, 3);
-        let r = p.resolve_kind("a.out", 0, Dtype::F32, None, false);
+        let r = p.resolve_kind("a.out", 0, Precision::F32, None, false);
         assert_eq!(r.tolerance.max_rel_l2, Some(1e-2));
         assert_eq!(
             r.source,
             ToleranceSource::Precision {
-                dtype: Dtype::F16,
+                dtype: Precision::F16,
                 op: "enc.conv1".into()
             }
         );
         assert_eq!(r.source.to_string(), "precision:f16 via enc.conv1");
-        let l = p.resolve_kind("a.logits", 3, Dtype::F32, None, true);
+        let l = p.resolve_kind("a.logits", 3, Precision::F32, None, true);
         assert_eq!(l.tolerance.max_rel_l2, Some(3e-2));
         // An explicit rule still comes first.
-        let b = p.resolve_kind("b.logits", 0, Dtype::F32, None, true);
+        let b = p.resolve_kind("b.logits", 0, Precision::F32, None, true);
         assert_eq!(b.source, ToleranceSource::Policy("b.logits".into()));
         for n in ["c.out", "d.out", "e.out"] {
-            let r = p.resolve_kind(n, 0, Dtype::F32, None, false);
-            assert_eq!(r.source, ToleranceSource::Default(Dtype::F32), "{n}");
+            let r = p.resolve_kind(n, 0, Precision::F32, None, false);
+            assert_eq!(r.source, ToleranceSource::Default(Precision::F32), "{n}");
         }
         assert!(ev
             .summary()

@@ -21,10 +21,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::Error;
 
-/// Element dtype of a checkpoint as stored in a dump.
+/// The precision a checkpoint's values were computed at, which chooses its default tolerance
+/// and names the policy's per-precision `defaults` and `accept_precision` (`f32`, `f16`, `bf16`,
+/// `f64`). Not a storage type ([`xray_core::dump::Dtype`]: a dump's tensors are read as f32 and
+/// judged at f32 unless the engine declares an op computed below it, `extra.precision`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Dtype {
+pub enum Precision {
     /// IEEE binary32.
     F32,
     /// IEEE binary16.
@@ -35,14 +38,14 @@ pub enum Dtype {
     F64,
 }
 
-impl Dtype {
-    /// Parses the dump-format spelling (`f32`, `f16`, `bf16`, `f64`).
-    pub fn parse(s: &str) -> Option<Dtype> {
+impl Precision {
+    /// Parses the policy's and `extra.precision`'s spelling (`f32`, `f16`, `bf16`, `f64`).
+    pub fn parse(s: &str) -> Option<Precision> {
         match s {
-            "f32" => Some(Dtype::F32),
-            "f16" => Some(Dtype::F16),
-            "bf16" => Some(Dtype::Bf16),
-            "f64" => Some(Dtype::F64),
+            "f32" => Some(Precision::F32),
+            "f16" => Some(Precision::F16),
+            "bf16" => Some(Precision::Bf16),
+            "f64" => Some(Precision::F64),
             _ => None,
         }
     }
@@ -50,10 +53,10 @@ impl Dtype {
     /// Lower-case name.
     pub fn as_str(self) -> &'static str {
         match self {
-            Dtype::F32 => "f32",
-            Dtype::F16 => "f16",
-            Dtype::Bf16 => "bf16",
-            Dtype::F64 => "f64",
+            Precision::F32 => "f32",
+            Precision::F16 => "f16",
+            Precision::Bf16 => "bf16",
+            Precision::F64 => "f64",
         }
     }
 }
@@ -115,20 +118,20 @@ impl Tolerance {
     /// (tiny.en, `docs/corpus.md`) and the clean runtime `3.3e-5`, so the `5e-5` of inner tensors
     /// would be a false alarm waiting to happen. `1e-4` is 2.5x that floor and still below what a
     /// silent f16 logits buffer gives (rel_l2 1.4e-4..2.8e-4, a KL that may be tiny).
-    pub const fn default_logits(dtype: Dtype) -> Tolerance {
+    pub const fn default_logits(dtype: Precision) -> Tolerance {
         let mut t = Tolerance::default_for(dtype);
-        if let Dtype::F32 = dtype {
+        if let Precision::F32 = dtype {
             t.max_rel_l2 = Some(1e-4);
         }
         t
     }
 
     /// Built-in default for a dtype (see `docs/tolerances.md` for the reasoning).
-    pub const fn default_for(dtype: Dtype) -> Tolerance {
+    pub const fn default_for(dtype: Precision) -> Tolerance {
         match dtype {
-            Dtype::F32 => Tolerance::default_f32(),
+            Precision::F32 => Tolerance::default_f32(),
             // Half-ULP of f16 is 2^-11 ~ 4.9e-4 relative; allow ~10 ULPs of accumulated rounding.
-            Dtype::F16 => Tolerance {
+            Precision::F16 => Tolerance {
                 atol: 1e-3,
                 rtol: 1e-2,
                 max_outlier_fraction: 1e-3,
@@ -137,14 +140,14 @@ impl Tolerance {
                 max_kl: Some(1e-4),
             },
             // Half-ULP of bf16 is 2^-8 ~ 3.9e-3 relative.
-            Dtype::Bf16 => Tolerance {
+            Precision::Bf16 => Tolerance {
                 atol: 1e-2,
                 rtol: 5e-2,
                 max_outlier_fraction: 1e-3,
                 max_rel_l2: None,
                 max_kl: Some(1e-2),
             },
-            Dtype::F64 => Tolerance {
+            Precision::F64 => Tolerance {
                 atol: 1e-10,
                 rtol: 1e-9,
                 max_outlier_fraction: 0.0,
@@ -160,9 +163,9 @@ impl Tolerance {
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToleranceSource {
     /// Built-in or policy per-dtype default.
-    Default(Dtype),
+    Default(Precision),
     /// Built-in per-dtype default for logits ([`Tolerance::default_logits`]).
-    DefaultLogits(Dtype),
+    DefaultLogits(Precision),
     /// A policy rule with this glob.
     Policy(String),
     /// Calibrated at this multiple of the checkpoint's noise floor.
@@ -171,7 +174,7 @@ pub enum ToleranceSource {
     /// the checkpoint, computed at that precision.
     Precision {
         /// The accepted precision.
-        dtype: Dtype,
+        dtype: Precision,
         /// The first declared op (in graph order) the checkpoint depends on.
         op: String,
     },
@@ -318,7 +321,7 @@ pub struct PolicySpec {
     pub schema: Option<String>,
     /// Per-dtype defaults replacing the built-in ones (keys `f32`, `f16`, `bf16`, `f64`).
     #[serde(default)]
-    pub defaults: BTreeMap<Dtype, Tolerance>,
+    pub defaults: BTreeMap<Precision, Tolerance>,
     /// Ordered rules; the first match wins.
     #[serde(default)]
     pub rules: Vec<RuleSpec>,
@@ -328,7 +331,7 @@ pub struct PolicySpec {
     /// Precisions below f32 this policy accepts where the engine declares them (keys `f16`,
     /// `bf16`); absent = none.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub accept_precision: BTreeMap<Dtype, AcceptSpec>,
+    pub accept_precision: BTreeMap<Precision, AcceptSpec>,
 }
 
 /// A compiled policy.
@@ -338,7 +341,7 @@ pub struct Policy {
     matchers: Vec<GlobMatcher>,
     /// Checkpoint and point names downstream of a declared reduced-precision op whose precision
     /// the policy accepts: (precision, the op).
-    declared: std::collections::HashMap<String, (Dtype, String)>,
+    declared: std::collections::HashMap<String, (Precision, String)>,
 }
 
 /// Policy schema identifier.
@@ -388,7 +391,7 @@ impl Policy {
             matchers.push(g.compile_matcher());
         }
         for (d, a) in &spec.accept_precision {
-            if matches!(d, Dtype::F32 | Dtype::F64) {
+            if matches!(d, Precision::F32 | Precision::F64) {
                 return Err(Error::Policy(format!(
                     "accept_precision.{}: only a precision below f32 (f16, bf16) can be accepted",
                     d.as_str()
@@ -528,7 +531,7 @@ impl Policy {
     /// dropped, so they keep their other bounds.
     pub fn with_declared_precision(
         mut self,
-        reached: impl IntoIterator<Item = (String, (Dtype, String))>,
+        reached: impl IntoIterator<Item = (String, (Precision, String))>,
     ) -> Policy {
         let accepted = &self.spec.accept_precision;
         self.declared = reached
@@ -549,7 +552,7 @@ impl Policy {
     }
 
     /// The per-dtype default in force (policy override or built-in).
-    pub fn default_for(&self, dtype: Dtype) -> Tolerance {
+    pub fn default_for(&self, dtype: Precision) -> Tolerance {
         self.spec
             .defaults
             .get(&dtype)
@@ -562,7 +565,7 @@ impl Policy {
         &self,
         name: &str,
         step: Step,
-        dtype: Dtype,
+        dtype: Precision,
         floor: Option<&NoiseFloor>,
     ) -> ResolvedTolerance {
         self.resolve_kind(name, step, dtype, floor, false)
@@ -574,7 +577,7 @@ impl Policy {
         &self,
         name: &str,
         step: Step,
-        dtype: Dtype,
+        dtype: Precision,
         floor: Option<&NoiseFloor>,
         logits: bool,
     ) -> ResolvedTolerance {
@@ -655,25 +658,28 @@ mod tests {
     #[test]
     fn builtin_defaults_per_dtype() {
         let p = Policy::default();
-        let r = p.resolve("x", 0, Dtype::F16, None);
-        assert_eq!(r.tolerance, Tolerance::default_for(Dtype::F16));
+        let r = p.resolve("x", 0, Precision::F16, None);
+        assert_eq!(r.tolerance, Tolerance::default_for(Precision::F16));
         assert_eq!(r.source.to_string(), "default:f16");
-        assert!(Tolerance::default_for(Dtype::Bf16).rtol > Tolerance::default_for(Dtype::F16).rtol);
+        assert!(
+            Tolerance::default_for(Precision::Bf16).rtol
+                > Tolerance::default_for(Precision::F16).rtol
+        );
     }
 
     #[test]
     fn first_matching_rule_wins_and_inherits_unset_fields() {
         let p = Policy::from_json(POLICY).unwrap();
-        let r = p.resolve("audio.decoder.logits", 0, Dtype::F32, None);
+        let r = p.resolve("audio.decoder.logits", 0, Precision::F32, None);
         assert_eq!(r.tolerance.atol, 5e-3);
         assert_eq!(r.tolerance.rtol, 1e-3);
         assert_eq!(r.source.to_string(), "policy:audio.decoder.logits@step0");
-        let r = p.resolve("audio.decoder.logits", 3, Dtype::F32, None);
+        let r = p.resolve("audio.decoder.logits", 3, Precision::F32, None);
         assert_eq!(
             (r.tolerance.atol, r.tolerance.max_outlier_fraction),
             (1e-3, 1e-4)
         );
-        let r = p.resolve("audio.encoder.layer.3.out", 0, Dtype::F32, None);
+        let r = p.resolve("audio.encoder.layer.3.out", 0, Precision::F32, None);
         assert_eq!((r.tolerance.atol, r.tolerance.rtol), (2e-4, 2e-3));
     }
 
@@ -684,7 +690,7 @@ mod tests {
             max_abs: 1e-5,
             rel_l2: 1e-7,
         };
-        let r = p.resolve("audio.encoder.memory", 0, Dtype::F32, Some(&floor));
+        let r = p.resolve("audio.encoder.memory", 0, Precision::F32, Some(&floor));
         assert_eq!(r.source.to_string(), "calibrated:8x noise floor");
         assert!((r.tolerance.atol - 8e-5).abs() < 1e-12);
         assert_eq!(r.tolerance.max_rel_l2, Some(8e-7));
@@ -692,11 +698,11 @@ mod tests {
             max_abs: 0.0,
             rel_l2: 0.0,
         };
-        let r = p.resolve("audio.encoder.memory", 0, Dtype::F32, Some(&zero));
+        let r = p.resolve("audio.encoder.memory", 0, Precision::F32, Some(&zero));
         assert_eq!(r.tolerance.atol, 1e-6, "minimum atol applies");
-        let r = p.resolve("audio.encoder.memory", 0, Dtype::F32, None);
+        let r = p.resolve("audio.encoder.memory", 0, Precision::F32, None);
         assert_eq!(r.source.to_string(), "default:f32");
-        let r = p.resolve("audio.decoder.logits", 2, Dtype::F32, Some(&floor));
+        let r = p.resolve("audio.decoder.logits", 2, Precision::F32, Some(&floor));
         assert!(matches!(r.source, ToleranceSource::Policy(_)));
     }
 

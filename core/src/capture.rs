@@ -138,7 +138,7 @@ impl Observer for StatsRecorder {
             name: name.to_string(),
             step,
             shape: data.shape().to_vec(),
-            dtype: "f32".into(),
+            dtype: crate::dump::Dtype::F32,
             layout,
             file: None,
             sha256: None,

@@ -211,8 +211,8 @@ pub struct Entry {
     pub step: Step,
     /// Shape as stored.
     pub shape: Vec<usize>,
-    /// `f32` (or `f64`, `f16`).
-    pub dtype: String,
+    /// Element type as stored (`f32`, `f64`, `f16`, `i64`, `i32`).
+    pub dtype: Dtype,
     /// Layout as stored.
     pub layout: Layout,
     /// The `.npy` file (absent in stats-only dumps).
@@ -423,20 +423,81 @@ pub fn npy_bytes(t: &Tensor) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// The `.npy` element types a dump accepts: header `descr`, manifest dtype name, item size.
-const NPY_DTYPES: [(&str, &str, usize); 5] = [
-    ("<f4", "f32", 4),
-    ("<f8", "f64", 8),
-    ("<f2", "f16", 2),
-    ("<i8", "i64", 8),
-    ("<i4", "i32", 4),
+/// The element type of a tensor as a dump stores it: the `.npy` file's `descr` and the manifest
+/// entry's `dtype` (`f32`, `f64`, `f16`, `i64`, `i32`), every one read into f32. A manifest
+/// naming any other type is refused, naming the key (`dtype`) and the manifest file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dtype {
+    /// IEEE binary32 (`<f4`): what X-Ray's engines write.
+    F32,
+    /// IEEE binary64 (`<f8`).
+    F64,
+    /// IEEE binary16 (`<f2`).
+    F16,
+    /// 64-bit integer (`<i8`): token ids, positions.
+    I64,
+    /// 32-bit integer (`<i4`).
+    I32,
+}
+
+/// The `.npy` element types a dump accepts: header `descr`, dtype, item size.
+const NPY_DTYPES: [(&str, Dtype, usize); 5] = [
+    ("<f4", Dtype::F32, 4),
+    ("<f8", Dtype::F64, 8),
+    ("<f2", Dtype::F16, 2),
+    ("<i8", Dtype::I64, 8),
+    ("<i4", Dtype::I32, 4),
 ];
+
+impl Dtype {
+    /// The manifest's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::F64 => "f64",
+            Dtype::F16 => "f16",
+            Dtype::I64 => "i64",
+            Dtype::I32 => "i32",
+        }
+    }
+
+    /// The dtype the manifest spells `s`, if any.
+    pub fn parse(s: &str) -> Option<Dtype> {
+        NPY_DTYPES
+            .iter()
+            .map(|&(_, d, _)| d)
+            .find(|d| d.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for Dtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Dtype {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Dtype {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Dtype, D::Error> {
+        let s = String::deserialize(d)?;
+        Dtype::parse(&s).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "dtype '{s}' is none of f32, f64, f16, i64, i32 (the element types a dump stores)"
+            ))
+        })
+    }
+}
 
 /// Decode `.npy` bytes (v1/v2/v3; `<f4`, `<f8`, `<f2`, `<i8`, `<i4`; C order) into f32. The header
 /// is read by ndarray-npy (a Python literal dict of exactly `descr`, `fortran_order` and `shape`);
 /// the payload must be exactly `prod(shape) * itemsize` bytes (checked arithmetic). Nothing is
 /// allocated before the sizes are checked against the bytes given, and every failure names `path`.
-pub fn parse_npy(path: &Path, bytes: &[u8]) -> Result<(Tensor, String)> {
+pub fn parse_npy(path: &Path, bytes: &[u8]) -> Result<(Tensor, Dtype)> {
     if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
         return Err(derr(path, "not a .npy file (bad magic)"));
     }
@@ -492,30 +553,32 @@ pub fn parse_npy(path: &Path, bytes: &[u8]) -> Result<(Tensor, String)> {
     }
     let bad = |e: ReadDataError| derr(path, format!(".npy payload does not read: {e}"));
     let vals: Vec<f32> = match dtype {
-        "f32" => f32::read_to_end_exact_vec(payload, &header.type_descriptor, len).map_err(bad)?,
-        "f64" => f64::read_to_end_exact_vec(payload, &header.type_descriptor, len)
+        Dtype::F32 => {
+            f32::read_to_end_exact_vec(payload, &header.type_descriptor, len).map_err(bad)?
+        }
+        Dtype::F64 => f64::read_to_end_exact_vec(payload, &header.type_descriptor, len)
             .map_err(bad)?
             .into_iter()
             .map(|v| v as f32)
             .collect(),
-        "i64" => i64::read_to_end_exact_vec(payload, &header.type_descriptor, len)
+        Dtype::I64 => i64::read_to_end_exact_vec(payload, &header.type_descriptor, len)
             .map_err(bad)?
             .into_iter()
             .map(|v| v as f32)
             .collect(),
-        "i32" => i32::read_to_end_exact_vec(payload, &header.type_descriptor, len)
+        Dtype::I32 => i32::read_to_end_exact_vec(payload, &header.type_descriptor, len)
             .map_err(bad)?
             .into_iter()
             .map(|v| v as f32)
             .collect(),
         // ndarray-npy has no f16 element: the payload length is checked above.
-        _ => payload
+        Dtype::F16 => payload
             .chunks_exact(2)
             .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect(),
     };
     let t = ArrayD::from_shape_vec(IxDyn(&shape), vals).map_err(|e| derr(path, e.to_string()))?;
-    Ok((t, dtype.to_string()))
+    Ok((t, dtype))
 }
 
 /// File name of a checkpoint at a step.
@@ -567,7 +630,7 @@ impl DumpWriter {
             name: name.to_string(),
             step,
             shape: t.shape().to_vec(),
-            dtype: "f32".into(),
+            dtype: Dtype::F32,
             layout,
             file: None,
             sha256: None,
@@ -813,7 +876,7 @@ impl Dump {
                 name: c.name.clone(),
                 step: c.step,
                 shape: c.data.shape().to_vec(),
-                dtype: "f32".into(),
+                dtype: Dtype::F32,
                 layout: c.layout,
                 file: None,
                 sha256: None,
@@ -1073,5 +1136,43 @@ mod tests {
         let s = l.entry("x", 0).unwrap().stats.clone().unwrap();
         assert_eq!((s.count, s.nan, s.max), (2, 1, 1.0));
         assert!(l.tensors.is_empty());
+    }
+
+    /// A manifest's dtype is one of the stored element types, spelled as `.npy` files name them;
+    /// any other spelling (bf16 is no storage type) is refused naming the key and the manifest,
+    /// in a full dump and in a stats-only one (which has no file to check it against).
+    #[test]
+    fn unknown_dtype_is_refused_naming_the_key_and_the_manifest() {
+        for (d, json) in [
+            (Dtype::F32, "\"f32\""),
+            (Dtype::F64, "\"f64\""),
+            (Dtype::F16, "\"f16\""),
+            (Dtype::I64, "\"i64\""),
+            (Dtype::I32, "\"i32\""),
+        ] {
+            assert_eq!(serde_json::to_string(&d).unwrap(), json);
+            assert_eq!(serde_json::from_str::<Dtype>(json).unwrap(), d);
+        }
+        for stats_only in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let d = dir.path().join("d");
+            let mut m = manifest();
+            m.stats_only = stats_only;
+            let mut w = DumpWriter::new(m);
+            w.add("x", 0, Layout::Plain, &ArrayD::zeros(IxDyn(&[2])));
+            w.write(&d).unwrap();
+            assert_eq!(
+                Dump::load(&d).unwrap().manifest.checkpoints[0].dtype,
+                Dtype::F32
+            );
+            let mp = d.join("manifest.json");
+            let text = std::fs::read_to_string(&mp).unwrap();
+            std::fs::write(&mp, text.replace("\"f32\"", "\"bf16\"")).unwrap();
+            let e = Dump::load(&d).unwrap_err().to_string();
+            assert!(
+                e.contains(mp.to_str().unwrap()) && e.contains("dtype 'bf16' is none of f32"),
+                "{e}"
+            );
+        }
     }
 }

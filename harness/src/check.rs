@@ -45,12 +45,12 @@ use xray_runtime::models::{self, Alignment, RunOptions, SpeechModel};
 use xray_compare::align::to_canonical;
 use xray_compare::compare::CompareOptions;
 use xray_compare::compare::{compare_dumps, compare_stats_dumps, oracle_versions};
-use xray_compare::evidence::{DivergenceKind, Evidence, Run, Transcript};
+use xray_compare::evidence::{DivergenceKind, Evidence, FirstDivergence, Run, Transcript};
 use xray_compare::localize::Status;
 use xray_compare::metrics::compare as metrics_compare;
 use xray_compare::ops::{compare_points, has_points, localize_op};
 use xray_compare::tolerance::{NoiseFloor, Policy, Tolerance};
-use xray_core::ops::PointSelect;
+use xray_core::ops::{PointNode, PointSelect};
 use xray_core::Step;
 
 pub use crate::runs::{
@@ -589,24 +589,15 @@ pub fn check_against(
     let mut lookups: Vec<CacheLookup> = reference.lookup.iter().cloned().collect();
     let rt = runtime_side(model, &reference.dump, align, opts, audio, progress)?;
     let mut notes = check_notes(opts, align, audio);
-    let mut copts = CompareOptions {
-        policy: opts.policy.clone(),
-        // The runtime's graph declares every checkpoint: absence is a failure, not a gap.
-        require_all: true,
-        ..Default::default()
-    };
-    if opts.calibrate {
-        let (floors, lookup) = calibrate(model, refs, reference, progress)?;
-        lookups.extend(lookup);
-        copts.floors = floors;
-        if copts.policy.calibrated().is_none() {
-            copts.policy = copts.policy.with_calibration(Default::default());
-        }
-        notes.push(format!(
-            "calibrated tolerances from the oracle's f32-vs-f64 noise floor over {} checkpoints",
-            copts.floors.len()
-        ));
-    }
+    let copts = compare_options(
+        model,
+        refs,
+        reference,
+        opts,
+        progress,
+        &mut lookups,
+        &mut notes,
+    )?;
     progress("comparing");
     let contract = model.contract();
     let cmp = if opts.stats_only {
@@ -622,7 +613,7 @@ pub fn check_against(
     };
     let mut evidence = evidence_of(model, opts, audio, &reference.dump, &rt, cmp, notes);
     for scheme in &opts.reference_variants {
-        compare_variant(
+        let v = compare_variant(
             model,
             refs,
             reference,
@@ -630,8 +621,8 @@ pub fn check_against(
             scheme,
             &mut evidence,
             progress,
-        )
-        .map(|lookup| lookups.extend(lookup))?;
+        );
+        lookups.extend(v?);
     }
     if !opts.no_drill {
         let drill = Drill {
@@ -725,6 +716,39 @@ fn check_notes(opts: &CheckOptions, align: Alignment, audio: &Audio) -> Vec<Stri
     notes
 }
 
+/// The comparison's options: the check's policy, every checkpoint required (the runtime's
+/// graph declares every one: absence is a failure, not a gap) and, with `--calibrate`, the
+/// reference's own noise floor per checkpoint ([`calibrate`]; its note and cache lookup joined to
+/// `notes` and `lookups`).
+fn compare_options(
+    model: &dyn SpeechModel,
+    refs: &References,
+    reference: &Reference,
+    opts: &CheckOptions,
+    progress: &dyn Fn(&str),
+    lookups: &mut Vec<CacheLookup>,
+    notes: &mut Vec<String>,
+) -> anyhow::Result<CompareOptions> {
+    let mut copts = CompareOptions {
+        policy: opts.policy.clone(),
+        require_all: true,
+        ..Default::default()
+    };
+    if opts.calibrate {
+        let (floors, lookup) = calibrate(model, refs, reference, progress)?;
+        lookups.extend(lookup);
+        copts.floors = floors;
+        if copts.policy.calibrated().is_none() {
+            copts.policy = copts.policy.with_calibration(Default::default());
+        }
+        notes.push(format!(
+            "calibrated tolerances from the oracle's f32-vs-f64 noise floor over {} checkpoints",
+            copts.floors.len()
+        ));
+    }
+    Ok(copts)
+}
+
 /// Each checkpoint's noise floor (`--calibrate`), by name and step.
 type NoiseFloors = HashMap<(String, Step), NoiseFloor>;
 
@@ -748,7 +772,7 @@ fn calibrate(
                 let m = metrics_compare(
                     &t64.view(),
                     &t32.view(),
-                    &Tolerance::default_for(xray_compare::tolerance::Dtype::F32),
+                    &Tolerance::default_for(xray_compare::tolerance::Precision::F32),
                 )
                 .with_context(|| format!("calibrating {}", xray_core::key(name, *step)))?;
                 floors.insert((name.clone(), *step), NoiseFloor::from_metrics(&m));
@@ -931,11 +955,12 @@ impl Drill<'_> {
     }
 
     /// From the origin checkpoint to the op: when the runtime graph holds more than one op
-    /// between the origin's passing inputs and the origin, capture the op-level points of that
-    /// region on both sides (from the dumps when they already hold them, `--ops`) and set
-    /// `first_divergence.op` to the first that differs ([`localize_op`]), with its signature (the
-    /// reference weight of a linear op from the model's own weights). The reference cache's
-    /// lookups for the region's points are added to `lookups`.
+    /// between the origin's passing inputs and the origin ([`Drill::region`]), capture the
+    /// op-level points of that region on both sides (from the dumps when they already hold them,
+    /// `--ops`) and set `first_divergence.op` to the first that differs ([`localize_op`]), with
+    /// its signature (the reference weight of a linear op from the model's own weights), then
+    /// replay it ([`Drill::replay`]). The reference cache's lookups for the region's points are
+    /// added to `lookups`.
     fn localize(
         &self,
         ev: &mut Evidence,
@@ -944,11 +969,41 @@ impl Drill<'_> {
         progress: &dyn Fn(&str),
         lookups: &mut Vec<CacheLookup>,
     ) -> anyhow::Result<()> {
-        let Some(fd) = ev.first_divergence.as_mut() else {
+        let Some(fd) = ev.first_divergence.as_ref() else {
             return Ok(());
         };
-        if !matches!(fd.kind, DivergenceKind::Values | DivergenceKind::Shape) {
+        let Some(region) = self.region(fd)? else {
             return Ok(());
+        };
+        let step = region.step;
+        let has = |d: &Dump| region.names.iter().all(|n| d.entry(n, step).is_some());
+        let (r_ops, x_ops);
+        let (r, x) = if has(reference) && has(runtime) {
+            (reference, runtime)
+        } else if region.names.is_empty() {
+            ev.notes.push(format!(
+                "drill-down: the {} runtime ops between the last good checkpoints and {} mirror no HF module (no op-level points)",
+                region.ops.len(),
+                region.checkpoint
+            ));
+            return Ok(());
+        } else {
+            (r_ops, x_ops) = self.capture_points(&region, reference, progress, lookups)?;
+            (&r_ops, &x_ops)
+        };
+        let nodes = self.model.graph().point_nodes();
+        self.locate_op(ev, &region, &nodes, r, x)?;
+        self.replay(ev, &nodes, r, x, progress);
+        Ok(())
+    }
+
+    /// The region a drill-down captures for origin `fd` (a values or shape divergence): the
+    /// runtime ops between its passing inputs and it, and their op-level points (with the points
+    /// around an attention core the origin's producer is). `None` when there is nothing to drill
+    /// into: one op that mirrors no HF module, and no attention core.
+    fn region(&self, fd: &FirstDivergence) -> anyhow::Result<Option<DrillRegion>> {
+        if !matches!(fd.kind, DivergenceKind::Values | DivergenceKind::Shape) {
+            return Ok(None);
         }
         let g = self.model.graph();
         let mut after: Vec<&str> = fd
@@ -969,7 +1024,7 @@ impl Drill<'_> {
             && attention.is_none()
             && !(ops.len() == 1 && crate::replay::mirrors_module(g, &ops[0]))
         {
-            return Ok(());
+            return Ok(None);
         }
         let mut names = g.points_between(&after, &fd.checkpoint)?;
         for n in attention.into_iter().flatten() {
@@ -977,47 +1032,65 @@ impl Drill<'_> {
                 names.push(n);
             }
         }
-        let step = fd.step;
-        let nodes = g.point_nodes();
+        Ok(Some(DrillRegion {
+            checkpoint: fd.checkpoint.clone(),
+            step: fd.step,
+            ops,
+            names,
+        }))
+    }
+
+    /// The region's op-level points on both sides: the reference's from `reference` when it
+    /// holds them, else fetched (only those points, in full); the runtime's from one more run.
+    fn capture_points(
+        &self,
+        region: &DrillRegion,
+        reference: &Dump,
+        progress: &dyn Fn(&str),
+        lookups: &mut Vec<CacheLookup>,
+    ) -> anyhow::Result<(Dump, Dump)> {
+        let names = &region.names;
+        progress(&format!(
+            "drill-down: {} op-level points between the last good checkpoints and {}",
+            names.len(),
+            xray_core::key(&region.checkpoint, region.step)
+        ));
+        let r_ops = if names
+            .iter()
+            .all(|n| reference.entry(n, region.step).is_some())
+        {
+            reference.clone()
+        } else {
+            let sel = PointSelect::Only(names.iter().cloned().collect());
+            let mut req = self.req.clone().with_ops(sel);
+            if req.stats_only {
+                // Only the region's points, in full: no contract checkpoint is captured.
+                req.stats_only = false;
+                req.only = Some(Vec::new());
+            }
+            let (d, lookup) =
+                self.refs
+                    .fetch(self.model, &req, "reference's drill-down points", progress)?;
+            lookups.extend(lookup);
+            d
+        };
+        Ok((r_ops, self.runtime_only(names)?))
+    }
+
+    /// `first_divergence.op`: the first op-level point of the region that differs between `r`
+    /// and `x` ([`localize_op`]), narrowed by the layout ops it clears; the points' alignment
+    /// (`op_points`, unless `--ops` already set it) and a note of what was found.
+    fn locate_op(
+        &self,
+        ev: &mut Evidence,
+        region: &DrillRegion,
+        nodes: &[PointNode],
+        r: &Dump,
+        x: &Dump,
+    ) -> anyhow::Result<()> {
         let weights = self.model.weights();
         let lookup = |module: &str| weights.get(&format!("{module}.weight")).cloned();
-        let has = |d: &Dump| names.iter().all(|n| d.entry(n, step).is_some());
-        let (r_ops, x_ops);
-        let (r, x) = if has(reference) && has(runtime) {
-            (reference, runtime)
-        } else if names.is_empty() {
-            ev.notes.push(format!(
-                "drill-down: the {} runtime ops between the last good checkpoints and {} mirror no HF module (no op-level points)",
-                ops.len(),
-                fd.checkpoint
-            ));
-            return Ok(());
-        } else {
-            progress(&format!(
-                "drill-down: {} op-level points between the last good checkpoints and {}",
-                names.len(),
-                xray_core::key(&fd.checkpoint, step)
-            ));
-            r_ops = if has(reference) {
-                reference.clone()
-            } else {
-                let sel = PointSelect::Only(names.iter().cloned().collect());
-                let mut req = self.req.clone().with_ops(sel);
-                if req.stats_only {
-                    // Only the region's points, in full: no contract checkpoint is captured.
-                    req.stats_only = false;
-                    req.only = Some(Vec::new());
-                }
-                let (d, lookup) =
-                    self.refs
-                        .fetch(self.model, &req, "reference's drill-down points", progress)?;
-                lookups.extend(lookup);
-                d
-            };
-            x_ops = self.runtime_only(&names)?;
-            (&r_ops, &x_ops)
-        };
-        fd.op = localize_op(&nodes, r, x, step, &self.opts.policy, Some(&lookup));
+        let op = localize_op(nodes, r, x, region.step, &self.opts.policy, Some(&lookup));
         if ev.op_points.is_none() {
             // The drill-down's own points: their alignment is reported like a full `--ops` run's.
             ev.op_points = Some(compare_points(r, x, &self.opts.policy));
@@ -1025,6 +1098,7 @@ impl Drill<'_> {
         let Some(fd) = ev.first_divergence.as_mut() else {
             return Ok(());
         };
+        fd.op = op;
         if let Some(op) = fd.op.as_mut() {
             if let Some(note) = self.exonerate_layout_ops(op)? {
                 ev.notes.push(note);
@@ -1032,34 +1106,58 @@ impl Drill<'_> {
         }
         match &fd.op {
             Some(op) => ev.notes.push(format!("drill-down: {}", op.summary())),
-            None => ev.notes.push(format!("drill-down: the op-level points between the last good checkpoints and {} agree; the divergence is in ops the reference exposes no tensor of: {}", xray_core::key(&fd.checkpoint, step), ops.join(", "))),
-        }
-        if let Some(op) = fd.op.as_mut() {
-            // Reference replay: the module re-run on the runtime's own input clears or convicts
-            // the op and tests the mechanisms of its kind.
-            #[cfg(feature = "oracle")]
-            match self.refs.oracle() {
-                Ok(oracle) => {
-                    progress(&format!("replay: {} on the runtime's own input", op.module));
-                    ev.notes.extend(crate::replay::replay_origin(
-                        op,
-                        &nodes,
-                        r,
-                        x,
-                        &self.opts.policy,
-                        oracle,
-                        self.model.contract(),
-                        &self.opts.model,
-                        Some(g),
-                    ));
-                }
-                Err(e) => ev
-                    .notes
-                    .push(format!("replay: not run, the oracle is unavailable: {e:#}")),
-            }
-            #[cfg(not(feature = "oracle"))]
-            ev.notes.push(crate::replay::not_built(&op.module));
+            None => ev.notes.push(format!("drill-down: the op-level points between the last good checkpoints and {} agree; the divergence is in ops the reference exposes no tensor of: {}", xray_core::key(&region.checkpoint, region.step), region.ops.join(", "))),
         }
         Ok(())
     }
+
+    /// Reference replay at the op-level origin: the module re-run on the runtime's own input
+    /// clears or convicts the op and tests the mechanisms of its kind (a note when the oracle is
+    /// unavailable, or not built in).
+    fn replay(
+        &self,
+        ev: &mut Evidence,
+        nodes: &[PointNode],
+        r: &Dump,
+        x: &Dump,
+        progress: &dyn Fn(&str),
+    ) {
+        let Some(op) = ev.first_divergence.as_mut().and_then(|fd| fd.op.as_mut()) else {
+            return;
+        };
+        #[cfg(feature = "oracle")]
+        match self.refs.oracle() {
+            Ok(oracle) => {
+                progress(&format!("replay: {} on the runtime's own input", op.module));
+                ev.notes.extend(crate::replay::replay_origin(
+                    op,
+                    nodes,
+                    r,
+                    x,
+                    &self.opts.policy,
+                    oracle,
+                    self.model.contract(),
+                    &self.opts.model,
+                    Some(self.model.graph()),
+                ));
+            }
+            Err(e) => ev
+                .notes
+                .push(format!("replay: not run, the oracle is unavailable: {e:#}")),
+        }
+        #[cfg(not(feature = "oracle"))]
+        {
+            let _ = (nodes, r, x, progress);
+            ev.notes.push(crate::replay::not_built(&op.module));
+        }
+    }
+}
+
+/// What a drill-down captures: the origin checkpoint and step, the runtime ops between its
+/// passing inputs and it, their op-level points.
+struct DrillRegion {
+    checkpoint: String,
+    step: Step,
+    ops: Vec<String>,
+    names: Vec<String>,
 }

@@ -21,7 +21,7 @@ use xray_compare::mechanism::{apply, ReplayBatch, ReplayContext, ReplayInput, Re
 #[cfg(feature = "oracle")]
 use xray_compare::ops::OpDivergence;
 #[cfg(feature = "oracle")]
-use xray_compare::tolerance::{Dtype, Policy};
+use xray_compare::tolerance::{Policy, Precision};
 #[cfg(feature = "oracle")]
 use xray_core::contract::Contract;
 #[cfg(feature = "oracle")]
@@ -186,7 +186,7 @@ pub fn replay_origin(
     let step = op.step;
     let tolerance = |p: &str| {
         policy
-            .resolve_kind(p, step, Dtype::F32, None, false)
+            .resolve_kind(p, step, Precision::F32, None, false)
             .tolerance
     };
     let replayer = OracleReplayer {

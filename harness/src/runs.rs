@@ -1,5 +1,6 @@
 //! X-Ray's own runtime run into an in-memory dump: what `xray run` writes and `xray check`
-//! compares (no Python here).
+//! compares (no Python here). [`runtime_side`] is a check's runtime stage: the runs with and
+//! without capture, the free run for its transcript, isolated mode.
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -941,7 +941,7 @@ fn extract_summaries(
             name,
             step,
             shape,
-            dtype: "f32".into(),
+            dtype: xray_core::dump::Dtype::F32,
             layout,
             file: None,
             sha256: None,

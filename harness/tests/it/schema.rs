@@ -150,7 +150,7 @@ fn solved_counterfactuals_are_valid() {
 #[test]
 fn declared_precision_is_valid() {
     use xray_compare::precision::{apply, DeclaredOp};
-    use xray_compare::tolerance::{Dtype, Policy};
+    use xray_compare::tolerance::{Policy, Precision};
     let mut e = common::tiny_evidence();
     let policy = Policy::from_json(
         r#"{"accept_precision": {"f16": {"default": {"atol": 1e-2, "rtol": 1e-2, "max_outlier_fraction": 1e-2}}}}"#,
@@ -159,7 +159,7 @@ fn declared_precision_is_valid() {
     let name = e.checkpoints[0].name.clone();
     let op = DeclaredOp {
         op: "encoder.conv1".into(),
-        dtype: Dtype::F16,
+        dtype: Precision::F16,
         why: "IM2COL to f16".into(),
     };
     let (policy, ev) = apply(
@@ -168,7 +168,7 @@ fn declared_precision_is_valid() {
         vec![(name.clone(), "encoder.conv1".into())],
     );
     assert_eq!(ev.names_at_accepted_bounds, 1);
-    let tol = policy.resolve(&name, 0, Dtype::F32, None);
+    let tol = policy.resolve(&name, 0, Precision::F32, None);
     e.checkpoints[0].tolerance = (&tol).into();
     e.precision = Some(ev);
     let v = serde_json::to_value(&e).unwrap();

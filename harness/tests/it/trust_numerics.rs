@@ -10,7 +10,7 @@ use xray_compare::align::MemorySource;
 use xray_compare::compare::{compare_graph, CompareOptions};
 use xray_compare::localize::{build_graph, Status, Steps};
 use xray_compare::metrics::{compare, compare_logits};
-use xray_compare::tolerance::{Dtype, Policy, Tolerance};
+use xray_compare::tolerance::{Policy, Precision, Tolerance};
 use xray_compare::Error;
 
 fn arr(shape: &[usize], v: Vec<f32>) -> ArrayD<f32> {
@@ -159,7 +159,7 @@ fn clean_logits_with_accumulation_noise_pass() {
         "the old rule's outlier fraction {old_rule}: a false alarm"
     );
     let (r, x) = (arr(&[1, v], r), arr(&[1, v], x));
-    let tol = Tolerance::default_logits(Dtype::F32);
+    let tol = Tolerance::default_logits(Precision::F32);
     let m = compare_logits(&r.view(), &x.view(), &tol).unwrap();
     assert!(
         m.passes(&tol),
@@ -184,7 +184,7 @@ fn logits_faults_still_fail() {
     r[10] = 9.0;
     r[20] = 6.0;
     let r = arr(&[1, v], r);
-    let tol = Tolerance::default_logits(Dtype::F32);
+    let tol = Tolerance::default_logits(Precision::F32);
     // Argmax moved to another token by a real margin (3 logits): a divergence.
     let mut x = r.clone();
     x[[0, 20]] = 9.5;
@@ -214,10 +214,10 @@ fn logits_faults_still_fail() {
 #[test]
 fn logits_get_their_own_builtin_default() {
     let p = Policy::default();
-    let l = p.resolve_kind("audio.decoder.logits", 1, Dtype::F32, None, true);
+    let l = p.resolve_kind("audio.decoder.logits", 1, Precision::F32, None, true);
     assert_eq!(l.source.to_string(), "default:f32:logits");
     assert_eq!(l.tolerance.max_rel_l2, Some(1e-4));
-    let h = p.resolve_kind("audio.encoder.memory", 0, Dtype::F32, None, false);
+    let h = p.resolve_kind("audio.encoder.memory", 0, Precision::F32, None, false);
     assert_eq!(
         (h.source.to_string().as_str(), h.tolerance.max_rel_l2),
         ("default:f32", Some(5e-5))
@@ -226,7 +226,7 @@ fn logits_get_their_own_builtin_default() {
         r#"{"defaults": {"f32": {"atol": 1e-4, "rtol": 1e-3, "max_outlier_fraction": 0.0, "max_rel_l2": 1e-5}}}"#,
     )
     .unwrap();
-    let l = p.resolve_kind("audio.decoder.logits", 1, Dtype::F32, None, true);
+    let l = p.resolve_kind("audio.decoder.logits", 1, Precision::F32, None, true);
     assert_eq!(
         (l.source.to_string().as_str(), l.tolerance.max_rel_l2),
         ("default:f32", Some(1e-5))
@@ -242,7 +242,7 @@ fn argmax_swap_inside_a_reference_near_tie_is_not_a_disagreement() {
     let r = arr(&[1, v], r);
     let mut x = r.clone();
     x[[0, 500]] = 7.0 + 1e-6;
-    let tol = Tolerance::default_logits(Dtype::F32);
+    let tol = Tolerance::default_logits(Precision::F32);
     let m = compare_logits(&r.view(), &x.view(), &tol).unwrap();
     let l = m.logits.as_ref().unwrap();
     assert_eq!(l.argmax_agreement, 0.0);

@@ -691,6 +691,15 @@ pub(crate) mod tests {
         }
     }
 
+    /// A graph of step-0 nodes: each `(name, inputs)`, in declaration order.
+    fn graph(nodes: &[(&str, &[&str])]) -> CheckpointGraph {
+        let defs = nodes.iter().map(|(name, inputs)| {
+            let up: Vec<(&str, Step)> = inputs.iter().map(|i| (*i, 0)).collect();
+            def(name, 0, &up)
+        });
+        CheckpointGraph::from_nodes(defs.collect()).unwrap()
+    }
+
     fn obs(g: &CheckpointGraph, failing: &[&str], missing: &[&str]) -> Vec<Observed> {
         g.nodes()
             .iter()
@@ -718,13 +727,7 @@ pub(crate) mod tests {
 
     #[test]
     fn chain_origin_is_first_failure() {
-        let g = CheckpointGraph::from_nodes(vec![
-            def("a", 0, &[]),
-            def("b", 0, &[("a", 0)]),
-            def("c", 0, &[("b", 0)]),
-            def("d", 0, &[("c", 0)]),
-        ])
-        .unwrap();
+        let g = graph(&[("a", &[]), ("b", &["a"]), ("c", &["b"]), ("d", &["c"])]);
         let l = localize(&g, &obs(&g, &["c@step0", "d@step0"], &[])).unwrap();
         assert_eq!(origin_id(&g, &l).as_deref(), Some("c@step0"));
         assert_eq!(status_of(&g, &l, "d@step0"), Status::Propagated);
@@ -736,12 +739,7 @@ pub(crate) mod tests {
 
     #[test]
     fn topological_order_ignores_declaration_order() {
-        let g = CheckpointGraph::from_nodes(vec![
-            def("c", 0, &[("b", 0)]),
-            def("b", 0, &[("a", 0)]),
-            def("a", 0, &[]),
-        ])
-        .unwrap();
+        let g = graph(&[("c", &["b"]), ("b", &["a"]), ("a", &[])]);
         let names: Vec<_> = g.nodes().iter().map(|n| n.name.as_str()).collect();
         assert_eq!(names, ["a", "b", "c"]);
         assert_eq!(g.nodes()[0].consumers, vec!["op.b".to_string()]);
@@ -800,14 +798,13 @@ pub(crate) mod tests {
 
     #[test]
     fn fan_in_with_one_bad_branch() {
-        let g = CheckpointGraph::from_nodes(vec![
-            def("x", 0, &[]),
-            def("left", 0, &[("x", 0)]),
-            def("right", 0, &[("x", 0)]),
-            def("join", 0, &[("left", 0), ("right", 0)]),
-            def("out", 0, &[("join", 0)]),
-        ])
-        .unwrap();
+        let g = graph(&[
+            ("x", &[]),
+            ("left", &["x"]),
+            ("right", &["x"]),
+            ("join", &["left", "right"]),
+            ("out", &["join"]),
+        ]);
         let l = localize(
             &g,
             &obs(&g, &["right@step0", "join@step0", "out@step0"], &[]),
@@ -832,13 +829,7 @@ pub(crate) mod tests {
 
     #[test]
     fn missing_and_alignment_faults_block_attribution() {
-        let g = CheckpointGraph::from_nodes(vec![
-            def("a", 0, &[]),
-            def("b", 0, &[("a", 0)]),
-            def("c", 0, &[("b", 0)]),
-            def("d", 0, &[("a", 0)]),
-        ])
-        .unwrap();
+        let g = graph(&[("a", &[]), ("b", &["a"]), ("c", &["b"]), ("d", &["a"])]);
         // A missing node whose inputs pass is the origin (keeping its status): never diverged
         // without a place to start.
         let l = localize(&g, &obs(&g, &["c@step0"], &["b@step0"])).unwrap();
@@ -867,15 +858,14 @@ pub(crate) mod tests {
     #[test]
     fn unobserved_nodes_are_transparent_and_fed_nodes_pass_for_consumers() {
         // mel -> conv -> l0 -> l1 -> mem -> logits; only mel, mem and logits observed.
-        let g = CheckpointGraph::from_nodes(vec![
-            def("mel", 0, &[]),
-            def("conv", 0, &[("mel", 0)]),
-            def("l0", 0, &[("conv", 0)]),
-            def("l1", 0, &[("l0", 0)]),
-            def("mem", 0, &[("l1", 0)]),
-            def("logits", 0, &[("mem", 0)]),
-        ])
-        .unwrap();
+        let g = graph(&[
+            ("mel", &[]),
+            ("conv", &["mel"]),
+            ("l0", &["conv"]),
+            ("l1", &["l0"]),
+            ("mem", &["l1"]),
+            ("logits", &["mem"]),
+        ]);
         let with = |fail: &[&str]| {
             let mut o = obs(&g, fail, &[]);
             for x in &mut o[1..4] {

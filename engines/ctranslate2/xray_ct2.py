@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import platform
 import sys
 from pathlib import Path
@@ -54,7 +53,7 @@ import numpy as np  # noqa: E402
 
 from xray_oracle.audio import read_wav  # noqa: E402
 from xray_oracle.dump import DumpError, DumpWriter, file_sha256, hf_weights_sha256, read_dump  # noqa: E402
-from xray_oracle.errors import OracleError  # noqa: E402
+from xray_oracle.errors import OracleError, read_json_object  # noqa: E402
 
 PRODUCER = "ctranslate2"
 MEL, MEMORY, LOGITS, INPUT_IDS = (
@@ -84,13 +83,7 @@ def find_ct2_dir() -> Path:
 
 
 def load_json(p: Path) -> dict:
-    try:
-        v = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise Refused(f"{p}: {e}") from None
-    if not isinstance(v, dict):
-        raise Refused(f"{p}: not a JSON object")
-    return v
+    return read_json_object(p, Refused)
 
 
 def engine_weights(model: Path, ct2: Path, compute_type: str) -> dict:

@@ -53,9 +53,7 @@ use xray_compare::tolerance::{NoiseFloor, Policy, Tolerance};
 use xray_core::ops::{PointNode, PointSelect};
 use xray_core::Step;
 
-pub use crate::runs::{
-    runtime_dump, runtime_dump_audio, runtime_stats_dump_audio, Capture, DumpSubstitute,
-};
+pub use crate::runs::{runtime_dump, runtime_stats_dump_audio, Capture, DumpSubstitute};
 use crate::runs::{runtime_side, RuntimeSide};
 
 /// Options of one check.
@@ -896,7 +894,7 @@ impl Drill<'_> {
             only: Some(names),
             points: Some(&sel),
         };
-        let (d, _) = runtime_dump_audio(
+        let (d, _) = runtime_dump(
             self.model,
             self.audio,
             self.run_opts,

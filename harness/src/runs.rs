@@ -60,21 +60,9 @@ pub struct Capture<'a> {
     pub points: Option<&'a PointSelect>,
 }
 
-/// Run the runtime once with a recorder; returns the dump and the run output.
+/// Run the runtime once with a recorder on audio already decoded and converted (the samples the
+/// oracle is fed); returns the dump and the run output.
 pub fn runtime_dump(
-    model: &dyn SpeechModel,
-    audio: &Path,
-    opts: &RunOptions,
-    faults: Option<&FaultPlan>,
-    substitute: Option<&dyn Substitute>,
-    capture: Capture<'_>,
-) -> anyhow::Result<(Dump, RunOutput)> {
-    let a = load_wav(audio, 16000)?;
-    runtime_dump_audio(model, &a, opts, faults, substitute, capture)
-}
-
-/// [`runtime_dump`] on audio already decoded and converted (the samples the oracle is fed).
-pub fn runtime_dump_audio(
     model: &dyn SpeechModel,
     a: &Audio,
     opts: &RunOptions,
@@ -111,7 +99,7 @@ fn run_manifest(model: &dyn SpeechModel, a: &Audio, out: &RunOutput) -> Manifest
     m
 }
 
-/// [`runtime_dump_audio`] with stats-only capture: every checkpoint summarized as it is produced
+/// [`runtime_dump`] with stats-only capture: every checkpoint summarized as it is produced
 /// ([`StatsRecorder`]) and dropped, so the dump (`stats_only`) holds no tensor.
 pub fn runtime_stats_dump_audio(
     model: &dyn SpeechModel,
@@ -277,7 +265,7 @@ fn capture_run(
     let (dump, out_on) = if opts.stats_only {
         runtime_stats_dump_audio(model, a, run_opts, Some(&opts.faults))?
     } else {
-        runtime_dump_audio(model, a, run_opts, Some(&opts.faults), None, capture)?
+        runtime_dump(model, a, run_opts, Some(&opts.faults), None, capture)?
     };
     // The evidence says these faults were planted: they must have changed something.
     opts.faults.confirm_fired()?;
@@ -321,5 +309,5 @@ fn isolated_run(
         teacher_tokens: teacher_for(align, &reference.manifest, true)?,
     };
     let capture = Capture::default();
-    Ok(runtime_dump_audio(model, a, &ro, Some(&opts.faults), Some(&sub), capture)?.0)
+    Ok(runtime_dump(model, a, &ro, Some(&opts.faults), Some(&sub), capture)?.0)
 }

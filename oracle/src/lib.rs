@@ -291,8 +291,14 @@ fn installation_roots() -> Vec<(PathBuf, String)> {
 
 /// An explicit path from the environment variable `var`: refused when set but empty (an empty
 /// path is the working directory, whose code X-Ray never runs) and made absolute (a relative one
-/// is resolved once, so what is imported and what `xray doctor` shows is one place).
-fn explicit_path(var: &str, value: std::ffi::OsString, fix: &str) -> Result<PathBuf> {
+/// is resolved once, so what is imported and what `xray doctor` shows is one place), then refused
+/// unless `ok` holds of it (the reason: `unless`).
+fn explicit_path(
+    var: &str,
+    value: std::ffi::OsString,
+    fix: &str,
+    (ok, unless): (fn(&Path) -> bool, &str),
+) -> Result<PathBuf> {
     if value.to_string_lossy().trim().is_empty() {
         return Err(OracleError::Environment {
             reason: format!(
@@ -302,7 +308,14 @@ fn explicit_path(var: &str, value: std::ffi::OsString, fix: &str) -> Result<Path
         });
     }
     let p = PathBuf::from(value);
-    Ok(p.canonicalize().unwrap_or(p))
+    let p = p.canonicalize().unwrap_or(p);
+    if !ok(&p) {
+        return Err(OracleError::Environment {
+            reason: format!("{var}={} {unless}", p.display()),
+            fix: fix.into(),
+        });
+    }
+    Ok(p)
 }
 
 fn site_packages_in(venv: &Path) -> Option<PathBuf> {
@@ -329,20 +342,15 @@ impl Oracle {
         let roots = installation_roots();
         let wheel = wheel_layout();
         let (venv, venv_source) = match std::env::var_os("XRAY_VENV") {
-            Some(v) => {
-                let v = explicit_path(
+            Some(v) => (
+                explicit_path(
                     "XRAY_VENV",
                     v,
                     "point XRAY_VENV at a venv made from oracle/requirements.txt, or unset it",
-                )?;
-                if !v.is_dir() {
-                    return Err(OracleError::Environment {
-                        reason: format!("XRAY_VENV={} is not a directory", v.display()),
-                        fix: "point XRAY_VENV at a venv made from oracle/requirements.txt, or unset it".into(),
-                    });
-                }
-                (v, "XRAY_VENV".to_string())
-            }
+                    (|v| v.is_dir(), "is not a directory"),
+                )?,
+                "XRAY_VENV".to_string(),
+            ),
             None if wheel.is_some() => {
                 let (sp, exe) = wheel.clone().unwrap_or_default();
                 (
@@ -378,23 +386,18 @@ impl Oracle {
             fix: fix.into(),
         })?;
         let (package_root, package_source) = match std::env::var_os("XRAY_ORACLE_PATH") {
-            Some(p) => {
-                let p = explicit_path(
+            Some(p) => (
+                explicit_path(
                     "XRAY_ORACLE_PATH",
                     p,
                     "point XRAY_ORACLE_PATH at the X-Ray checkout's oracle/ directory, or unset it",
-                )?;
-                if !p.join("xray_oracle/__init__.py").is_file() {
-                    return Err(OracleError::Environment {
-                        reason: format!(
-                            "XRAY_ORACLE_PATH={} has no xray_oracle/__init__.py",
-                            p.display()
-                        ),
-                        fix: "point XRAY_ORACLE_PATH at the X-Ray checkout's oracle/ directory, or unset it".into(),
-                    });
-                }
-                (p, "XRAY_ORACLE_PATH".to_string())
-            }
+                    (
+                        |p| p.join("xray_oracle/__init__.py").is_file(),
+                        "has no xray_oracle/__init__.py",
+                    ),
+                )?,
+                "XRAY_ORACLE_PATH".to_string(),
+            ),
             None if wheel.is_some() => (
                 wheel.clone().unwrap_or_default().0,
                 "installed by the xray_parity wheel beside the executable".to_string(),

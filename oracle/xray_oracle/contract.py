@@ -166,6 +166,14 @@ def _field(obj: dict, key: str, kind: type | tuple, where: str) -> Any:
     return v
 
 
+def _named(raw: Any, key: str, where: str) -> str:
+    """The string `raw[key]` that names an entry of a list, `raw` being an object (a ContractError
+    naming the entry by `where`, its place in the list, otherwise)."""
+    if not isinstance(raw, dict):
+        raise ContractError(f"{where} is not an object")
+    return _field(raw, key, str, where)
+
+
 def _one_of(obj: dict, key: str, choices: tuple, what: str, where: str) -> str:
     """`obj[key]`, a string among `choices` (a ContractError naming `where` otherwise)."""
     v = _field(obj, key, str, where)
@@ -198,10 +206,7 @@ def _reference(raw: dict, voc: Vocabulary, where: str) -> Reference:
 
 
 def _checkpoint(raw: Any, i: int, voc: Vocabulary) -> Checkpoint:
-    where = f"resolved contract checkpoint {i}"
-    if not isinstance(raw, dict):
-        raise ContractError(f"{where} is not an object")
-    name = _field(raw, "name", str, where)
+    name = _named(raw, "name", f"resolved contract checkpoint {i}")
     where = f"resolved contract checkpoint '{name}'"
     steps = _one_of(raw, "steps", voc.steps, "steps", where)
     layout = _one_of(raw, "layout", voc.layouts, "layout", where)
@@ -271,10 +276,7 @@ def load_resolved(contract_json: str | os.PathLike | dict, family: Optional[str]
 
 
 def _point_rule(raw: Any, i: int, voc: Vocabulary) -> PointRule:
-    where = f"resolved contract points rule {i}"
-    if not isinstance(raw, dict):
-        raise ContractError(f"{where} is not an object")
-    module = _field(raw, "module", str, where)
+    module = _named(raw, "module", f"resolved contract points rule {i}")
     where = f"resolved contract points rule {module!r}"
     sides = _field(raw, "sides", list, where)
     if not sides or any(s not in voc.sides for s in sides):

@@ -27,7 +27,7 @@ from typing import Iterable, Optional
 import numpy as np
 from numpy.lib import format as npy_format
 
-from .errors import DumpError
+from .errors import DumpError, read_json_object
 
 SCHEMA = "xray.dump"
 VERSION = 1
@@ -457,11 +457,8 @@ def _check_sha(what: str, v) -> None:
 
 def file_sha256(path: str | Path) -> str:
     """sha256 of a file's bytes (an audio file's `audio_sha256`; an engine's weights file)."""
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def hf_weights_sha256(model_dir: str | Path, sha_file=file_sha256) -> str:
@@ -569,12 +566,9 @@ def read_dump(path: str | Path) -> Dump:
     mpath = d / "manifest.json"
     if not mpath.is_file():
         raise DumpError(f"{mpath}: missing (is {d} a dump directory?)")
-    try:
-        m = json.loads(mpath.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise DumpError(f"{mpath}: does not parse as JSON ({e})") from None
-    if not isinstance(m, dict) or m.get("schema") != SCHEMA:
-        raise DumpError(f"{mpath}: schema is {m.get('schema') if isinstance(m, dict) else None!r}, expected {SCHEMA!r}")
+    m = read_json_object(mpath, DumpError)
+    if m.get("schema") != SCHEMA:
+        raise DumpError(f"{mpath}: schema is {m.get('schema')!r}, expected {SCHEMA!r}")
     if m.get("version") != VERSION:
         raise DumpError(f"{mpath}: version {m.get('version')!r}, this reader reads version {VERSION}")
     for key in ("family", "producer", "checkpoints"):

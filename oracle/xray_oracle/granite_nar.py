@@ -46,6 +46,7 @@ from transformers.models.granite_speech.modeling_granite_speech import GraniteSp
 
 from . import audio as _audio
 from .contract import load_resolved
+from .dump import file_sha256
 from .errors import OracleInputError
 from .modeldir import FIXES, check_model_dir
 from .ops import OpRecorder, parse_ops
@@ -560,14 +561,6 @@ class GraniteNARForConditionalGeneration(nn.Module):
 _OPTIONAL_KEYS = ("language_model.lm_head.weight",)
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def load_state_dict_strict(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Load with every key accounted for: missing, unexpected or mis-shaped keys are an error
     (the tied lm_head and BatchNorm's `num_batches_tracked` counters may be absent)."""
@@ -705,7 +698,7 @@ def run_granite_nar(
         "checkpoints": captured,
         "op_points": op_points,
         "tools": tool_versions(),
-        "weights_sha256": _sha256_file(model_dir / "model.safetensors"),
+        "weights_sha256": file_sha256(model_dir / "model.safetensors"),
         "audio_sha256": audio_sha,
         "samples_sha256": _audio.samples_sha256(audio),
         "config": raw_config,

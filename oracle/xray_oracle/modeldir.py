@@ -5,10 +5,9 @@ The model types and files per family are the family descriptor's (`xray_oracle.f
 Pure Python (json + pathlib)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from .errors import FIXTURES_HINT, OracleInputError
+from .errors import FIXTURES_HINT, OracleInputError, read_json_object
 from .families import descriptor
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -38,12 +37,7 @@ def check_model_dir(model_dir: str | Path, family: str, for_run: bool = True) ->
     cfg_path = d / "config.json"
     if not cfg_path.is_file():
         raise OracleInputError(f"{cfg_path} is missing; {FIXTURES_HINT}")
-    try:
-        config = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise OracleInputError(f"{cfg_path} does not parse: {e}") from None
-    if not isinstance(config, dict):
-        raise OracleInputError(f"{cfg_path} is not a JSON object")
+    config = read_json_object(cfg_path, OracleInputError)
     if "auto_map" in config:
         raise OracleInputError(f"{cfg_path} has an auto_map (remote code); the oracle never runs remote code")
     mt = config.get("model_type")

@@ -29,6 +29,7 @@ import numpy as np
 from . import transforms
 from .dump import checkpoint_key
 from .errors import CaptureError, OracleInputError
+from .recorder import Hooks
 
 ALL = "all"
 SIDES = ("in", "out")
@@ -70,7 +71,7 @@ def _has_own_parameters(module) -> bool:
     return next(module.parameters(recurse=False), None) is not None
 
 
-class OpRecorder:
+class OpRecorder(Hooks):
     """Forward pre-hooks / hooks on the selected modules; `points()` after the run.
 
     `ops` is validated by `parse_ops`; module names are checked against the model at construction
@@ -86,9 +87,9 @@ class OpRecorder:
         self.selection = parse_ops(ops)
         self.step = step or (lambda: 0)
         self.symbols = symbols or dict
+        super().__init__()
         self.captured: list[dict] = []
         self._seen: set[tuple[str, int]] = set()
-        self._handles: list = []
         # (module path, module, sides) in the model's module order
         self.targets: list[tuple[str, Any, tuple[str, ...]]] = []
         if self.selection is None:
@@ -125,17 +126,6 @@ class OpRecorder:
                     mod.register_forward_hook(lambda m, args, out, p=path: self._take(m, p, "out", out, None))
                 )
         return self
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-
-    def __enter__(self) -> "OpRecorder":
-        return self.install()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.remove()
 
     def _take(self, module, path: str, side: str, value: Any, kwargs: Optional[dict]) -> None:
         import torch

@@ -27,7 +27,7 @@ Rules (each checked where it can fail; every message names the checkpoint):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Self
 
 import numpy as np
 
@@ -76,7 +76,29 @@ def select(contract: Contract, only: Optional[list[str]]) -> list[Checkpoint]:
     return [c for c in contract.checkpoints if c.name in want or c.template in want]
 
 
-class Recorder:
+class Hooks:
+    """The torch hooks a recorder installed (`_handles`), removed by `remove` or on leaving its
+    `with` block. A subclass's `install` registers them and returns the recorder."""
+
+    def __init__(self) -> None:
+        self._handles: list = []
+
+    def install(self) -> Self:
+        raise NotImplementedError
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def __enter__(self) -> Self:
+        return self.install()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+class Recorder(Hooks):
     """Forward hooks / pre-hooks that copy `selected` checkpoints out of a run of `model`, per step
     (`step_by`; None: one pass, step 0). `captured[(name, step)]` is the array (a `Summary` with
     `summarize`); `collect` checks and returns them. Use as a context manager, or `install` /
@@ -91,8 +113,8 @@ class Recorder:
         self.summarize = summarize
         self.step = 0
         self.calls = 0  # calls of step_by's module
+        super().__init__()
         self.captured: dict[tuple[str, int], np.ndarray | Summary] = {}
-        self._handles: list = []
         self._int_dtype = None
 
     @property
@@ -141,17 +163,6 @@ class Recorder:
                 "installs ('forward': the module's output, 'pre': its inputs)"
             )
         self._handles.append(h)
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-
-    def __enter__(self) -> "Recorder":
-        return self.install()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.remove()
 
     def _next_step(self, _module, args, kwargs) -> None:
         self.step = self.calls

@@ -13,7 +13,6 @@ Pinned upstream: transformers 5.24.0, `models/whisper/modeling_whisper.py` and
 from __future__ import annotations
 
 import hashlib
-import json
 import platform
 import threading
 from pathlib import Path
@@ -24,7 +23,7 @@ import numpy as np
 from .audio import from_samples, read_wav, samples_sha256
 from .dump import hf_weights_sha256
 from .contract import Checkpoint, Contract, load_resolved
-from .errors import CaptureError, OracleInputError
+from .errors import CaptureError, OracleInputError, read_json_object
 from .modeldir import PICKLE_SUFFIXES  # noqa: F401  (re-exported)
 from .modeldir import check_model_dir as _shared_check
 from .ops import OpRecorder, parse_ops
@@ -61,11 +60,8 @@ def check_model_dir(model_dir: str | Path) -> tuple[Path, dict, str]:
 def _chunk_length(d: Path) -> float:
     """preprocessor_config.json's window length in seconds (read without transformers)."""
     p = d / "preprocessor_config.json"
-    try:
-        pre = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise OracleInputError(f"{p} does not parse: {e}") from None
-    chunk = pre.get("chunk_length", 30) if isinstance(pre, dict) else None
+    pre = read_json_object(p, OracleInputError)
+    chunk = pre.get("chunk_length", 30)
     if not isinstance(chunk, (int, float)) or chunk <= 0:
         raise OracleInputError(f"{p}: chunk_length {chunk!r} is not a positive number of seconds")
     return float(chunk)

@@ -453,35 +453,36 @@ fn write_dump(
     manifest.checkpoints.clear();
     let mut w = DumpWriter::new(manifest);
     for (name, step, layout, array, token_positions, logits_processed) in entries {
-        let layout: Layout = serde_json::from_value(serde_json::Value::String(layout.clone()))
-            .map_err(|_| {
-                msg(format!("checkpoint {}: layout {layout:?} is not one of token_major, head_major, channel_major, plain", xray_core::key(&name, step)))
-            })?;
-        let tp = match token_positions.as_deref() {
-            None => None,
-            Some("last") => Some(TokenPositions::Last),
-            Some(o) => {
-                return Err(msg(format!(
-                    "checkpoint {}: token_positions {o:?} is not \"last\"",
-                    xray_core::key(&name, step)
-                )))
-            }
-        };
-        let lp = match logits_processed.as_deref() {
-            None => None,
-            Some("suppression") => Some(LogitsProcessed::Suppression),
-            Some(o) => {
-                return Err(msg(format!(
-                    "checkpoint {}: logits_processed {o:?} is not \"suppression\"",
-                    xray_core::key(&name, step)
-                )))
-            }
-        };
+        let k = xray_core::key(&name, step);
+        let layout: Layout = manifest_word(
+            &k,
+            "layout",
+            &layout,
+            "one of token_major, head_major, channel_major, plain",
+        )?;
+        let tp: Option<TokenPositions> = token_positions
+            .map(|v| manifest_word(&k, "token_positions", &v, "\"last\""))
+            .transpose()?;
+        let lp: Option<LogitsProcessed> = logits_processed
+            .map(|v| manifest_word(&k, "logits_processed", &v, "\"suppression\""))
+            .transpose()?;
         let t = array.as_array().to_owned();
         w.add_declared(&name, step, layout, &t, tp, lp);
     }
     py.detach(|| w.write_to(&out_dir, overwrite)).map_err(err)?;
     Ok(absolute(&out_dir))
+}
+
+/// A manifest field's word (`field` of checkpoint `k`) as the core enum that names it (its serde
+/// spelling); any other word is an error saying what is allowed (`allowed`).
+fn manifest_word<T: serde::de::DeserializeOwned>(
+    k: &impl std::fmt::Display,
+    field: &str,
+    word: &str,
+    allowed: &str,
+) -> PyResult<T> {
+    serde_json::from_value(serde_json::Value::String(word.to_string()))
+        .map_err(|_| msg(format!("checkpoint {k}: {field} {word:?} is not {allowed}")))
 }
 
 /// The X-Ray version these bindings were built from.

@@ -51,9 +51,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     } else {
         xray_core::ops::PointSelect::None
     };
+    let audio = xray_runtime::audio::load_wav(&a.dump.clip.audio, 16000)?;
     if a.stats_only {
         // Streamed: each checkpoint is summarized as it is produced and dropped.
-        let audio = xray_runtime::audio::load_wav(&a.dump.clip.audio, 16000)?;
         let mut rec = xray_core::capture::StatsRecorder::new(&a.only)
             .map_err(|e| anyhow::anyhow!("--only: {e}"))?;
         let out = model.run(
@@ -99,7 +99,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let only = (!a.only.is_empty()).then_some(a.only.as_slice());
     let (dump, out) = xray_harness::runs::runtime_dump(
         model.as_ref(),
-        &a.dump.clip.audio,
+        &audio,
         &opts,
         Some(&faults),
         None,

@@ -308,18 +308,23 @@ impl CaseFiles {
     }
 }
 
-/// What a case directory holds now.
-#[derive(Debug, Clone, PartialEq)]
-pub enum CaseTarget {
-    /// Nothing there yet.
-    Absent,
-    /// An empty directory.
-    Empty,
-    /// An X-Ray case whose every file is listed in its `case.json` (relative paths).
-    Case {
-        /// The files X-Ray wrote there.
-        files: Vec<String>,
-    },
+/// What a case directory holds now ([`xray_core::outdir::Target`]; an existing case is
+/// `Existing`).
+pub type CaseTarget = xray_core::outdir::Target;
+
+/// A case directory as [`xray_core::outdir`] writes and recognises it: [`MANIFEST`] of schema
+/// [`SCHEMA`], listing itself, its tensors and its weights.
+const CASE_DIR: xray_core::outdir::Kind = xray_core::outdir::Kind {
+    noun: "case",
+    manifest: MANIFEST,
+    schema: SCHEMA,
+    listed: listed_files,
+};
+
+impl From<xray_core::outdir::Refused> for CaseError {
+    fn from(r: xray_core::outdir::Refused) -> Self {
+        cerr(&r.path, r.reason)
+    }
 }
 
 /// The files an existing `case.json` lists (read leniently: any `file` string of its tensors).
@@ -347,115 +352,7 @@ fn listed_files(v: &serde_json::Value) -> Vec<String> {
 /// `case.json` does not list. A file, a symbolic link, a directory that is not an X-Ray case, a
 /// case holding other files, or an ancestor that is not a directory is refused, naming it.
 pub fn check_case_target(dir: &Path, replace: bool) -> Result<CaseTarget, CaseError> {
-    let meta = match std::fs::symlink_metadata(dir) {
-        Err(e) if absent(&e) => {
-            let mut a = dir.parent();
-            while let Some(p) = a.filter(|p| !p.as_os_str().is_empty()) {
-                match std::fs::metadata(p) {
-                    Ok(m) if m.is_dir() => return Ok(CaseTarget::Absent),
-                    Ok(_) => {
-                        return Err(cerr(
-                            p,
-                            "is not a directory (needed as a parent of the case)",
-                        ))
-                    }
-                    Err(e) if absent(&e) => a = p.parent(),
-                    Err(e) => return Err(cerr(p, e.to_string())),
-                }
-            }
-            return Ok(CaseTarget::Absent);
-        }
-        Err(e) => return Err(cerr(dir, e.to_string())),
-        Ok(m) => m,
-    };
-    if meta.file_type().is_symlink() {
-        return Err(cerr(
-            dir,
-            "is a symbolic link; give the real directory (a case is replaced by renaming)",
-        ));
-    }
-    if !meta.is_dir() {
-        return Err(cerr(dir, "exists and is not a directory"));
-    }
-    let entries = |d: &Path| -> Result<Vec<(String, bool, bool)>, CaseError> {
-        let mut v = Vec::new();
-        for e in std::fs::read_dir(d).map_err(|e| cerr(d, e.to_string()))? {
-            let e = e.map_err(|e| cerr(d, e.to_string()))?;
-            let t = e.file_type().map_err(|e| cerr(d, e.to_string()))?;
-            v.push((
-                e.file_name().to_string_lossy().to_string(),
-                t.is_file(),
-                t.is_dir(),
-            ));
-        }
-        Ok(v)
-    };
-    let present = entries(dir)?;
-    if present.is_empty() {
-        return Ok(CaseTarget::Empty);
-    }
-    let not_case = || {
-        cerr(
-            dir,
-            format!("is not empty and is not an X-Ray case (no {SCHEMA} {MANIFEST}); refusing to write there, choose a new or empty directory"),
-        )
-    };
-    let mp = dir.join(MANIFEST);
-    let text = std::fs::read_to_string(&mp).map_err(|_| not_case())?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|_| not_case())?;
-    if v.get("schema").and_then(|s| s.as_str()) != Some(SCHEMA) {
-        return Err(not_case());
-    }
-    let files = listed_files(&v);
-    let mut foreign: Vec<String> = Vec::new();
-    for (name, is_file, is_dir) in &present {
-        if *is_dir && name == WEIGHTS_DIR {
-            for (w, wf, _) in entries(&dir.join(WEIGHTS_DIR))? {
-                let rel = format!("{WEIGHTS_DIR}/{w}");
-                if !wf || !files.contains(&rel) {
-                    foreign.push(rel);
-                }
-            }
-        } else if !is_file || !files.contains(name) {
-            foreign.push(name.clone());
-        }
-    }
-    if !foreign.is_empty() {
-        return Err(cerr(
-            dir,
-            format!(
-                "is an X-Ray case but also holds what its {MANIFEST} does not list ({}); move those away or choose another directory",
-                foreign.join(", ")
-            ),
-        ));
-    }
-    if !replace {
-        return Err(cerr(
-            dir,
-            "already holds an X-Ray case; pass --force to replace it",
-        ));
-    }
-    Ok(CaseTarget::Case { files })
-}
-
-fn absent(e: &std::io::Error) -> bool {
-    matches!(
-        e.kind(),
-        std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
-    )
-}
-
-/// A fresh, uniquely named hidden sibling directory `.{base}.xray-{tag}-{pid}-{n}`.
-fn fresh_sibling(parent: &Path, base: &str, tag: &str) -> Result<PathBuf, CaseError> {
-    for n in 0..10_000u32 {
-        let p = parent.join(format!(".{base}.xray-{tag}-{}-{n}", std::process::id()));
-        match std::fs::create_dir(&p) {
-            Ok(()) => return Ok(p),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(cerr(&p, e.to_string())),
-        }
-    }
-    Err(cerr(parent, "could not create a fresh temporary directory"))
+    Ok(xray_core::outdir::check_target(dir, &CASE_DIR, replace)?)
 }
 
 fn write_new(p: &Path, bytes: &[u8]) -> Result<(), CaseError> {
@@ -487,15 +384,7 @@ pub fn write_case(
             "internal: the case manifest does not list exactly the files written",
         ));
     }
-    let target = check_case_target(dir, replace)?;
-    let parent = dir
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).map_err(|e| cerr(parent, e.to_string()))?;
-    let base = dir.file_name().and_then(|n| n.to_str()).unwrap_or("case");
-    let tmp = fresh_sibling(parent, base, "tmp")?;
-    let result = (|| -> Result<(), CaseError> {
+    xray_core::outdir::write_whole(dir, &CASE_DIR, replace, |tmp| {
         if files
             .files
             .iter()
@@ -509,43 +398,8 @@ pub fn write_case(
         }
         let mp = tmp.join(MANIFEST);
         let text = serde_json::to_string_pretty(case).map_err(|e| cerr(&mp, e.to_string()))?;
-        write_new(&mp, format!("{text}\n").as_bytes())?;
-        match &target {
-            CaseTarget::Absent => std::fs::rename(&tmp, dir).map_err(|e| cerr(dir, e.to_string())),
-            CaseTarget::Empty => {
-                std::fs::remove_dir(dir).map_err(|e| cerr(dir, e.to_string()))?;
-                std::fs::rename(&tmp, dir).map_err(|e| cerr(dir, e.to_string()))
-            }
-            CaseTarget::Case { files } => {
-                let old = fresh_sibling(parent, base, "old")?;
-                std::fs::remove_dir(&old).map_err(|e| cerr(&old, e.to_string()))?;
-                std::fs::rename(dir, &old).map_err(|e| cerr(dir, e.to_string()))?;
-                if let Err(e) = std::fs::rename(&tmp, dir) {
-                    let _ = std::fs::rename(&old, dir);
-                    return Err(cerr(dir, e.to_string()));
-                }
-                // The new case is in place; remove only what the old manifest listed.
-                for f in files {
-                    let _ = std::fs::remove_file(old.join(f));
-                }
-                let _ = std::fs::remove_dir(old.join(WEIGHTS_DIR));
-                std::fs::remove_dir(&old).map_err(|e| {
-                    cerr(
-                        &old,
-                        format!(
-                            "the new case is complete at {}, but the previous one could not be removed: {e}",
-                            dir.display()
-                        ),
-                    )
-                })
-            }
-        }
-    })();
-    if result.is_err() && tmp.exists() {
-        // Our own fresh directory: nothing else can be in it.
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
-    result
+        write_new(&mp, format!("{text}\n").as_bytes())
+    })
 }
 
 /// A case read back and checked.

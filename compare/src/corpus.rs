@@ -265,22 +265,7 @@ impl Summary {
             path: path.into(),
             reason,
         };
-        let v: serde_json::Value = serde_json::from_str(text).map_err(|source| Error::Json {
-            path: path.into(),
-            source,
-        })?;
-        let found = v.get("schema").and_then(|s| s.as_str()).unwrap_or("");
-        if found != SUMMARY_SCHEMA {
-            return Err(Error::Schema {
-                path: path.into(),
-                found: found.into(),
-                expected: SUMMARY_SCHEMA.into(),
-            });
-        }
-        let s: Summary = serde_json::from_value(v).map_err(|source| Error::Json {
-            path: path.into(),
-            source,
-        })?;
+        let s: Summary = crate::evidence::parse_with_schema(text, path, SUMMARY_SCHEMA)?;
         if s.clips.is_empty() {
             return Err(bad(
                 "the summary lists no clips: an empty corpus is neither a pass nor a failure"

@@ -447,6 +447,29 @@ pub struct Evidence {
     pub precision: Option<crate::precision::PrecisionEvidence>,
 }
 
+/// Parses JSON text whose `schema` must be `expected` (checked before the rest is read, so a file
+/// of another kind is named as such); `path` names the file in errors.
+pub(crate) fn parse_with_schema<T: serde::de::DeserializeOwned>(
+    text: &str,
+    path: &str,
+    expected: &str,
+) -> Result<T, Error> {
+    let json = |source| Error::Json {
+        path: path.into(),
+        source,
+    };
+    let v: serde_json::Value = serde_json::from_str(text).map_err(json)?;
+    let found = v.get("schema").and_then(|s| s.as_str()).unwrap_or("");
+    if found != expected {
+        return Err(Error::Schema {
+            path: path.into(),
+            found: found.into(),
+            expected: expected.into(),
+        });
+    }
+    serde_json::from_value(v).map_err(json)
+}
+
 impl Evidence {
     /// The verdict implied by the content: `diverged` if any observed checkpoint is not `pass`
     /// (`unobserved` and `not_comparable` are neither), capture is not neutral, or the token
@@ -538,22 +561,7 @@ impl Evidence {
     /// (the gate matches them by id) and that the recorded verdict is the one its checkpoints
     /// imply ([`Evidence::verdict_disagreement`]).
     pub fn from_json(text: &str, path: &str) -> Result<Evidence, Error> {
-        let v: serde_json::Value = serde_json::from_str(text).map_err(|source| Error::Json {
-            path: path.into(),
-            source,
-        })?;
-        let found = v.get("schema").and_then(|s| s.as_str()).unwrap_or("");
-        if found != SCHEMA {
-            return Err(Error::Schema {
-                path: path.into(),
-                found: found.into(),
-                expected: SCHEMA.into(),
-            });
-        }
-        let e: Evidence = serde_json::from_value(v).map_err(|source| Error::Json {
-            path: path.into(),
-            source,
-        })?;
+        let e: Evidence = parse_with_schema(text, path, SCHEMA)?;
         let mut ids = std::collections::HashSet::new();
         if let Some(c) = e
             .checkpoints

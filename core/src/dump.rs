@@ -678,15 +678,7 @@ impl DumpWriter {
         if let Some((file, reason)) = &self.failed {
             return Err(derr(&dir.join(file), reason.clone()));
         }
-        let target = check_dump_target(dir, replace)?;
-        let parent = dir
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        std::fs::create_dir_all(parent).map_err(|e| CoreError::io(parent, e))?;
-        let base = dir.file_name().and_then(|n| n.to_str()).unwrap_or("dump");
-        let tmp = fresh_sibling(parent, base, "tmp")?;
-        let result = (|| -> Result<()> {
+        crate::outdir::write_whole(dir, &DUMP_DIR, replace, |tmp| {
             for (f, bytes) in &self.files {
                 let p = tmp.join(f);
                 let mut fh = std::fs::File::create_new(&p).map_err(|e| CoreError::io(&p, e))?;
@@ -696,118 +688,26 @@ impl DumpWriter {
             let mp = tmp.join("manifest.json");
             let text = serde_json::to_string_pretty(&self.manifest)
                 .map_err(|e| derr(&mp, e.to_string()))?;
-            std::fs::write(&mp, text + "\n").map_err(|e| CoreError::io(&mp, e))?;
-            match &target {
-                DumpTarget::Absent => {
-                    std::fs::rename(&tmp, dir).map_err(|e| CoreError::io(dir, e))?;
-                }
-                DumpTarget::Empty => {
-                    // remove_dir only removes an empty directory.
-                    std::fs::remove_dir(dir).map_err(|e| CoreError::io(dir, e))?;
-                    std::fs::rename(&tmp, dir).map_err(|e| CoreError::io(dir, e))?;
-                }
-                DumpTarget::Dump { files } => {
-                    let old = fresh_sibling(parent, base, "old")?;
-                    std::fs::remove_dir(&old).map_err(|e| CoreError::io(&old, e))?;
-                    std::fs::rename(dir, &old).map_err(|e| CoreError::io(dir, e))?;
-                    if let Err(e) = std::fs::rename(&tmp, dir) {
-                        let _ = std::fs::rename(&old, dir);
-                        return Err(CoreError::io(dir, e));
-                    }
-                    // The new dump is in place; remove only what the old manifest listed.
-                    for f in files {
-                        let _ = std::fs::remove_file(old.join(f));
-                    }
-                    std::fs::remove_dir(&old).map_err(|e| {
-                        derr(
-                            &old,
-                            format!("the new dump is complete at {}, but the previous one could not be removed: {e}", dir.display()),
-                        )
-                    })?;
-                }
-            }
-            Ok(())
-        })();
-        if result.is_err() && tmp.exists() {
-            // Our own fresh directory: nothing else can be in it.
-            let _ = std::fs::remove_dir_all(&tmp);
-        }
-        result
+            std::fs::write(&mp, text + "\n").map_err(|e| CoreError::io(&mp, e))
+        })
     }
 }
 
-/// What an output directory for a dump holds now.
-#[derive(Debug, Clone, PartialEq)]
-pub enum DumpTarget {
-    /// Nothing there yet (the nearest existing ancestor is a directory).
-    Absent,
-    /// An empty directory.
-    Empty,
-    /// An X-Ray dump whose every file is listed in its manifest.
-    Dump {
-        /// The files X-Ray wrote there (`manifest.json` and the listed `.npy` files).
-        files: Vec<String>,
-    },
-}
+/// What an output directory for a dump holds now ([`crate::outdir::Target`]; an existing dump is
+/// `Existing`).
+pub type DumpTarget = crate::outdir::Target;
 
-/// Checks that a dump may be written to `dir` (run it before the expensive work; the writer
-/// runs it again): absent, empty, or (only with `replace`) an existing X-Ray dump holding no
-/// file its manifest does not list. A file, a symbolic link, a non-empty directory that is not an
-/// X-Ray dump, or an ancestor that is not a directory is refused with an error naming it.
-pub fn check_dump_target(dir: &Path, replace: bool) -> Result<DumpTarget> {
-    let meta = match std::fs::symlink_metadata(dir) {
-        Err(e) if absent(&e) => {
-            let mut a = dir.parent();
-            while let Some(p) = a.filter(|p| !p.as_os_str().is_empty()) {
-                match std::fs::metadata(p) {
-                    Ok(m) if m.is_dir() => return Ok(DumpTarget::Absent),
-                    Ok(_) => {
-                        return Err(derr(
-                            p,
-                            "is not a directory (needed as a parent of the dump)",
-                        ))
-                    }
-                    Err(e) if absent(&e) => a = p.parent(),
-                    Err(e) => return Err(CoreError::io(p, e)),
-                }
-            }
-            return Ok(DumpTarget::Absent);
-        }
-        Err(e) => return Err(CoreError::io(dir, e)),
-        Ok(m) => m,
-    };
-    if meta.file_type().is_symlink() {
-        return Err(derr(
-            dir,
-            "is a symbolic link; give the real directory (a dump is replaced by renaming)",
-        ));
-    }
-    if !meta.is_dir() {
-        return Err(derr(dir, "exists and is not a directory"));
-    }
-    let mut present = Vec::new();
-    for e in std::fs::read_dir(dir).map_err(|e| CoreError::io(dir, e))? {
-        let e = e.map_err(|e| CoreError::io(dir, e))?;
-        present.push((
-            e.file_name().to_string_lossy().to_string(),
-            e.file_type().map(|t| t.is_file()).unwrap_or(false),
-        ));
-    }
-    if present.is_empty() {
-        return Ok(DumpTarget::Empty);
-    }
-    let not_dump = || {
-        derr(
-            dir,
-            "is not empty and is not an X-Ray dump (no xray.dump manifest.json); refusing to write there, choose a new or empty directory",
-        )
-    };
-    let mp = dir.join("manifest.json");
-    let text = std::fs::read_to_string(&mp).map_err(|_| not_dump())?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|_| not_dump())?;
-    if v.get("schema").and_then(|s| s.as_str()) != Some(SCHEMA) {
-        return Err(not_dump());
-    }
+/// A dump directory as [`crate::outdir`] writes and recognises it: `manifest.json` of schema
+/// [`SCHEMA`], listing itself and its checkpoints' `.npy` files.
+const DUMP_DIR: crate::outdir::Kind = crate::outdir::Kind {
+    noun: "dump",
+    manifest: "manifest.json",
+    schema: SCHEMA,
+    listed: listed_files,
+};
+
+/// The files a dump manifest lists (read leniently: any plain `file` name of its checkpoints).
+fn listed_files(v: &serde_json::Value) -> Vec<String> {
     let mut files = vec!["manifest.json".to_string()];
     for e in v
         .get("checkpoints")
@@ -821,49 +721,25 @@ pub fn check_dump_target(dir: &Path, replace: bool) -> Result<DumpTarget> {
             }
         }
     }
-    let foreign: Vec<&str> = present
-        .iter()
-        .filter(|(n, is_file)| !is_file || !files.contains(n))
-        .map(|(n, _)| n.as_str())
-        .collect();
-    if !foreign.is_empty() {
-        return Err(derr(
-            dir,
-            format!(
-                "is an X-Ray dump but also holds what its manifest does not list ({}); move those away or choose another directory",
-                foreign.join(", ")
-            ),
-        ));
-    }
-    if !replace {
-        return Err(derr(
-            dir,
-            "already holds an X-Ray dump; pass --force to replace it",
-        ));
-    }
-    files.retain(|f| present.iter().any(|(n, _)| n == f));
-    Ok(DumpTarget::Dump { files })
+    files
 }
 
-/// Nothing there: not found, or a path component is a file (then an ancestor check names it).
-fn absent(e: &std::io::Error) -> bool {
-    matches!(
-        e.kind(),
-        std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
-    )
+/// Checks that a dump may be written to `dir` (run it before the expensive work; the writer
+/// runs it again): absent, empty, or (only with `replace`) an existing X-Ray dump holding no
+/// file its manifest does not list. A file, a symbolic link, a non-empty directory that is not an
+/// X-Ray dump, or an ancestor that is not a directory is refused with an error naming it
+/// ([`crate::outdir::check_target`]).
+pub fn check_dump_target(dir: &Path, replace: bool) -> Result<DumpTarget> {
+    Ok(crate::outdir::check_target(dir, &DUMP_DIR, replace)?)
 }
 
-/// Creates a fresh, uniquely named hidden sibling directory `.{base}.xray-{tag}-{pid}-{n}`.
-fn fresh_sibling(parent: &Path, base: &str, tag: &str) -> Result<PathBuf> {
-    for n in 0..10_000u32 {
-        let p = parent.join(format!(".{base}.xray-{tag}-{}-{n}", std::process::id()));
-        match std::fs::create_dir(&p) {
-            Ok(()) => return Ok(p),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(CoreError::io(&p, e)),
+impl From<crate::outdir::Refused> for CoreError {
+    fn from(r: crate::outdir::Refused) -> Self {
+        CoreError::Dump {
+            path: r.path,
+            reason: r.reason,
         }
     }
-    Err(derr(parent, "could not create a fresh temporary directory"))
 }
 
 impl Dump {

@@ -34,6 +34,7 @@ pub mod error;
 pub mod family;
 pub mod key;
 pub mod ops;
+pub mod outdir;
 pub mod reference;
 pub mod replay;
 pub mod signature;

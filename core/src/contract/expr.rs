@@ -266,24 +266,32 @@ mod tests {
 
     #[test]
     fn arithmetic_and_precedence() {
-        assert_eq!(eval_expr("d_model / heads", &cfg), Ok(64));
-        assert_eq!(eval_expr("2 * d_model", &cfg), Ok(768));
-        assert_eq!(eval_expr("n.layers / 2 - 1", &cfg), Ok(1));
-        assert_eq!(eval_expr("1 + 2 * 3 - 4", &cfg), Ok(3));
-        assert_eq!(eval_expr("(1 + 2) * 3", &cfg), Ok(9));
-        assert_eq!(eval_expr("-heads + 10", &cfg), Ok(4));
-        assert_eq!(eval_expr("2 - -1", &cfg), Ok(3));
-        assert_eq!(eval_expr("last: enc - 1", &cfg), Ok(2));
+        for (expr, want) in [
+            ("d_model / heads", 64),
+            ("2 * d_model", 768),
+            ("n.layers / 2 - 1", 1),
+            ("1 + 2 * 3 - 4", 3),
+            ("(1 + 2) * 3", 9),
+            ("-heads + 10", 4),
+            ("2 - -1", 3),
+            ("last: enc - 1", 2),
+        ] {
+            assert_eq!(eval_expr(expr, &cfg), Ok(want), "{expr}");
+        }
     }
 
     #[test]
     fn functions() {
-        assert_eq!(eval_expr("ceil_div(7, 2)", &cfg), Ok(4));
-        assert_eq!(eval_expr("ceil_div(8, 2)", &cfg), Ok(4));
-        assert_eq!(eval_expr("floor_div(7, 2)", &cfg), Ok(3));
-        assert_eq!(eval_expr("ceil_div(d_model, 5) * 2", &cfg), Ok(154));
-        assert_eq!(eval_expr("min(heads, 3, 9)", &cfg), Ok(3));
-        assert_eq!(eval_expr("max(heads, n.layers + 9)", &cfg), Ok(13));
+        for (expr, want) in [
+            ("ceil_div(7, 2)", 4),
+            ("ceil_div(8, 2)", 4),
+            ("floor_div(7, 2)", 3),
+            ("ceil_div(d_model, 5) * 2", 154),
+            ("min(heads, 3, 9)", 3),
+            ("max(heads, n.layers + 9)", 13),
+        ] {
+            assert_eq!(eval_expr(expr, &cfg), Ok(want), "{expr}");
+        }
     }
 
     #[test]

@@ -183,11 +183,110 @@ fn gelu_f32(x: f32) -> f32 {
     (x * 0.5) * (1.0 + erf_f32(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
+/// [`exp_f32`] on one vector of lanes, written once for the AVX2 and the AVX-512 build: each
+/// expands it over the short names its module imports (`min`, `max`, `add`, `mul`, `set1`, ...:
+/// `_mm256_*` in `avx2`, `_mm512_*` in `avx512`), so an expansion is that build's intrinsics in
+/// the order written here. `exp_lanes!(x, |t, z| floor)`: `floor` is the build's form of
+/// `t - (float(t) > z)` for `t = trunc(z)` (the comparison is a vector mask in AVX2, a bit mask
+/// in AVX-512).
+#[cfg(target_arch = "x86_64")]
+macro_rules! exp_lanes {
+    ($x:expr, |$t:ident, $z:ident| $floor:expr) => {{
+        use super::*;
+        // min(88, x) as `88 < x ? 88 : x`, then max(-87.34, .) as `-87.34 > x ? -87.34 : x`:
+        // vminps/vmaxps return the second operand when either is NaN, so NaN survives both
+        // clamps (and the polynomial), as in [`super::exp_f32`].
+        let x = min(set1(88.0), $x);
+        let x = max(set1(-87.336_55), x);
+        let $z = add(mul(x, set1(std::f32::consts::LOG2_E)), set1(0.5));
+        let $t = cvtt_epi32($z);
+        let fl = $floor;
+        let n = cvt_ps(fl);
+        let r = sub(sub(x, mul(n, set1(EXP_C1))), mul(n, set1(EXP_C2)));
+        let mut p = add(mul(set1(EXP_P0), r), set1(EXP_P1));
+        p = add(mul(p, r), set1(EXP_P2));
+        p = add(mul(p, r), set1(EXP_P3));
+        p = add(mul(p, r), set1(EXP_P4));
+        p = add(mul(p, r), set1(EXP_P5));
+        let y = add(add(mul(p, mul(r, r)), r), set1(1.0));
+        let pow2 = cast_ps(slli_epi32(add_epi32(fl, set1_epi32(127)), 23));
+        mul(y, pow2)
+    }};
+}
+
+/// [`gelu_f32`] from `src` into `dst` for `n` values, `lanes` at a time, the rest one by one;
+/// written once for the AVX2 and the AVX-512 build over their short intrinsic names (see
+/// `exp_lanes!`; `and`, `andnot`, `or`, `xor` are the bitwise float operations). `sign` is the
+/// build's vector of `-0.0` (the sign bit alone), `exp` its `exp_lanes!` function.
+#[cfg(target_arch = "x86_64")]
+macro_rules! gelu_lanes {
+    ($src:ident, $dst:ident, $n:ident, lanes = $w:literal, sign = $sign:expr, exp = $exp:ident) => {{
+        use super::*;
+        let full = $n / $w * $w;
+        let sign = $sign;
+        let one = set1(1.0);
+        let mut i = 0;
+        while i < full {
+            let v = loadu($src.add(i));
+            let u = mul(v, set1(std::f32::consts::FRAC_1_SQRT_2));
+            let a = andnot(sign, u);
+            let t = div(one, add(mul(set1(ERF_P), a), one));
+            let mut r = add(mul(set1(ERF_A5), t), set1(ERF_A4));
+            r = add(mul(r, t), set1(ERF_A3));
+            r = add(mul(r, t), set1(ERF_A2));
+            r = add(mul(r, t), set1(ERF_A1));
+            let e = $exp(xor(sign, mul(u, u)));
+            let erf_abs = sub(one, mul(mul(e, t), r));
+            let erf = or(andnot(sign, erf_abs), and(sign, u));
+            let g = mul(mul(v, set1(0.5)), add(one, erf));
+            storeu($dst.add(i), g);
+            i += $w;
+        }
+        for j in full..$n {
+            *$dst.add(j) = gelu_f32(*$src.add(j));
+        }
+    }};
+}
+
+/// The end of a vector softmax row, written once for both builds (see `exp_lanes!`): the
+/// exponentials of the scalar tail `x[full..]` added after the lanes' sum `s` (left to right),
+/// then every value times `1 / sum`, `lanes` at a time below `upto` and the rest one by one.
+#[cfg(target_arch = "x86_64")]
+macro_rules! softmax_tail {
+    ($x:ident, $m:ident, $s:expr, full = $full:ident, upto = $upto:ident, lanes = $w:literal) => {{
+        let mut s = $s;
+        for v in $x[$full..].iter_mut() {
+            let e = super::exp_f32(*v - $m);
+            *v = e;
+            s += e;
+        }
+        let inv = 1.0 / s;
+        let iv = set1(inv);
+        let mut i = 0;
+        while i < $upto {
+            storeu($x.as_mut_ptr().add(i), mul(ld($x, i), iv));
+            i += $w;
+        }
+        for v in $x[$upto..].iter_mut() {
+            *v *= inv;
+        }
+    }};
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     //! AVX2 versions of [`super::scalar`]: same operations per lane, same order.
     #![allow(unsafe_op_in_unsafe_fn)]
     use std::arch::x86_64::*;
+    // The names `exp_lanes!` and `gelu_lanes!` are written in: this build's intrinsics.
+    use std::arch::x86_64::{
+        _mm256_add_epi32 as add_epi32, _mm256_add_ps as add, _mm256_and_ps as and,
+        _mm256_andnot_ps as andnot, _mm256_castsi256_ps as cast_ps, _mm256_cvtepi32_ps as cvt_ps,
+        _mm256_cvttps_epi32 as cvtt_epi32, _mm256_div_ps as div, _mm256_loadu_ps as loadu,
+        _mm256_max_ps as max, _mm256_min_ps as min, _mm256_mul_ps as mul, _mm256_or_ps as or,
+        _mm256_set1_epi32 as set1_epi32, _mm256_set1_ps as set1, _mm256_slli_epi32 as slli_epi32,
+        _mm256_storeu_ps as storeu, _mm256_sub_ps as sub, _mm256_xor_ps as xor,
+    };
 
     #[target_feature(enable = "avx,avx2")]
     #[inline]
@@ -372,43 +471,11 @@ mod avx2 {
     #[target_feature(enable = "avx,avx2")]
     #[inline]
     pub unsafe fn exp8(x: __m256) -> __m256 {
-        use super::*;
-        // min(88, x) as `88 < x ? 88 : x`, then max(-87.34, .) as `-87.34 > x ? -87.34 : x`:
-        // `_mm256_min_ps`/`_mm256_max_ps` return the second operand when either is NaN, so NaN
-        // survives both clamps (and the polynomial), as in [`super::exp_f32`].
-        let x = _mm256_min_ps(_mm256_set1_ps(88.0), x);
-        let x = _mm256_max_ps(_mm256_set1_ps(-87.336_55), x);
-        let z = _mm256_add_ps(
-            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
-            _mm256_set1_ps(0.5),
-        );
-        let t = _mm256_cvttps_epi32(z);
-        let tf = _mm256_cvtepi32_ps(t);
-        // t - (tf > z): the comparison mask is -1 where true.
-        let gt = _mm256_castps_si256(_mm256_cmp_ps(tf, z, _CMP_GT_OQ));
-        let fl = _mm256_add_epi32(t, gt);
-        let n = _mm256_cvtepi32_ps(fl);
-        let r = _mm256_sub_ps(
-            _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(EXP_C1))),
-            _mm256_mul_ps(n, _mm256_set1_ps(EXP_C2)),
-        );
-        let mut p = _mm256_add_ps(
-            _mm256_mul_ps(_mm256_set1_ps(EXP_P0), r),
-            _mm256_set1_ps(EXP_P1),
-        );
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P2));
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P3));
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P4));
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P5));
-        let y = _mm256_add_ps(
-            _mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r),
-            _mm256_set1_ps(1.0),
-        );
-        let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_add_epi32(fl, _mm256_set1_epi32(127)),
-            23,
-        ));
-        _mm256_mul_ps(y, pow2)
+        exp_lanes!(x, |t, z| {
+            // The comparison mask is -1 where true.
+            let gt = _mm256_castps_si256(_mm256_cmp_ps(cvt_ps(t), z, _CMP_GT_OQ));
+            add_epi32(t, gt)
+        })
     }
 
     #[target_feature(enable = "avx,avx2")]
@@ -431,23 +498,8 @@ mod avx2 {
             a1 = _mm256_add_ps(a1, e1);
             k += 16;
         }
-        let mut s = reduce(a0, a1);
-        for v in x[full..].iter_mut() {
-            let e = super::exp_f32(*v - m);
-            *v = e;
-            s += e;
-        }
-        let inv = 1.0 / s;
-        let iv = _mm256_set1_ps(inv);
         let f8 = n / 8 * 8;
-        let mut i = 0;
-        while i < f8 {
-            _mm256_storeu_ps(x.as_mut_ptr().add(i), _mm256_mul_ps(ld(x, i), iv));
-            i += 8;
-        }
-        for v in x[f8..].iter_mut() {
-            *v *= inv;
-        }
+        softmax_tail!(x, m, reduce(a0, a1), full = full, upto = f8, lanes = 8)
     }
 
     #[target_feature(enable = "avx,avx2")]
@@ -458,39 +510,7 @@ mod avx2 {
     /// [`gelu`] from `src` into `dst`, `n` values (`src` may equal `dst`).
     #[target_feature(enable = "avx,avx2")]
     pub unsafe fn gelu_ptr(src: *const f32, dst: *mut f32, n: usize) {
-        use super::*;
-        let f8 = n / 8 * 8;
-        let sign = _mm256_set1_ps(-0.0);
-        let one = _mm256_set1_ps(1.0);
-        let mut i = 0;
-        while i < f8 {
-            let v = _mm256_loadu_ps(src.add(i));
-            let u = _mm256_mul_ps(v, _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
-            let a = _mm256_andnot_ps(sign, u);
-            let t = _mm256_div_ps(
-                one,
-                _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(ERF_P), a), one),
-            );
-            let mut r = _mm256_add_ps(
-                _mm256_mul_ps(_mm256_set1_ps(ERF_A5), t),
-                _mm256_set1_ps(ERF_A4),
-            );
-            r = _mm256_add_ps(_mm256_mul_ps(r, t), _mm256_set1_ps(ERF_A3));
-            r = _mm256_add_ps(_mm256_mul_ps(r, t), _mm256_set1_ps(ERF_A2));
-            r = _mm256_add_ps(_mm256_mul_ps(r, t), _mm256_set1_ps(ERF_A1));
-            let e = exp8(_mm256_xor_ps(sign, _mm256_mul_ps(u, u)));
-            let erf_abs = _mm256_sub_ps(one, _mm256_mul_ps(_mm256_mul_ps(e, t), r));
-            let erf = _mm256_or_ps(_mm256_andnot_ps(sign, erf_abs), _mm256_and_ps(sign, u));
-            let g = _mm256_mul_ps(
-                _mm256_mul_ps(v, _mm256_set1_ps(0.5)),
-                _mm256_add_ps(one, erf),
-            );
-            _mm256_storeu_ps(dst.add(i), g);
-            i += 8;
-        }
-        for j in f8..n {
-            *dst.add(j) = gelu_f32(*src.add(j));
-        }
+        gelu_lanes!(src, dst, n, lanes = 8, sign = set1(-0.0), exp = exp8)
     }
 }
 
@@ -501,6 +521,15 @@ mod avx512 {
     //! fused multiply-add), the same final reduction: the same bits, from half the instructions.
     #![allow(unsafe_op_in_unsafe_fn)]
     use std::arch::x86_64::*;
+    // The names `exp_lanes!` and `gelu_lanes!` are written in: this build's intrinsics (and the
+    // bitwise `and`, `andnot`, `or`, `xor` below).
+    use std::arch::x86_64::{
+        _mm512_add_epi32 as add_epi32, _mm512_add_ps as add, _mm512_castsi512_ps as cast_ps,
+        _mm512_cvtepi32_ps as cvt_ps, _mm512_cvttps_epi32 as cvtt_epi32, _mm512_div_ps as div,
+        _mm512_loadu_ps as loadu, _mm512_max_ps as max, _mm512_min_ps as min, _mm512_mul_ps as mul,
+        _mm512_set1_epi32 as set1_epi32, _mm512_set1_ps as set1, _mm512_slli_epi32 as slli_epi32,
+        _mm512_storeu_ps as storeu, _mm512_sub_ps as sub,
+    };
 
     #[target_feature(enable = "avx512f")]
     #[inline]
@@ -564,41 +593,10 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     #[inline]
     pub unsafe fn exp16(x: __m512) -> __m512 {
-        use super::*;
-        // vminps/vmaxps return the second operand when either is NaN: NaN survives the clamps.
-        let x = _mm512_min_ps(_mm512_set1_ps(88.0), x);
-        let x = _mm512_max_ps(_mm512_set1_ps(-87.336_55), x);
-        let z = _mm512_add_ps(
-            _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
-            _mm512_set1_ps(0.5),
-        );
-        let t = _mm512_cvttps_epi32(z);
-        let tf = _mm512_cvtepi32_ps(t);
-        // t - (tf > z)
-        let gt = _mm512_cmp_ps_mask(tf, z, _CMP_GT_OQ);
-        let fl = _mm512_mask_sub_epi32(t, gt, t, _mm512_set1_epi32(1));
-        let n = _mm512_cvtepi32_ps(fl);
-        let r = _mm512_sub_ps(
-            _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(EXP_C1))),
-            _mm512_mul_ps(n, _mm512_set1_ps(EXP_C2)),
-        );
-        let mut p = _mm512_add_ps(
-            _mm512_mul_ps(_mm512_set1_ps(EXP_P0), r),
-            _mm512_set1_ps(EXP_P1),
-        );
-        p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(EXP_P2));
-        p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(EXP_P3));
-        p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(EXP_P4));
-        p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(EXP_P5));
-        let y = _mm512_add_ps(
-            _mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r),
-            _mm512_set1_ps(1.0),
-        );
-        let pow2 = _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_add_epi32(fl, _mm512_set1_epi32(127)),
-            23,
-        ));
-        _mm512_mul_ps(y, pow2)
+        exp_lanes!(x, |t, z| {
+            let gt = _mm512_cmp_ps_mask(cvt_ps(t), z, _CMP_GT_OQ);
+            _mm512_mask_sub_epi32(t, gt, t, set1_epi32(1))
+        })
     }
 
     /// [`super::scalar::softmax`]. The maximum is taken 16 lanes wide: for a row without NaN the
@@ -629,22 +627,7 @@ mod avx512 {
             acc = _mm512_add_ps(acc, e);
             k += 16;
         }
-        let mut s = reduce(acc);
-        for v in x[full..].iter_mut() {
-            let e = super::exp_f32(*v - m);
-            *v = e;
-            s += e;
-        }
-        let inv = 1.0 / s;
-        let iv = _mm512_set1_ps(inv);
-        let mut i = 0;
-        while i < full {
-            _mm512_storeu_ps(x.as_mut_ptr().add(i), _mm512_mul_ps(ld(x, i), iv));
-            i += 16;
-        }
-        for v in x[full..].iter_mut() {
-            *v *= inv;
-        }
+        softmax_tail!(x, m, reduce(acc), full = full, upto = full, lanes = 16)
     }
 
     /// [`super::scalar::gelu`] (the operations of `avx2::gelu`).
@@ -656,39 +639,14 @@ mod avx512 {
     /// [`gelu`] from `src` into `dst`, `n` values (`src` may equal `dst`).
     #[target_feature(enable = "avx512f")]
     pub unsafe fn gelu_ptr(src: *const f32, dst: *mut f32, n: usize) {
-        use super::*;
-        let full = n / 16 * 16;
-        let sign = _mm512_castsi512_ps(_mm512_set1_epi32(i32::MIN));
-        let one = _mm512_set1_ps(1.0);
-        let mut i = 0;
-        while i < full {
-            let v = _mm512_loadu_ps(src.add(i));
-            let u = _mm512_mul_ps(v, _mm512_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
-            let a = andnot(sign, u);
-            let t = _mm512_div_ps(
-                one,
-                _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(ERF_P), a), one),
-            );
-            let mut r = _mm512_add_ps(
-                _mm512_mul_ps(_mm512_set1_ps(ERF_A5), t),
-                _mm512_set1_ps(ERF_A4),
-            );
-            r = _mm512_add_ps(_mm512_mul_ps(r, t), _mm512_set1_ps(ERF_A3));
-            r = _mm512_add_ps(_mm512_mul_ps(r, t), _mm512_set1_ps(ERF_A2));
-            r = _mm512_add_ps(_mm512_mul_ps(r, t), _mm512_set1_ps(ERF_A1));
-            let e = exp16(xor(sign, _mm512_mul_ps(u, u)));
-            let erf_abs = _mm512_sub_ps(one, _mm512_mul_ps(_mm512_mul_ps(e, t), r));
-            let erf = or(andnot(sign, erf_abs), and(sign, u));
-            let g = _mm512_mul_ps(
-                _mm512_mul_ps(v, _mm512_set1_ps(0.5)),
-                _mm512_add_ps(one, erf),
-            );
-            _mm512_storeu_ps(dst.add(i), g);
-            i += 16;
-        }
-        for j in full..n {
-            *dst.add(j) = gelu_f32(*src.add(j));
-        }
+        gelu_lanes!(
+            src,
+            dst,
+            n,
+            lanes = 16,
+            sign = cast_ps(_mm512_set1_epi32(i32::MIN)),
+            exp = exp16
+        )
     }
 
     /// `avx2::dot4_packed`: four dots of `x` with one packed f16 block of four rows, one 16-lane
@@ -1089,15 +1047,7 @@ mod tests {
     }
 
     fn data(n: usize, seed: u32) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(2_654_435_761).max(1);
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                (x as f32 / u32::MAX as f32 - 0.5) * 12.0
-            })
-            .collect()
+        crate::kernels::noise(n, seed, 12.0)
     }
 
     #[test]

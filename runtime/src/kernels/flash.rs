@@ -578,6 +578,36 @@ mod tests {
 
     use crate::kernels::noise as data;
 
+    /// Head-major q, k, v noise for `(h, t, s, d)` from seeds `seed`, `seed + 1`, `seed + 2`.
+    fn qkv((h, t, s, d): (usize, usize, usize, usize), seed: u32) -> [Vec<f32>; 3] {
+        [
+            data(h * t * d, seed, 4.0),
+            data(h * s * d, seed + 1, 4.0),
+            data(h * s * NR, seed + 2, 2.0),
+        ]
+    }
+
+    /// The head-major call on `[q, k, v]` of `(h, t, s, d)`.
+    fn head_major<'a>(
+        [q, k, v]: [&'a [f32]; 3],
+        (h, t, s, d): (usize, usize, usize, usize),
+        scale: f32,
+        causal: bool,
+    ) -> Call<'a> {
+        Call {
+            q,
+            k,
+            v,
+            h,
+            t,
+            s,
+            d,
+            scale,
+            causal,
+            token_major: false,
+        }
+    }
+
     /// Softmax attention in f64, the definition: `(context [H, T, NR], probs [H, T, S])`.
     fn reference(c: &Call) -> (Vec<f64>, Vec<f64>) {
         let Call { h, t, s, d, .. } = *c;
@@ -636,23 +666,8 @@ mod tests {
             (1, 1, 1500, 64, false),
             (2, 100, 64, 16, false),
         ] {
-            let (q, k, v) = (
-                data(h * t * d, 1, 4.0),
-                data(h * s * d, 2, 4.0),
-                data(h * s * NR, 3, 2.0),
-            );
-            let c = Call {
-                q: &q,
-                k: &k,
-                v: &v,
-                h,
-                t,
-                s,
-                d,
-                scale: (d as f32).powf(-0.5),
-                causal,
-                token_major: false,
-            };
+            let [q, k, v] = qkv((h, t, s, d), 1);
+            let c = head_major([&q, &k, &v], (h, t, s, d), (d as f32).powf(-0.5), causal);
             let (want_o, want_p) = reference(&c);
             for with_probs in [false, true] {
                 let (o, p) = run(&c, true, with_probs);
@@ -682,23 +697,8 @@ mod tests {
             return;
         }
         let (h, t, s, d) = (3usize, 100usize, 130usize, 64usize);
-        let (q, k, v) = (
-            data(h * t * d, 4, 4.0),
-            data(h * s * d, 5, 4.0),
-            data(h * s * NR, 6, 2.0),
-        );
-        let c = Call {
-            q: &q,
-            k: &k,
-            v: &v,
-            h,
-            t,
-            s,
-            d,
-            scale: 0.125,
-            causal: false,
-            token_major: false,
-        };
+        let [q, k, v] = qkv((h, t, s, d), 4);
+        let c = head_major([&q, &k, &v], (h, t, s, d), 0.125, false);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         let (par_o, par_p) = run(&c, true, true);
         let (ser_o, ser_p) = run(&c, false, true);
@@ -738,18 +738,7 @@ mod tests {
         q[3 * d + 5] = f32::NAN;
         let (k, v) = (data(h * s * d, 8, 1.0), data(h * s * NR, 9, 1.0));
         for causal in [false, true] {
-            let c = Call {
-                q: &q,
-                k: &k,
-                v: &v,
-                h,
-                t,
-                s,
-                d,
-                scale: 0.125,
-                causal,
-                token_major: false,
-            };
+            let c = head_major([&q, &k, &v], (h, t, s, d), 0.125, causal);
             let (o, p) = run(&c, false, true);
             for ti in 0..t {
                 let (orow, prow) = (&o[ti * NR..(ti + 1) * NR], &p[ti * s..(ti + 1) * s]);
@@ -788,23 +777,8 @@ mod tests {
             (3usize, 100usize, 130usize, 64usize, false),
             (2, 61, 77, 64, true),
         ] {
-            let (q, k, v) = (
-                data(h * t * d, 10, 4.0),
-                data(h * s * d, 11, 4.0),
-                data(h * s * NR, 12, 2.0),
-            );
-            let hm = Call {
-                q: &q,
-                k: &k,
-                v: &v,
-                h,
-                t,
-                s,
-                d,
-                scale: 0.125,
-                causal,
-                token_major: false,
-            };
+            let [q, k, v] = qkv((h, t, s, d), 10);
+            let hm = head_major([&q, &k, &v], (h, t, s, d), 0.125, causal);
             let (qt, kt, vt) = (
                 to_token_major(&q, h, t, d),
                 to_token_major(&k, h, s, d),

@@ -253,7 +253,7 @@ macro_rules! gelu_lanes {
 /// then every value times `1 / sum`, `lanes` at a time below `upto` and the rest one by one.
 #[cfg(target_arch = "x86_64")]
 macro_rules! softmax_tail {
-    ($x:ident, $m:ident, $s:expr, full = $full:ident, upto = $upto:ident, lanes = $w:literal) => {{
+    ($x:ident, $m:ident, $s:expr, full = $full:ident, upto = $upto:expr, lanes = $w:literal) => {{
         let mut s = $s;
         for v in $x[$full..].iter_mut() {
             let e = super::exp_f32(*v - $m);
@@ -262,12 +262,13 @@ macro_rules! softmax_tail {
         }
         let inv = 1.0 / s;
         let iv = set1(inv);
+        let upto = $upto;
         let mut i = 0;
-        while i < $upto {
+        while i < upto {
             storeu($x.as_mut_ptr().add(i), mul(ld($x, i), iv));
             i += $w;
         }
-        for v in $x[$upto..].iter_mut() {
+        for v in $x[upto..].iter_mut() {
             *v *= inv;
         }
     }};
@@ -299,7 +300,14 @@ mod avx2 {
     #[target_feature(enable = "avx,avx2")]
     #[inline]
     unsafe fn reduce(a: __m256, b: __m256) -> f32 {
-        let s8 = _mm256_add_ps(a, b);
+        reduce8(_mm256_add_ps(a, b))
+    }
+
+    /// The rest of [`super::scalar::reduce`] from its 8 sums `s8` (`a[i] + a[i+8]`): halves,
+    /// then pairs (also the end of `avx512::reduce`).
+    #[target_feature(enable = "avx,avx2")]
+    #[inline]
+    pub(super) unsafe fn reduce8(s8: __m256) -> f32 {
         let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
         let t = _mm_add_ps(s4, _mm_movehl_ps(s4, s4)); // [s4[0]+s4[2], s4[1]+s4[3], ..]
         _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)))
@@ -498,8 +506,14 @@ mod avx2 {
             a1 = _mm256_add_ps(a1, e1);
             k += 16;
         }
-        let f8 = n / 8 * 8;
-        softmax_tail!(x, m, reduce(a0, a1), full = full, upto = f8, lanes = 8)
+        softmax_tail!(
+            x,
+            m,
+            reduce(a0, a1),
+            full = full,
+            upto = n / 8 * 8,
+            lanes = 8
+        )
     }
 
     #[target_feature(enable = "avx,avx2")]
@@ -544,10 +558,7 @@ mod avx512 {
     unsafe fn reduce(a: __m512) -> f32 {
         let lo = _mm512_castps512_ps256(a);
         let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
-        let s8 = _mm256_add_ps(lo, hi);
-        let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-        let t = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)))
+        super::avx2::reduce8(_mm256_add_ps(lo, hi))
     }
 
     // Bitwise float ops through the integer forms: `_mm512_{and,andnot,or,xor}_ps` are AVX-512DQ

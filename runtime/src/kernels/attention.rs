@@ -344,18 +344,7 @@ impl Kernel for Attention {
         p
     }
     fn with_param_fault(&self, fault: &ParamFault) -> Option<Box<dyn Kernel>> {
-        match fault {
-            // The fault replaces the scale (ParamFault::AttnScale: "replaced by this factor").
-            ParamFault::AttnScale(f) => Some(Box::new(Attention {
-                scale: *f,
-                ..self.clone()
-            })),
-            ParamFault::Causal(c) => Some(Box::new(Attention {
-                causal: *c,
-                ..self.clone()
-            })),
-            _ => None,
-        }
+        super::attention_faults!(self, fault)
     }
 }
 

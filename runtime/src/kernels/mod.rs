@@ -323,6 +323,32 @@ pub fn gemm_path() -> &'static str {
     }
 }
 
+/// The body of [`Kernel::with_param_fault`](crate::graph::Kernel::with_param_fault) for an
+/// attention kernel (a `Clone` struct with `scale: f32` and `causal: bool` fields), written once:
+/// [`ParamFault::AttnScale`](crate::faults::ParamFault::AttnScale) replaces the scale ("replaced
+/// by this factor"), [`ParamFault::Causal`](crate::faults::ParamFault::Causal) the causal flag,
+/// each further `pattern => field: value` seam its field; any other fault is `None`.
+macro_rules! attention_faults {
+    ($self:ident, $fault:expr $(, $pat:pat => $field:ident: $val:expr)* $(,)?) => {
+        match $fault {
+            $crate::faults::ParamFault::AttnScale(f) => Some(Box::new(Self {
+                scale: *f,
+                ..$self.clone()
+            })),
+            $crate::faults::ParamFault::Causal(c) => Some(Box::new(Self {
+                causal: *c,
+                ..$self.clone()
+            })),
+            $($pat => Some(Box::new(Self {
+                $field: $val,
+                ..$self.clone()
+            })),)*
+            _ => None,
+        }
+    };
+}
+pub(crate) use attention_faults;
+
 /// Below this many multiply-adds a GEMM runs on one thread.
 const GEMM_PAR_MIN_WORK: usize = 1 << 20;
 

@@ -292,16 +292,6 @@ impl Kernel for ShawBlockAttention {
         })
     }
     fn with_param_fault(&self, fault: &ParamFault) -> Option<Box<dyn Kernel>> {
-        match fault {
-            ParamFault::AttnScale(f) => Some(Box::new(ShawBlockAttention {
-                scale: *f,
-                ..self.clone()
-            })),
-            ParamFault::Causal(on) => Some(Box::new(ShawBlockAttention {
-                causal: *on,
-                ..self.clone()
-            })),
-            _ => None,
-        }
+        crate::kernels::attention_faults!(self, fault)
     }
 }

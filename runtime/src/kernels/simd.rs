@@ -183,6 +183,21 @@ fn gelu_f32(x: f32) -> f32 {
     (x * 0.5) * (1.0 + erf_f32(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
+/// `unsafe fn ld(p: &[f32], i: usize) -> V`, the vector `V` of `p[i..i + lanes]` (the build's
+/// `loadu`, the bounds checked in debug builds), under the build's `#[target_feature]` and
+/// `#[inline]`: `ld!(#[target_feature(..)] V, lanes)`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! ld {
+    (#[$feature:meta] $v:ty, $w:literal) => {
+        #[$feature]
+        #[inline]
+        unsafe fn ld(p: &[f32], i: usize) -> $v {
+            debug_assert!(i + $w <= p.len());
+            loadu(p.as_ptr().add(i))
+        }
+    };
+}
+
 /// [`exp_f32`] on one vector of lanes, written once for the AVX2 and the AVX-512 build: each
 /// expands it over the short names its module imports (`min`, `max`, `add`, `mul`, `set1`, ...:
 /// `_mm256_*` in `avx2`, `_mm512_*` in `avx512`), so an expansion is that build's intrinsics in
@@ -279,7 +294,8 @@ mod avx2 {
     //! AVX2 versions of [`super::scalar`]: same operations per lane, same order.
     #![allow(unsafe_op_in_unsafe_fn)]
     use std::arch::x86_64::*;
-    // The names `exp_lanes!` and `gelu_lanes!` are written in: this build's intrinsics.
+    // The names `ld!`, `exp_lanes!`, `gelu_lanes!` and `softmax_tail!` are written in: this
+    // build's intrinsics.
     use std::arch::x86_64::{
         _mm256_add_epi32 as add_epi32, _mm256_add_ps as add, _mm256_and_ps as and,
         _mm256_andnot_ps as andnot, _mm256_castsi256_ps as cast_ps, _mm256_cvtepi32_ps as cvt_ps,
@@ -289,12 +305,7 @@ mod avx2 {
         _mm256_storeu_ps as storeu, _mm256_sub_ps as sub, _mm256_xor_ps as xor,
     };
 
-    #[target_feature(enable = "avx,avx2")]
-    #[inline]
-    unsafe fn ld(p: &[f32], i: usize) -> __m256 {
-        debug_assert!(i + 8 <= p.len());
-        _mm256_loadu_ps(p.as_ptr().add(i))
-    }
+    ld! { #[target_feature(enable = "avx,avx2")] __m256, 8 }
 
     /// [`super::scalar::reduce`] of the accumulators (lanes 0-7 in `a`, 8-15 in `b`).
     #[target_feature(enable = "avx,avx2")]
@@ -535,8 +546,8 @@ mod avx512 {
     //! fused multiply-add), the same final reduction: the same bits, from half the instructions.
     #![allow(unsafe_op_in_unsafe_fn)]
     use std::arch::x86_64::*;
-    // The names `exp_lanes!` and `gelu_lanes!` are written in: this build's intrinsics (and the
-    // bitwise `and`, `andnot`, `or`, `xor` below).
+    // The names `ld!`, `exp_lanes!`, `gelu_lanes!` and `softmax_tail!` are written in: this
+    // build's intrinsics (and the bitwise `and`, `andnot`, `or`, `xor` below).
     use std::arch::x86_64::{
         _mm512_add_epi32 as add_epi32, _mm512_add_ps as add, _mm512_castsi512_ps as cast_ps,
         _mm512_cvtepi32_ps as cvt_ps, _mm512_cvttps_epi32 as cvtt_epi32, _mm512_div_ps as div,
@@ -545,12 +556,7 @@ mod avx512 {
         _mm512_storeu_ps as storeu, _mm512_sub_ps as sub,
     };
 
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn ld(p: &[f32], i: usize) -> __m512 {
-        debug_assert!(i + 16 <= p.len());
-        _mm512_loadu_ps(p.as_ptr().add(i))
-    }
+    ld! { #[target_feature(enable = "avx512f")] __m512, 16 }
 
     /// [`super::scalar::reduce`] of 16 lane accumulators: `(a[i] + a[i+8])`, halves, pairs.
     #[target_feature(enable = "avx512f")]
@@ -1236,42 +1242,39 @@ mod tests {
                 assert_eq!(y1, y2, "axpy n={n}");
             }
         }
-        // exp over its whole clamped range.
+        use std::arch::x86_64::*;
+        // `exp8` of 8 values. SAFETY: AVX2 checked above.
+        let exp8 = |c: &[f32], out: &mut [f32]| unsafe {
+            _mm256_storeu_ps(out.as_mut_ptr(), avx2::exp8(_mm256_loadu_ps(c.as_ptr())))
+        };
+        // exp over its whole clamped range, `lanes` values at a time, on each build the CPU has.
         let xs: Vec<f32> = (0..20000).map(|i| -100.0 + i as f32 * 0.0097).collect();
-        if has_avx512() {
-            for c in xs.chunks_exact(16) {
-                let mut out = [0f32; 16];
-                // SAFETY: AVX-512F checked above.
-                unsafe {
-                    use std::arch::x86_64::*;
-                    _mm512_storeu_ps(out.as_mut_ptr(), avx512::exp16(_mm512_loadu_ps(c.as_ptr())));
-                }
+        let whole_range = |lanes: usize, exp: &dyn Fn(&[f32], &mut [f32])| {
+            for c in xs.chunks_exact(lanes) {
+                let mut out = vec![0f32; lanes];
+                exp(c, &mut out);
                 for (o, x) in out.iter().zip(c) {
-                    assert_eq!(o.to_bits(), exp_f32(*x).to_bits(), "exp16({x})");
+                    assert_eq!(
+                        o.to_bits(),
+                        exp_f32(*x).to_bits(),
+                        "exp({x}), {lanes} lanes"
+                    );
                 }
             }
+        };
+        if has_avx512() {
+            // SAFETY: AVX-512F checked above.
+            whole_range(16, &|c, out| unsafe {
+                _mm512_storeu_ps(out.as_mut_ptr(), avx512::exp16(_mm512_loadu_ps(c.as_ptr())))
+            });
         }
-        for c in xs.chunks_exact(8) {
-            let mut out = [0f32; 8];
-            // SAFETY: AVX2 checked above.
-            unsafe {
-                use std::arch::x86_64::*;
-                _mm256_storeu_ps(out.as_mut_ptr(), avx2::exp8(_mm256_loadu_ps(c.as_ptr())));
-            }
-            for (o, x) in out.iter().zip(c) {
-                assert_eq!(o.to_bits(), exp_f32(*x).to_bits(), "exp({x})");
-            }
-        }
+        whole_range(8, &exp8);
         // NaN stays NaN in every lane position.
         for lane in 0..8 {
             let mut c = [1.0f32; 8];
             c[lane] = f32::NAN;
             let mut out = [0f32; 8];
-            // SAFETY: AVX2 checked above.
-            unsafe {
-                use std::arch::x86_64::*;
-                _mm256_storeu_ps(out.as_mut_ptr(), avx2::exp8(_mm256_loadu_ps(c.as_ptr())));
-            }
+            exp8(&c, &mut out);
             assert!(out[lane].is_nan() && out.iter().filter(|v| v.is_nan()).count() == 1);
         }
     }

@@ -6,16 +6,12 @@ use std::time::Instant;
 use xray_runtime::graph::{Kernel, KernelCtx, Tensor};
 use xray_runtime::kernels::{Attention, Gelu, Linear, MatmulStrategy};
 
+/// Uniform noise in `[-1, 1)` (the top 24 bits of each word of the tests' xorshift stream).
 fn rand_tensor(shape: &[usize], seed: u32) -> Tensor {
     let n: usize = shape.iter().product();
-    let mut x = seed.wrapping_mul(2_654_435_761).max(1);
-    let v: Vec<f32> = (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            (x as f32 / u32::MAX as f32 - 0.5) * 2.0
-        })
+    let v: Vec<f32> = xray_core::testing::xorshift(seed.into())
+        .take(n)
+        .map(|w| (w >> 40) as f32 / (1u32 << 23) as f32 - 1.0)
         .collect();
     ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), v).expect("shape")
 }

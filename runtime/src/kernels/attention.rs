@@ -3,8 +3,7 @@
 
 use super::layout::{MergeHeads, SplitHeads};
 use super::{
-    data, dims, fixed, flash, par_ranges, rank, same_dim, sgemm_serial, simd, tensor,
-    MatmulStrategy,
+    data, dims, fixed, flash, par_ranges, rank, same_dim, sgemm_with, simd, tensor, MatmulStrategy,
 };
 use crate::faults::ParamFault;
 use crate::graph::{port, Dim, Kernel, KernelCtx, KernelOut, Layout, Port, Shape, Tensor};
@@ -258,7 +257,7 @@ impl Kernel for Attention {
                         let kh = &k[hi * s * d..(hi + 1) * s * d];
                         let vh = &v[hi * s * dv..(hi + 1) * s * dv];
                         let sc = &mut scores[..rows * s];
-                        sgemm_serial(rows, d, s, qs, (d, 1), kh, (1, d), 0.0, sc, (s, 1))?;
+                        sgemm_with(rows, d, s, qs, (d, 1), kh, (1, d), 0.0, sc, (s, 1), 1)?;
                         for (i, row) in sc.chunks_exact_mut(s).enumerate() {
                             let n = valid(t0 + i);
                             simd::softmax_row(&mut row[..n]);
@@ -266,7 +265,19 @@ impl Kernel for Attention {
                             row[n..].fill(masked);
                         }
                         let mut ob = vec![0f32; rows * dv];
-                        sgemm_serial(rows, s, dv, sc, (s, 1), vh, (dv, 1), 0.0, &mut ob, (dv, 1))?;
+                        sgemm_with(
+                            rows,
+                            s,
+                            dv,
+                            sc,
+                            (s, 1),
+                            vh,
+                            (dv, 1),
+                            0.0,
+                            &mut ob,
+                            (dv, 1),
+                            1,
+                        )?;
                         let pb = if probs_on { sc.to_vec() } else { Vec::new() };
                         done.push((hi, t0, ob, pb));
                     }
@@ -333,18 +344,7 @@ impl Kernel for Attention {
         p
     }
     fn with_param_fault(&self, fault: &ParamFault) -> Option<Box<dyn Kernel>> {
-        match fault {
-            // The fault replaces the scale (ParamFault::AttnScale: "replaced by this factor").
-            ParamFault::AttnScale(f) => Some(Box::new(Attention {
-                scale: *f,
-                ..self.clone()
-            })),
-            ParamFault::Causal(c) => Some(Box::new(Attention {
-                causal: *c,
-                ..self.clone()
-            })),
-            _ => None,
-        }
+        super::attention_faults!(self, fault)
     }
 }
 
@@ -354,16 +354,7 @@ mod tests {
 
     fn rand(shape: &[usize], seed: u32) -> Tensor {
         let n: usize = shape.iter().product();
-        let mut x = seed.wrapping_mul(2_654_435_761).max(1);
-        let v: Vec<f32> = (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                x as f32 / u32::MAX as f32 - 0.5
-            })
-            .collect();
-        tensor(shape, v).expect("shape")
+        tensor(shape, crate::kernels::noise(n, seed, 1.0)).expect("shape")
     }
 
     /// Token-major operands give the split -> head-major attention -> merge result, on both

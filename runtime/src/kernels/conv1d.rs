@@ -1,7 +1,9 @@
 //! 1-D convolution over channel-major `[channels, time]` input: on AVX-512 the packed GEMM of
 //! `gemm512` with the input's windows packed into its panels, elsewhere im2col + sgemm.
 
-use super::{data, dims, fixed, par_init_rows, par_rows, rank, sgemm, tensor, RowInit};
+use super::{
+    bias, bias_shape, data, dims, fixed, par_init_rows, par_rows, rank, sgemm, tensor, RowInit,
+};
 use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};
 use crate::kernels::layout::ports;
 
@@ -48,9 +50,7 @@ impl Kernel for Conv1d {
                 self.kernel
             ));
         }
-        if weights[1] != [w[0]] {
-            return Err(format!("bias must be [{}], got {:?}", w[0], weights[1]));
-        }
+        bias_shape(weights, w[0])?;
         Ok(vec![vec![Dim::Fixed(w[0]), Dim::Fixed(self.out_len(l)?)]])
     }
     fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], weights: &[&Tensor]) -> KernelOut {
@@ -67,10 +67,7 @@ impl Kernel for Conv1d {
         let lo = self.out_len(l)?;
         let x = data(inputs[0], "x")?;
         let w = data(weights[0], "weight")?;
-        let b = data(weights[1], "bias")?;
-        if b.len() != co {
-            return Err(format!("bias has {} elements, expected {co}", b.len()));
-        }
+        let b = bias(weights, co)?;
         let kk = c * kw;
         if super::gemm512::available() && x.len() == c * l && w.len() == co * kk {
             // y[co, t] = W[co, (ci, j)] . x[ci, t * stride + j - padding]: the packed GEMM with

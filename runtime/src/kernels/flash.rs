@@ -392,9 +392,9 @@ unsafe fn exp_row(x: &mut [f32], n: usize) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
         if super::gemm512::x86::wide() {
-            x86::exp_row(x, n)
+            avx512::exp_row(x, n)
         } else {
-            x86::exp_row_avx2(x, n)
+            avx2::exp_row(x, n)
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -404,37 +404,48 @@ unsafe fn exp_row(x: &mut [f32], n: usize) -> f32 {
     }
 }
 
+/// Cephes exp (the constants of `super::simd::exp_f32`) with fused multiply-adds on one vector
+/// of lanes, written once for the AVX-512 and the AVX2 build: each expands it over the short
+/// names its module imports (`min`, `max`, `mul`, `fmadd`, `fnmadd`, `add`, `set1`: `_mm512_*` in
+/// `avx512`, `_mm256_*` in `avx2`), so an expansion is that build's intrinsics in the order
+/// written here. `fma_exp_lanes!(x, round, |y, n| scale)`: `round` is the build's
+/// round-to-nearest of `x log2 e`, `scale` its `y * 2^n`. NaN stays NaN.
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+macro_rules! fma_exp_lanes {
+    ($x:expr, $round:ident, |$y:ident, $n:ident| $scale:expr) => {{
+        let x = min(set1(88.0), $x);
+        let x = max(set1(-87.336_55), x);
+        let $n = $round::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(mul(
+            x,
+            set1(std::f32::consts::LOG2_E),
+        ));
+        let r = fnmadd($n, set1(0.693_359_4), x);
+        let r = fnmadd($n, set1(-2.121_944_4e-4), r);
+        let mut p = fmadd(set1(1.987_569_1e-4), r, set1(1.398_199_9e-3));
+        p = fmadd(p, r, set1(8.333_452e-3));
+        p = fmadd(p, r, set1(4.166_579_6e-2));
+        p = fmadd(p, r, set1(1.666_666_5e-1));
+        p = fmadd(p, r, set1(0.5));
+        let $y = add(fmadd(p, mul(r, r), r), set1(1.0));
+        $scale
+    }};
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
     #![allow(unsafe_op_in_unsafe_fn)]
     use std::arch::x86_64::*;
+    // The names `fma_exp_lanes!` uses: this build's intrinsics.
+    use std::arch::x86_64::{
+        _mm512_add_ps as add, _mm512_fmadd_ps as fmadd, _mm512_fnmadd_ps as fnmadd,
+        _mm512_max_ps as max, _mm512_min_ps as min, _mm512_mul_ps as mul, _mm512_set1_ps as set1,
+    };
 
-    /// Cephes exp (the constants of `super::super::simd::exp_f32`) with fused multiply-adds and
-    /// `2^n` by `vscalefps`. NaN stays NaN.
+    /// `fma_exp_lanes!` on 16 lanes, `2^n` by `vscalefps`.
     #[target_feature(enable = "avx512f,fma")]
     #[inline]
     unsafe fn exp16(x: __m512) -> __m512 {
-        let x = _mm512_min_ps(_mm512_set1_ps(88.0), x);
-        let x = _mm512_max_ps(_mm512_set1_ps(-87.336_55), x);
-        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
-        );
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
-        let mut p = _mm512_fmadd_ps(
-            _mm512_set1_ps(1.987_569_1e-4),
-            r,
-            _mm512_set1_ps(1.398_199_9e-3),
-        );
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.333_452e-3));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.166_579_6e-2));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.666_666_5e-1));
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5));
-        let y = _mm512_add_ps(
-            _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r),
-            _mm512_set1_ps(1.0),
-        );
-        _mm512_scalef_ps(y, n)
+        fma_exp_lanes!(x, _mm512_roundscale_ps, |y, n| _mm512_scalef_ps(y, n))
     }
 
     #[target_feature(enable = "avx512f,fma")]
@@ -473,46 +484,39 @@ mod x86 {
         x[n..].fill(0.0);
         _mm512_reduce_add_ps(acc)
     }
+}
 
-    /// [`exp16`] on 8 lanes: the same operations lane by lane, `2^n` built in the exponent bits
-    /// (after the clamps `n` is in -126..=127, so `2^n` is a normal float and `y * 2^n` rounds as
-    /// `vscalefps` does). NaN stays NaN.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    #![allow(unsafe_op_in_unsafe_fn)]
+    use std::arch::x86_64::*;
+    // The names `fma_exp_lanes!` uses: this build's intrinsics.
+    use std::arch::x86_64::{
+        _mm256_add_ps as add, _mm256_fmadd_ps as fmadd, _mm256_fnmadd_ps as fnmadd,
+        _mm256_max_ps as max, _mm256_min_ps as min, _mm256_mul_ps as mul, _mm256_set1_ps as set1,
+    };
+
+    /// `fma_exp_lanes!` on 8 lanes (the operations of `avx512::exp16` lane by lane), `2^n` built
+    /// in the exponent bits (after the clamps `n` is in -126..=127, so `2^n` is a normal float
+    /// and `y * 2^n` rounds as `vscalefps` does).
     #[target_feature(enable = "avx,avx2,fma")]
     #[inline]
     unsafe fn exp8(x: __m256) -> __m256 {
-        let x = _mm256_min_ps(_mm256_set1_ps(88.0), x);
-        let x = _mm256_max_ps(_mm256_set1_ps(-87.336_55), x);
-        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
-        );
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-        let mut p = _mm256_fmadd_ps(
-            _mm256_set1_ps(1.987_569_1e-4),
-            r,
-            _mm256_set1_ps(1.398_199_9e-3),
-        );
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666_666_5e-1));
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
-        let y = _mm256_add_ps(
-            _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r),
-            _mm256_set1_ps(1.0),
-        );
-        let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
-            23,
-        ));
-        _mm256_mul_ps(y, pow2)
+        fma_exp_lanes!(x, _mm256_round_ps, |y, n| {
+            let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32(
+                _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+                23,
+            ));
+            _mm256_mul_ps(y, pow2)
+        })
     }
 
-    /// [`exp_row`] on AVX2: 16 keys a step as two 8-lane halves, so every lane sums the keys the
+    /// `avx512::exp_row` on AVX2: 16 keys a step as two 8-lane halves, so every lane sums the keys the
     /// 16-lane build's lane does, in the same order; the lanes are then added by halving (8 + 8,
     /// 4 + 4, 2 + 2, 1 + 1). The tail goes through a 16-value buffer (the keys past `n` are not
     /// in the maximum and add 0).
     #[target_feature(enable = "avx,avx2,fma")]
-    pub unsafe fn exp_row_avx2(x: &mut [f32], n: usize) -> f32 {
+    pub unsafe fn exp_row(x: &mut [f32], n: usize) -> f32 {
         let p = x.as_mut_ptr();
         let full = n / 16 * 16;
         let rest = n - full;
@@ -572,16 +576,36 @@ mod x86 {
 mod tests {
     use super::*;
 
-    fn data(n: usize, seed: u32, amp: f32) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(2_654_435_761).max(1);
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                (x as f32 / u32::MAX as f32 - 0.5) * amp
-            })
-            .collect()
+    use crate::kernels::noise as data;
+
+    /// Head-major q, k, v noise for `(h, t, s, d)` from seeds `seed`, `seed + 1`, `seed + 2`.
+    fn qkv((h, t, s, d): (usize, usize, usize, usize), seed: u32) -> [Vec<f32>; 3] {
+        [
+            data(h * t * d, seed, 4.0),
+            data(h * s * d, seed + 1, 4.0),
+            data(h * s * NR, seed + 2, 2.0),
+        ]
+    }
+
+    /// The head-major call on `[q, k, v]` of `(h, t, s, d)`.
+    fn head_major<'a>(
+        [q, k, v]: [&'a [f32]; 3],
+        (h, t, s, d): (usize, usize, usize, usize),
+        scale: f32,
+        causal: bool,
+    ) -> Call<'a> {
+        Call {
+            q,
+            k,
+            v,
+            h,
+            t,
+            s,
+            d,
+            scale,
+            causal,
+            token_major: false,
+        }
     }
 
     /// Softmax attention in f64, the definition: `(context [H, T, NR], probs [H, T, S])`.
@@ -642,23 +666,8 @@ mod tests {
             (1, 1, 1500, 64, false),
             (2, 100, 64, 16, false),
         ] {
-            let (q, k, v) = (
-                data(h * t * d, 1, 4.0),
-                data(h * s * d, 2, 4.0),
-                data(h * s * NR, 3, 2.0),
-            );
-            let c = Call {
-                q: &q,
-                k: &k,
-                v: &v,
-                h,
-                t,
-                s,
-                d,
-                scale: (d as f32).powf(-0.5),
-                causal,
-                token_major: false,
-            };
+            let [q, k, v] = qkv((h, t, s, d), 1);
+            let c = head_major([&q, &k, &v], (h, t, s, d), (d as f32).powf(-0.5), causal);
             let (want_o, want_p) = reference(&c);
             for with_probs in [false, true] {
                 let (o, p) = run(&c, true, with_probs);
@@ -688,23 +697,8 @@ mod tests {
             return;
         }
         let (h, t, s, d) = (3usize, 100usize, 130usize, 64usize);
-        let (q, k, v) = (
-            data(h * t * d, 4, 4.0),
-            data(h * s * d, 5, 4.0),
-            data(h * s * NR, 6, 2.0),
-        );
-        let c = Call {
-            q: &q,
-            k: &k,
-            v: &v,
-            h,
-            t,
-            s,
-            d,
-            scale: 0.125,
-            causal: false,
-            token_major: false,
-        };
+        let [q, k, v] = qkv((h, t, s, d), 4);
+        let c = head_major([&q, &k, &v], (h, t, s, d), 0.125, false);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         let (par_o, par_p) = run(&c, true, true);
         let (ser_o, ser_p) = run(&c, false, true);
@@ -744,18 +738,7 @@ mod tests {
         q[3 * d + 5] = f32::NAN;
         let (k, v) = (data(h * s * d, 8, 1.0), data(h * s * NR, 9, 1.0));
         for causal in [false, true] {
-            let c = Call {
-                q: &q,
-                k: &k,
-                v: &v,
-                h,
-                t,
-                s,
-                d,
-                scale: 0.125,
-                causal,
-                token_major: false,
-            };
+            let c = head_major([&q, &k, &v], (h, t, s, d), 0.125, causal);
             let (o, p) = run(&c, false, true);
             for ti in 0..t {
                 let (orow, prow) = (&o[ti * NR..(ti + 1) * NR], &p[ti * s..(ti + 1) * s]);
@@ -794,23 +777,8 @@ mod tests {
             (3usize, 100usize, 130usize, 64usize, false),
             (2, 61, 77, 64, true),
         ] {
-            let (q, k, v) = (
-                data(h * t * d, 10, 4.0),
-                data(h * s * d, 11, 4.0),
-                data(h * s * NR, 12, 2.0),
-            );
-            let hm = Call {
-                q: &q,
-                k: &k,
-                v: &v,
-                h,
-                t,
-                s,
-                d,
-                scale: 0.125,
-                causal,
-                token_major: false,
-            };
+            let [q, k, v] = qkv((h, t, s, d), 10);
+            let hm = head_major([&q, &k, &v], (h, t, s, d), 0.125, causal);
             let (qt, kt, vt) = (
                 to_token_major(&q, h, t, d),
                 to_token_major(&k, h, s, d),

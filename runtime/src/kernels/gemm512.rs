@@ -324,9 +324,9 @@ pub(crate) unsafe fn microkernel(
 ) {
     #[cfg(target_arch = "x86_64")]
     if x86::wide() {
-        x86::microkernel(k, a, lda, b, ldb, c, ldc, epi)
+        x86::avx512::microkernel(k, a, lda, b, ldb, c, ldc, epi)
     } else {
-        x86::microkernel_avx2(k, a, lda, b, ldb, c, ldc, epi)
+        x86::avx2::microkernel(k, a, lda, b, ldb, c, ldc, epi)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -337,9 +337,7 @@ pub(crate) unsafe fn microkernel(
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
-    #![allow(unsafe_op_in_unsafe_fn)]
     use super::{Epilogue, MR, NR};
-    use std::arch::x86_64::*;
 
     /// AVX-512F and FMA: the 16-lane build.
     pub(crate) fn wide() -> bool {
@@ -357,93 +355,84 @@ pub(crate) mod x86 {
         })
     }
 
-    /// [`super::microkernel`] on AVX2: the tile as four `MR x 16` strips, each with its 12
-    /// accumulators in registers over the whole `k` (AVX2 has 16), the panel's 16 columns read
-    /// as two 8-lane loads per input.
-    #[target_feature(enable = "avx,avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn microkernel_avx2(
-        k: usize,
-        a: *const f32,
-        lda: usize,
-        b: *const f32,
-        ldb: usize,
-        c: *mut f32,
-        ldc: usize,
-        epi: Epilogue,
-    ) {
-        for strip in 0..NR / 16 {
-            let mut acc = [[_mm256_setzero_ps(); 2]; MR];
-            let mut ap = a;
-            let mut bp = b.add(16 * strip);
-            for _ in 0..k {
-                let b0 = _mm256_loadu_ps(bp);
-                let b1 = _mm256_loadu_ps(bp.add(8));
-                for (r, acc_r) in acc.iter_mut().enumerate() {
-                    let av = _mm256_set1_ps(*ap.add(r * lda));
-                    acc_r[0] = _mm256_fmadd_ps(av, b0, acc_r[0]);
-                    acc_r[1] = _mm256_fmadd_ps(av, b1, acc_r[1]);
+    /// [`super::microkernel`], written once for both builds: each module expands it over the
+    /// short names it imports (`setzero`, `loadu`, `set1`, `fmadd`, `add`, `storeu`: `_mm512_*` in
+    /// `avx512`, `_mm256_*` in `avx2`), so an expansion is that build's intrinsics in the order
+    /// written here, under the build's `#[target_feature]`. `microkernel!(#[target_feature(..)]
+    /// lanes = W, strip = S, regs = [0, 1, ..])`: `pub unsafe fn microkernel` passing over the tile
+    /// as `NR / S` strips of `S` columns, each with its `MR x S / W` accumulators of `W` lanes in
+    /// registers over the whole `k` (the panel's `S` columns read as `S / W` loads per input,
+    /// `regs` their indices), then the epilogue.
+    macro_rules! microkernel {
+        (#[$feature:meta] lanes = $w:literal, strip = $s:literal, regs = [$($j:literal),+]) => {
+            #[$feature]
+            #[allow(clippy::too_many_arguments)]
+            pub unsafe fn microkernel(
+                k: usize,
+                a: *const f32,
+                lda: usize,
+                b: *const f32,
+                ldb: usize,
+                c: *mut f32,
+                ldc: usize,
+                epi: Epilogue,
+            ) {
+                for strip in 0..NR / $s {
+                    let mut acc = [[setzero(); $s / $w]; MR];
+                    let mut ap = a;
+                    let mut bp = b.add($s * strip);
+                    for _ in 0..k {
+                        let bv = [$(loadu(bp.add($w * $j))),+];
+                        for (r, acc_r) in acc.iter_mut().enumerate() {
+                            let av = set1(*ap.add(r * lda));
+                            $(acc_r[$j] = fmadd(av, bv[$j], acc_r[$j]);)+
+                        }
+                        ap = ap.add(1);
+                        bp = bp.add(ldb);
+                    }
+                    for (r, acc_r) in acc.iter().enumerate() {
+                        for (j, v) in acc_r.iter().enumerate() {
+                            let col = $s * strip + $w * j;
+                            let dst = c.add(r * ldc + col);
+                            let v = match epi {
+                                Epilogue::Store => *v,
+                                Epilogue::Add => add(loadu(dst), *v),
+                                Epilogue::Bias(bias) => add(loadu(bias.add(col)), *v),
+                                Epilogue::RowBias(bias) => add(set1(*bias.add(r)), *v),
+                            };
+                            storeu(dst, v);
+                        }
+                    }
                 }
-                ap = ap.add(1);
-                bp = bp.add(ldb);
             }
-            for (r, acc_r) in acc.iter().enumerate() {
-                for (h, v) in acc_r.iter().enumerate() {
-                    let col = 16 * strip + 8 * h;
-                    let dst = c.add(r * ldc + col);
-                    let v = match epi {
-                        Epilogue::Store => *v,
-                        Epilogue::Add => _mm256_add_ps(_mm256_loadu_ps(dst), *v),
-                        Epilogue::Bias(bias) => _mm256_add_ps(_mm256_loadu_ps(bias.add(col)), *v),
-                        Epilogue::RowBias(bias) => _mm256_add_ps(_mm256_set1_ps(*bias.add(r)), *v),
-                    };
-                    _mm256_storeu_ps(dst, v);
-                }
-            }
+        };
+    }
+
+    /// The 16-lane build: the whole tile in 24 registers (one strip, four loads per input).
+    pub(crate) mod avx512 {
+        #![allow(unsafe_op_in_unsafe_fn)]
+        use super::{Epilogue, MR, NR};
+        use std::arch::x86_64::{
+            _mm512_add_ps as add, _mm512_fmadd_ps as fmadd, _mm512_loadu_ps as loadu,
+            _mm512_set1_ps as set1, _mm512_setzero_ps as setzero, _mm512_storeu_ps as storeu,
+        };
+        microkernel! {
+            #[target_feature(enable = "avx512f,fma")] lanes = 16, strip = 64, regs = [0, 1, 2, 3]
         }
     }
 
-    #[target_feature(enable = "avx512f,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn microkernel(
-        k: usize,
-        a: *const f32,
-        lda: usize,
-        b: *const f32,
-        ldb: usize,
-        c: *mut f32,
-        ldc: usize,
-        epi: Epilogue,
-    ) {
-        let mut acc = [[_mm512_setzero_ps(); 4]; MR];
-        let mut ap = a;
-        let mut bp = b;
-        for _ in 0..k {
-            let b0 = _mm512_loadu_ps(bp);
-            let b1 = _mm512_loadu_ps(bp.add(16));
-            let b2 = _mm512_loadu_ps(bp.add(32));
-            let b3 = _mm512_loadu_ps(bp.add(48));
-            for (r, acc_r) in acc.iter_mut().enumerate() {
-                let av = _mm512_set1_ps(*ap.add(r * lda));
-                acc_r[0] = _mm512_fmadd_ps(av, b0, acc_r[0]);
-                acc_r[1] = _mm512_fmadd_ps(av, b1, acc_r[1]);
-                acc_r[2] = _mm512_fmadd_ps(av, b2, acc_r[2]);
-                acc_r[3] = _mm512_fmadd_ps(av, b3, acc_r[3]);
-            }
-            ap = ap.add(1);
-            bp = bp.add(ldb);
-        }
-        for (r, acc_r) in acc.iter().enumerate() {
-            for (j, v) in acc_r.iter().enumerate() {
-                let dst = c.add(r * ldc + 16 * j);
-                let v = match epi {
-                    Epilogue::Store => *v,
-                    Epilogue::Add => _mm512_add_ps(_mm512_loadu_ps(dst), *v),
-                    Epilogue::Bias(bias) => _mm512_add_ps(_mm512_loadu_ps(bias.add(16 * j)), *v),
-                    Epilogue::RowBias(bias) => _mm512_add_ps(_mm512_set1_ps(*bias.add(r)), *v),
-                };
-                _mm512_storeu_ps(dst, v);
-            }
+    /// The 8-lane build: the tile as four `MR x 16` strips, each with its 12 accumulators in
+    /// registers over the whole `k` (AVX2 has 16), the panel's 16 columns read as two loads per
+    /// input.
+    pub(crate) mod avx2 {
+        #![allow(unsafe_op_in_unsafe_fn)]
+        use super::{Epilogue, MR, NR};
+        use std::arch::x86_64::{
+            _mm256_add_ps as add, _mm256_fmadd_ps as fmadd, _mm256_loadu_ps as loadu,
+            _mm256_set1_ps as set1, _mm256_setzero_ps as setzero, _mm256_storeu_ps as storeu,
+        };
+        microkernel! {
+            #[target_feature(enable = "avx,avx2,fma")] lanes = 8, strip = 16, regs = [0, 1]
         }
     }
 }
@@ -453,15 +442,7 @@ mod tests {
     use super::*;
 
     fn data(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2_654_435_761).max(1);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                s as f32 / u32::MAX as f32 - 0.5
-            })
-            .collect()
+        crate::kernels::noise(n, seed, 1.0)
     }
 
     /// Against an f64 reference, on shapes around the tiles (rows not a multiple of the microtile
@@ -536,8 +517,17 @@ mod tests {
             // SAFETY: the CPU has both (checked above); a holds MR rows of k, b k rows of NR, the
             // outputs MR rows of NR, the biases NR and MR values.
             unsafe {
-                x86::microkernel(k, a.as_ptr(), k, b.as_ptr(), NR, wide.as_mut_ptr(), NR, epi);
-                x86::microkernel_avx2(
+                x86::avx512::microkernel(
+                    k,
+                    a.as_ptr(),
+                    k,
+                    b.as_ptr(),
+                    NR,
+                    wide.as_mut_ptr(),
+                    NR,
+                    epi,
+                );
+                x86::avx2::microkernel(
                     k,
                     a.as_ptr(),
                     k,

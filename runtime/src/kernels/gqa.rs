@@ -186,20 +186,7 @@ impl Kernel for GqaAttention {
         })
     }
     fn with_param_fault(&self, fault: &ParamFault) -> Option<Box<dyn Kernel>> {
-        match fault {
-            ParamFault::AttnScale(f) => Some(Box::new(GqaAttention {
-                scale: *f,
-                ..self.clone()
-            })),
-            ParamFault::Causal(on) => Some(Box::new(GqaAttention {
-                causal: *on,
-                ..self.clone()
-            })),
-            ParamFault::RopeOffset(o) => Some(Box::new(GqaAttention {
-                query_pos_offset: self.query_pos_offset + o,
-                ..self.clone()
-            })),
-            _ => None,
-        }
+        super::attention_faults!(self, fault,
+            ParamFault::RopeOffset(o) => query_pos_offset: self.query_pos_offset + o)
     }
 }

@@ -5,8 +5,8 @@ use super::{data, dims, fixed, rank, tensor};
 use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};
 
 /// The declarations of a [`Kernel`] impl, written once: its kind, input and output ports (each
-/// `name: Layout`, or `name: Any` for a layout-polymorphic port) and, when it reads weights, its
-/// weight roles in order.
+/// `name: Layout`, or `name: Any` for a layout-polymorphic port), when it reads weights, its
+/// weight roles in order, and `layout = true` for a layout transform ([`Kernel::is_layout`]).
 ///
 /// ```ignore
 /// impl Kernel for LayerNorm {
@@ -16,7 +16,7 @@ use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};
 /// ```
 macro_rules! ports {
     ($kind:literal, [$($i:ident: $il:ident),* $(,)?] -> [$($o:ident: $ol:ident),* $(,)?]
-        $(, weights [$($w:literal),* $(,)?])? $(,)?) => {
+        $(, weights [$($w:literal),* $(,)?])? $(, layout = $layout:literal)? $(,)?) => {
         fn kind(&self) -> &'static str {
             $kind
         }
@@ -28,6 +28,9 @@ macro_rules! ports {
         }
         $(fn weight_roles(&self) -> Vec<&'static str> {
             vec![$($w),*]
+        })?
+        $(fn is_layout(&self) -> bool {
+            $layout
         })?
     };
     (@port $n:ident Any) => {
@@ -47,10 +50,7 @@ pub(crate) use ports;
 pub struct ChannelToToken;
 
 impl Kernel for ChannelToToken {
-    ports!("channel_to_token_major", [x: ChannelMajor] -> [y: TokenMajor]);
-    fn is_layout(&self) -> bool {
-        true
-    }
+    ports!("channel_to_token_major", [x: ChannelMajor] -> [y: TokenMajor], layout = true);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         rank(&inputs[0], 2, "x")?;
         Ok(vec![vec![inputs[0][1].clone(), inputs[0][0].clone()]])
@@ -84,36 +84,34 @@ pub struct SplitHeads {
     pub heads: usize,
 }
 
-impl Kernel for SplitHeads {
-    ports!("token_to_head_major", [x: TokenMajor] -> [y: HeadMajor]);
-    fn is_layout(&self) -> bool {
-        true
-    }
-    fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
-        rank(&inputs[0], 2, "x")?;
-        let f = fixed(&inputs[0][1], "x features")?;
-        if self.heads == 0 || f % self.heads != 0 {
+impl SplitHeads {
+    /// The width of one head of `f` features (`f` must split evenly into the heads).
+    fn head_dim(&self, f: usize) -> Result<usize, String> {
+        if self.heads == 0 || !f.is_multiple_of(self.heads) {
             return Err(format!(
                 "{f} features do not split into {} heads",
                 self.heads
             ));
         }
+        Ok(f / self.heads)
+    }
+}
+
+impl Kernel for SplitHeads {
+    ports!("token_to_head_major", [x: TokenMajor] -> [y: HeadMajor], layout = true);
+    fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
+        rank(&inputs[0], 2, "x")?;
+        let d = self.head_dim(fixed(&inputs[0][1], "x features")?)?;
         Ok(vec![vec![
             Dim::Fixed(self.heads),
             inputs[0][0].clone(),
-            Dim::Fixed(f / self.heads),
+            Dim::Fixed(d),
         ]])
     }
     fn run(&self, _ctx: &KernelCtx, inputs: &[&Tensor], _weights: &[&Tensor]) -> KernelOut {
         let s = dims(inputs[0], 2, "x")?;
         let (t, f) = (s[0], s[1]);
-        if self.heads == 0 || f % self.heads != 0 {
-            return Err(format!(
-                "{f} features do not split into {} heads",
-                self.heads
-            ));
-        }
-        let (h, d) = (self.heads, f / self.heads);
+        let (h, d) = (self.heads, self.head_dim(f)?);
         let x = data(inputs[0], "x")?;
         let mut y = vec![0f32; t * f];
         // One head's `[T, D]` block per output row of `par_rows` (exact copies, any split).
@@ -141,10 +139,7 @@ impl Kernel for SplitHeads {
 pub struct MergeHeads;
 
 impl Kernel for MergeHeads {
-    ports!("head_to_token_major", [x: HeadMajor] -> [y: TokenMajor]);
-    fn is_layout(&self) -> bool {
-        true
-    }
+    ports!("head_to_token_major", [x: HeadMajor] -> [y: TokenMajor], layout = true);
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         rank(&inputs[0], 3, "x")?;
         let h = fixed(&inputs[0][0], "heads")?;

@@ -1,8 +1,8 @@
 //! `y = x W^T + b` over token-major rows, W in HF's `[out_features, in_features]` layout.
 
 use super::{
-    data, dims, fixed, par_init_rows, par_ranges, rank, sgemm, simd, tensor, MatmulStrategy,
-    RowInit,
+    bias, bias_shape, data, dims, fixed, par_init_rows, par_ranges, rank, sgemm, simd, tensor,
+    weight_roles_with_bias, MatmulStrategy, RowInit,
 };
 use crate::graph::{port, Dim, Kernel, KernelCtx, KernelOut, Layout, Port, Shape, Tensor};
 
@@ -40,11 +40,7 @@ impl Kernel for Linear {
         vec![port("y", Layout::TokenMajor)]
     }
     fn weight_roles(&self) -> Vec<&'static str> {
-        if self.bias {
-            vec!["weight", "bias"]
-        } else {
-            vec!["weight"]
-        }
+        weight_roles_with_bias(self.bias)
     }
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         rank(&inputs[0], 2, "x")?;
@@ -56,8 +52,8 @@ impl Kernel for Linear {
         if k != w[1] {
             return Err(format!("x has {k} features, weight expects {}", w[1]));
         }
-        if self.bias && weights[1] != [w[0]] {
-            return Err(format!("bias must be [{}], got {:?}", w[0], weights[1]));
+        if self.bias {
+            bias_shape(weights, w[0])?;
         }
         Ok(vec![vec![inputs[0][0].clone(), Dim::Fixed(w[0])]])
     }
@@ -70,15 +66,7 @@ impl Kernel for Linear {
         }
         let x = data(inputs[0], "x")?;
         let w = data(weights[0], "weight")?;
-        let b = if self.bias {
-            let b = data(weights[1], "bias")?;
-            if b.len() != n {
-                return Err(format!("bias has {} elements, expected {n}", b.len()));
-            }
-            Some(b)
-        } else {
-            None
-        };
+        let b = self.bias.then(|| bias(weights, n)).transpose()?;
         let mut y;
         match self.strategy {
             MatmulStrategy::Gemm if super::gemm512::available() && x.len() == m * k => {

@@ -323,6 +323,32 @@ pub fn gemm_path() -> &'static str {
     }
 }
 
+/// The body of [`Kernel::with_param_fault`](crate::graph::Kernel::with_param_fault) for an
+/// attention kernel (a `Clone` struct with `scale: f32` and `causal: bool` fields), written once:
+/// [`ParamFault::AttnScale`](crate::faults::ParamFault::AttnScale) replaces the scale ("replaced
+/// by this factor"), [`ParamFault::Causal`](crate::faults::ParamFault::Causal) the causal flag,
+/// each further `pattern => field: value` seam its field; any other fault is `None`.
+macro_rules! attention_faults {
+    ($self:ident, $fault:expr $(, $pat:pat => $field:ident: $val:expr)* $(,)?) => {
+        match $fault {
+            $crate::faults::ParamFault::AttnScale(f) => Some(Box::new(Self {
+                scale: *f,
+                ..$self.clone()
+            })),
+            $crate::faults::ParamFault::Causal(c) => Some(Box::new(Self {
+                causal: *c,
+                ..$self.clone()
+            })),
+            $($pat => Some(Box::new(Self {
+                $field: $val,
+                ..$self.clone()
+            })),)*
+            _ => None,
+        }
+    };
+}
+pub(crate) use attention_faults;
+
 /// Below this many multiply-adds a GEMM runs on one thread.
 const GEMM_PAR_MIN_WORK: usize = 1 << 20;
 
@@ -350,26 +376,11 @@ pub(crate) fn sgemm(
     }
 }
 
-/// [`sgemm`] on the calling thread (for callers that split the work themselves).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn sgemm_serial(
-    m: usize,
-    k: usize,
-    n: usize,
-    a: &[f32],
-    sa: (usize, usize),
-    b: &[f32],
-    sb: (usize, usize),
-    beta: f32,
-    c: &mut [f32],
-    sc: (usize, usize),
-) -> Result<(), String> {
-    sgemm_with(m, k, n, a, sa, b, sb, beta, c, sc, 1)
-}
-
+/// [`sgemm`] on `nthreads` threads of the gemm crate (1: on the calling thread, for callers that
+/// split the work themselves).
 #[allow(clippy::too_many_arguments)]
 #[allow(unsafe_code)] // gemm::gemm takes raw pointers; the extents are checked first.
-fn sgemm_with(
+pub(crate) fn sgemm_with(
     m: usize,
     k: usize,
     n: usize,
@@ -485,9 +496,53 @@ pub(crate) fn data<'a>(t: &'a crate::graph::Tensor, what: &str) -> Result<&'a [f
         .ok_or_else(|| format!("{what} is not contiguous"))
 }
 
+/// The weight roles of an op whose bias is optional: `weight`, then `bias` when it has one.
+pub(crate) fn weight_roles_with_bias(bias: bool) -> Vec<&'static str> {
+    if bias {
+        vec!["weight", "bias"]
+    } else {
+        vec!["weight"]
+    }
+}
+
+/// The bias weight's declared shape (`weights[1]`) is `[n]`, one per output feature.
+pub(crate) fn bias_shape(weights: &[Vec<usize>], n: usize) -> Result<(), String> {
+    if weights[1] != [n] {
+        return Err(format!("bias must be [{n}], got {:?}", weights[1]));
+    }
+    Ok(())
+}
+
+/// The bias weight's values (`weights[1]`): `n` of them, one per output feature.
+pub(crate) fn bias<'a>(
+    weights: &[&'a crate::graph::Tensor],
+    n: usize,
+) -> Result<&'a [f32], String> {
+    let b = data(weights[1], "bias")?;
+    if b.len() != n {
+        return Err(format!("bias has {} elements, expected {n}", b.len()));
+    }
+    Ok(b)
+}
+
 /// Build an output tensor from a shape and a buffer.
 pub(crate) fn tensor(shape: &[usize], v: Vec<f32>) -> Result<crate::graph::Tensor, String> {
     ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), v).map_err(|e| e.to_string())
+}
+
+/// The kernels' test data: `n` values of a xorshift32 stream from `seed`, spread over
+/// `[-amp / 2, amp / 2]`, the same on every machine.
+#[cfg(test)]
+pub(crate) fn noise(n: usize, seed: u32, amp: f32) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(2_654_435_761).max(1);
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x as f32 / u32::MAX as f32 - 0.5) * amp
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -183,24 +183,142 @@ fn gelu_f32(x: f32) -> f32 {
     (x * 0.5) * (1.0 + erf_f32(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
+/// `unsafe fn ld(p: &[f32], i: usize) -> V`, the vector `V` of `p[i..i + lanes]` (the build's
+/// `loadu`, the bounds checked in debug builds), under the build's `#[target_feature]` and
+/// `#[inline]`: `ld!(#[target_feature(..)] V, lanes)`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! ld {
+    (#[$feature:meta] $v:ty, $w:literal) => {
+        #[$feature]
+        #[inline]
+        unsafe fn ld(p: &[f32], i: usize) -> $v {
+            debug_assert!(i + $w <= p.len());
+            loadu(p.as_ptr().add(i))
+        }
+    };
+}
+
+/// [`exp_f32`] on one vector of lanes, written once for the AVX2 and the AVX-512 build: each
+/// expands it over the short names its module imports (`min`, `max`, `add`, `mul`, `set1`, ...:
+/// `_mm256_*` in `avx2`, `_mm512_*` in `avx512`), so an expansion is that build's intrinsics in
+/// the order written here. `exp_lanes!(x, |t, z| floor)`: `floor` is the build's form of
+/// `t - (float(t) > z)` for `t = trunc(z)` (the comparison is a vector mask in AVX2, a bit mask
+/// in AVX-512).
+#[cfg(target_arch = "x86_64")]
+macro_rules! exp_lanes {
+    ($x:expr, |$t:ident, $z:ident| $floor:expr) => {{
+        use super::*;
+        // min(88, x) as `88 < x ? 88 : x`, then max(-87.34, .) as `-87.34 > x ? -87.34 : x`:
+        // vminps/vmaxps return the second operand when either is NaN, so NaN survives both
+        // clamps (and the polynomial), as in [`super::exp_f32`].
+        let x = min(set1(88.0), $x);
+        let x = max(set1(-87.336_55), x);
+        let $z = add(mul(x, set1(std::f32::consts::LOG2_E)), set1(0.5));
+        let $t = cvtt_epi32($z);
+        let fl = $floor;
+        let n = cvt_ps(fl);
+        let r = sub(sub(x, mul(n, set1(EXP_C1))), mul(n, set1(EXP_C2)));
+        let mut p = add(mul(set1(EXP_P0), r), set1(EXP_P1));
+        p = add(mul(p, r), set1(EXP_P2));
+        p = add(mul(p, r), set1(EXP_P3));
+        p = add(mul(p, r), set1(EXP_P4));
+        p = add(mul(p, r), set1(EXP_P5));
+        let y = add(add(mul(p, mul(r, r)), r), set1(1.0));
+        let pow2 = cast_ps(slli_epi32(add_epi32(fl, set1_epi32(127)), 23));
+        mul(y, pow2)
+    }};
+}
+
+/// [`gelu_f32`] from `src` into `dst` for `n` values, `lanes` at a time, the rest one by one;
+/// written once for the AVX2 and the AVX-512 build over their short intrinsic names (see
+/// `exp_lanes!`; `and`, `andnot`, `or`, `xor` are the bitwise float operations). `sign` is the
+/// build's vector of `-0.0` (the sign bit alone), `exp` its `exp_lanes!` function.
+#[cfg(target_arch = "x86_64")]
+macro_rules! gelu_lanes {
+    ($src:ident, $dst:ident, $n:ident, lanes = $w:literal, sign = $sign:expr, exp = $exp:ident) => {{
+        use super::*;
+        let full = $n / $w * $w;
+        let sign = $sign;
+        let one = set1(1.0);
+        let mut i = 0;
+        while i < full {
+            let v = loadu($src.add(i));
+            let u = mul(v, set1(std::f32::consts::FRAC_1_SQRT_2));
+            let a = andnot(sign, u);
+            let t = div(one, add(mul(set1(ERF_P), a), one));
+            let mut r = add(mul(set1(ERF_A5), t), set1(ERF_A4));
+            r = add(mul(r, t), set1(ERF_A3));
+            r = add(mul(r, t), set1(ERF_A2));
+            r = add(mul(r, t), set1(ERF_A1));
+            let e = $exp(xor(sign, mul(u, u)));
+            let erf_abs = sub(one, mul(mul(e, t), r));
+            let erf = or(andnot(sign, erf_abs), and(sign, u));
+            let g = mul(mul(v, set1(0.5)), add(one, erf));
+            storeu($dst.add(i), g);
+            i += $w;
+        }
+        for j in full..$n {
+            *$dst.add(j) = gelu_f32(*$src.add(j));
+        }
+    }};
+}
+
+/// The end of a vector softmax row, written once for both builds (see `exp_lanes!`): the
+/// exponentials of the scalar tail `x[full..]` added after the lanes' sum `s` (left to right),
+/// then every value times `1 / sum`, `lanes` at a time below `upto` and the rest one by one.
+#[cfg(target_arch = "x86_64")]
+macro_rules! softmax_tail {
+    ($x:ident, $m:ident, $s:expr, full = $full:ident, upto = $upto:expr, lanes = $w:literal) => {{
+        let mut s = $s;
+        for v in $x[$full..].iter_mut() {
+            let e = super::exp_f32(*v - $m);
+            *v = e;
+            s += e;
+        }
+        let inv = 1.0 / s;
+        let iv = set1(inv);
+        let upto = $upto;
+        let mut i = 0;
+        while i < upto {
+            storeu($x.as_mut_ptr().add(i), mul(ld($x, i), iv));
+            i += $w;
+        }
+        for v in $x[upto..].iter_mut() {
+            *v *= inv;
+        }
+    }};
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     //! AVX2 versions of [`super::scalar`]: same operations per lane, same order.
     #![allow(unsafe_op_in_unsafe_fn)]
     use std::arch::x86_64::*;
+    // The names `ld!`, `exp_lanes!`, `gelu_lanes!` and `softmax_tail!` are written in: this
+    // build's intrinsics.
+    use std::arch::x86_64::{
+        _mm256_add_epi32 as add_epi32, _mm256_add_ps as add, _mm256_and_ps as and,
+        _mm256_andnot_ps as andnot, _mm256_castsi256_ps as cast_ps, _mm256_cvtepi32_ps as cvt_ps,
+        _mm256_cvttps_epi32 as cvtt_epi32, _mm256_div_ps as div, _mm256_loadu_ps as loadu,
+        _mm256_max_ps as max, _mm256_min_ps as min, _mm256_mul_ps as mul, _mm256_or_ps as or,
+        _mm256_set1_epi32 as set1_epi32, _mm256_set1_ps as set1, _mm256_slli_epi32 as slli_epi32,
+        _mm256_storeu_ps as storeu, _mm256_sub_ps as sub, _mm256_xor_ps as xor,
+    };
 
-    #[target_feature(enable = "avx,avx2")]
-    #[inline]
-    unsafe fn ld(p: &[f32], i: usize) -> __m256 {
-        debug_assert!(i + 8 <= p.len());
-        _mm256_loadu_ps(p.as_ptr().add(i))
-    }
+    ld! { #[target_feature(enable = "avx,avx2")] __m256, 8 }
 
     /// [`super::scalar::reduce`] of the accumulators (lanes 0-7 in `a`, 8-15 in `b`).
     #[target_feature(enable = "avx,avx2")]
     #[inline]
     unsafe fn reduce(a: __m256, b: __m256) -> f32 {
-        let s8 = _mm256_add_ps(a, b);
+        reduce8(_mm256_add_ps(a, b))
+    }
+
+    /// The rest of [`super::scalar::reduce`] from its 8 sums `s8` (`a[i] + a[i+8]`): halves,
+    /// then pairs (also the end of `avx512::reduce`).
+    #[target_feature(enable = "avx,avx2")]
+    #[inline]
+    pub(super) unsafe fn reduce8(s8: __m256) -> f32 {
         let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
         let t = _mm_add_ps(s4, _mm_movehl_ps(s4, s4)); // [s4[0]+s4[2], s4[1]+s4[3], ..]
         _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)))
@@ -372,43 +490,11 @@ mod avx2 {
     #[target_feature(enable = "avx,avx2")]
     #[inline]
     pub unsafe fn exp8(x: __m256) -> __m256 {
-        use super::*;
-        // min(88, x) as `88 < x ? 88 : x`, then max(-87.34, .) as `-87.34 > x ? -87.34 : x`:
-        // `_mm256_min_ps`/`_mm256_max_ps` return the second operand when either is NaN, so NaN
-        // survives both clamps (and the polynomial), as in [`super::exp_f32`].
-        let x = _mm256_min_ps(_mm256_set1_ps(88.0), x);
-        let x = _mm256_max_ps(_mm256_set1_ps(-87.336_55), x);
-        let z = _mm256_add_ps(
-            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
-            _mm256_set1_ps(0.5),
-        );
-        let t = _mm256_cvttps_epi32(z);
-        let tf = _mm256_cvtepi32_ps(t);
-        // t - (tf > z): the comparison mask is -1 where true.
-        let gt = _mm256_castps_si256(_mm256_cmp_ps(tf, z, _CMP_GT_OQ));
-        let fl = _mm256_add_epi32(t, gt);
-        let n = _mm256_cvtepi32_ps(fl);
-        let r = _mm256_sub_ps(
-            _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(EXP_C1))),
-            _mm256_mul_ps(n, _mm256_set1_ps(EXP_C2)),
-        );
-        let mut p = _mm256_add_ps(
-            _mm256_mul_ps(_mm256_set1_ps(EXP_P0), r),
-            _mm256_set1_ps(EXP_P1),
-        );
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P2));
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P3));
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P4));
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_P5));
-        let y = _mm256_add_ps(
-            _mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r),
-            _mm256_set1_ps(1.0),
-        );
-        let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_add_epi32(fl, _mm256_set1_epi32(127)),
-            23,
-        ));
-        _mm256_mul_ps(y, pow2)
+        exp_lanes!(x, |t, z| {
+            // The comparison mask is -1 where true.
+            let gt = _mm256_castps_si256(_mm256_cmp_ps(cvt_ps(t), z, _CMP_GT_OQ));
+            add_epi32(t, gt)
+        })
     }
 
     #[target_feature(enable = "avx,avx2")]
@@ -431,23 +517,14 @@ mod avx2 {
             a1 = _mm256_add_ps(a1, e1);
             k += 16;
         }
-        let mut s = reduce(a0, a1);
-        for v in x[full..].iter_mut() {
-            let e = super::exp_f32(*v - m);
-            *v = e;
-            s += e;
-        }
-        let inv = 1.0 / s;
-        let iv = _mm256_set1_ps(inv);
-        let f8 = n / 8 * 8;
-        let mut i = 0;
-        while i < f8 {
-            _mm256_storeu_ps(x.as_mut_ptr().add(i), _mm256_mul_ps(ld(x, i), iv));
-            i += 8;
-        }
-        for v in x[f8..].iter_mut() {
-            *v *= inv;
-        }
+        softmax_tail!(
+            x,
+            m,
+            reduce(a0, a1),
+            full = full,
+            upto = n / 8 * 8,
+            lanes = 8
+        )
     }
 
     #[target_feature(enable = "avx,avx2")]
@@ -458,39 +535,7 @@ mod avx2 {
     /// [`gelu`] from `src` into `dst`, `n` values (`src` may equal `dst`).
     #[target_feature(enable = "avx,avx2")]
     pub unsafe fn gelu_ptr(src: *const f32, dst: *mut f32, n: usize) {
-        use super::*;
-        let f8 = n / 8 * 8;
-        let sign = _mm256_set1_ps(-0.0);
-        let one = _mm256_set1_ps(1.0);
-        let mut i = 0;
-        while i < f8 {
-            let v = _mm256_loadu_ps(src.add(i));
-            let u = _mm256_mul_ps(v, _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
-            let a = _mm256_andnot_ps(sign, u);
-            let t = _mm256_div_ps(
-                one,
-                _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(ERF_P), a), one),
-            );
-            let mut r = _mm256_add_ps(
-                _mm256_mul_ps(_mm256_set1_ps(ERF_A5), t),
-                _mm256_set1_ps(ERF_A4),
-            );
-            r = _mm256_add_ps(_mm256_mul_ps(r, t), _mm256_set1_ps(ERF_A3));
-            r = _mm256_add_ps(_mm256_mul_ps(r, t), _mm256_set1_ps(ERF_A2));
-            r = _mm256_add_ps(_mm256_mul_ps(r, t), _mm256_set1_ps(ERF_A1));
-            let e = exp8(_mm256_xor_ps(sign, _mm256_mul_ps(u, u)));
-            let erf_abs = _mm256_sub_ps(one, _mm256_mul_ps(_mm256_mul_ps(e, t), r));
-            let erf = _mm256_or_ps(_mm256_andnot_ps(sign, erf_abs), _mm256_and_ps(sign, u));
-            let g = _mm256_mul_ps(
-                _mm256_mul_ps(v, _mm256_set1_ps(0.5)),
-                _mm256_add_ps(one, erf),
-            );
-            _mm256_storeu_ps(dst.add(i), g);
-            i += 8;
-        }
-        for j in f8..n {
-            *dst.add(j) = gelu_f32(*src.add(j));
-        }
+        gelu_lanes!(src, dst, n, lanes = 8, sign = set1(-0.0), exp = exp8)
     }
 }
 
@@ -501,13 +546,17 @@ mod avx512 {
     //! fused multiply-add), the same final reduction: the same bits, from half the instructions.
     #![allow(unsafe_op_in_unsafe_fn)]
     use std::arch::x86_64::*;
+    // The names `ld!`, `exp_lanes!`, `gelu_lanes!` and `softmax_tail!` are written in: this
+    // build's intrinsics (and the bitwise `and`, `andnot`, `or`, `xor` below).
+    use std::arch::x86_64::{
+        _mm512_add_epi32 as add_epi32, _mm512_add_ps as add, _mm512_castsi512_ps as cast_ps,
+        _mm512_cvtepi32_ps as cvt_ps, _mm512_cvttps_epi32 as cvtt_epi32, _mm512_div_ps as div,
+        _mm512_loadu_ps as loadu, _mm512_max_ps as max, _mm512_min_ps as min, _mm512_mul_ps as mul,
+        _mm512_set1_epi32 as set1_epi32, _mm512_set1_ps as set1, _mm512_slli_epi32 as slli_epi32,
+        _mm512_storeu_ps as storeu, _mm512_sub_ps as sub,
+    };
 
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn ld(p: &[f32], i: usize) -> __m512 {
-        debug_assert!(i + 16 <= p.len());
-        _mm512_loadu_ps(p.as_ptr().add(i))
-    }
+    ld! { #[target_feature(enable = "avx512f")] __m512, 16 }
 
     /// [`super::scalar::reduce`] of 16 lane accumulators: `(a[i] + a[i+8])`, halves, pairs.
     #[target_feature(enable = "avx512f")]
@@ -515,10 +564,7 @@ mod avx512 {
     unsafe fn reduce(a: __m512) -> f32 {
         let lo = _mm512_castps512_ps256(a);
         let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
-        let s8 = _mm256_add_ps(lo, hi);
-        let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-        let t = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)))
+        super::avx2::reduce8(_mm256_add_ps(lo, hi))
     }
 
     // Bitwise float ops through the integer forms: `_mm512_{and,andnot,or,xor}_ps` are AVX-512DQ
@@ -564,41 +610,10 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     #[inline]
     pub unsafe fn exp16(x: __m512) -> __m512 {
-        use super::*;
-        // vminps/vmaxps return the second operand when either is NaN: NaN survives the clamps.
-        let x = _mm512_min_ps(_mm512_set1_ps(88.0), x);
-        let x = _mm512_max_ps(_mm512_set1_ps(-87.336_55), x);
-        let z = _mm512_add_ps(
-            _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
-            _mm512_set1_ps(0.5),
-        );
-        let t = _mm512_cvttps_epi32(z);
-        let tf = _mm512_cvtepi32_ps(t);
-        // t - (tf > z)
-        let gt = _mm512_cmp_ps_mask(tf, z, _CMP_GT_OQ);
-        let fl = _mm512_mask_sub_epi32(t, gt, t, _mm512_set1_epi32(1));
-        let n = _mm512_cvtepi32_ps(fl);
-        let r = _mm512_sub_ps(
-            _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(EXP_C1))),
-            _mm512_mul_ps(n, _mm512_set1_ps(EXP_C2)),
-        );
-        let mut p = _mm512_add_ps(
-            _mm512_mul_ps(_mm512_set1_ps(EXP_P0), r),
-            _mm512_set1_ps(EXP_P1),
-        );
-        p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(EXP_P2));
-        p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(EXP_P3));
-        p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(EXP_P4));
-        p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(EXP_P5));
-        let y = _mm512_add_ps(
-            _mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r),
-            _mm512_set1_ps(1.0),
-        );
-        let pow2 = _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_add_epi32(fl, _mm512_set1_epi32(127)),
-            23,
-        ));
-        _mm512_mul_ps(y, pow2)
+        exp_lanes!(x, |t, z| {
+            let gt = _mm512_cmp_ps_mask(cvt_ps(t), z, _CMP_GT_OQ);
+            _mm512_mask_sub_epi32(t, gt, t, set1_epi32(1))
+        })
     }
 
     /// [`super::scalar::softmax`]. The maximum is taken 16 lanes wide: for a row without NaN the
@@ -629,22 +644,7 @@ mod avx512 {
             acc = _mm512_add_ps(acc, e);
             k += 16;
         }
-        let mut s = reduce(acc);
-        for v in x[full..].iter_mut() {
-            let e = super::exp_f32(*v - m);
-            *v = e;
-            s += e;
-        }
-        let inv = 1.0 / s;
-        let iv = _mm512_set1_ps(inv);
-        let mut i = 0;
-        while i < full {
-            _mm512_storeu_ps(x.as_mut_ptr().add(i), _mm512_mul_ps(ld(x, i), iv));
-            i += 16;
-        }
-        for v in x[full..].iter_mut() {
-            *v *= inv;
-        }
+        softmax_tail!(x, m, reduce(acc), full = full, upto = full, lanes = 16)
     }
 
     /// [`super::scalar::gelu`] (the operations of `avx2::gelu`).
@@ -656,39 +656,14 @@ mod avx512 {
     /// [`gelu`] from `src` into `dst`, `n` values (`src` may equal `dst`).
     #[target_feature(enable = "avx512f")]
     pub unsafe fn gelu_ptr(src: *const f32, dst: *mut f32, n: usize) {
-        use super::*;
-        let full = n / 16 * 16;
-        let sign = _mm512_castsi512_ps(_mm512_set1_epi32(i32::MIN));
-        let one = _mm512_set1_ps(1.0);
-        let mut i = 0;
-        while i < full {
-            let v = _mm512_loadu_ps(src.add(i));
-            let u = _mm512_mul_ps(v, _mm512_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
-            let a = andnot(sign, u);
-            let t = _mm512_div_ps(
-                one,
-                _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(ERF_P), a), one),
-            );
-            let mut r = _mm512_add_ps(
-                _mm512_mul_ps(_mm512_set1_ps(ERF_A5), t),
-                _mm512_set1_ps(ERF_A4),
-            );
-            r = _mm512_add_ps(_mm512_mul_ps(r, t), _mm512_set1_ps(ERF_A3));
-            r = _mm512_add_ps(_mm512_mul_ps(r, t), _mm512_set1_ps(ERF_A2));
-            r = _mm512_add_ps(_mm512_mul_ps(r, t), _mm512_set1_ps(ERF_A1));
-            let e = exp16(xor(sign, _mm512_mul_ps(u, u)));
-            let erf_abs = _mm512_sub_ps(one, _mm512_mul_ps(_mm512_mul_ps(e, t), r));
-            let erf = or(andnot(sign, erf_abs), and(sign, u));
-            let g = _mm512_mul_ps(
-                _mm512_mul_ps(v, _mm512_set1_ps(0.5)),
-                _mm512_add_ps(one, erf),
-            );
-            _mm512_storeu_ps(dst.add(i), g);
-            i += 16;
-        }
-        for j in full..n {
-            *dst.add(j) = gelu_f32(*src.add(j));
-        }
+        gelu_lanes!(
+            src,
+            dst,
+            n,
+            lanes = 16,
+            sign = cast_ps(_mm512_set1_epi32(i32::MIN)),
+            exp = exp16
+        )
     }
 
     /// `avx2::dot4_packed`: four dots of `x` with one packed f16 block of four rows, one 16-lane
@@ -1089,15 +1064,7 @@ mod tests {
     }
 
     fn data(n: usize, seed: u32) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(2_654_435_761).max(1);
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                (x as f32 / u32::MAX as f32 - 0.5) * 12.0
-            })
-            .collect()
+        crate::kernels::noise(n, seed, 12.0)
     }
 
     #[test]
@@ -1275,42 +1242,39 @@ mod tests {
                 assert_eq!(y1, y2, "axpy n={n}");
             }
         }
-        // exp over its whole clamped range.
+        use std::arch::x86_64::*;
+        // `exp8` of 8 values. SAFETY: AVX2 checked above.
+        let exp8 = |c: &[f32], out: &mut [f32]| unsafe {
+            _mm256_storeu_ps(out.as_mut_ptr(), avx2::exp8(_mm256_loadu_ps(c.as_ptr())))
+        };
+        // exp over its whole clamped range, `lanes` values at a time, on each build the CPU has.
         let xs: Vec<f32> = (0..20000).map(|i| -100.0 + i as f32 * 0.0097).collect();
-        if has_avx512() {
-            for c in xs.chunks_exact(16) {
-                let mut out = [0f32; 16];
-                // SAFETY: AVX-512F checked above.
-                unsafe {
-                    use std::arch::x86_64::*;
-                    _mm512_storeu_ps(out.as_mut_ptr(), avx512::exp16(_mm512_loadu_ps(c.as_ptr())));
-                }
+        let whole_range = |lanes: usize, exp: &dyn Fn(&[f32], &mut [f32])| {
+            for c in xs.chunks_exact(lanes) {
+                let mut out = vec![0f32; lanes];
+                exp(c, &mut out);
                 for (o, x) in out.iter().zip(c) {
-                    assert_eq!(o.to_bits(), exp_f32(*x).to_bits(), "exp16({x})");
+                    assert_eq!(
+                        o.to_bits(),
+                        exp_f32(*x).to_bits(),
+                        "exp({x}), {lanes} lanes"
+                    );
                 }
             }
+        };
+        if has_avx512() {
+            // SAFETY: AVX-512F checked above.
+            whole_range(16, &|c, out| unsafe {
+                _mm512_storeu_ps(out.as_mut_ptr(), avx512::exp16(_mm512_loadu_ps(c.as_ptr())))
+            });
         }
-        for c in xs.chunks_exact(8) {
-            let mut out = [0f32; 8];
-            // SAFETY: AVX2 checked above.
-            unsafe {
-                use std::arch::x86_64::*;
-                _mm256_storeu_ps(out.as_mut_ptr(), avx2::exp8(_mm256_loadu_ps(c.as_ptr())));
-            }
-            for (o, x) in out.iter().zip(c) {
-                assert_eq!(o.to_bits(), exp_f32(*x).to_bits(), "exp({x})");
-            }
-        }
+        whole_range(8, &exp8);
         // NaN stays NaN in every lane position.
         for lane in 0..8 {
             let mut c = [1.0f32; 8];
             c[lane] = f32::NAN;
             let mut out = [0f32; 8];
-            // SAFETY: AVX2 checked above.
-            unsafe {
-                use std::arch::x86_64::*;
-                _mm256_storeu_ps(out.as_mut_ptr(), avx2::exp8(_mm256_loadu_ps(c.as_ptr())));
-            }
+            exp8(&c, &mut out);
             assert!(out[lane].is_nan() && out.iter().filter(|v| v.is_nan()).count() == 1);
         }
     }

@@ -4,7 +4,9 @@
 use crate::faults::ParamFault;
 use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};
 use crate::kernels::layout::ports;
-use crate::kernels::{data, dims, par_ranges, same_dim, sgemm, simd, tensor};
+use crate::kernels::{
+    bias, bias_shape, data, dims, par_ranges, same_dim, sgemm, simd, tensor, weight_roles_with_bias,
+};
 
 use super::{sigmoid, softmax_in_place, token_rows};
 
@@ -23,11 +25,7 @@ pub struct Pointwise {
 impl Kernel for Pointwise {
     ports!("pointwise_conv", [x: TokenMajor] -> [y: TokenMajor]);
     fn weight_roles(&self) -> Vec<&'static str> {
-        if self.bias {
-            vec!["weight", "bias"]
-        } else {
-            vec!["weight"]
-        }
+        weight_roles_with_bias(self.bias)
     }
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         let (rows, k) = token_rows(&inputs[0], "x")?;
@@ -35,8 +33,8 @@ impl Kernel for Pointwise {
         if w.len() != 3 || w[1] != k || w[2] != 1 {
             return Err(format!("weight must be [out, {k}, 1], got {w:?}"));
         }
-        if self.bias && weights[1] != [w[0]] {
-            return Err(format!("bias must be [{}], got {:?}", w[0], weights[1]));
+        if self.bias {
+            bias_shape(weights, w[0])?;
         }
         Ok(vec![vec![rows, Dim::Fixed(w[0])]])
     }
@@ -52,10 +50,7 @@ impl Kernel for Pointwise {
         let mut y = vec![0f32; m * n];
         let mut beta = 0.0;
         if self.bias {
-            let b = data(weights[1], "bias")?;
-            if b.len() != n {
-                return Err(format!("bias has {} elements, expected {n}", b.len()));
-            }
+            let b = bias(weights, n)?;
             for row in y.chunks_exact_mut(n) {
                 row.copy_from_slice(b);
             }
@@ -297,16 +292,6 @@ impl Kernel for ShawBlockAttention {
         })
     }
     fn with_param_fault(&self, fault: &ParamFault) -> Option<Box<dyn Kernel>> {
-        match fault {
-            ParamFault::AttnScale(f) => Some(Box::new(ShawBlockAttention {
-                scale: *f,
-                ..self.clone()
-            })),
-            ParamFault::Causal(on) => Some(Box::new(ShawBlockAttention {
-                causal: *on,
-                ..self.clone()
-            })),
-            _ => None,
-        }
+        crate::kernels::attention_faults!(self, fault)
     }
 }

@@ -23,7 +23,7 @@ use super::kernels::{
 };
 use super::{Derived, GraniteNarConfig, ENCODER_NORM_EPS};
 use crate::error::{Result, RuntimeError};
-use crate::graph::{Dim, EdgeId, Graph, GraphBuilder, Kernel, Layout, Out};
+use crate::graph::{Dim, EdgeId, Graph, GraphBuilder, Layout, Out};
 use crate::kernels::activation::Softmax;
 use crate::kernels::activation::{Scale, Silu, SwiGlu};
 use crate::kernels::gqa::GqaAttention;
@@ -85,6 +85,11 @@ impl Module {
         Module { op: op.into(), vb }
     }
 
+    /// Layer `l` of a stack: op `{op}.{l}`, weights under `{vb}.{l}`.
+    fn layer(op: &str, vb: &str, l: usize) -> Module {
+        Module::new(format!("{op}.{l}"), Vb::root(vb).pp(l))
+    }
+
     /// The sub-module `leaf`: op `{op}.{leaf}`, weights under `{vb}.{leaf}`.
     fn pp(&self, leaf: &str) -> Module {
         Module::new(self.op(leaf), self.vb.pp(leaf))
@@ -109,19 +114,6 @@ struct B<'a> {
 }
 
 impl B<'_> {
-    /// One token-major op `[rows, cols]`.
-    fn op(
-        &mut self,
-        name: &str,
-        k: impl Kernel + 'static,
-        ins: &[EdgeId],
-        ws: &[(String, Vec<usize>)],
-        rows: &Dim,
-        cols: usize,
-    ) -> Result<EdgeId> {
-        op(&mut self.g, name, k, ins, ws, rows, cols)
-    }
-
     /// `nn.Linear(n_in, n_out, bias)` as the module `m` (GEMM).
     fn linear(
         &mut self,
@@ -149,7 +141,7 @@ impl B<'_> {
     fn rms_norm(&mut self, m: &Module, x: EdgeId, d: usize, rows: &Dim) -> Result<EdgeId> {
         let eps = self.cfg.text_config.rms_norm_eps as f32;
         let w = [(m.vb.key("weight"), vec![d])];
-        self.op(&m.op, RmsNorm::new(eps), &[x], &w, rows, d)
+        op(&mut self.g, &m.op, RmsNorm::new(eps), &[x], &w, rows, d)
     }
 
     /// Residual `a + scale * b`.
@@ -174,7 +166,7 @@ impl B<'_> {
         let t = Dim::sym(SYM_ENC_FRAMES);
         let x = self.layer_norm(&m.pp("pre_norm"), h, (d, ENCODER_NORM_EPS), &t)?;
         let x = self.linear(&m.pp("up_proj"), x, (d, inner, true), &t)?;
-        let x = self.op(&m.op("silu"), Silu, &[x], &[], &t, inner)?;
+        let x = op(&mut self.g, &m.op("silu"), Silu, &[x], &[], &t, inner)?;
         let x = self.linear(&m.pp("down_proj"), x, (inner, d, true), &t)?;
         self.add(&m.op("residual"), h, x, 0.5, &t, d)
     }
@@ -202,7 +194,7 @@ impl B<'_> {
         let x = self.layer_norm(&m.pp("pre_norm"), h, (d, ENCODER_NORM_EPS), &t)?;
         let q = self.linear(&m.pp("to_q"), x, (d, inner, false), &t)?;
         let kv = self.linear(&m.pp("to_kv"), x, (d, 2 * inner, false), &t)?;
-        let a = self.op(&m.op("shaw"), shaw, &[q, kv], &rel, &t, inner)?;
+        let a = op(&mut self.g, &m.op("shaw"), shaw, &[q, kv], &rel, &t, inner)?;
         let a = self.linear(&m.pp("to_out"), a, (inner, d, true), &t)?;
         self.add(&m.op("residual"), h, a, 1.0, &t, d)
     }
@@ -224,24 +216,48 @@ impl B<'_> {
                 (vb.key("weight"), vec![c_out, c_in, 1]),
                 (vb.key("bias"), vec![c_out]),
             ];
-            b.op(&m.op(leaf), Pointwise { bias: true }, &[x], &w, &t, c_out)
+            op(
+                &mut b.g,
+                &m.op(leaf),
+                Pointwise { bias: true },
+                &[x],
+                &w,
+                &t,
+                c_out,
+            )
         };
         let x = pointwise(self, "up_conv", x, (d, 2 * conv_inner))?;
-        let x = self.op(&m.op("glu"), Glu, &[x], &[], &t, conv_inner)?;
+        let x = op(&mut self.g, &m.op("glu"), Glu, &[x], &[], &t, conv_inner)?;
         let dw = [(
             m.vb.pp("depth_conv").pp("conv").key("weight"),
             vec![conv_inner, 1, kernel],
         )];
         let depthwise = DepthwiseConv { kernel };
-        let x = self.op(&m.op("depth_conv"), depthwise, &[x], &dw, &t, conv_inner)?;
+        let x = op(
+            &mut self.g,
+            &m.op("depth_conv"),
+            depthwise,
+            &[x],
+            &dw,
+            &t,
+            conv_inner,
+        )?;
         let bn_vb = m.vb.pp("batch_norm");
         let bn: Vec<(String, Vec<usize>)> = ["weight", "bias", "running_mean", "running_var"]
             .iter()
             .map(|r| (bn_vb.key(r), vec![conv_inner]))
             .collect();
         let batch_norm = BatchNorm::new(ENCODER_NORM_EPS);
-        let x = self.op(&m.op("batch_norm"), batch_norm, &[x], &bn, &t, conv_inner)?;
-        let x = self.op(&m.op("silu"), Silu, &[x], &[], &t, conv_inner)?;
+        let x = op(
+            &mut self.g,
+            &m.op("batch_norm"),
+            batch_norm,
+            &[x],
+            &bn,
+            &t,
+            conv_inner,
+        )?;
+        let x = op(&mut self.g, &m.op("silu"), Silu, &[x], &[], &t, conv_inner)?;
         let x = pointwise(self, "down_conv", x, (conv_inner, d))?;
         self.add(&m.op("residual"), h, x, 1.0, &t, d)
     }
@@ -253,7 +269,7 @@ impl B<'_> {
     fn conformer_block(&mut self, l: usize, h: EdgeId) -> Result<EdgeId> {
         let d = self.cfg.encoder_config.hidden_dim;
         let t = Dim::sym(SYM_ENC_FRAMES);
-        let m = Module::new(format!("enc.block.{l}"), Vb::root("encoder.layers").pp(l));
+        let m = Module::layer("enc.block", "encoder.layers", l);
         let h = self.conformer_ff(&m.pp("ff1"), h)?;
         let h = self.conformer_attention(&m.pp("attn"), h)?;
         let h = self.conformer_conv(&m.pp("conv"), h)?;
@@ -282,10 +298,7 @@ impl B<'_> {
         let ln = (hp, prj.layernorm_eps as f32);
         let rows = Dim::sym(SYM_PROJ_ROWS);
         let toks = Dim::sym(SYM_PROJ_TOKENS);
-        let m = Module::new(
-            format!("proj.qformer.layer.{l}"),
-            Vb::root("projector.qformer.layers").pp(l),
-        );
+        let m = Module::layer("proj.qformer.layer", "projector.qformer.layers", l);
         let ca = m.weights_in("cross_attention");
         let x = self.layer_norm(&m.pp("attn_norm"), q, ln, &toks)?;
         let qq = self.linear(&ca.pp("q_proj"), x, (hp, hp, ab), &toks)?;
@@ -297,13 +310,21 @@ impl B<'_> {
             block,
             scale: ((hp / heads) as f32).powf(-0.5),
         };
-        let a = self.op(&m.op("cross_attn"), att, &[qq, kk, vv], &[], &toks, hp)?;
+        let a = op(
+            &mut self.g,
+            &m.op("cross_attn"),
+            att,
+            &[qq, kk, vv],
+            &[],
+            &toks,
+            hp,
+        )?;
         let a = self.linear(&ca.pp("o_proj"), a, (hp, hp, ab), &toks)?;
         let q = self.add(&m.op("residual_attn"), q, a, 1.0, &toks, hp)?;
         let x = self.layer_norm(&m.pp("mlp_norm"), q, ln, &toks)?;
         let mm = m.weights_in("mlp");
         let x = self.linear(&mm.pp("fc1"), x, (hp, mlp, mb), &toks)?;
-        let x = self.op(&m.op("silu"), Silu, &[x], &[], &toks, mlp)?;
+        let x = op(&mut self.g, &m.op("silu"), Silu, &[x], &[], &toks, mlp)?;
         let x = self.linear(&mm.pp("fc2"), x, (mlp, hp, mb), &toks)?;
         self.add(&m.op("residual_mlp"), q, x, 1.0, &toks, hp)
     }
@@ -326,10 +347,7 @@ impl B<'_> {
             query_pos_offset: 0,
         };
         let n_total = Dim::sym(SYM_N_TOTAL);
-        let m = Module::new(
-            format!("dec.layer.{l}"),
-            Vb::root("language_model.model.layers").pp(l),
-        );
+        let m = Module::layer("dec.layer", "language_model.model.layers", l);
         let sa = m.weights_in("self_attn");
         let x = self.rms_norm(&m.pp("input_layernorm"), h, dm, &n_total)?;
         let heads = [("q", hq), ("k", hk), ("v", hk)];
@@ -371,7 +389,15 @@ impl B<'_> {
         let gt = self.linear(&mlp.pp("gate_proj"), x, (dm, inter, mb), &n_total)?;
         let up = self.linear(&mlp.pp("up_proj"), x, (dm, inter, mb), &n_total)?;
         let swiglu = m.op("swiglu");
-        let x = self.op(&swiglu, SwiGlu, &[gt, up], &[], &n_total, inter)?;
+        let x = op(
+            &mut self.g,
+            &swiglu,
+            SwiGlu,
+            &[gt, up],
+            &[],
+            &n_total,
+            inter,
+        )?;
         let x = self.linear(&mlp.pp("down_proj"), x, (inter, dm, mb), &n_total)?;
         let h = self.add(&m.op("residual_mlp"), h, x, rm, &n_total, dm)?;
         self.g.checkpoint(h, &format!("dec.layer.{l}.out"))?;
@@ -405,7 +431,8 @@ pub fn build(
     // ---- Frontend.
     let pcm = b.g.feed(names::PCM, shape!["samples"], Layout::Plain)?;
     let mel_rows = Dim::sym(SYM_MEL_FRAMES);
-    let mel = b.op(
+    let mel = op(
+        &mut b.g,
         "frontend.log_mel",
         pre.log_mel()?,
         &[pcm],
@@ -413,7 +440,8 @@ pub fn build(
         &mel_rows,
         n_mels,
     )?;
-    let mel_in = b.op(
+    let mel_in = op(
+        &mut b.g,
         "frontend.stack_frames",
         StackFrames,
         &[mel],
@@ -444,7 +472,8 @@ pub fn build(
             let ctc_out = Module::new("enc.self_cond.ctc_out", ev.pp("out"));
             let logits = b.linear(&ctc_out, h, ctc, &t)?;
             b.g.checkpoint(logits, "enc.ctc_logits")?;
-            let probs = b.op(
+            let probs = op(
+                &mut b.g,
                 "enc.self_cond.softmax",
                 Softmax,
                 &[logits],
@@ -493,7 +522,15 @@ pub fn build(
     let pool = PosteriorPool {
         window: enc.bpe_pooling_window,
     };
-    let pooled = b.op("enc.bpe_ctc.pool", pool, &[h, blank], &[], &bpe_rows, d)?;
+    let pooled = op(
+        &mut b.g,
+        "enc.bpe_ctc.pool",
+        pool,
+        &[h, blank],
+        &[],
+        &bpe_rows,
+        d,
+    )?;
     let bpe = ev.pp("out_bpe");
     let bpe_logits = b.g.op(
         "enc.bpe_ctc.out",
@@ -522,24 +559,41 @@ pub fn build(
             start: j * e,
             len: e,
         };
-        let s = b.op(&format!("proj.slice.{j}"), slice, &[cat_out], &[], &t, e)?;
+        let s = op(
+            &mut b.g,
+            &format!("proj.slice.{j}"),
+            slice,
+            &[cat_out],
+            &[],
+            &t,
+            e,
+        )?;
         let norm = pv.pp("layer_norms").pp(j);
         let norm = Module::new(format!("proj.layer_norm.{j}"), norm);
         slices.push(b.layer_norm(&norm, s, ln, &t)?);
     }
     let concat = ConcatChannels { n: slices.len() };
-    let x = b.op("proj.norm_concat", concat, &slices, &[], &t, cat_dim)?;
+    let x = op(
+        &mut b.g,
+        "proj.norm_concat",
+        concat,
+        &slices,
+        &[],
+        &t,
+        cat_dim,
+    )?;
     let pm = Module::new("proj", pv.clone());
     let x = b.linear(&pm.pp("layer_projector"), x, (cat_dim, hp, true), &t)?;
-    let x = b.op("proj.gelu", Gelu, &[x], &[], &t, hp)?;
+    let x = op(&mut b.g, "proj.gelu", Gelu, &[x], &[], &t, hp)?;
     let rows = Dim::sym(SYM_PROJ_ROWS);
     let toks = Dim::sym(SYM_PROJ_TOKENS);
     let pad = WindowPad {
         block: prj.block_size,
     };
-    let win = b.op("proj.window_pad", pad, &[x], &[], &rows, hp)?;
+    let win = op(&mut b.g, "proj.window_pad", pad, &[x], &[], &rows, hp)?;
     let wpos = [(pv.key("window_positions"), vec![1, prj.block_size, hp])];
-    let kv = b.op(
+    let kv = op(
+        &mut b.g,
         "proj.kv_positions",
         AddWindowPositions,
         &[win],
@@ -551,12 +605,12 @@ pub fn build(
         downsample: prj.downsample_rate,
     };
     let query = [(pv.key("query"), vec![1, der.n_query, hp])];
-    let mut q = b.op("proj.query_init", init, &[win], &query, &toks, hp)?;
+    let mut q = op(&mut b.g, "proj.query_init", init, &[win], &query, &toks, hp)?;
     for l in 0..prj.num_layers {
         q = b.qformer_layer(l, q, kv, der.n_query, der.proj_mlp)?;
     }
     // The reference captures `projector.qformer`'s output; this identity marks the stack's end.
-    let qf = b.op("proj.qformer", Identity, &[q], &[], &toks, hp)?;
+    let qf = op(&mut b.g, "proj.qformer", Identity, &[q], &[], &toks, hp)?;
     b.g.checkpoint(qf, "proj.qformer.out")?;
     let out_ln = (hp, prj.layernorm_eps as f32);
     let x = b.layer_norm(&pm.pp("out_norm"), qf, out_ln, &toks)?;
@@ -580,7 +634,8 @@ pub fn build(
         divisor,
     };
     let n_audio = Dim::sym(SYM_N_AUDIO);
-    let audio = b.op(
+    let audio = op(
+        &mut b.g,
         "dec.audio_prefix",
         prefix,
         &[proj_out, cat_out],
@@ -590,8 +645,17 @@ pub fn build(
     )?;
     let embed_key = lm.pp("embed_tokens").key("weight");
     let embed = [(embed_key.clone(), vec![txt.vocab_size, dm])];
-    let text = b.op("dec.embed_tokens", Embedding, &[ids], &embed, &n_text, dm)?;
-    let flat = b.op(
+    let text = op(
+        &mut b.g,
+        "dec.embed_tokens",
+        Embedding,
+        &[ids],
+        &embed,
+        &n_text,
+        dm,
+    )?;
+    let flat = op(
+        &mut b.g,
         "dec.flat_concat",
         ConcatRows,
         &[audio, text],
@@ -603,12 +667,28 @@ pub fn build(
     let scale = Scale {
         factor: txt.embedding_multiplier as f32,
     };
-    let mut h = b.op("dec.embed_scale", scale, &[flat], &[], &n_total, dm)?;
+    let mut h = op(
+        &mut b.g,
+        "dec.embed_scale",
+        scale,
+        &[flat],
+        &[],
+        &n_total,
+        dm,
+    )?;
     for l in 0..txt.num_hidden_layers {
         h = b.lm_layer(l, h, der)?;
     }
     let x = b.rms_norm(&Module::new("dec", lm.clone()).pp("norm"), h, dm, &n_total)?;
-    let x = b.op("dec.text_rows", TailRows, &[x, ids], &[], &n_text, dm)?;
+    let x = op(
+        &mut b.g,
+        "dec.text_rows",
+        TailRows,
+        &[x, ids],
+        &[],
+        &n_text,
+        dm,
+    )?;
     // Tied lm_head: the embedding table, no bias, no `/ logits_scaling` (the NAR model calls
     // `lm_head` directly).
     let text_logits = b.g.op(

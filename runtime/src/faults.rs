@@ -812,10 +812,66 @@ pub struct CatalogueEntry {
     /// Needs a previous input through the same model (stale-state bugs).
     pub needs_second_input: bool,
     /// The fault for a model config (an error names a config key the config lacks).
-    pub(crate) build: fn(&serde_json::Value) -> Result<FaultKind, String>,
+    pub(crate) build: BuildFault,
+}
+
+/// How a catalogue entry builds its fault from a model config (an error names a config key the
+/// config lacks).
+pub(crate) type BuildFault = fn(&serde_json::Value) -> Result<FaultKind, String>;
+
+/// One family's catalogue under construction: [`FamilyFaults::fault`] makes each entry one row,
+/// the family named once.
+pub(crate) struct FamilyFaults(pub &'static str);
+
+impl FamilyFaults {
+    /// The fault `name` imitating `description`, planted at `default_target` and built by
+    /// `build`, whose origin the harness must put at `expected_origin` with `expected_signature`
+    /// (None: any): at every step, on one input, any op-level signature, until
+    /// [`CatalogueEntry::at_step`], [`CatalogueEntry::op_signature`] or
+    /// [`CatalogueEntry::second_input`] say otherwise.
+    pub(crate) fn fault(
+        &self,
+        name: &'static str,
+        description: &'static str,
+        default_target: &'static str,
+        expected_origin: (&'static str, usize),
+        expected_signature: Option<SignatureKind>,
+        build: BuildFault,
+    ) -> CatalogueEntry {
+        CatalogueEntry {
+            name,
+            family: self.0,
+            description,
+            default_target,
+            step: None,
+            expected_origin,
+            expected_signature,
+            expected_op_signature: None,
+            needs_second_input: false,
+            build,
+        }
+    }
 }
 
 impl CatalogueEntry {
+    /// Planted only at `step`.
+    pub(crate) fn at_step(mut self, step: Step) -> CatalogueEntry {
+        self.step = Some(step);
+        self
+    }
+
+    /// The harness must name `kind` for the op-level origin its drill-down finds.
+    pub(crate) fn op_signature(mut self, kind: SignatureKind) -> CatalogueEntry {
+        self.expected_op_signature = Some(kind);
+        self
+    }
+
+    /// Needs a previous input through the same model (stale-state bugs).
+    pub(crate) fn second_input(mut self) -> CatalogueEntry {
+        self.needs_second_input = true;
+        self
+    }
+
     /// The fault for a model config; a config key the fault needs and the config lacks is an
     /// error naming it.
     pub fn kind(&self, config: &serde_json::Value) -> crate::Result<FaultKind> {

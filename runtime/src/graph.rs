@@ -288,27 +288,20 @@ impl GraphBuilder {
         let in_ports = kernel.inputs();
         let out_ports = kernel.outputs();
         let roles = kernel.weight_roles();
+        // An arity mismatch names the op, its kernel and what it takes against what it got.
+        let arity =
+            |what: String| RuntimeError::Graph(format!("op '{name}' ({}) {what}", kernel.kind()));
         if in_ports.len() != inputs.len() {
-            return Err(RuntimeError::Graph(format!(
-                "op '{name}' ({}) takes {} inputs, {} given",
-                kernel.kind(),
-                in_ports.len(),
-                inputs.len()
-            )));
+            let (n, got) = (in_ports.len(), inputs.len());
+            return Err(arity(format!("takes {n} inputs, {got} given")));
         }
         if out_ports.len() != outputs.len() {
-            return Err(RuntimeError::Graph(format!(
-                "op '{name}' ({}) has {} outputs, {} declared",
-                kernel.kind(),
-                out_ports.len(),
-                outputs.len()
-            )));
+            let (n, got) = (out_ports.len(), outputs.len());
+            return Err(arity(format!("has {n} outputs, {got} declared")));
         }
         if roles.len() != weights.len() {
-            return Err(RuntimeError::Graph(format!(
-                "op '{name}' ({}) takes weights {:?}, {} given",
-                kernel.kind(),
-                roles,
+            return Err(arity(format!(
+                "takes weights {roles:?}, {} given",
                 weights.len()
             )));
         }

@@ -147,32 +147,26 @@ impl Reference {
     /// A step-0 tensor in the expected canonical shape (layout as the contract's), or an error
     /// naming the checkpoint.
     fn tensor(&self, name: &str, layout: Layout, shape: &[usize]) -> Result<Dense, Error> {
-        let e = self.dump.entry(name, 0).ok_or_else(|| {
-            Error::Input(format!(
-                "{}: no {} to feed",
-                self.dir.display(),
-                xray_core::key(name, 0)
-            ))
-        })?;
+        // Every refusal names the dump and the checkpoint's key.
+        let (dir, key) = (self.dir.display(), xray_core::key(name, 0));
+        let refuse = |why: String| Error::Input(format!("{dir}: {key} {why}"));
+        let e = self
+            .dump
+            .entry(name, 0)
+            .ok_or_else(|| Error::Input(format!("{dir}: no {key} to feed")))?;
         if e.layout != layout || e.shape != shape {
-            return Err(Error::Input(format!(
-                "{}: {} is {:?} {:?}, candle needs {layout:?} {shape:?}",
-                self.dir.display(),
-                xray_core::key(name, 0),
-                e.layout,
-                e.shape
+            return Err(refuse(format!(
+                "is {:?} {:?}, candle needs {layout:?} {shape:?}",
+                e.layout, e.shape
             )));
         }
-        let t = self.dump.get(name, 0).ok_or_else(|| {
-            Error::Input(format!(
-                "{}: {} has no tensor",
-                self.dir.display(),
-                xray_core::key(name, 0)
-            ))
-        })?;
+        let t = self
+            .dump
+            .get(name, 0)
+            .ok_or_else(|| refuse("has no tensor".into()))?;
         // A NaN or Inf fed in would be computed on and compared as if it were a reference.
         if let Some((i, v)) = t.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-            return Err(Error::Input(format!("{}: {} holds a non-finite value ({v}) at index {i} (C order); a non-finite tensor is not fed", self.dir.display(), xray_core::key(name, 0))));
+            return Err(refuse(format!("holds a non-finite value ({v}) at index {i} (C order); a non-finite tensor is not fed")));
         }
         Ok(Dense {
             shape: t.shape().to_vec(),

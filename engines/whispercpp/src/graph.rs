@@ -190,6 +190,9 @@ impl std::fmt::Display for Mismatch {
 
 type R<T> = Result<T, Mismatch>;
 
+/// One op-level point: the tensor, the HF module, its side (`in`, `out`) and the runtime op.
+type PointRow = (Id, String, &'static str, String);
+
 /// Which graph this is, from the tensors whisper.cpp names and the ops present.
 pub fn kind(g: &Graph) -> R<Kind> {
     if g.named("mel").is_some() {
@@ -318,6 +321,44 @@ impl<'g> Recognizer<'g> {
         });
     }
 
+    /// [`Self::point`] for each `(id, module, side, op)` of `points`, in order, all of `shape`.
+    fn points(&mut self, shape: &[usize], points: impl IntoIterator<Item = PointRow>) {
+        for (id, module, side, op) in points {
+            self.point(id, module, side, shape.to_vec(), &op);
+        }
+    }
+
+    /// The op-level points of one block's self-attention, in the runtime's op names (`side`: `""`
+    /// in the encoder, `"self_"` in the decoder): the pre-norm's input `inp` and output `ln` (the
+    /// q/k/v projections' input), the q/k/v projections' outputs, the context `ctx` (out_proj's
+    /// input) and out_proj's output `proj`, all of `shape`.
+    fn self_attn_points(
+        &mut self,
+        p: &str,
+        module: &str,
+        side: &str,
+        [inp, ln, q, k, v, ctx, proj]: [Id; 7],
+        shape: &[usize],
+    ) {
+        let norm = format!("{module}.self_attn_layer_norm");
+        let norm_op = format!("{p}.self_attn_norm");
+        let a = |leaf: &str| format!("{module}.self_attn.{leaf}");
+        let op = |leaf: &str| format!("{p}.{side}{leaf}");
+        let points = [
+            (inp, norm.clone(), "in", format!("{p}.input")),
+            (ln, a("q_proj"), "in", norm_op.clone()),
+            (ln, a("k_proj"), "in", norm_op.clone()),
+            (ln, a("v_proj"), "in", norm_op.clone()),
+            (ln, norm, "out", norm_op),
+            (q, a("q_proj"), "out", op("q_proj")),
+            (k, a("k_proj"), "out", op("k_proj")),
+            (v, a("v_proj"), "out", op("v_proj")),
+            (ctx, a("out_proj"), "in", op("merge_heads")),
+            (proj, a("out_proj"), "out", op("out_proj")),
+        ];
+        self.points(shape, points);
+    }
+
     fn reduced(&mut self, op: String, id: Id, why: impl Into<String>) {
         self.found.reduced.push(Reduced {
             op,
@@ -390,49 +431,56 @@ impl<'g> Recognizer<'g> {
             &format!("{p}: the MLP's LayerNorm input and residual"),
         )?;
         let (w, f, step_rows) = (width as usize, ffn as usize, rows as usize);
-        self.point(
-            x,
-            format!("{module}.final_layer_norm"),
-            "in",
-            vec![step_rows, w],
-            &format!("{p}.residual_attn"),
+        let m = |leaf: &str| format!("{module}.{leaf}");
+        let o = |leaf: &str| format!("{p}.{leaf}");
+        self.points(
+            &[step_rows, w],
+            [
+                (x, m("final_layer_norm"), "in", o("residual_attn")),
+                (ln, m("final_layer_norm"), "out", o("mlp_norm")),
+                (ln, m("fc1"), "in", o("mlp_norm")),
+            ],
         );
-        self.point(
-            ln,
-            format!("{module}.final_layer_norm"),
-            "out",
-            vec![step_rows, w],
-            &format!("{p}.mlp_norm"),
+        self.points(
+            &[step_rows, f],
+            [
+                (fc1, m("fc1"), "out", o("fc1")),
+                (gelu, m("fc2"), "in", o("gelu")),
+            ],
         );
-        self.point(
-            ln,
-            format!("{module}.fc1"),
-            "in",
-            vec![step_rows, w],
-            &format!("{p}.mlp_norm"),
-        );
-        self.point(
-            fc1,
-            format!("{module}.fc1"),
-            "out",
-            vec![step_rows, f],
-            &format!("{p}.fc1"),
-        );
-        self.point(
-            gelu,
-            format!("{module}.fc2"),
-            "in",
-            vec![step_rows, f],
-            &format!("{p}.gelu"),
-        );
-        self.point(
-            fc2,
-            format!("{module}.fc2"),
-            "out",
-            vec![step_rows, w],
-            &format!("{p}.fc2"),
-        );
+        self.point(fc2, m("fc2"), "out", vec![step_rows, w], &o("fc2"));
         Ok(x)
+    }
+
+    /// Layer `il` of the `stack` (`encoder`, `decoder`) from its output `x` back to the residual
+    /// add `{p}.{residual}` before its MLP: taps the layer's output, walks the MLP (`ffn` wide over
+    /// `rows` rows) and returns the layer's op prefix `p` and HF module with the add's two sources
+    /// (the attention's out_proj output, the residual stream).
+    fn layer_tail(
+        &mut self,
+        stack: &str,
+        il: usize,
+        x: Id,
+        (ffn, rows): (i64, i64),
+        residual: &str,
+    ) -> R<(String, String, Id, Id)> {
+        let p = format!("{stack}.layer.{il}");
+        let module = format!("model.{stack}.layers.{il}");
+        let shape = vec![rows as usize, self.d.d_model as usize];
+        let out = format!("audio.{p}.out");
+        self.tap(
+            x,
+            out,
+            Layout::TokenMajor,
+            shape,
+            &format!("{p}.residual_mlp"),
+        );
+        let inp_ff = self.mlp(x, self.d.d_model, ffn, rows, &p, &module)?;
+        let what = format!("{p}.{residual}");
+        self.want(inp_ff, "ADD", &what)?;
+        let attn_out = self.src(inp_ff, 0, &what)?;
+        let stream = self.src(inp_ff, 1, &what)?;
+        Ok((p, module, attn_out, stream))
     }
 
     /// `PERMUTE(RESHAPE(q))` or `PERMUTE(RESHAPE(SCALE(q)))` (the attention's query); returns
@@ -585,19 +633,13 @@ impl<'g> Recognizer<'g> {
             1,
             "conv2",
         )?;
-        self.point(
-            conv1_gelu,
-            "model.encoder.conv2".into(),
-            "in",
-            vec![dm, fr],
-            "encoder.conv1_gelu",
-        );
-        self.point(
-            adds[1],
-            "model.encoder.conv1".into(),
-            "out",
-            vec![dm, fr],
-            "encoder.conv1",
+        let (conv1, conv2) = ("model.encoder.conv1", "model.encoder.conv2");
+        self.points(
+            &[dm, fr],
+            [
+                (conv1_gelu, conv2.into(), "in", "encoder.conv1_gelu".into()),
+                (adds[1], conv1.into(), "out", "encoder.conv1".into()),
+            ],
         );
         self.point(
             adds[0],
@@ -691,21 +733,9 @@ impl<'g> Recognizer<'g> {
             "encoder.final_norm",
         );
         for il in (0..d.enc_layers).rev() {
-            let p = format!("encoder.layer.{il}");
-            let module = format!("model.encoder.layers.{il}");
-            self.tap(
-                x,
-                format!("audio.{p}.out"),
-                Layout::TokenMajor,
-                vec![nu, wu],
-                &format!("{p}.residual_mlp"),
-            );
-            let inp_ff = self.mlp(x, w, d.enc_ffn, n, &p, &module)?;
             // inpFF = out_proj(attention) + inpL
-            let what = format!("{p}.residual_attn");
-            self.want(inp_ff, "ADD", &what)?;
-            let proj = self.src(inp_ff, 0, &what)?;
-            let inp_l = self.src(inp_ff, 1, &what)?;
+            let (p, module, proj, inp_l) =
+                self.layer_tail("encoder", il, x, (d.enc_ffn, n), "residual_attn")?;
             let (_, ctx) = self.linear(proj, w, n, &format!("{p}.out_proj"))?;
             let (q_add, _, k, v) = self.attention(ctx, false, &format!("{p}.self_attn"))?;
             let (_, ln) = self.linear(q_add, w, n, &format!("{p}.q_proj"))?;
@@ -758,65 +788,8 @@ impl<'g> Recognizer<'g> {
             self.note_matmul(k_mm, format!("{p}.k_proj"));
             let (_, vx) = self.linear(v_add, w, n, &format!("{p}.v_proj"))?;
             self.same(vx, ln, &format!("{p}.v_proj's input"))?;
-            let a = format!("{module}.self_attn");
-            self.point(
-                inp_l,
-                format!("{module}.self_attn_layer_norm"),
-                "in",
-                vec![nu, wu],
-                &format!("{p}.input"),
-            );
-            for proj in ["q_proj", "k_proj", "v_proj"] {
-                self.point(
-                    ln,
-                    format!("{a}.{proj}"),
-                    "in",
-                    vec![nu, wu],
-                    &format!("{p}.self_attn_norm"),
-                );
-            }
-            self.point(
-                ln,
-                format!("{module}.self_attn_layer_norm"),
-                "out",
-                vec![nu, wu],
-                &format!("{p}.self_attn_norm"),
-            );
-            self.point(
-                q_add,
-                format!("{a}.q_proj"),
-                "out",
-                vec![nu, wu],
-                &format!("{p}.q_proj"),
-            );
-            self.point(
-                k_mm,
-                format!("{a}.k_proj"),
-                "out",
-                vec![nu, wu],
-                &format!("{p}.k_proj"),
-            );
-            self.point(
-                v_add,
-                format!("{a}.v_proj"),
-                "out",
-                vec![nu, wu],
-                &format!("{p}.v_proj"),
-            );
-            self.point(
-                ctx,
-                format!("{a}.out_proj"),
-                "in",
-                vec![nu, wu],
-                &format!("{p}.merge_heads"),
-            );
-            self.point(
-                proj,
-                format!("{a}.out_proj"),
-                "out",
-                vec![nu, wu],
-                &format!("{p}.out_proj"),
-            );
+            let ids = [inp_l, ln, q_add, k_mm, v_add, ctx, proj];
+            self.self_attn_points(&p, &module, "", ids, &[nu, wu]);
             x = inp_l;
         }
         // inpL(0) = e_pe + transpose(embd_conv)
@@ -927,33 +900,16 @@ impl<'g> Recognizer<'g> {
                 mem,
                 "cross K and V read one memory",
             )?;
-            self.point(
-                mem,
-                format!("{module}.k_proj"),
-                "in",
-                vec![nu, wu],
-                "encoder.final_norm",
-            );
-            self.point(
-                mem,
-                format!("{module}.v_proj"),
-                "in",
-                vec![nu, wu],
-                "encoder.final_norm",
-            );
-            self.point(
-                k_mm,
-                format!("{module}.k_proj"),
-                "out",
-                vec![nu, wu],
-                &format!("{p}.cross_k_proj"),
-            );
-            self.point(
-                v_add,
-                format!("{module}.v_proj"),
-                "out",
-                vec![nu, wu],
-                &format!("{p}.cross_v_proj"),
+            let m = |leaf: &str| format!("{module}.{leaf}");
+            let final_norm = || "encoder.final_norm".to_string();
+            self.points(
+                &[nu, wu],
+                [
+                    (mem, m("k_proj"), "in", final_norm()),
+                    (mem, m("v_proj"), "in", final_norm()),
+                    (k_mm, m("k_proj"), "out", format!("{p}.cross_k_proj")),
+                    (v_add, m("v_proj"), "out", format!("{p}.cross_v_proj")),
+                ],
             );
         }
         Ok(self.finish())
@@ -983,26 +939,19 @@ impl<'g> Recognizer<'g> {
         );
         let ln = self.src(last, 1, "decoder.proj_out")?;
         let mut x = self.layer_norm(ln, w, t, "decoder.final_norm")?;
-        self.point(
-            x,
-            "model.decoder.layer_norm".into(),
-            "in",
-            vec![tu, wu],
-            "decoder.layer.last.residual_mlp",
-        );
-        self.point(
-            ln,
-            "model.decoder.layer_norm".into(),
-            "out",
-            vec![tu, wu],
-            "decoder.final_norm",
-        );
-        self.point(
-            ln,
-            "proj_out".into(),
-            "in",
-            vec![tu, wu],
-            "decoder.final_norm",
+        let (norm, final_norm) = ("model.decoder.layer_norm", "decoder.final_norm");
+        self.points(
+            &[tu, wu],
+            [
+                (
+                    x,
+                    norm.into(),
+                    "in",
+                    "decoder.layer.last.residual_mlp".into(),
+                ),
+                (ln, norm.into(), "out", final_norm.into()),
+                (ln, "proj_out".into(), "in", final_norm.into()),
+            ],
         );
         self.point(
             last,
@@ -1012,21 +961,9 @@ impl<'g> Recognizer<'g> {
             "decoder.proj_out",
         );
         for il in (0..d.dec_layers).rev() {
-            let p = format!("decoder.layer.{il}");
-            let module = format!("model.decoder.layers.{il}");
-            self.tap(
-                x,
-                format!("audio.{p}.out"),
-                Layout::TokenMajor,
-                vec![tu, wu],
-                &format!("{p}.residual_mlp"),
-            );
-            let inp_ff = self.mlp(x, w, d.dec_ffn, t, &p, &module)?;
             // inpFF = cross out_proj + inpCA
-            let what = format!("{p}.residual_cross");
-            self.want(inp_ff, "ADD", &what)?;
-            let cproj = self.src(inp_ff, 0, &what)?;
-            let inp_ca = self.src(inp_ff, 1, &what)?;
+            let (p, module, cproj, inp_ca) =
+                self.layer_tail("decoder", il, x, (d.dec_ffn, t), "residual_cross")?;
             let (_, cctx) = self.linear(cproj, w, t, &format!("{p}.cross_out_proj"))?;
             let (cq, csm, ck, cv) = self.attention(cctx, false, &format!("{p}.cross_attn"))?;
             if let Some(sm) = csm {
@@ -1072,48 +1009,19 @@ impl<'g> Recognizer<'g> {
                 vec![tu, wu],
                 &format!("{p}.cross_out_proj"),
             );
-            let ea = format!("{module}.encoder_attn");
-            self.point(
-                inp_ca,
-                format!("{module}.encoder_attn_layer_norm"),
-                "in",
-                vec![tu, wu],
-                &format!("{p}.residual_self"),
-            );
-            self.point(
-                lnc,
-                format!("{ea}.q_proj"),
-                "in",
-                vec![tu, wu],
-                &format!("{p}.cross_attn_norm"),
-            );
-            self.point(
-                lnc,
-                format!("{module}.encoder_attn_layer_norm"),
-                "out",
-                vec![tu, wu],
-                &format!("{p}.cross_attn_norm"),
-            );
-            self.point(
-                cq,
-                format!("{ea}.q_proj"),
-                "out",
-                vec![tu, wu],
-                &format!("{p}.cross_q_proj"),
-            );
-            self.point(
-                cctx,
-                format!("{ea}.out_proj"),
-                "in",
-                vec![tu, wu],
-                &format!("{p}.cross_merge_heads"),
-            );
-            self.point(
-                cproj,
-                format!("{ea}.out_proj"),
-                "out",
-                vec![tu, wu],
-                &format!("{p}.cross_out_proj"),
+            let norm = format!("{module}.encoder_attn_layer_norm");
+            let ea = |leaf: &str| format!("{module}.encoder_attn.{leaf}");
+            let o = |leaf: &str| format!("{p}.{leaf}");
+            self.points(
+                &[tu, wu],
+                [
+                    (inp_ca, norm.clone(), "in", o("residual_self")),
+                    (lnc, ea("q_proj"), "in", o("cross_attn_norm")),
+                    (lnc, norm, "out", o("cross_attn_norm")),
+                    (cq, ea("q_proj"), "out", o("cross_q_proj")),
+                    (cctx, ea("out_proj"), "in", o("cross_merge_heads")),
+                    (cproj, ea("out_proj"), "out", o("cross_out_proj")),
+                ],
             );
             // inpCA = self out_proj + inpL
             let what = format!("{p}.residual_self");
@@ -1203,65 +1111,8 @@ impl<'g> Recognizer<'g> {
                     );
                 }
             }
-            let sa = format!("{module}.self_attn");
-            self.point(
-                inp_l,
-                format!("{module}.self_attn_layer_norm"),
-                "in",
-                vec![tu, wu],
-                &format!("{p}.input"),
-            );
-            for proj in ["q_proj", "k_proj", "v_proj"] {
-                self.point(
-                    ln1,
-                    format!("{sa}.{proj}"),
-                    "in",
-                    vec![tu, wu],
-                    &format!("{p}.self_attn_norm"),
-                );
-            }
-            self.point(
-                ln1,
-                format!("{module}.self_attn_layer_norm"),
-                "out",
-                vec![tu, wu],
-                &format!("{p}.self_attn_norm"),
-            );
-            self.point(
-                sq,
-                format!("{sa}.q_proj"),
-                "out",
-                vec![tu, wu],
-                &format!("{p}.self_q_proj"),
-            );
-            self.point(
-                k_mm,
-                format!("{sa}.k_proj"),
-                "out",
-                vec![tu, wu],
-                &format!("{p}.self_k_proj"),
-            );
-            self.point(
-                v_add,
-                format!("{sa}.v_proj"),
-                "out",
-                vec![tu, wu],
-                &format!("{p}.self_v_proj"),
-            );
-            self.point(
-                sctx,
-                format!("{sa}.out_proj"),
-                "in",
-                vec![tu, wu],
-                &format!("{p}.self_merge_heads"),
-            );
-            self.point(
-                sproj,
-                format!("{sa}.out_proj"),
-                "out",
-                vec![tu, wu],
-                &format!("{p}.self_out_proj"),
-            );
+            let ids = [inp_l, ln1, sq, k_mm, v_add, sctx, sproj];
+            self.self_attn_points(&p, &module, "self_", ids, &[tu, wu]);
             x = inp_l;
         }
         // inpL(0) = GET_ROWS(d_te, embd) + GET_ROWS(d_pe, position)

@@ -11,6 +11,7 @@
 use std::fmt::Display;
 use std::path::{Path, PathBuf};
 
+use crate::audio::Audio;
 use crate::error::{Result, RuntimeError};
 use crate::graph::{Dim, EdgeId, GraphBuilder, Kernel, Layout, Out, Shape};
 use crate::kernels::{Add, Conv1d, LayerNorm, Linear, MatmulStrategy, MergeHeads, SplitHeads};
@@ -21,6 +22,27 @@ pub fn cfg_err(path: &Path, reason: impl Into<String>) -> RuntimeError {
         path: path.to_path_buf(),
         reason: reason.into(),
     }
+}
+
+/// An audio error naming `audio`'s file.
+pub fn audio_err(audio: &Audio, reason: String) -> RuntimeError {
+    RuntimeError::Audio {
+        path: audio.path.clone(),
+        reason,
+    }
+}
+
+/// `audio` must be at `rate` Hz (never silently resampled), else an error naming the file with
+/// `hint` after the reason.
+pub fn check_sample_rate(audio: &Audio, rate: usize, hint: &str) -> Result<()> {
+    if audio.sample_rate as usize == rate {
+        return Ok(());
+    }
+    let got = audio.sample_rate;
+    Err(audio_err(
+        audio,
+        format!("sample rate {got} Hz; the model expects {rate} Hz{hint}"),
+    ))
 }
 
 /// The files `names` of a model directory, in that order; each must exist, else an error naming
@@ -43,6 +65,26 @@ pub fn model_files<const N: usize>(
         });
     }
     Ok(paths)
+}
+
+/// An id or a list of ids (config.json's and generation_config.json's `eos_token_id`).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(untagged)]
+pub enum TokenIds {
+    /// One id.
+    One(i64),
+    /// Several ids.
+    Many(Vec<i64>),
+}
+
+impl TokenIds {
+    /// As a list.
+    pub fn to_vec(&self) -> Vec<i64> {
+        match self {
+            TokenIds::One(i) => vec![*i],
+            TokenIds::Many(v) => v.clone(),
+        }
+    }
 }
 
 /// A model's `tokenizer.json`, loaded; its errors name the file.

@@ -194,9 +194,36 @@ pub trait Family: Sync {
     fn alignment(&self) -> Alignment;
 }
 
+/// A family's registration as data: what its [`Family`] answers (each family's `FAMILY`).
+pub struct Registration {
+    /// [`Family::name`].
+    pub name: &'static str,
+    /// [`Family::load`].
+    pub load: fn(&Path) -> Result<Box<dyn SpeechModel>>,
+    /// [`Family::catalogue`].
+    pub catalogue: fn() -> Vec<crate::faults::CatalogueEntry>,
+    /// [`Family::alignment`].
+    pub alignment: Alignment,
+}
+
+impl Family for Registration {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn load(&self, dir: &Path) -> Result<Box<dyn SpeechModel>> {
+        (self.load)(dir)
+    }
+    fn catalogue(&self) -> Vec<crate::faults::CatalogueEntry> {
+        (self.catalogue)()
+    }
+    fn alignment(&self) -> Alignment {
+        self.alignment
+    }
+}
+
 /// Every registered family (the one place a family is added).
 pub fn families() -> &'static [&'static dyn Family] {
-    &[&whisper::Whisper, &granite_nar::GraniteNar]
+    &[&whisper::FAMILY, &granite_nar::FAMILY]
 }
 
 /// A registered family by name.

@@ -12,6 +12,7 @@ use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};
 use crate::kernels::layout::ports;
 use crate::kernels::log_mel::{hann_window, linspace, triangular_filters, MelStft};
 use crate::kernels::{data, dims, fixed, rank, tensor};
+use crate::models::common::{audio_err, check_sample_rate};
 
 fn default_fe_type() -> String {
     "GraniteSpeechNarFeatureExtractor".to_string()
@@ -129,24 +130,16 @@ impl PreprocessorConfig {
 
     /// Refuse audio the frontend cannot take (rate checked at load; length here).
     pub fn check_audio(&self, audio: &Audio) -> Result<()> {
-        if audio.sample_rate as usize != self.sampling_rate {
-            return Err(RuntimeError::Audio {
-                path: audio.path.clone(),
-                reason: format!(
-                    "sample rate {} Hz; the model expects {} Hz",
-                    audio.sample_rate, self.sampling_rate
-                ),
-            });
-        }
+        check_sample_rate(audio, self.sampling_rate, "")?;
         if audio.samples.len() < self.min_samples() {
-            return Err(RuntimeError::Audio {
-                path: audio.path.clone(),
-                reason: format!(
+            return Err(audio_err(
+                audio,
+                format!(
                     "{} samples; at least {} are needed for one encoder frame",
                     audio.samples.len(),
                     self.min_samples()
                 ),
-            });
+            ));
         }
         Ok(())
     }

@@ -23,7 +23,7 @@ use super::kernels::{
 };
 use super::{Derived, GraniteNarConfig, ENCODER_NORM_EPS};
 use crate::error::{Result, RuntimeError};
-use crate::graph::{Dim, EdgeId, Graph, GraphBuilder, Kernel, Layout, Out};
+use crate::graph::{Dim, EdgeId, Graph, GraphBuilder, Layout, Out};
 use crate::kernels::activation::Softmax;
 use crate::kernels::activation::{Scale, Silu, SwiGlu};
 use crate::kernels::gqa::GqaAttention;
@@ -71,6 +71,42 @@ pub struct GraniteEdges {
     pub text_logits: EdgeId,
 }
 
+/// One HF module as the graph declares it: its op name and its weight-key path. The graph's op
+/// names follow HF's module tree, so [`Module::pp`] pushes a sub-module onto both.
+#[derive(Debug, Clone)]
+struct Module {
+    op: String,
+    vb: Vb,
+}
+
+impl Module {
+    /// The module declared as op `op` with weights under `vb`.
+    fn new(op: impl Into<String>, vb: Vb) -> Module {
+        Module { op: op.into(), vb }
+    }
+
+    /// Layer `l` of a stack: op `{op}.{l}`, weights under `{vb}.{l}`.
+    fn layer(op: &str, vb: &str, l: usize) -> Module {
+        Module::new(format!("{op}.{l}"), Vb::root(vb).pp(l))
+    }
+
+    /// The sub-module `leaf`: op `{op}.{leaf}`, weights under `{vb}.{leaf}`.
+    fn pp(&self, leaf: &str) -> Module {
+        Module::new(self.op(leaf), self.vb.pp(leaf))
+    }
+
+    /// The weights of HF's sub-module `component`, under this module's op names (the graph does
+    /// not name HF's `self_attn`, `mlp`, ... containers).
+    fn weights_in(&self, component: &str) -> Module {
+        Module::new(self.op.clone(), self.vb.pp(component))
+    }
+
+    /// The op name `{op}.{leaf}` (a weightless step of this module).
+    fn op(&self, leaf: &str) -> String {
+        format!("{}.{leaf}", self.op)
+    }
+}
+
 /// The builder with its config facts and the per-module helpers.
 struct B<'a> {
     g: GraphBuilder,
@@ -78,61 +114,34 @@ struct B<'a> {
 }
 
 impl B<'_> {
-    /// One token-major op `[rows, cols]`.
-    fn op(
-        &mut self,
-        name: &str,
-        k: impl Kernel + 'static,
-        ins: &[EdgeId],
-        ws: &[(String, Vec<usize>)],
-        rows: &Dim,
-        cols: usize,
-    ) -> Result<EdgeId> {
-        op(&mut self.g, name, k, ins, ws, rows, cols)
-    }
-
-    /// `nn.Linear(n_in, n_out, bias)` under `vb` (GEMM).
+    /// `nn.Linear(n_in, n_out, bias)` as the module `m` (GEMM).
     fn linear(
         &mut self,
-        name: &str,
-        vb: &Vb,
+        m: &Module,
         x: EdgeId,
         (n_in, n_out, bias): (usize, usize, bool),
         rows: &Dim,
     ) -> Result<EdgeId> {
-        linear(
-            &mut self.g,
-            name,
-            vb,
-            x,
-            Dense::gemm(n_in, n_out, bias),
-            rows,
-        )
+        let dense = Dense::gemm(n_in, n_out, bias);
+        linear(&mut self.g, &m.op, &m.vb, x, dense, rows)
     }
 
-    /// `nn.LayerNorm(d, eps)` under `vb`.
+    /// `nn.LayerNorm(d, eps)` as the module `m`.
     fn layer_norm(
         &mut self,
-        name: &str,
-        vb: &Vb,
+        m: &Module,
         x: EdgeId,
         (d, eps): (usize, f32),
         rows: &Dim,
     ) -> Result<EdgeId> {
-        layer_norm(&mut self.g, name, vb, x, d, eps, rows)
+        layer_norm(&mut self.g, &m.op, &m.vb, x, d, eps, rows)
     }
 
-    /// `GraniteRMSNorm(d, rms_norm_eps)` under `vb`.
-    fn rms_norm(&mut self, name: &str, vb: &Vb, x: EdgeId, d: usize, rows: &Dim) -> Result<EdgeId> {
+    /// `GraniteRMSNorm(d, rms_norm_eps)` as the module `m`.
+    fn rms_norm(&mut self, m: &Module, x: EdgeId, d: usize, rows: &Dim) -> Result<EdgeId> {
         let eps = self.cfg.text_config.rms_norm_eps as f32;
-        self.op(
-            name,
-            RmsNorm::new(eps),
-            &[x],
-            &[(vb.key("weight"), vec![d])],
-            rows,
-            d,
-        )
+        let w = [(m.vb.key("weight"), vec![d])];
+        op(&mut self.g, &m.op, RmsNorm::new(eps), &[x], &w, rows, d)
     }
 
     /// Residual `a + scale * b`.
@@ -151,29 +160,21 @@ impl B<'_> {
     /// Conformer feed-forward `down(silu(up(LN(x))))` and the macaron half-step residual.
     ///
     /// Upstream: transformers v5.24.0 modeling_granite_speech.py `GraniteSpeechConformerFeedForward`.
-    fn conformer_ff(&mut self, p: &str, vb: &Vb, h: EdgeId) -> Result<EdgeId> {
+    fn conformer_ff(&mut self, m: &Module, h: EdgeId) -> Result<EdgeId> {
         let enc = &self.cfg.encoder_config;
         let (d, inner) = (enc.hidden_dim, enc.hidden_dim * enc.feedforward_mult);
         let t = Dim::sym(SYM_ENC_FRAMES);
-        let ln = (d, ENCODER_NORM_EPS);
-        let x = self.layer_norm(&format!("{p}.pre_norm"), &vb.pp("pre_norm"), h, ln, &t)?;
-        let x = self.linear(
-            &format!("{p}.up_proj"),
-            &vb.pp("up_proj"),
-            x,
-            (d, inner, true),
-            &t,
-        )?;
-        let x = self.op(&format!("{p}.silu"), Silu, &[x], &[], &t, inner)?;
-        let down = (inner, d, true);
-        let x = self.linear(&format!("{p}.down_proj"), &vb.pp("down_proj"), x, down, &t)?;
-        self.add(&format!("{p}.residual"), h, x, 0.5, &t, d)
+        let x = self.layer_norm(&m.pp("pre_norm"), h, (d, ENCODER_NORM_EPS), &t)?;
+        let x = self.linear(&m.pp("up_proj"), x, (d, inner, true), &t)?;
+        let x = op(&mut self.g, &m.op("silu"), Silu, &[x], &[], &t, inner)?;
+        let x = self.linear(&m.pp("down_proj"), x, (inner, d, true), &t)?;
+        self.add(&m.op("residual"), h, x, 0.5, &t, d)
     }
 
     /// Conformer block-local Shaw attention and its residual.
     ///
     /// Upstream: transformers v5.24.0 modeling_granite_speech.py `GraniteSpeechConformerAttention.forward`.
-    fn conformer_attention(&mut self, p: &str, vb: &Vb, h: EdgeId) -> Result<EdgeId> {
+    fn conformer_attention(&mut self, m: &Module, h: EdgeId) -> Result<EdgeId> {
         let enc = &self.cfg.encoder_config;
         let d = enc.hidden_dim;
         let inner = enc.num_heads * enc.dim_head;
@@ -187,100 +188,78 @@ impl B<'_> {
             causal: false,
         };
         let rel = [(
-            vb.pp("rel_pos_emb").key("weight"),
+            m.vb.pp("rel_pos_emb").key("weight"),
             vec![2 * enc.max_pos_emb + 1, enc.dim_head],
         )];
-        let ln = (d, ENCODER_NORM_EPS);
-        let x = self.layer_norm(&format!("{p}.pre_norm"), &vb.pp("pre_norm"), h, ln, &t)?;
-        let q = self.linear(
-            &format!("{p}.to_q"),
-            &vb.pp("to_q"),
-            x,
-            (d, inner, false),
-            &t,
-        )?;
-        let kv_dims = (d, 2 * inner, false);
-        let kv = self.linear(&format!("{p}.to_kv"), &vb.pp("to_kv"), x, kv_dims, &t)?;
-        let a = self.op(&format!("{p}.shaw"), shaw, &[q, kv], &rel, &t, inner)?;
-        let a = self.linear(
-            &format!("{p}.to_out"),
-            &vb.pp("to_out"),
-            a,
-            (inner, d, true),
-            &t,
-        )?;
-        self.add(&format!("{p}.residual"), h, a, 1.0, &t, d)
+        let x = self.layer_norm(&m.pp("pre_norm"), h, (d, ENCODER_NORM_EPS), &t)?;
+        let q = self.linear(&m.pp("to_q"), x, (d, inner, false), &t)?;
+        let kv = self.linear(&m.pp("to_kv"), x, (d, 2 * inner, false), &t)?;
+        let a = op(&mut self.g, &m.op("shaw"), shaw, &[q, kv], &rel, &t, inner)?;
+        let a = self.linear(&m.pp("to_out"), a, (inner, d, true), &t)?;
+        self.add(&m.op("residual"), h, a, 1.0, &t, d)
     }
 
     /// Conformer conv module `down(silu(bn(depthwise(glu(up(LN(x)))))))` and its residual.
     ///
     /// Upstream: transformers v5.24.0 modeling_granite_speech.py `GraniteSpeechConformerConvModule.forward`.
-    fn conformer_conv(&mut self, p: &str, vb: &Vb, h: EdgeId) -> Result<EdgeId> {
+    fn conformer_conv(&mut self, m: &Module, h: EdgeId) -> Result<EdgeId> {
         let enc = &self.cfg.encoder_config;
         let d = enc.hidden_dim;
         let conv_inner = d * enc.conv_expansion_factor;
         let kernel = enc.conv_kernel_size;
         let t = Dim::sym(SYM_ENC_FRAMES);
-        let x = self.layer_norm(
-            &format!("{p}.norm"),
-            &vb.pp("norm"),
-            h,
-            (d, ENCODER_NORM_EPS),
-            &t,
-        )?;
-        let pointwise = |vb: Vb, c_out: usize, c_in: usize| {
-            [
+        let x = self.layer_norm(&m.pp("norm"), h, (d, ENCODER_NORM_EPS), &t)?;
+        // A pointwise (kernel 1) conv with bias, `c_in -> c_out`, as the sub-module `leaf`.
+        let pointwise = |b: &mut Self, leaf: &str, x: EdgeId, (c_in, c_out): (usize, usize)| {
+            let vb = m.vb.pp(leaf);
+            let w = [
                 (vb.key("weight"), vec![c_out, c_in, 1]),
                 (vb.key("bias"), vec![c_out]),
-            ]
+            ];
+            op(
+                &mut b.g,
+                &m.op(leaf),
+                Pointwise { bias: true },
+                &[x],
+                &w,
+                &t,
+                c_out,
+            )
         };
-        let up = pointwise(vb.pp("up_conv"), 2 * conv_inner, d);
-        let x = self.op(
-            &format!("{p}.up_conv"),
-            Pointwise { bias: true },
-            &[x],
-            &up,
-            &t,
-            2 * conv_inner,
-        )?;
-        let x = self.op(&format!("{p}.glu"), Glu, &[x], &[], &t, conv_inner)?;
+        let x = pointwise(self, "up_conv", x, (d, 2 * conv_inner))?;
+        let x = op(&mut self.g, &m.op("glu"), Glu, &[x], &[], &t, conv_inner)?;
         let dw = [(
-            vb.pp("depth_conv").pp("conv").key("weight"),
+            m.vb.pp("depth_conv").pp("conv").key("weight"),
             vec![conv_inner, 1, kernel],
         )];
-        let x = self.op(
-            &format!("{p}.depth_conv"),
-            DepthwiseConv { kernel },
+        let depthwise = DepthwiseConv { kernel };
+        let x = op(
+            &mut self.g,
+            &m.op("depth_conv"),
+            depthwise,
             &[x],
             &dw,
             &t,
             conv_inner,
         )?;
-        let bn_vb = vb.pp("batch_norm");
+        let bn_vb = m.vb.pp("batch_norm");
         let bn: Vec<(String, Vec<usize>)> = ["weight", "bias", "running_mean", "running_var"]
             .iter()
             .map(|r| (bn_vb.key(r), vec![conv_inner]))
             .collect();
         let batch_norm = BatchNorm::new(ENCODER_NORM_EPS);
-        let x = self.op(
-            &format!("{p}.batch_norm"),
+        let x = op(
+            &mut self.g,
+            &m.op("batch_norm"),
             batch_norm,
             &[x],
             &bn,
             &t,
             conv_inner,
         )?;
-        let x = self.op(&format!("{p}.silu"), Silu, &[x], &[], &t, conv_inner)?;
-        let down = pointwise(vb.pp("down_conv"), d, conv_inner);
-        let x = self.op(
-            &format!("{p}.down_conv"),
-            Pointwise { bias: true },
-            &[x],
-            &down,
-            &t,
-            d,
-        )?;
-        self.add(&format!("{p}.residual"), h, x, 1.0, &t, d)
+        let x = op(&mut self.g, &m.op("silu"), Silu, &[x], &[], &t, conv_inner)?;
+        let x = pointwise(self, "down_conv", x, (conv_inner, d))?;
+        self.add(&m.op("residual"), h, x, 1.0, &t, d)
     }
 
     /// One Conformer block: FF1 (half step) -> block-local Shaw attention -> conv module -> FF2
@@ -290,14 +269,13 @@ impl B<'_> {
     fn conformer_block(&mut self, l: usize, h: EdgeId) -> Result<EdgeId> {
         let d = self.cfg.encoder_config.hidden_dim;
         let t = Dim::sym(SYM_ENC_FRAMES);
-        let p = format!("enc.block.{l}");
-        let vb = Vb::root("encoder.layers").pp(l);
-        let h = self.conformer_ff(&format!("{p}.ff1"), &vb.pp("ff1"), h)?;
-        let h = self.conformer_attention(&format!("{p}.attn"), &vb.pp("attn"), h)?;
-        let h = self.conformer_conv(&format!("{p}.conv"), &vb.pp("conv"), h)?;
-        let h = self.conformer_ff(&format!("{p}.ff2"), &vb.pp("ff2"), h)?;
+        let m = Module::layer("enc.block", "encoder.layers", l);
+        let h = self.conformer_ff(&m.pp("ff1"), h)?;
+        let h = self.conformer_attention(&m.pp("attn"), h)?;
+        let h = self.conformer_conv(&m.pp("conv"), h)?;
+        let h = self.conformer_ff(&m.pp("ff2"), h)?;
         let ln = (d, ENCODER_NORM_EPS);
-        let out = self.layer_norm(&format!("{p}.post_norm"), &vb.pp("post_norm"), h, ln, &t)?;
+        let out = self.layer_norm(&m.pp("post_norm"), h, ln, &t)?;
         self.g.checkpoint(out, &format!("enc.block.{l}.out"))?;
         Ok(out)
     }
@@ -320,59 +298,35 @@ impl B<'_> {
         let ln = (hp, prj.layernorm_eps as f32);
         let rows = Dim::sym(SYM_PROJ_ROWS);
         let toks = Dim::sym(SYM_PROJ_TOKENS);
-        let p = format!("proj.qformer.layer.{l}");
-        let vb = Vb::root("projector.qformer.layers").pp(l);
-        let ca = vb.pp("cross_attention");
-        let x = self.layer_norm(&format!("{p}.attn_norm"), &vb.pp("attn_norm"), q, ln, &toks)?;
-        let qq = self.linear(
-            &format!("{p}.q_proj"),
-            &ca.pp("q_proj"),
-            x,
-            (hp, hp, ab),
-            &toks,
-        )?;
-        let kk = self.linear(
-            &format!("{p}.k_proj"),
-            &ca.pp("k_proj"),
-            kv,
-            (hp, hp, ab),
-            &rows,
-        )?;
-        let vv = self.linear(
-            &format!("{p}.v_proj"),
-            &ca.pp("v_proj"),
-            kv,
-            (hp, hp, ab),
-            &rows,
-        )?;
+        let m = Module::layer("proj.qformer.layer", "projector.qformer.layers", l);
+        let ca = m.weights_in("cross_attention");
+        let x = self.layer_norm(&m.pp("attn_norm"), q, ln, &toks)?;
+        let qq = self.linear(&ca.pp("q_proj"), x, (hp, hp, ab), &toks)?;
+        let kk = self.linear(&ca.pp("k_proj"), kv, (hp, hp, ab), &rows)?;
+        let vv = self.linear(&ca.pp("v_proj"), kv, (hp, hp, ab), &rows)?;
         let att = WindowCrossAttention {
             heads,
             n_query,
             block,
             scale: ((hp / heads) as f32).powf(-0.5),
         };
-        let a = self.op(
-            &format!("{p}.cross_attn"),
+        let a = op(
+            &mut self.g,
+            &m.op("cross_attn"),
             att,
             &[qq, kk, vv],
             &[],
             &toks,
             hp,
         )?;
-        let a = self.linear(
-            &format!("{p}.o_proj"),
-            &ca.pp("o_proj"),
-            a,
-            (hp, hp, ab),
-            &toks,
-        )?;
-        let q = self.add(&format!("{p}.residual_attn"), q, a, 1.0, &toks, hp)?;
-        let x = self.layer_norm(&format!("{p}.mlp_norm"), &vb.pp("mlp_norm"), q, ln, &toks)?;
-        let m = vb.pp("mlp");
-        let x = self.linear(&format!("{p}.fc1"), &m.pp("fc1"), x, (hp, mlp, mb), &toks)?;
-        let x = self.op(&format!("{p}.silu"), Silu, &[x], &[], &toks, mlp)?;
-        let x = self.linear(&format!("{p}.fc2"), &m.pp("fc2"), x, (mlp, hp, mb), &toks)?;
-        self.add(&format!("{p}.residual_mlp"), q, x, 1.0, &toks, hp)
+        let a = self.linear(&ca.pp("o_proj"), a, (hp, hp, ab), &toks)?;
+        let q = self.add(&m.op("residual_attn"), q, a, 1.0, &toks, hp)?;
+        let x = self.layer_norm(&m.pp("mlp_norm"), q, ln, &toks)?;
+        let mm = m.weights_in("mlp");
+        let x = self.linear(&mm.pp("fc1"), x, (hp, mlp, mb), &toks)?;
+        let x = op(&mut self.g, &m.op("silu"), Silu, &[x], &[], &toks, mlp)?;
+        let x = self.linear(&mm.pp("fc2"), x, (mlp, hp, mb), &toks)?;
+        self.add(&m.op("residual_mlp"), q, x, 1.0, &toks, hp)
     }
 
     /// One bidirectional Granite LM layer: RMSNorm -> GQA self-attention with RoPE -> scaled
@@ -393,47 +347,19 @@ impl B<'_> {
             query_pos_offset: 0,
         };
         let n_total = Dim::sym(SYM_N_TOTAL);
-        let p = format!("dec.layer.{l}");
-        let vb = Vb::root("language_model.model.layers").pp(l);
-        let sa = vb.pp("self_attn");
-        let x = self.rms_norm(
-            &format!("{p}.input_layernorm"),
-            &vb.pp("input_layernorm"),
-            h,
-            dm,
-            &n_total,
-        )?;
-        let qx = self.linear(
-            &format!("{p}.q_proj"),
-            &sa.pp("q_proj"),
-            x,
-            (dm, hq * hd, ab),
-            &n_total,
-        )?;
-        let kx = self.linear(
-            &format!("{p}.k_proj"),
-            &sa.pp("k_proj"),
-            x,
-            (dm, hk * hd, ab),
-            &n_total,
-        )?;
-        let vx = self.linear(
-            &format!("{p}.v_proj"),
-            &sa.pp("v_proj"),
-            x,
-            (dm, hk * hd, ab),
-            &n_total,
-        )?;
-        let mut hm = Vec::with_capacity(3);
-        for (nm, e, nh) in [("q", qx, hq), ("k", kx, hk), ("v", vx, hk)] {
-            hm.push(split_heads(
-                &mut self.g,
-                &format!("{p}.{nm}_heads"),
-                e,
-                nh,
-                &n_total,
-                hd,
-            )?);
+        let m = Module::layer("dec.layer", "language_model.model.layers", l);
+        let sa = m.weights_in("self_attn");
+        let x = self.rms_norm(&m.pp("input_layernorm"), h, dm, &n_total)?;
+        let heads = [("q", hq), ("k", hk), ("v", hk)];
+        let mut proj = Vec::with_capacity(heads.len());
+        for (nm, nh) in heads {
+            let dims = (dm, nh * hd, ab);
+            proj.push(self.linear(&sa.pp(&format!("{nm}_proj")), x, dims, &n_total)?);
+        }
+        let mut hm = Vec::with_capacity(heads.len());
+        for ((nm, nh), e) in heads.into_iter().zip(proj) {
+            let name = m.op(&format!("{nm}_heads"));
+            hm.push(split_heads(&mut self.g, &name, e, nh, &n_total, hd)?);
         }
         let att_out = self.g.op(
             &names::dec_attention(l),
@@ -453,60 +379,27 @@ impl B<'_> {
         )?;
         self.g
             .checkpoint(att_out[1], &format!("dec.layer.{l}.attn_probs"))?;
-        let a = merge_heads(
+        let merge = m.op("merge_heads");
+        let a = merge_heads(&mut self.g, &merge, att_out[0], &n_total, hq * hd)?;
+        let a = self.linear(&sa.pp("o_proj"), a, (hq * hd, dm, ab), &n_total)?;
+        let h = self.add(&m.op("residual_attn"), h, a, rm, &n_total, dm)?;
+        let post = m.pp("post_attention_layernorm");
+        let x = self.rms_norm(&post, h, dm, &n_total)?;
+        let mlp = m.weights_in("mlp");
+        let gt = self.linear(&mlp.pp("gate_proj"), x, (dm, inter, mb), &n_total)?;
+        let up = self.linear(&mlp.pp("up_proj"), x, (dm, inter, mb), &n_total)?;
+        let swiglu = m.op("swiglu");
+        let x = op(
             &mut self.g,
-            &format!("{p}.merge_heads"),
-            att_out[0],
-            &n_total,
-            hq * hd,
-        )?;
-        let a = self.linear(
-            &format!("{p}.o_proj"),
-            &sa.pp("o_proj"),
-            a,
-            (hq * hd, dm, ab),
-            &n_total,
-        )?;
-        let h = self.add(&format!("{p}.residual_attn"), h, a, rm, &n_total, dm)?;
-        let post = vb.pp("post_attention_layernorm");
-        let x = self.rms_norm(
-            &format!("{p}.post_attention_layernorm"),
-            &post,
-            h,
-            dm,
-            &n_total,
-        )?;
-        let m = vb.pp("mlp");
-        let gt = self.linear(
-            &format!("{p}.gate_proj"),
-            &m.pp("gate_proj"),
-            x,
-            (dm, inter, mb),
-            &n_total,
-        )?;
-        let up = self.linear(
-            &format!("{p}.up_proj"),
-            &m.pp("up_proj"),
-            x,
-            (dm, inter, mb),
-            &n_total,
-        )?;
-        let x = self.op(
-            &format!("{p}.swiglu"),
+            &swiglu,
             SwiGlu,
             &[gt, up],
             &[],
             &n_total,
             inter,
         )?;
-        let x = self.linear(
-            &format!("{p}.down_proj"),
-            &m.pp("down_proj"),
-            x,
-            (inter, dm, mb),
-            &n_total,
-        )?;
-        let h = self.add(&format!("{p}.residual_mlp"), h, x, rm, &n_total, dm)?;
+        let x = self.linear(&mlp.pp("down_proj"), x, (inter, dm, mb), &n_total)?;
+        let h = self.add(&m.op("residual_mlp"), h, x, rm, &n_total, dm)?;
         self.g.checkpoint(h, &format!("dec.layer.{l}.out"))?;
         Ok(h)
     }
@@ -538,7 +431,8 @@ pub fn build(
     // ---- Frontend.
     let pcm = b.g.feed(names::PCM, shape!["samples"], Layout::Plain)?;
     let mel_rows = Dim::sym(SYM_MEL_FRAMES);
-    let mel = b.op(
+    let mel = op(
+        &mut b.g,
         "frontend.log_mel",
         pre.log_mel()?,
         &[pcm],
@@ -546,7 +440,8 @@ pub fn build(
         &mel_rows,
         n_mels,
     )?;
-    let mel_in = b.op(
+    let mel_in = op(
+        &mut b.g,
         "frontend.stack_frames",
         StackFrames,
         &[mel],
@@ -560,8 +455,7 @@ pub fn build(
     let ev = Vb::root("encoder");
     let input = (enc.input_dim, d, true);
     let mut h = b.linear(
-        "enc.input_linear",
-        &ev.pp("input_linear"),
+        &Module::new("enc", ev.clone()).pp("input_linear"),
         mel_in,
         input,
         &t,
@@ -575,9 +469,11 @@ pub fn build(
         h = b.conformer_block(l, h)?;
         if l + 1 == der.sc_layer {
             let ctc = (d, enc.output_dim, true);
-            let logits = b.linear("enc.self_cond.ctc_out", &ev.pp("out"), h, ctc, &t)?;
+            let ctc_out = Module::new("enc.self_cond.ctc_out", ev.pp("out"));
+            let logits = b.linear(&ctc_out, h, ctc, &t)?;
             b.g.checkpoint(logits, "enc.ctc_logits")?;
-            let probs = b.op(
+            let probs = op(
+                &mut b.g,
                 "enc.self_cond.softmax",
                 Softmax,
                 &[logits],
@@ -596,13 +492,8 @@ pub fn build(
             b.g.checkpoint(bp, "enc.mid_blank_probs")?;
             blank = Some(bp);
             let mid_dims = (enc.output_dim, d, true);
-            let mid = b.linear(
-                "enc.self_cond.out_mid",
-                &ev.pp("out_mid"),
-                probs,
-                mid_dims,
-                &t,
-            )?;
+            let out_mid = Module::new("enc.self_cond.out_mid", ev.pp("out_mid"));
+            let mid = b.linear(&out_mid, probs, mid_dims, &t)?;
             h = b.add(names::BYPASS_OP, h, mid, 1.0, &t, d)?;
         }
         hidden.push(h);
@@ -631,7 +522,15 @@ pub fn build(
     let pool = PosteriorPool {
         window: enc.bpe_pooling_window,
     };
-    let pooled = b.op("enc.bpe_ctc.pool", pool, &[h, blank], &[], &bpe_rows, d)?;
+    let pooled = op(
+        &mut b.g,
+        "enc.bpe_ctc.pool",
+        pool,
+        &[h, blank],
+        &[],
+        &bpe_rows,
+        d,
+    )?;
     let bpe = ev.pp("out_bpe");
     let bpe_logits = b.g.op(
         "enc.bpe_ctc.out",
@@ -660,23 +559,41 @@ pub fn build(
             start: j * e,
             len: e,
         };
-        let s = b.op(&format!("proj.slice.{j}"), slice, &[cat_out], &[], &t, e)?;
+        let s = op(
+            &mut b.g,
+            &format!("proj.slice.{j}"),
+            slice,
+            &[cat_out],
+            &[],
+            &t,
+            e,
+        )?;
         let norm = pv.pp("layer_norms").pp(j);
-        slices.push(b.layer_norm(&format!("proj.layer_norm.{j}"), &norm, s, ln, &t)?);
+        let norm = Module::new(format!("proj.layer_norm.{j}"), norm);
+        slices.push(b.layer_norm(&norm, s, ln, &t)?);
     }
     let concat = ConcatChannels { n: slices.len() };
-    let x = b.op("proj.norm_concat", concat, &slices, &[], &t, cat_dim)?;
-    let lp = pv.pp("layer_projector");
-    let x = b.linear("proj.layer_projector", &lp, x, (cat_dim, hp, true), &t)?;
-    let x = b.op("proj.gelu", Gelu, &[x], &[], &t, hp)?;
+    let x = op(
+        &mut b.g,
+        "proj.norm_concat",
+        concat,
+        &slices,
+        &[],
+        &t,
+        cat_dim,
+    )?;
+    let pm = Module::new("proj", pv.clone());
+    let x = b.linear(&pm.pp("layer_projector"), x, (cat_dim, hp, true), &t)?;
+    let x = op(&mut b.g, "proj.gelu", Gelu, &[x], &[], &t, hp)?;
     let rows = Dim::sym(SYM_PROJ_ROWS);
     let toks = Dim::sym(SYM_PROJ_TOKENS);
     let pad = WindowPad {
         block: prj.block_size,
     };
-    let win = b.op("proj.window_pad", pad, &[x], &[], &rows, hp)?;
+    let win = op(&mut b.g, "proj.window_pad", pad, &[x], &[], &rows, hp)?;
     let wpos = [(pv.key("window_positions"), vec![1, prj.block_size, hp])];
-    let kv = b.op(
+    let kv = op(
+        &mut b.g,
         "proj.kv_positions",
         AddWindowPositions,
         &[win],
@@ -688,17 +605,17 @@ pub fn build(
         downsample: prj.downsample_rate,
     };
     let query = [(pv.key("query"), vec![1, der.n_query, hp])];
-    let mut q = b.op("proj.query_init", init, &[win], &query, &toks, hp)?;
+    let mut q = op(&mut b.g, "proj.query_init", init, &[win], &query, &toks, hp)?;
     for l in 0..prj.num_layers {
         q = b.qformer_layer(l, q, kv, der.n_query, der.proj_mlp)?;
     }
     // The reference captures `projector.qformer`'s output; this identity marks the stack's end.
-    let qf = b.op("proj.qformer", Identity, &[q], &[], &toks, hp)?;
+    let qf = op(&mut b.g, "proj.qformer", Identity, &[q], &[], &toks, hp)?;
     b.g.checkpoint(qf, "proj.qformer.out")?;
     let out_ln = (hp, prj.layernorm_eps as f32);
-    let x = b.layer_norm("proj.out_norm", &pv.pp("out_norm"), qf, out_ln, &toks)?;
+    let x = b.layer_norm(&pm.pp("out_norm"), qf, out_ln, &toks)?;
     let out_dims = (hp, prj.llm_dim, true);
-    let proj_out = b.linear("proj.out_linear", &pv.pp("out_linear"), x, out_dims, &toks)?;
+    let proj_out = b.linear(&pm.pp("out_linear"), x, out_dims, &toks)?;
     b.g.checkpoint(proj_out, "proj.out")?;
 
     // ---- Decoder: bidirectional Granite LM. Upstream: oracle granite_nar.py `decode_text`;
@@ -717,7 +634,8 @@ pub fn build(
         divisor,
     };
     let n_audio = Dim::sym(SYM_N_AUDIO);
-    let audio = b.op(
+    let audio = op(
+        &mut b.g,
         "dec.audio_prefix",
         prefix,
         &[proj_out, cat_out],
@@ -727,8 +645,17 @@ pub fn build(
     )?;
     let embed_key = lm.pp("embed_tokens").key("weight");
     let embed = [(embed_key.clone(), vec![txt.vocab_size, dm])];
-    let text = b.op("dec.embed_tokens", Embedding, &[ids], &embed, &n_text, dm)?;
-    let flat = b.op(
+    let text = op(
+        &mut b.g,
+        "dec.embed_tokens",
+        Embedding,
+        &[ids],
+        &embed,
+        &n_text,
+        dm,
+    )?;
+    let flat = op(
+        &mut b.g,
         "dec.flat_concat",
         ConcatRows,
         &[audio, text],
@@ -740,12 +667,28 @@ pub fn build(
     let scale = Scale {
         factor: txt.embedding_multiplier as f32,
     };
-    let mut h = b.op("dec.embed_scale", scale, &[flat], &[], &n_total, dm)?;
+    let mut h = op(
+        &mut b.g,
+        "dec.embed_scale",
+        scale,
+        &[flat],
+        &[],
+        &n_total,
+        dm,
+    )?;
     for l in 0..txt.num_hidden_layers {
         h = b.lm_layer(l, h, der)?;
     }
-    let x = b.rms_norm("dec.norm", &lm.pp("norm"), h, dm, &n_total)?;
-    let x = b.op("dec.text_rows", TailRows, &[x, ids], &[], &n_text, dm)?;
+    let x = b.rms_norm(&Module::new("dec", lm.clone()).pp("norm"), h, dm, &n_total)?;
+    let x = op(
+        &mut b.g,
+        "dec.text_rows",
+        TailRows,
+        &[x, ids],
+        &[],
+        &n_text,
+        dm,
+    )?;
     // Tied lm_head: the embedding table, no bias, no `/ logits_scaling` (the NAR model calls
     // `lm_head` directly).
     let text_logits = b.g.op(

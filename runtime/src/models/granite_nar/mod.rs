@@ -37,6 +37,7 @@ pub(crate) use crate::models::common::{
     cfg_err, check_layers, check_model_type, check_positive, model_files, read_json,
 };
 
+pub use crate::models::common::TokenIds;
 pub use frontend::PreprocessorConfig;
 pub use model::GraniteNarModel;
 
@@ -44,24 +45,14 @@ pub use model::GraniteNarModel;
 pub const NAME: &str = "granite_nar";
 
 /// The family's registration ([`crate::models::families`]).
-pub struct GraniteNar;
-
-impl super::Family for GraniteNar {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-    fn load(&self, dir: &Path) -> Result<Box<dyn super::SpeechModel>> {
-        Ok(Box::new(GraniteNarModel::load(dir)?))
-    }
-    fn catalogue(&self) -> Vec<crate::faults::CatalogueEntry> {
-        faults::catalogue()
-    }
-    fn alignment(&self) -> super::Alignment {
-        super::Alignment::OnRequest {
-            extra_key: "hypothesis",
-        }
-    }
-}
+pub const FAMILY: super::Registration = super::Registration {
+    name: NAME,
+    load: |dir| Ok(Box::new(GraniteNarModel::load(dir)?)),
+    catalogue: faults::catalogue,
+    alignment: super::Alignment::OnRequest {
+        extra_key: "hypothesis",
+    },
+};
 
 /// LayerNorm epsilon of every encoder LayerNorm (`nn.LayerNorm(hidden_dim)`, torch's default) and
 /// of the conv module's BatchNorm (`nn.BatchNorm1d`, torch's default). Not in config.json.
@@ -173,16 +164,6 @@ pub struct ProjectorConfig {
     /// Biases on fc1/fc2.
     #[serde(default = "default_true")]
     pub mlp_bias: bool,
-}
-
-/// An id or a list of ids (`eos_token_id`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum TokenIds {
-    /// One id.
-    One(i64),
-    /// Several ids.
-    Many(Vec<i64>),
 }
 
 /// `rope_parameters` (transformers v5) of the text config.

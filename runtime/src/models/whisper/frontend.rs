@@ -9,6 +9,7 @@ use super::WhisperConfig;
 use crate::audio::Audio;
 use crate::error::{Result, RuntimeError};
 use crate::kernels::LogMel;
+use crate::models::common::{audio_err, check_sample_rate};
 
 /// preprocessor_config.json of a `WhisperFeatureExtractor`. Field names are HF's.
 #[derive(Debug, Clone, Deserialize)]
@@ -131,22 +132,16 @@ impl PreprocessorConfig {
     /// Refuse audio the frontend would get wrong: another sample rate (never silently resampled)
     /// or longer than one window (never silently truncated).
     pub fn check_audio(&self, audio: &Audio) -> Result<()> {
-        if audio.sample_rate as usize != self.sampling_rate {
-            return Err(RuntimeError::Audio {
-                path: audio.path.clone(),
-                reason: format!(
-                    "sample rate {} Hz; the model expects {} Hz (resample: sox '{}' -r {} -c 1 -b 16 out.wav)",
-                    audio.sample_rate,
-                    self.sampling_rate,
-                    audio.path.display(),
-                    self.sampling_rate
-                ),
-            });
-        }
+        let rate = self.sampling_rate;
+        let resample = format!(
+            " (resample: sox '{}' -r {rate} -c 1 -b 16 out.wav)",
+            audio.path.display()
+        );
+        check_sample_rate(audio, rate, &resample)?;
         if audio.samples.len() > self.window_samples() {
-            return Err(RuntimeError::Audio {
-                path: audio.path.clone(),
-                reason: format!(
+            return Err(audio_err(
+                audio,
+                format!(
                     "{:.2} s of audio ({} samples); this model takes at most chunk_length = {} s ({} samples) per window. \
                      Long-form audio is not supported: cut it into windows (no silent truncation)",
                     audio.seconds(),
@@ -154,7 +149,7 @@ impl PreprocessorConfig {
                     self.chunk_length,
                     self.window_samples()
                 ),
-            });
+            ));
         }
         Ok(())
     }

@@ -460,46 +460,34 @@ pub fn build(
 
     // ---- Encoder stem. Upstream: WhisperEncoder.forward.
     let enc = Vb::root("model.encoder");
-    let conv = |stride| Conv1d {
-        kernel: 3,
-        stride,
-        padding: 1,
-    };
+    // conv1 (stride 1) and conv2 (stride 2), each followed by its GELU.
     let cm = Layout::ChannelMajor;
-    let conv1 = conv1d(
-        &mut g,
-        "encoder.conv1",
-        &enc.pp("conv1"),
-        mel,
-        conv(1),
-        (n_mels, d),
-        frames.into(),
-    )?;
-    g.checkpoint(conv1, "audio.encoder.conv1.out")?;
-    let a1 = unary(
-        &mut g,
-        "encoder.conv1_gelu",
-        Gelu,
-        conv1,
-        shape![d, frames],
-        cm,
-    )?;
-    let conv2 = conv1d(
-        &mut g,
-        "encoder.conv2",
-        &enc.pp("conv2"),
-        a1,
-        conv(2),
-        (d, d),
-        s.into(),
-    )?;
-    g.checkpoint(conv2, "audio.encoder.conv2.out")?;
-    let a2 = unary(&mut g, "encoder.conv2_gelu", Gelu, conv2, shape![d, s], cm)?;
+    let mut x = mel;
+    for (c, stride, c_in, frames_out) in [("conv1", 1, n_mels, frames), ("conv2", 2, d, s)] {
+        let conv = Conv1d {
+            kernel: 3,
+            stride,
+            padding: 1,
+        };
+        let name = format!("encoder.{c}");
+        let y = conv1d(
+            &mut g,
+            &name,
+            &enc.pp(c),
+            x,
+            conv,
+            (c_in, d),
+            frames_out.into(),
+        )?;
+        g.checkpoint(y, &format!("audio.{name}.out"))?;
+        let gelu = format!("{name}_gelu");
+        x = unary(&mut g, &gelu, Gelu, y, shape![d, frames_out], cm)?;
+    }
     let tm = unary(
         &mut g,
         "encoder.to_token_major",
         ChannelToToken,
-        a2,
+        x,
         shape![s, d],
         Layout::TokenMajor,
     )?;

@@ -30,6 +30,7 @@ pub(crate) use crate::models::common::{
     cfg_err, check_layers, check_model_type, check_positive, model_files, read_json,
 };
 
+pub use crate::models::common::TokenIds;
 pub use decode::DecoderSession;
 pub use frontend::PreprocessorConfig;
 pub use model::WhisperModel;
@@ -38,22 +39,12 @@ pub use model::WhisperModel;
 pub const NAME: &str = "whisper";
 
 /// The family's registration ([`crate::models::families`]).
-pub struct Whisper;
-
-impl super::Family for Whisper {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-    fn load(&self, dir: &Path) -> Result<Box<dyn super::SpeechModel>> {
-        Ok(Box::new(WhisperModel::load(dir)?))
-    }
-    fn catalogue(&self) -> Vec<crate::faults::CatalogueEntry> {
-        faults::catalogue()
-    }
-    fn alignment(&self) -> super::Alignment {
-        super::Alignment::ReferenceTokens
-    }
-}
+pub const FAMILY: super::Registration = super::Registration {
+    name: NAME,
+    load: |dir| Ok(Box::new(WhisperModel::load(dir)?)),
+    catalogue: faults::catalogue,
+    alignment: super::Alignment::ReferenceTokens,
+};
 
 /// LayerNorm epsilon of every Whisper LayerNorm (`nn.LayerNorm(d)`, torch's default; not in
 /// config.json).
@@ -114,26 +105,6 @@ pub struct WhisperConfig {
     /// Legacy forced ids in config.json (used by HF when generation_config.json has none).
     #[serde(default)]
     pub forced_decoder_ids: Option<Vec<(usize, Option<i64>)>>,
-}
-
-/// `eos_token_id`: an id or a list of ids.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum TokenIds {
-    /// One id.
-    One(i64),
-    /// Several ids.
-    Many(Vec<i64>),
-}
-
-impl TokenIds {
-    /// As a list.
-    pub fn to_vec(&self) -> Vec<i64> {
-        match self {
-            TokenIds::One(i) => vec![*i],
-            TokenIds::Many(v) => v.clone(),
-        }
-    }
 }
 
 /// generation_config.json, the fields greedy decoding follows. HF names verbatim.

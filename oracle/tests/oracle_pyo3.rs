@@ -18,6 +18,23 @@ fn config(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&text).expect("config parses")
 }
 
+/// The oracle, the fixture `model` (relative to the repository root), fox.wav and the model's
+/// contract as a `family` model.
+fn on_fox(model: &str, family: &str) -> (Oracle, PathBuf, PathBuf, Contract) {
+    let dir = root().join(model);
+    let audio = root().join("fixtures/audio/fox.wav");
+    let oracle = Oracle::discover().expect("venv (make venv)");
+    let c = Contract::for_family(family, &config(&dir)).unwrap();
+    (oracle, dir, audio, c)
+}
+
+/// The oracle's run of the fixture `model` on fox.wav ([`on_fox`]), with the contract.
+fn fox_run(model: &str, family: &str) -> (Contract, xray_oracle::OracleRun) {
+    let (oracle, dir, audio, c) = on_fox(model, family);
+    let run = oracle.run(&OracleRequest::new(&dir, &audio, &c)).unwrap();
+    (c, run)
+}
+
 /// Every contract checkpoint is captured at the steps the contract says, with its shape and layout.
 fn check_against_contract(c: &Contract, run: &xray_oracle::OracleRun, steps: usize) {
     for spec in &c.checkpoints {
@@ -58,12 +75,7 @@ fn check_against_contract(c: &Contract, run: &xray_oracle::OracleRun, steps: usi
 
 #[test]
 fn whisper_random_fixture_matches_contract_and_dump_roundtrips() {
-    let dir = root().join("fixtures/build/whisper-rand-a");
-    let audio = root().join("fixtures/audio/fox.wav");
-    let oracle = Oracle::discover().expect("venv (make venv)");
-    let cfg = config(&dir);
-    let c = Contract::for_family("whisper", &cfg).unwrap();
-    let run = oracle.run(&OracleRequest::new(&dir, &audio, &c)).unwrap();
+    let (c, run) = fox_run("fixtures/build/whisper-rand-a", "whisper");
     let steps = run.tokens.len() - 2;
     assert!(steps >= 1);
     check_against_contract(&c, &run, steps);
@@ -85,11 +97,7 @@ fn whisper_random_fixture_matches_contract_and_dump_roundtrips() {
 
 #[test]
 fn whisper_tiny_en_transcribes_real_speech() {
-    let dir = root().join("fixtures/whisper-tiny-en");
-    let audio = root().join("fixtures/audio/fox.wav");
-    let oracle = Oracle::discover().unwrap();
-    let c = Contract::for_family("whisper", &config(&dir)).unwrap();
-    let run = oracle.run(&OracleRequest::new(&dir, &audio, &c)).unwrap();
+    let (c, run) = fox_run("fixtures/whisper-tiny-en", "whisper");
     let t = run.transcript.to_lowercase();
     assert!(
         t.contains("quick") && t.contains("lazy dog"),
@@ -103,11 +111,7 @@ fn whisper_tiny_en_transcribes_real_speech() {
 
 #[test]
 fn granite_nar_fixture_matches_contract() {
-    let dir = root().join("fixtures/build/granite-nar-tiny");
-    let audio = root().join("fixtures/audio/fox.wav");
-    let oracle = Oracle::discover().unwrap();
-    let c = Contract::for_family("granite_nar", &config(&dir)).unwrap();
-    let run = oracle.run(&OracleRequest::new(&dir, &audio, &c)).unwrap();
+    let (c, run) = fox_run("fixtures/build/granite-nar-tiny", "granite_nar");
     for spec in &c.checkpoints {
         let got = run
             .checkpoints
@@ -153,10 +157,7 @@ fn input_errors_are_one_line_and_keep_the_traceback() {
 
 #[test]
 fn op_level_points_follow_the_checkpoints_and_change_nothing_else() {
-    let dir = root().join("fixtures/build/whisper-rand-a");
-    let audio = root().join("fixtures/audio/fox.wav");
-    let oracle = Oracle::discover().unwrap();
-    let c = Contract::for_family("whisper", &config(&dir)).unwrap();
+    let (oracle, dir, audio, c) = on_fox("fixtures/build/whisper-rand-a", "whisper");
     let plain = oracle.run(&OracleRequest::new(&dir, &audio, &c)).unwrap();
     let all = oracle
         .run(&OracleRequest::new(&dir, &audio, &c).with_ops(PointSelect::All))

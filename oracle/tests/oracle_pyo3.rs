@@ -35,6 +35,18 @@ fn fox_run(model: &str, family: &str) -> (Contract, xray_oracle::OracleRun) {
     (c, run)
 }
 
+/// `run` written as whisper-rand-a's dump into a temporary folder and loaded back: the folder,
+/// the dump's path and the dump.
+fn reloaded(run: &xray_oracle::OracleRun) -> (tempfile::TempDir, PathBuf, Dump) {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("ref");
+    run.to_dump("whisper", "whisper-rand-a")
+        .write(&out)
+        .unwrap();
+    let d = Dump::load(&out).unwrap();
+    (tmp, out, d)
+}
+
 /// Every contract checkpoint is captured at the steps the contract says, with its shape and layout.
 fn check_against_contract(c: &Contract, run: &xray_oracle::OracleRun, steps: usize) {
     for spec in &c.checkpoints {
@@ -79,12 +91,7 @@ fn whisper_random_fixture_matches_contract_and_dump_roundtrips() {
     let steps = run.tokens.len() - 2;
     assert!(steps >= 1);
     check_against_contract(&c, &run, steps);
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("ref");
-    run.to_dump("whisper", "whisper-rand-a")
-        .write(&out)
-        .unwrap();
-    let d = Dump::load(&out).unwrap();
+    let (_tmp, _, d) = reloaded(&run);
     for x in &run.checkpoints {
         assert_eq!(
             d.get(&x.name, x.step).unwrap(),
@@ -180,12 +187,7 @@ fn op_level_points_follow_the_checkpoints_and_change_nothing_else() {
     assert_eq!(q.len(), steps);
     assert!(q.iter().skip(1).all(|x| x.data.shape()[0] == 1));
     // A dump with ':' in names round-trips through the Rust loader.
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("ref");
-    all.to_dump("whisper", "whisper-rand-a")
-        .write(&out)
-        .unwrap();
-    let d = Dump::load(&out).unwrap();
+    let (_tmp, out, d) = reloaded(&all);
     let fc2 = d.get("model.encoder.layers.0.fc2:out", 0).unwrap();
     assert_eq!(fc2.shape(), &[250, 64]);
     assert!(out

@@ -12,6 +12,14 @@ use xray_runtime::RuntimeError;
 
 const RAND_A: &str = "fixtures/build/whisper-rand-a";
 
+/// A copy of the model `src`, its weights file and that file's bytes.
+fn weights_of_a_copy(src: &Path) -> (tempfile::TempDir, std::path::PathBuf, Vec<u8>) {
+    let t = copy_dir(src);
+    let p = t.path().join("model.safetensors");
+    let bytes = std::fs::read(&p).unwrap();
+    (t, p, bytes)
+}
+
 /// A copy of the model `src` whose config.json `edit` changed.
 fn with_config(src: &Path, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
     let t = copy_dir(src);
@@ -29,9 +37,7 @@ fn load_err(dir: &Path) -> RuntimeError {
 #[test]
 fn truncated_safetensors_is_refused_naming_the_file() {
     let Some(src) = fixture(RAND_A) else { return };
-    let t = copy_dir(&src);
-    let p = t.path().join("model.safetensors");
-    let bytes = std::fs::read(&p).unwrap();
+    let (t, p, bytes) = weights_of_a_copy(&src);
     std::fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
     let e = load_err(t.path());
     let msg = e.to_string();
@@ -93,9 +99,7 @@ fn config_not_matching_the_weights_is_refused() {
 #[test]
 fn a_key_missing_from_the_file_is_named_with_the_file() {
     let Some(src) = fixture(RAND_A) else { return };
-    let t = copy_dir(&src);
-    let p = t.path().join("model.safetensors");
-    let bytes = std::fs::read(&p).unwrap();
+    let (t, p, bytes) = weights_of_a_copy(&src);
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let dropped = "model.decoder.layers.1.encoder_attn.v_proj.bias";
     let kept: Vec<(String, safetensors::tensor::TensorView)> = st

@@ -4,8 +4,11 @@
 //! compared for what it is, undeclared suppression is named as a mechanism, and what cannot be
 //! honoured is refused naming it.
 
+mod common;
+
 use std::path::PathBuf;
 
+use common::assert_explained;
 use ndarray::{ArrayD, Axis, Slice};
 use xray_compare::compare::compare_dumps_isolated;
 use xray_compare::compare::CompareOptions;
@@ -112,19 +115,13 @@ fn undeclared_suppression_is_named_and_fails() {
     let e = engine(&d, true, false);
     let (cmp, ..) = compare_dumps_isolated(&c, &d, &e, vec![], &opts(Some(suppression()))).unwrap();
     let fd = cmp.first_divergence.expect("undeclared suppression fails");
-    let x = fd.explanation.unwrap();
-    assert_eq!(
-        x.signature,
+    assert_explained(
+        &fd.explanation.unwrap(),
         xray_core::SignatureKind::LogitsProcessed,
-        "{}",
-        x.detail
-    );
-    assert!(
-        x.detail.contains("the 6 of 51864 ids")
-            && x.detail
-                .contains("exactly the ids test lists suppresses at step 0"),
-        "{}",
-        x.detail
+        &[
+            "the 6 of 51864 ids",
+            "exactly the ids test lists suppresses at step 0",
+        ],
     );
 }
 
@@ -138,12 +135,10 @@ fn begin_suppression_at_a_later_step_is_named() {
     let (cmp, ..) = compare_dumps_isolated(&c, &d, &e, vec![], &opts(Some(suppression()))).unwrap();
     let fd = cmp.first_divergence.expect("an origin");
     assert_eq!(fd.step, 2);
-    let x = fd.explanation.unwrap();
-    assert_eq!(x.signature, xray_core::SignatureKind::LogitsProcessed);
-    assert!(
-        x.detail.contains("220, 50256") && x.detail.contains("begin_suppress_tokens"),
-        "{}",
-        x.detail
+    assert_explained(
+        &fd.explanation.unwrap(),
+        xray_core::SignatureKind::LogitsProcessed,
+        &["220, 50256", "begin_suppress_tokens"],
     );
 }
 

@@ -2,7 +2,7 @@
 //! the dump writer's refusal to replace anything that is not an X-Ray dump.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use ndarray::{ArrayD, IxDyn};
 use proptest::prelude::*;
@@ -41,6 +41,20 @@ fn small_dump(dir: &Path) {
     let mut w = DumpWriter::new(manifest(false));
     w.add("a.b", 0, Layout::Plain, &tensor(&[2, 3]));
     w.write(dir).unwrap();
+}
+
+/// A stats-only dump `dir/s` holding `x@step0` (4x5): the dump.
+fn stats_only_dump(dir: &Path) -> PathBuf {
+    let d = dir.join("s");
+    let mut w = DumpWriter::new(manifest(true));
+    w.add("x", 0, Layout::Plain, &tensor(&[4, 5]));
+    w.write(&d).unwrap();
+    d
+}
+
+/// The JSON at `p`.
+fn read_json(p: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
 /// `.npy` bytes with a hand-written header (padded as NumPy pads it).
@@ -259,17 +273,13 @@ proptest! {
 #[test]
 fn stats_only_entries_need_an_order_sensitive_sketch() {
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().join("s");
-    let mut w = DumpWriter::new(manifest(true));
-    w.add("x", 0, Layout::Plain, &tensor(&[4, 5]));
-    w.write(&d).unwrap();
+    let d = stats_only_dump(dir.path());
     let l = Dump::load(&d).unwrap();
     let s = l.entry("x", 0).unwrap().stats.clone().unwrap();
     assert_eq!(s.sketch.as_ref().map(|k| k.len()), Some(SKETCH_LEN));
     // An entry without it (an older writer) is refused, naming the entry.
     let mp = d.join("manifest.json");
-    let mut m: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&mp).unwrap()).unwrap();
+    let mut m = read_json(&mp);
     m["checkpoints"][0]["stats"]
         .as_object_mut()
         .unwrap()
@@ -435,13 +445,9 @@ proptest! {
 #[test]
 fn impossible_statistics_are_refused_naming_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().join("s");
-    let mut w = DumpWriter::new(manifest(true));
-    w.add("x", 0, Layout::Plain, &tensor(&[4, 5]));
-    w.write(&d).unwrap();
+    let d = stats_only_dump(dir.path());
     let mp = d.join("manifest.json");
-    let good: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&mp).unwrap()).unwrap();
+    let good = read_json(&mp);
     type Edit = fn(&mut serde_json::Value);
     let cases: [(Edit, &str); 7] = [
         (

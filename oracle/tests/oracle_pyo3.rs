@@ -18,6 +18,35 @@ fn config(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&text).expect("config parses")
 }
 
+/// The oracle, the fixture `model` (relative to the repository root), fox.wav and the model's
+/// contract as a `family` model.
+fn on_fox(model: &str, family: &str) -> (Oracle, PathBuf, PathBuf, Contract) {
+    let dir = root().join(model);
+    let audio = root().join("fixtures/audio/fox.wav");
+    let oracle = Oracle::discover().expect("venv (make venv)");
+    let c = Contract::for_family(family, &config(&dir)).unwrap();
+    (oracle, dir, audio, c)
+}
+
+/// The oracle's run of the fixture `model` on fox.wav ([`on_fox`]), with the contract.
+fn fox_run(model: &str, family: &str) -> (Contract, xray_oracle::OracleRun) {
+    let (oracle, dir, audio, c) = on_fox(model, family);
+    let run = oracle.run(&OracleRequest::new(&dir, &audio, &c)).unwrap();
+    (c, run)
+}
+
+/// `run` written as whisper-rand-a's dump into a temporary folder and loaded back: the folder,
+/// the dump's path and the dump.
+fn reloaded(run: &xray_oracle::OracleRun) -> (tempfile::TempDir, PathBuf, Dump) {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("ref");
+    run.to_dump("whisper", "whisper-rand-a")
+        .write(&out)
+        .unwrap();
+    let d = Dump::load(&out).unwrap();
+    (tmp, out, d)
+}
+
 /// Every contract checkpoint is captured at the steps the contract says, with its shape and layout.
 fn check_against_contract(c: &Contract, run: &xray_oracle::OracleRun, steps: usize) {
     for spec in &c.checkpoints {
@@ -58,21 +87,11 @@ fn check_against_contract(c: &Contract, run: &xray_oracle::OracleRun, steps: usi
 
 #[test]
 fn whisper_random_fixture_matches_contract_and_dump_roundtrips() {
-    let dir = root().join("fixtures/build/whisper-rand-a");
-    let audio = root().join("fixtures/audio/fox.wav");
-    let oracle = Oracle::discover().expect("venv (make venv)");
-    let cfg = config(&dir);
-    let c = Contract::for_family("whisper", &cfg).unwrap();
-    let run = oracle.run(&OracleRequest::new(&dir, &audio, &c)).unwrap();
+    let (c, run) = fox_run("fixtures/build/whisper-rand-a", "whisper");
     let steps = run.tokens.len() - 2;
     assert!(steps >= 1);
     check_against_contract(&c, &run, steps);
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("ref");
-    run.to_dump("whisper", "whisper-rand-a")
-        .write(&out)
-        .unwrap();
-    let d = Dump::load(&out).unwrap();
+    let (_tmp, _, d) = reloaded(&run);
     for x in &run.checkpoints {
         assert_eq!(
             d.get(&x.name, x.step).unwrap(),
@@ -85,11 +104,7 @@ fn whisper_random_fixture_matches_contract_and_dump_roundtrips() {
 
 #[test]
 fn whisper_tiny_en_transcribes_real_speech() {
-    let dir = root().join("fixtures/whisper-tiny-en");
-    let audio = root().join("fixtures/audio/fox.wav");
-    let oracle = Oracle::discover().unwrap();
-    let c = Contract::for_family("whisper", &config(&dir)).unwrap();
-    let run = oracle.run(&OracleRequest::new(&dir, &audio, &c)).unwrap();
+    let (c, run) = fox_run("fixtures/whisper-tiny-en", "whisper");
     let t = run.transcript.to_lowercase();
     assert!(
         t.contains("quick") && t.contains("lazy dog"),
@@ -103,11 +118,7 @@ fn whisper_tiny_en_transcribes_real_speech() {
 
 #[test]
 fn granite_nar_fixture_matches_contract() {
-    let dir = root().join("fixtures/build/granite-nar-tiny");
-    let audio = root().join("fixtures/audio/fox.wav");
-    let oracle = Oracle::discover().unwrap();
-    let c = Contract::for_family("granite_nar", &config(&dir)).unwrap();
-    let run = oracle.run(&OracleRequest::new(&dir, &audio, &c)).unwrap();
+    let (c, run) = fox_run("fixtures/build/granite-nar-tiny", "granite_nar");
     for spec in &c.checkpoints {
         let got = run
             .checkpoints
@@ -153,10 +164,7 @@ fn input_errors_are_one_line_and_keep_the_traceback() {
 
 #[test]
 fn op_level_points_follow_the_checkpoints_and_change_nothing_else() {
-    let dir = root().join("fixtures/build/whisper-rand-a");
-    let audio = root().join("fixtures/audio/fox.wav");
-    let oracle = Oracle::discover().unwrap();
-    let c = Contract::for_family("whisper", &config(&dir)).unwrap();
+    let (oracle, dir, audio, c) = on_fox("fixtures/build/whisper-rand-a", "whisper");
     let plain = oracle.run(&OracleRequest::new(&dir, &audio, &c)).unwrap();
     let all = oracle
         .run(&OracleRequest::new(&dir, &audio, &c).with_ops(PointSelect::All))
@@ -179,12 +187,7 @@ fn op_level_points_follow_the_checkpoints_and_change_nothing_else() {
     assert_eq!(q.len(), steps);
     assert!(q.iter().skip(1).all(|x| x.data.shape()[0] == 1));
     // A dump with ':' in names round-trips through the Rust loader.
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("ref");
-    all.to_dump("whisper", "whisper-rand-a")
-        .write(&out)
-        .unwrap();
-    let d = Dump::load(&out).unwrap();
+    let (_tmp, out, d) = reloaded(&all);
     let fc2 = d.get("model.encoder.layers.0.fc2:out", 0).unwrap();
     assert_eq!(fc2.shape(), &[250, 64]);
     assert!(out

@@ -5,12 +5,27 @@ mod whisper_support;
 
 use std::path::Path;
 
-use whisper_support::{copy_dir, edit_json, fixture};
+use whisper_support::{assert_says, copy_dir, edit_json, fixture};
 use xray_runtime::models::whisper::WhisperModel;
 use xray_runtime::models::{RunHooks, RunOptions, SpeechModel};
 use xray_runtime::RuntimeError;
 
 const RAND_A: &str = "fixtures/build/whisper-rand-a";
+
+/// A copy of the model `src`, its weights file and that file's bytes.
+fn weights_of_a_copy(src: &Path) -> (tempfile::TempDir, std::path::PathBuf, Vec<u8>) {
+    let t = copy_dir(src);
+    let p = t.path().join("model.safetensors");
+    let bytes = std::fs::read(&p).unwrap();
+    (t, p, bytes)
+}
+
+/// A copy of the model `src` whose config.json `edit` changed.
+fn with_config(src: &Path, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
+    let t = copy_dir(src);
+    edit_json(&t.path().join("config.json"), edit);
+    t
+}
 
 fn load_err(dir: &Path) -> RuntimeError {
     match WhisperModel::load(dir) {
@@ -22,80 +37,69 @@ fn load_err(dir: &Path) -> RuntimeError {
 #[test]
 fn truncated_safetensors_is_refused_naming_the_file() {
     let Some(src) = fixture(RAND_A) else { return };
-    let t = copy_dir(&src);
-    let p = t.path().join("model.safetensors");
-    let bytes = std::fs::read(&p).unwrap();
+    let (t, p, bytes) = weights_of_a_copy(&src);
     std::fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
     let e = load_err(t.path());
     let msg = e.to_string();
     assert!(matches!(e, RuntimeError::File { .. }), "{e:?}");
-    assert!(
-        msg.contains("model.safetensors") && msg.contains("truncated or corrupt"),
-        "{msg}"
-    );
+    assert_says(&msg, &["model.safetensors", "truncated or corrupt"]);
 }
 
 #[test]
 fn config_not_matching_the_weights_is_refused() {
     let Some(src) = fixture(RAND_A) else { return };
     // d_model changed: the first weight whose shape follows from it is reported with both shapes.
-    let t = copy_dir(&src);
-    edit_json(&t.path().join("config.json"), |c| c["d_model"] = 128.into());
+    let t = with_config(&src, |c| c["d_model"] = 128.into());
     let e = load_err(t.path());
     let msg = e.to_string();
     assert!(matches!(e, RuntimeError::WeightShape { .. }), "{e:?}");
-    assert!(
-        msg.contains("'model.encoder.conv1.weight'")
-            && msg.contains("[128, 80, 3]")
-            && msg.contains("[64, 80, 3]"),
-        "{msg}"
+    assert_says(
+        &msg,
+        &[
+            "'model.encoder.conv1.weight'",
+            "[128, 80, 3]",
+            "[64, 80, 3]",
+        ],
     );
     assert!(msg.contains("model.safetensors"), "{msg}");
 
     // One encoder layer more than the file has: the missing key and the file are named.
-    let t = copy_dir(&src);
-    edit_json(&t.path().join("config.json"), |c| {
-        c["encoder_layers"] = 3.into()
-    });
+    let t = with_config(&src, |c| c["encoder_layers"] = 3.into());
     // Checked against the file's layers before the graph is built, naming key, file and prefix.
     let msg = load_err(t.path()).to_string();
-    assert!(
-        msg.contains("encoder_layers is 3")
-            && msg.contains("model.safetensors holds 2 layers")
-            && msg.contains("model.encoder.layers."),
-        "{msg}"
+    assert_says(
+        &msg,
+        &[
+            "encoder_layers is 3",
+            "model.safetensors holds 2 layers",
+            "model.encoder.layers.",
+        ],
     );
 
     // One decoder layer fewer than the file holds: refused the same way.
-    let t = copy_dir(&src);
-    edit_json(&t.path().join("config.json"), |c| {
-        c["decoder_layers"] = 1.into()
-    });
+    let t = with_config(&src, |c| c["decoder_layers"] = 1.into());
     let e = load_err(t.path());
     assert!(matches!(e, RuntimeError::Config { .. }), "{e:?}");
     assert!(e.to_string().contains("decoder_layers is 1"), "{e}");
 
     // A config claiming a million layers is refused before a graph of that size is built (the
     // property test of config.json found this one spinning in the graph builder).
-    let t = copy_dir(&src);
-    edit_json(&t.path().join("config.json"), |c| {
-        c["encoder_layers"] = 1_000_000.into()
-    });
+    let t = with_config(&src, |c| c["encoder_layers"] = 1_000_000.into());
     // Refused by core's bound on layer counts (the contract's), naming the key and the file.
     let msg = load_err(t.path()).to_string();
-    assert!(
-        msg.contains("'encoder_layers' is 1000000, above 1024")
-            && msg.contains(&t.path().join("config.json").display().to_string()),
-        "{msg}"
+    assert_says(
+        &msg,
+        &[
+            "'encoder_layers' is 1000000, above 1024",
+            &t.path().join("config.json").display().to_string(),
+        ],
     );
 }
 
 #[test]
 fn a_key_missing_from_the_file_is_named_with_the_file() {
     let Some(src) = fixture(RAND_A) else { return };
-    let t = copy_dir(&src);
-    let p = t.path().join("model.safetensors");
-    let bytes = std::fs::read(&p).unwrap();
+    let (t, p, bytes) = weights_of_a_copy(&src);
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let dropped = "model.decoder.layers.1.encoder_attn.v_proj.bias";
     let kept: Vec<(String, safetensors::tensor::TensorView)> = st
@@ -107,11 +111,13 @@ fn a_key_missing_from_the_file_is_named_with_the_file() {
     let e = load_err(t.path());
     let msg = e.to_string();
     assert!(matches!(e, RuntimeError::MissingWeight { .. }), "{e:?}");
-    assert!(
-        msg.contains(dropped)
-            && msg.contains("decoder.layer.1.cross_v_proj")
-            && msg.contains(&p.display().to_string()),
-        "{msg}"
+    assert_says(
+        &msg,
+        &[
+            dropped,
+            "decoder.layer.1.cross_v_proj",
+            &p.display().to_string(),
+        ],
     );
 }
 
@@ -202,11 +208,9 @@ fn audio_the_frontend_would_get_wrong_is_refused() {
         .unwrap_err();
     let msg = e.to_string();
     assert!(matches!(e, RuntimeError::Audio { .. }), "{e:?}");
-    assert!(
-        msg.contains("35.00 s")
-            && msg.contains("chunk_length = 5 s")
-            && msg.contains("no silent truncation"),
-        "{msg}"
+    assert_says(
+        &msg,
+        &["35.00 s", "chunk_length = 5 s", "no silent truncation"],
     );
 
     let mut audio = audio;
@@ -216,10 +220,7 @@ fn audio_the_frontend_would_get_wrong_is_refused() {
         .run(&audio, &RunOptions::default(), &mut RunHooks::default())
         .unwrap_err()
         .to_string();
-    assert!(
-        msg.contains("sample rate 8000 Hz") && msg.contains("16000"),
-        "{msg}"
-    );
+    assert_says(&msg, &["sample rate 8000 Hz", "16000"]);
 }
 
 #[test]

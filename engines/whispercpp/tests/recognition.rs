@@ -15,6 +15,20 @@ fn need(paths: &[PathBuf]) -> bool {
     xray_core::testing::require_all(paths, "run `make whispercpp-models`")
 }
 
+/// tiny.en's model directory, fox.wav's samples and the ggml file `fixtures/build/ggml/NAME`, or
+/// `None` after the guard's skip ([`need`]).
+fn tiny_on_fox(name: &str) -> Option<(ModelDir, Vec<f32>, PathBuf)> {
+    let model = root().join("fixtures/whisper-tiny-en");
+    let ggml = root().join("fixtures/build/ggml").join(name);
+    let wav = root().join("fixtures/audio/fox.wav");
+    if !need(&[model.clone(), ggml.clone(), wav.clone()]) {
+        return None;
+    }
+    let md = ModelDir::open(&model).unwrap();
+    let (samples, _) = engine::read_wav(&wav, 30).unwrap();
+    Some((md, samples, ggml))
+}
+
 fn plan(ggml: &Path) -> Plan {
     Plan {
         ggml: ggml.to_path_buf(),
@@ -31,14 +45,9 @@ fn plan(ggml: &Path) -> Plan {
 
 #[test]
 fn recognition_is_asserted_and_capture_neutral() {
-    let model = root().join("fixtures/whisper-tiny-en");
-    let ggml = root().join("fixtures/build/ggml/tiny-en-f16.bin");
-    let wav = root().join("fixtures/audio/fox.wav");
-    if !need(&[model.clone(), ggml.clone(), wav.clone()]) {
+    let Some((md, samples, ggml)) = tiny_on_fox("tiny-en-f16.bin") else {
         return;
-    }
-    let md = ModelDir::open(&model).unwrap();
-    let (samples, _) = engine::read_wav(&wav, 30).unwrap();
+    };
 
     // Taps on: every graph recognized; per decode step the 4 layers' checkpoints.
     let on = engine::run(&md, &samples, &plan(&ggml)).unwrap();
@@ -111,14 +120,9 @@ fn recognition_is_asserted_and_capture_neutral() {
 
 #[test]
 fn an_f32_model_is_refused_before_whisper_cpp_aborts() {
-    let model = root().join("fixtures/whisper-tiny-en");
-    let ggml = root().join("fixtures/build/ggml/tiny-en-f32.bin");
-    let wav = root().join("fixtures/audio/fox.wav");
-    if !need(&[model.clone(), ggml.clone(), wav.clone()]) {
+    let Some((md, samples, ggml)) = tiny_on_fox("tiny-en-f32.bin") else {
         return;
-    }
-    let md = ModelDir::open(&model).unwrap();
-    let (samples, _) = engine::read_wav(&wav, 30).unwrap();
+    };
     let e = engine::run(&md, &samples, &plan(&ggml))
         .unwrap_err()
         .to_string();

@@ -4,11 +4,9 @@
 //! measurements exist and are positive).
 
 use crate::common;
+use common::{FOX, RAND};
 
 use common::{code, stderr, xray};
-
-const RAND: &str = "fixtures/build/whisper-rand-a";
-const FOX: &str = "fixtures/audio/fox.wav";
 
 fn ready() -> bool {
     common::ready(&["fixtures/build/whisper-rand-a/config.json"])

@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use common::{code, root, xray};
+use common::{code, copy_dir, root, xray};
 
 /// `$ xray ARGS`, the exit code, stdout and stderr as one text.
 fn transcript(args: &[&str]) -> String {
@@ -83,11 +83,7 @@ fn compare_with_a_missing_dump() {
 fn compare_with_a_tampered_dump() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().join("tampered");
-    std::fs::create_dir(&d).unwrap();
-    for f in std::fs::read_dir(root().join(DUMP)).unwrap() {
-        let f = f.unwrap().path();
-        std::fs::copy(&f, d.join(f.file_name().unwrap())).unwrap();
-    }
+    copy_dir(&root().join(DUMP), &d);
     let victim = d.join("audio.encoder.memory@step0.npy");
     let mut bytes = std::fs::read(&victim).unwrap();
     let last = bytes.len() - 1;

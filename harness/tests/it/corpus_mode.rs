@@ -3,14 +3,10 @@
 //! merging shards, and `xray gate` between corpus directories.
 
 use crate::common;
-use common::{code, stderr, xray};
+use common::{assert_refused, assert_stdout, code, read_json, stderr, xray};
 
 fn summary(dir: &std::path::Path) -> serde_json::Value {
-    let p = dir.join("summary.json");
-    serde_json::from_str(
-        &std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
-    )
-    .unwrap()
+    read_json(&dir.join("summary.json"))
 }
 
 #[test]
@@ -63,8 +59,7 @@ fn corpus_shards_summarize_and_gate() {
     );
     // Again into the same directory: refused without --force (an earlier corpus run).
     let o = corpus(&["--evidence-dir", all.to_str().unwrap()]);
-    assert_eq!(code(&o), 2, "{}", stderr(&o));
-    assert!(stderr(&o).contains("--force"), "{}", stderr(&o));
+    assert_refused(&o, "--force");
 
     // Two shards; the second with a planted fault, so the merge has a divergence to report.
     let o = corpus(&["--shard", "1/2", "--evidence-dir", s1.to_str().unwrap()]);
@@ -94,8 +89,7 @@ fn corpus_shards_summarize_and_gate() {
         merged.to_str().unwrap(),
     ]);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
-    let m: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&merged).unwrap()).unwrap();
+    let m = read_json(&merged);
     assert_eq!(m["counts"]["clips"], 3);
     assert_eq!(m["counts"]["verdicts"]["pass"], 2);
     assert_eq!(m["counts"]["verdicts"]["diverged"], 1);
@@ -118,11 +112,9 @@ fn corpus_shards_summarize_and_gate() {
     let o = g(&all);
     assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stdout));
     let o = g(&s1);
-    assert_eq!(code(&o), 1);
-    assert!(String::from_utf8_lossy(&o.stdout).contains("absent from the new one"));
+    assert_stdout(&o, 1, "absent from the new one");
     let o = g(&s2);
-    assert_eq!(code(&o), 1);
-    assert!(String::from_utf8_lossy(&o.stdout).contains("audio.encoder.layer.1.out"));
+    assert_stdout(&o, 1, "audio.encoder.layer.1.out");
 }
 
 #[test]
@@ -350,21 +342,11 @@ fn dangling_links_and_loops_among_the_clips_are_refused_by_name() {
         ])
     };
     let o = args(&audio);
-    assert_eq!(code(&o), 2, "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("gone.wav: a dangling symbolic link"),
-        "{}",
-        stderr(&o)
-    );
+    assert_refused(&o, "gone.wav: a dangling symbolic link");
     std::fs::remove_file(audio.join("gone.wav")).unwrap();
     std::os::unix::fs::symlink(audio.join("loop.wav"), audio.join("loop.wav")).unwrap();
     let o = args(&audio);
-    assert_eq!(code(&o), 2, "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("loop.wav: a symbolic link that cannot be followed"),
-        "{}",
-        stderr(&o)
-    );
+    assert_refused(&o, "loop.wav: a symbolic link that cannot be followed");
     assert!(!out.exists(), "nothing written");
 }
 
@@ -471,8 +453,7 @@ fn a_killed_corpus_run_resumes_to_the_summary_of_an_uninterrupted_one() {
 
     // Without --resume (or --force) the unfinished run is refused; both together too.
     let o = run(&part, &[]);
-    assert_eq!(code(&o), 2, "{}", stderr(&o));
-    assert!(stderr(&o).contains("unfinished"), "{}", stderr(&o));
+    assert_refused(&o, "unfinished");
     let o = run(&part, &["--resume", "--force"]);
     assert_eq!(code(&o), 2, "{}", stderr(&o));
 
@@ -552,11 +533,6 @@ fn a_killed_corpus_run_resumes_to_the_summary_of_an_uninterrupted_one() {
     assert_eq!(untimed(summary(&part)), untimed(summary(&full)));
     // A clip's evidence not in this corpus (another shard): refused, not removed.
     let o = run(&part, &["--resume", "--shard", "1/2"]);
-    assert_eq!(code(&o), 2, "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("a clip this corpus does not have"),
-        "{}",
-        stderr(&o)
-    );
+    assert_refused(&o, "a clip this corpus does not have");
     assert!(part.join("stella.evidence.json").exists());
 }

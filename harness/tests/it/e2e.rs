@@ -3,16 +3,13 @@
 //! refusal of tampered dumps, `xray list`, and exit codes.
 
 use crate::common;
-use common::{check, checkpoint, code, dump_to, root, stderr, xray};
+use common::{
+    assert_refused, check, checkpoint, code, compare_with, copy_dir, dump_to, on, read_json, root,
+    stderr, xray,
+};
+use common::{FOX, RAND};
 
 use std::path::Path;
-
-const RAND_A: &str = "fixtures/build/whisper-rand-a";
-const FOX: &str = "fixtures/audio/fox.wav";
-
-fn evidence(p: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
 
 #[test]
 fn check_passes_on_real_tiny_en_with_equal_tokens() {
@@ -72,18 +69,12 @@ fn offline_compare_against_committed_reference_dump() {
     let dir = tempfile::tempdir().unwrap();
     let got = dir.path().join("got");
     let teacher = teacher(&refdir);
-    let o = dump_to("run", RAND_A, FOX, &got, &["--teacher", &teacher]);
+    let o = dump_to("run", RAND, FOX, &got, &["--teacher", &teacher]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let ev = dir.path().join("e.json");
-    let o = xray(&[
-        "compare",
-        refdir.to_str().unwrap(),
-        got.to_str().unwrap(),
-        "--evidence",
-        ev.to_str().unwrap(),
-    ]);
+    let o = compare_with(&refdir, &got, &["--evidence", ev.to_str().unwrap()]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    assert_eq!(evidence(&ev)["verdict"], "pass");
+    assert_eq!(read_json(&ev)["verdict"], "pass");
 
     // A flipped byte in a copy of the reference is refused, naming the file; then a truncated
     // file too.
@@ -101,7 +92,7 @@ fn offline_compare_against_committed_reference_dump() {
     for tamper in tampers {
         tamper(&mut b);
         std::fs::write(&f, &b).unwrap();
-        let o = xray(&["compare", bad.to_str().unwrap(), got.to_str().unwrap()]);
+        let o = compare_with(&bad, &got, &[]);
         assert_eq!(code(&o), 2);
         assert!(
             stderr(&o).contains("audio.encoder.memory@step0.npy"),
@@ -112,10 +103,7 @@ fn offline_compare_against_committed_reference_dump() {
 }
 
 fn teacher(refdir: &Path) -> String {
-    let m: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(refdir.join("manifest.json")).unwrap())
-            .unwrap();
-    m["tokens"]
+    read_json(&refdir.join("manifest.json"))["tokens"]
         .as_array()
         .unwrap()
         .iter()
@@ -124,34 +112,19 @@ fn teacher(refdir: &Path) -> String {
         .join(",")
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-    }
-}
-
 #[test]
 fn bad_inputs_exit_2_with_a_clear_message() {
-    let o = xray(&[
-        "check",
-        "--model",
-        "fixtures/whisper-tiny-en",
-        "--audio",
-        "fixtures/build/audio/long-35s.wav",
-    ]);
-    assert_eq!(code(&o), 2);
-    assert!(stderr(&o).contains("35.00 s"), "{}", stderr(&o));
-    let o = xray(&[
-        "check",
-        "--model",
-        "fixtures/nope",
-        "--audio",
-        "fixtures/audio/fox.wav",
-    ]);
-    assert_eq!(code(&o), 2);
-    assert!(stderr(&o).contains("fixtures/nope"), "{}", stderr(&o));
+    for (model, audio, says) in [
+        (
+            "fixtures/whisper-tiny-en",
+            "fixtures/build/audio/long-35s.wav",
+            "35.00 s",
+        ),
+        ("fixtures/nope", "fixtures/audio/fox.wav", "fixtures/nope"),
+    ] {
+        let o = on("check", model, audio, &[]);
+        assert_refused(&o, says);
+    }
 }
 
 #[test]
@@ -194,7 +167,7 @@ fn granite_data_dependent_shape_divergence_and_teacher_forcing() {
     args.extend(["--evidence", ev.to_str().unwrap()]);
     let o = xray(&args);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
-    let e = evidence(&ev);
+    let e = read_json(&ev);
     assert_eq!(e["first_divergence"]["checkpoint"], "enc.ctc_bpe_logits");
     let status = |n: &str| checkpoint(&e, n)["status"].clone();
     assert_eq!(status("proj.out"), "pass");
@@ -204,7 +177,7 @@ fn granite_data_dependent_shape_divergence_and_teacher_forcing() {
     args.push("--teacher-force");
     let o = xray(&args);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
-    let e = evidence(&ev);
+    let e = read_json(&ev);
     let status = |n: &str| checkpoint(&e, n)["status"].clone();
     assert_eq!(e["first_divergence"]["checkpoint"], "enc.ctc_bpe_logits");
     assert_eq!(status("dec.text_logits"), "pass");
@@ -218,7 +191,7 @@ fn stats_only_dumps_bisect_without_tensors() {
     let run = |out: &Path, extra: &[&str]| {
         let o = dump_to(
             "run",
-            RAND_A,
+            RAND,
             FOX,
             out,
             &[&["--max-steps", "2", "--stats-only"], extra].concat(),
@@ -279,7 +252,7 @@ fn fox_check<'a>(steps: &'a str, ev: &'a Path, extra: &[&'a str]) -> Vec<&'a str
     let mut a = vec![
         "check",
         "--model",
-        RAND_A,
+        RAND,
         "--audio",
         FOX,
         "--max-steps",
@@ -330,7 +303,7 @@ fn a_warm_reference_cache_check_never_starts_the_oracle() {
         "{}",
         stderr(&o)
     );
-    let cold = evidence(&t("cold.json"));
+    let cold = read_json(&t("cold.json"));
     let rc = &cold["run"]["reference_cache"];
     assert_eq!(rc["hit"], false, "{rc}");
     let key = rc["key"].as_str().unwrap().to_string();
@@ -354,8 +327,7 @@ fn a_warm_reference_cache_check_never_starts_the_oracle() {
     // The probe bites: a check that runs the oracle imports the package and fails.
     let x = t("x.json");
     let o = xray_with(bin, &fox_check("3", &x, &[]), &env);
-    assert_eq!(code(&o), 2, "{}", stderr(&o));
-    assert!(stderr(&o).contains("poisoned"), "{}", stderr(&o));
+    assert_refused(&o, "poisoned");
     assert!(mark.exists(), "the poisoned package was imported");
     std::fs::remove_file(&mark).unwrap();
 
@@ -366,19 +338,14 @@ fn a_warm_reference_cache_check_never_starts_the_oracle() {
     let err = stderr(&o);
     assert!(err.contains("from the reference cache"), "{err}");
     assert!(!err.contains("running the HF reference"), "{err}");
-    let warm = evidence(&t("warm.json"));
+    let warm = read_json(&t("warm.json"));
     assert_eq!(warm["run"]["reference_cache"]["hit"], true);
     assert_eq!(warm["run"]["reference_cache"]["key"], key.as_str());
     assert_eq!(without_cache_record(warm), without_cache_record(cold));
 
     // A miss with that package: refused before Python starts, nothing stored.
     let o = xray_with(bin, &cached_check("2", &cache, &t("miss.json")), &env);
-    assert_eq!(code(&o), 2, "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("is not the one this xray was built from"),
-        "{}",
-        stderr(&o)
-    );
+    assert_refused(&o, "is not the one this xray was built from");
     assert!(!mark.exists());
     assert_eq!(names(&cache), [key]);
 }
@@ -394,9 +361,6 @@ fn a_tampered_reference_cache_entry_is_an_error_naming_the_file() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let key = names(&cache).remove(0);
     let entry = cache.join(&key);
-    let json = |p: &Path| -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-    };
     let sha = |p: &Path| {
         use std::process::Command;
         let o = Command::new("sha256sum").arg(p).output().unwrap();
@@ -430,7 +394,7 @@ fn a_tampered_reference_cache_entry_is_an_error_naming_the_file() {
             "the manifest's transcript",
             Box::new(|e: &Path| {
                 let p = e.join("dump/manifest.json");
-                let mut m = json(&p);
+                let mut m = read_json(&p);
                 m["transcript"] = " something else".into();
                 std::fs::write(&p, serde_json::to_string_pretty(&m).unwrap()).unwrap();
             }),
@@ -440,11 +404,11 @@ fn a_tampered_reference_cache_entry_is_an_error_naming_the_file() {
             "the manifest's audio, its sha256 forged in entry.json",
             Box::new(move |e: &Path| {
                 let p = e.join("dump/manifest.json");
-                let mut m = json(&p);
+                let mut m = read_json(&p);
                 m["audio_sha256"] = "00".repeat(32).into();
                 std::fs::write(&p, serde_json::to_string_pretty(&m).unwrap()).unwrap();
                 let ep = e.join("entry.json");
-                let mut en = json(&ep);
+                let mut en = read_json(&ep);
                 en["manifest_sha256"] = sha(&p).into();
                 std::fs::write(&ep, serde_json::to_string_pretty(&en).unwrap()).unwrap();
             }),
@@ -454,7 +418,7 @@ fn a_tampered_reference_cache_entry_is_an_error_naming_the_file() {
             "the key's material",
             Box::new(|e: &Path| {
                 let p = e.join("entry.json");
-                let mut en = json(&p);
+                let mut en = read_json(&p);
                 en["material"]["threads"] = 2.into();
                 std::fs::write(&p, serde_json::to_string_pretty(&en).unwrap()).unwrap();
             }),
@@ -520,7 +484,7 @@ fn the_python_free_build_checks_from_the_cache_and_refuses_a_miss() {
     };
     let o = run(&cached_check("3", &cache, &t("warm.json")));
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let (cold, warm) = (evidence(&t("cold.json")), evidence(&t("warm.json")));
+    let (cold, warm) = (read_json(&t("cold.json")), read_json(&t("warm.json")));
     assert_eq!(warm["run"]["reference_cache"]["hit"], true);
     assert_eq!(without_cache_record(warm), without_cache_record(cold));
     let o = run(&[

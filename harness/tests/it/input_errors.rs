@@ -4,17 +4,20 @@
 //! other rates / channel counts converted once with both engines fed the same samples.
 
 use crate::common;
+use common::{FOX, RAND};
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
-use common::{root, stderr, xray};
+use common::{copy_dir, dump_to, read_json, root, stderr, xray};
+
+const FIXTURES: &[&str] = &[
+    "fixtures/build/whisper-rand-a/config.json",
+    "fixtures/build/granite-nar-tiny/config.json",
+];
 
 fn ready() -> bool {
-    common::ready(&[
-        "fixtures/build/whisper-rand-a/config.json",
-        "fixtures/build/granite-nar-tiny/config.json",
-    ])
+    common::ready(FIXTURES)
 }
 
 /// Exit 2 and the error is the last stderr line, one line, with no Python traceback.
@@ -32,8 +35,11 @@ fn one_line_error(o: &Output) -> String {
     last
 }
 
-const RAND: &str = "fixtures/build/whisper-rand-a";
-const FOX: &str = "fixtures/audio/fox.wav";
+/// `xray oracle --model MODEL --audio FOX --out OUT`'s arguments.
+fn oracle_args<'a>(model: &'a str, out: &'a Path) -> [&'a str; 7] {
+    let out = out.to_str().unwrap();
+    ["oracle", "--model", model, "--audio", FOX, "--out", out]
+}
 
 #[test]
 fn argument_ranges_are_refused_before_anything_runs() {
@@ -107,28 +113,14 @@ fn audio_the_runtime_refuses_is_refused_before_the_oracle_runs() {
 
 #[test]
 fn oracle_input_errors_are_one_line_and_the_traceback_is_behind_v() {
-    if !ready() {
+    let Some(dir) = common::ready_tempdir(FIXTURES) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let g = dir.path().join("granite");
-    std::fs::create_dir(&g).unwrap();
-    for f in std::fs::read_dir(root().join("fixtures/build/granite-nar-tiny")).unwrap() {
-        let f = f.unwrap().path();
-        if f.file_name().unwrap() != "tokenizer.json" {
-            std::fs::copy(&f, g.join(f.file_name().unwrap())).unwrap();
-        }
-    }
+    copy_dir(&root().join("fixtures/build/granite-nar-tiny"), &g);
+    std::fs::remove_file(g.join("tokenizer.json")).unwrap();
     let out = dir.path().join("o");
-    let args = [
-        "oracle",
-        "--model",
-        g.to_str().unwrap(),
-        "--audio",
-        FOX,
-        "--out",
-        out.to_str().unwrap(),
-    ];
+    let args = oracle_args(g.to_str().unwrap(), &out);
     let r = xray(&args);
     let last = one_line_error(&r);
     assert!(last.contains("tokenizer.json is missing"), "{last}");
@@ -149,32 +141,24 @@ fn oracle_input_errors_are_one_line_and_the_traceback_is_behind_v() {
 
 #[test]
 fn unexpected_python_exceptions_are_one_line_with_type_and_place() {
-    if !ready() {
+    let Some(dir) = common::ready_tempdir(FIXTURES) else {
         return;
-    }
+    };
     // Whisper weights that are not safetensors: transformers raises from deep inside.
-    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
-    for f in std::fs::read_dir(root().join(RAND)).unwrap() {
-        let f = f.unwrap().path();
-        std::fs::copy(&f, m.join(f.file_name().unwrap())).unwrap();
-    }
+    copy_dir(&root().join(RAND), &m);
     std::fs::write(
         m.join("model.safetensors"),
         b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}",
     )
     .unwrap();
-    let out = dir.path().join("o");
-    let r = xray(&[
+    let r = dump_to(
         "oracle",
-        "--model",
         m.to_str().unwrap(),
-        "--audio",
         FOX,
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+        &dir.path().join("o"),
+        &[],
+    );
     let last = one_line_error(&r);
     assert!(
         last.contains("oracle raised") && last.contains(" (at ") && last.contains("-v"),
@@ -212,11 +196,8 @@ fn stereo_44k_audio_is_converted_once_and_both_engines_get_the_same_samples() {
         "3",
     ]);
     assert_eq!(r.status.code(), Some(0), "{}", stderr(&r));
-    let read = |p: PathBuf| -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-    };
-    let rf = read(dumps.join("reference/manifest.json"));
-    let rt = read(dumps.join("runtime/manifest.json"));
+    let rf = read_json(&dumps.join("reference/manifest.json"));
+    let rt = read_json(&dumps.join("runtime/manifest.json"));
     let (a, b) = (&rf["extra"]["audio"], &rt["extra"]["audio"]);
     assert_eq!(a["source_rate"], 44100);
     assert_eq!(a["source_channels"], 2);
@@ -229,7 +210,7 @@ fn stereo_44k_audio_is_converted_once_and_both_engines_get_the_same_samples() {
     // audio_sha256 stays the FILE's sha256.
     use sha2_hex::file_sha256;
     assert_eq!(rf["audio_sha256"].as_str().unwrap(), file_sha256(&wav));
-    let e = read(ev);
+    let e = read_json(&ev);
     assert_eq!(e["verdict"], "pass");
     assert!(e["notes"].as_array().unwrap().iter().any(|n| n
         .as_str()
@@ -297,8 +278,7 @@ fn audio_from_a_pipe_is_read_once() {
     writer.join().unwrap();
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(0), "{err}");
-    let e: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&ev).unwrap()).unwrap();
+    let e = read_json(&ev);
     assert_eq!(e["verdict"], "pass", "{err}");
     assert_eq!(e["run"]["audio_sha256"], want_sha.as_str(), "{}", e["run"]);
 }
@@ -313,8 +293,7 @@ fn hostile_config_numbers_are_one_line_errors_naming_the_key() {
         return;
     }
     let src = root().join(RAND);
-    let base: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let base = read_json(&src.join("config.json"));
     let dir = tempfile::tempdir().unwrap();
     for (i, (key, value, says)) in [
         (
@@ -362,15 +341,7 @@ fn hostile_config_numbers_are_one_line_errors_naming_the_key() {
         let out = dir.path().join(format!("out{i}"));
         for args in [
             vec!["contract", "--model", m],
-            vec![
-                "oracle",
-                "--model",
-                m,
-                "--audio",
-                FOX,
-                "--out",
-                out.to_str().unwrap(),
-            ],
+            oracle_args(m, &out).to_vec(),
         ] {
             let o = xray(&args);
             let err = stderr(&o);

@@ -3,34 +3,20 @@
 //! weights, dumped by `python -m xray_oracle dump --ops`) localized to the module.
 
 use crate::common;
+use common::{GRANITE, RAND, TINY};
 
 use std::path::Path;
 
 use common::{
-    assert_schema_valid, check, code, dump_to, edited, oracle_dump, patched_oracle_dump, ready, s,
-    stderr, xray, FOX,
+    assert_schema_valid, check_injected, code, compare_dumps, compare_output, dump_to, edited,
+    oracle_dump, patched_oracle_dump, read_json, ready, ready_tempdir, s, stderr, FOX,
 };
 use serde_json::Value;
-
-const RAND: &str = "fixtures/build/whisper-rand-a";
-const TINY: &str = "fixtures/whisper-tiny-en";
-const GRANITE: &str = "fixtures/build/granite-nar-tiny";
 
 /// `xray compare REF GOT --model MODEL`: asserts the exit code, returns the evidence.
 fn compare(r: &Path, x: &Path, model: &str, want: i32) -> Value {
     let dir = tempfile::tempdir().unwrap();
-    let ev = dir.path().join("e.json");
-    let o = xray(&[
-        "compare",
-        s(r),
-        s(x),
-        "--model",
-        model,
-        "--evidence",
-        s(&ev),
-    ]);
-    assert_eq!(code(&o), want, "{}", stderr(&o));
-    serde_json::from_str(&std::fs::read_to_string(&ev).unwrap()).unwrap()
+    compare_dumps(r, x, model, &dir.path().join("e.json"), want)
 }
 
 /// A fault the catalogue plants elsewhere (its default is encoder layer 1's MLP norm), planted on
@@ -41,12 +27,7 @@ fn check_drills_down_to_an_op_the_catalogue_does_not_target() {
     if !ready(&[RAND, FOX, ".venv"]) {
         return;
     }
-    let ev = check(
-        RAND,
-        FOX,
-        &["--inject", "layernorm_eps@encoder.layer.0.self_attn_norm"],
-        1,
-    );
+    let ev = check_injected(RAND, "layernorm_eps@encoder.layer.0.self_attn_norm", &[]);
     let fd = &ev["first_divergence"];
     assert_eq!(fd["checkpoint"], "audio.encoder.layer.0.out", "{fd:#}");
     let op = &fd["op"];
@@ -59,15 +40,10 @@ fn check_drills_down_to_an_op_the_catalogue_does_not_target() {
     assert_eq!(op["explanation"]["signature"], "row_affine", "{op:#}");
     assert_schema_valid(&ev);
     // --no-drill stops at the checkpoint.
-    let ev = check(
+    let ev = check_injected(
         RAND,
-        FOX,
-        &[
-            "--inject",
-            "layernorm_eps@encoder.layer.0.self_attn_norm",
-            "--no-drill",
-        ],
-        1,
+        "layernorm_eps@encoder.layer.0.self_attn_norm",
+        &["--no-drill"],
     );
     assert!(ev["first_divergence"].get("op").is_none(), "{ev:#}");
 }
@@ -83,9 +59,7 @@ fn ops_pair(model: &str, dir: &Path) -> (std::path::PathBuf, std::path::PathBuf)
 }
 
 fn point_count(d: &Path) -> usize {
-    let m: Value =
-        serde_json::from_str(&std::fs::read_to_string(d.join("manifest.json")).unwrap()).unwrap();
-    m["checkpoints"]
+    read_json(&d.join("manifest.json"))["checkpoints"]
         .as_array()
         .unwrap()
         .iter()
@@ -104,10 +78,9 @@ fn clean_ops_pairs_align_and_agree_on_every_bundled_model() {
         (GRANITE, 150),
         (TINY, 300),
     ] {
-        if !ready(&[model, FOX, ".venv"]) {
+        let Some(dir) = ready_tempdir(&[model, FOX, ".venv"]) else {
             continue;
-        }
-        let dir = tempfile::tempdir().unwrap();
+        };
         let (r, x) = ops_pair(model, dir.path());
         assert!(
             point_count(&r) >= min_shared && point_count(&x) >= min_shared,
@@ -145,10 +118,9 @@ fn clean_ops_pairs_align_and_agree_on_every_bundled_model() {
 /// never the divergence, and the verdict is the checkpoints'.
 #[test]
 fn a_deliberately_unaligned_point_is_an_alignment_fault() {
-    if !ready(&[RAND, FOX, ".venv"]) {
+    let Some(dir) = ready_tempdir(&[RAND, FOX, ".venv"]) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let (r, x) = ops_pair(RAND, dir.path());
     let point = "model.encoder.layers.0.fc1:in";
     let d = xray_core::dump::Dump::load(&x).unwrap();
@@ -169,18 +141,7 @@ fn a_deliberately_unaligned_point_is_an_alignment_fault() {
     }
     let bad = dir.path().join("bad");
     w.write(&bad).unwrap();
-    let ev_path = dir.path().join("e.json");
-    let o = xray(&[
-        "compare",
-        s(&r),
-        s(&bad),
-        "--model",
-        RAND,
-        "--evidence",
-        s(&ev_path),
-    ]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let ev: Value = serde_json::from_str(&std::fs::read_to_string(&ev_path).unwrap()).unwrap();
+    let (o, ev) = compare_output(&r, &bad, RAND, &dir.path().join("e.json"), 0);
     let faults = ev["op_points"]["alignment_faults"].as_array().unwrap();
     assert_eq!(faults.len(), 1, "{ev:#}");
     assert_eq!(faults[0]["point"], point);
@@ -202,10 +163,9 @@ fn a_deliberately_unaligned_point_is_an_alignment_fault() {
 /// `xray compare` against the reference names the module, the runtime op, and the grid.
 #[test]
 fn int8_rounded_fc2_in_another_engines_dump_is_localized_to_the_module() {
-    if !ready(&[TINY, FOX, ".venv"]) {
+    let Some(dir) = ready_tempdir(&[TINY, FOX, ".venv"]) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let patched = edited(
         dir.path(),
         TINY,

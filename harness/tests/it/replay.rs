@@ -6,18 +6,15 @@
 //! follow the op kinds (linear, norm, conv, embedding, attention, residual add), not the catalogue.
 
 use crate::common;
+use common::{GRANITE, RAND, TINY};
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use common::{
-    assert_schema_valid, check, code, compare_dumps, dump_to, edited, oracle_dump,
-    patched_oracle_dump, ready, s, stderr, xray, FOX,
+    assert_schema_valid, check_injected, code, compare_dumps, compare_output, dump_to, edited,
+    oracle_dump, patched_oracle_dump, ready, ready_tempdir, s, stderr, FOX,
 };
 use serde_json::Value;
-
-const RAND: &str = "fixtures/build/whisper-rand-a";
-const GRANITE: &str = "fixtures/build/granite-nar-tiny";
-const TINY: &str = "fixtures/whisper-tiny-en";
 
 /// The op-level origin's replay evidence, with the op it names.
 fn replay(ev: &Value) -> (&Value, &Value) {
@@ -59,19 +56,26 @@ fn run_and_compare(dir: &Path, reference: &Path, bad: &Path, good: &str) -> Valu
         "{}.json",
         bad.file_name().unwrap().to_string_lossy()
     ));
-    let o = xray(&[
-        "compare",
-        s(reference),
-        s(&got),
-        "--model",
-        good,
-        "--evidence",
-        s(&ev),
-    ]);
-    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    let (o, ev) = compare_output(reference, &got, good, &ev, 1);
     let text = String::from_utf8_lossy(&o.stderr);
     assert!(text.contains("xray: replay: "), "{text}");
-    serde_json::from_str(&std::fs::read_to_string(&ev).unwrap()).unwrap()
+    ev
+}
+
+/// For a test on `model` and fox.wav (guarded by [`ready_tempdir`]): a temporary directory and
+/// the reference's dump with op-level points in it ([`oracle_dump`]).
+fn referenced(model: &str) -> Option<(tempfile::TempDir, PathBuf)> {
+    let dir = ready_tempdir(&[model, FOX, ".venv"])?;
+    let reference = oracle_dump(dir.path(), model);
+    Some((dir, reference))
+}
+
+/// The random-init Whisper's reference with `patch` planted, dumped by the oracle as another
+/// engine's dump ([`patched_oracle_dump`]) and compared with `reference` (a divergence): the
+/// evidence.
+fn patched_and_compared(dir: &Path, reference: &Path, patch: &str) -> Value {
+    let got = patched_oracle_dump(dir, RAND, patch);
+    compare_dumps(reference, &got, RAND, &dir.join("e.json"), 1)
 }
 
 /// Faults planted in the runtime's kernels and parameters: the named op is convicted by its
@@ -82,12 +86,7 @@ fn injected_faults_are_convicted_with_their_mechanism() {
         return;
     }
     // A norm: epsilon solved (1e-1 where the module has 1e-5).
-    let ev = check(
-        RAND,
-        FOX,
-        &["--inject", "layernorm_eps@encoder.layer.0.self_attn_norm"],
-        1,
-    );
+    let ev = check_injected(RAND, "layernorm_eps@encoder.layer.0.self_attn_norm", &[]);
     let m = convicted(&ev, "encoder.layer.0.self_attn_norm", "eps");
     assert_eq!(m["counterfactual"]["value"], 0.1, "{m:#}");
     let (_, r) = replay(&ev);
@@ -106,15 +105,15 @@ fn injected_faults_are_convicted_with_their_mechanism() {
     );
     assert_schema_valid(&ev);
     // A single-op origin (the encoder's final norm is the whole checkpoint): still replayed.
-    let ev = check(RAND, FOX, &["--inject", "layernorm_unbiased_var"], 1);
+    let ev = check_injected(RAND, "layernorm_unbiased_var", &[]);
     convicted(&ev, "encoder.final_norm", "unbiased_variance");
     // A linear on an int8 grid.
-    let ev = check(RAND, FOX, &["--inject", "out_proj_int8"], 1);
+    let ev = check_injected(RAND, "out_proj_int8", &[]);
     let m = convicted(&ev, "encoder.layer.1.out_proj", "weight_grid");
     assert_eq!(m["counterfactual"]["bits"], 8);
     assert_eq!(m["counterfactual"]["granularity"], "per_row");
     // A linear reading another layer's weight.
-    let ev = check(RAND, FOX, &["--inject", "cross_k_wrong_layer"], 1);
+    let ev = check_injected(RAND, "cross_k_wrong_layer", &[]);
     let m = convicted(&ev, "decoder.layer.1.cross_k_proj", "other_key");
     assert_eq!(
         m["counterfactual"]["key"],
@@ -122,15 +121,10 @@ fn injected_faults_are_convicted_with_their_mechanism() {
     );
     // Weightless: an attention core with a causal mask it must not have, and one whose softmax
     // scale is sqrt(head_dim) instead of 1/sqrt(head_dim) (solved).
-    let ev = check(RAND, FOX, &["--inject", "causal_mask_added"], 1);
+    let ev = check_injected(RAND, "causal_mask_added", &[]);
     let m = convicted(&ev, "encoder.layer.0.self_attn", "causal_mask");
     assert_eq!(m["counterfactual"]["on"], true);
-    let ev = check(
-        RAND,
-        FOX,
-        &["--inject", "attn_scale_dropped@encoder.layer.1.self_attn"],
-        1,
-    );
+    let ev = check_injected(RAND, "attn_scale_dropped@encoder.layer.1.self_attn", &[]);
     let m = convicted(&ev, "encoder.layer.1.self_attn", "attention_scale");
     assert!(
         (m["counterfactual"]["value"].as_f64().unwrap() - 4.0).abs() < 1e-6,
@@ -139,7 +133,7 @@ fn injected_faults_are_convicted_with_their_mechanism() {
     assert_schema_valid(&ev);
     // An attention core the contract exposes as its own checkpoint (decoder cross-attention
     // context): drilled into at the points around it.
-    let ev = check(RAND, FOX, &["--inject", "attn_scale_dropped"], 1);
+    let ev = check_injected(RAND, "attn_scale_dropped", &[]);
     let (op, r) = replay(&ev);
     assert_eq!(r["kind"], "attention", "{r:#}");
     assert!(
@@ -153,12 +147,7 @@ fn injected_faults_are_convicted_with_their_mechanism() {
     assert_eq!(r["mechanism"]["counterfactual"]["kind"], "attention_scale");
     // Weightless and elementwise: GELU's tanh approximation where the reference has the exact
     // GELU; the reference's function is identified on its own tensors, the runtime's is named.
-    let ev = check(
-        RAND,
-        FOX,
-        &["--inject", "gelu_tanh@encoder.layer.0.gelu"],
-        1,
-    );
+    let ev = check_injected(RAND, "gelu_tanh@encoder.layer.0.gelu", &[]);
     let m = convicted(&ev, "encoder.layer.0.gelu", "activation");
     assert_eq!(m["counterfactual"]["function"], "tanh_gelu", "{m:#}");
     assert!(m["counterfactual"].get("table").is_none(), "{m:#}");
@@ -168,7 +157,7 @@ fn injected_faults_are_convicted_with_their_mechanism() {
     assert_schema_valid(&ev);
     // A residual add skipped (granite's self-conditioning bypass): the input dropped is named.
     if ready(&[GRANITE]) {
-        let ev = check(GRANITE, FOX, &["--inject", "ctc_bypass_skipped"], 1);
+        let ev = check_injected(GRANITE, "ctc_bypass_skipped", &[]);
         let m = convicted(&ev, "enc.self_cond.bypass_add", "input_dropped");
         assert_eq!(m["counterfactual"]["input"], "encoder.out_mid:out", "{m:#}");
         assert_schema_valid(&ev);
@@ -180,11 +169,9 @@ fn injected_faults_are_convicted_with_their_mechanism() {
 /// op that differs on the runtime's own input.
 #[test]
 fn weights_read_wrong_are_named_by_replay() {
-    if !ready(&[RAND, FOX, ".venv"]) {
+    let Some((dir, reference)) = referenced(RAND) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let reference = oracle_dump(dir.path(), RAND);
+    };
     let cases: &[(&str, &str, &str, &str)] = &[
         (
             "q-transposed",
@@ -283,11 +270,9 @@ fn weights_read_wrong_are_named_by_replay() {
 /// other layout, a LayerNorm's affine swapped).
 #[test]
 fn granite_weights_read_wrong_are_named_by_replay() {
-    if !ready(&[GRANITE, FOX, ".venv"]) {
+    let Some((dir, reference)) = referenced(GRANITE) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let reference = oracle_dump(dir.path(), GRANITE);
+    };
     for (name, edit, op, kind) in [
         (
             "input-linear-layout",
@@ -312,11 +297,9 @@ fn granite_weights_read_wrong_are_named_by_replay() {
 /// A real model: Whisper tiny.en with encoder layer 2's fc1 bias missing from its weights.
 #[test]
 fn tiny_en_missing_bias_is_named_by_replay() {
-    if !ready(&[TINY, FOX, ".venv"]) {
+    let Some((dir, reference)) = referenced(TINY) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let reference = oracle_dump(dir.path(), TINY);
+    };
     let bad = edited(
         dir.path(),
         TINY,
@@ -339,11 +322,9 @@ fn tiny_en_missing_bias_is_named_by_replay() {
 /// residual add is convicted and its multiplier solved.
 #[test]
 fn a_doubled_residual_branch_in_another_engines_dump_is_solved() {
-    if !ready(&[RAND, FOX, ".venv"]) {
+    let Some((dir, reference)) = referenced(RAND) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let reference = oracle_dump(dir.path(), RAND);
+    };
     let patch = "import transformers.models.whisper.modeling_whisper as mw\n\
         orig = mw.WhisperEncoderLayer.forward\n\
         def fwd(self, hidden_states, attention_mask=None, **kw):\n\
@@ -359,8 +340,7 @@ fn a_doubled_residual_branch_in_another_engines_dump_is_solved() {
         \x20   m.model.encoder.layers[1]._bug = True\n\
         \x20   return m\n\
         mw.WhisperForConditionalGeneration.from_pretrained = classmethod(patched)\n";
-    let got = patched_oracle_dump(dir.path(), RAND, patch);
-    let ev = compare_dumps(&reference, &got, RAND, &dir.path().join("e.json"), 1);
+    let ev = patched_and_compared(dir.path(), &reference, patch);
     let m = convicted(&ev, "encoder.layer.1.residual_mlp", "input_scaled");
     assert_eq!(
         m["counterfactual"]["input"], "model.encoder.layers.1.fc2:out",
@@ -375,11 +355,9 @@ fn a_doubled_residual_branch_in_another_engines_dump_is_solved() {
 /// on (the steps that reuse the cache). The attention core is convicted and the layer named.
 #[test]
 fn a_cross_attention_cache_of_another_layer_is_named() {
-    if !ready(&[RAND, FOX, ".venv"]) {
+    let Some((dir, reference)) = referenced(RAND) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let reference = oracle_dump(dir.path(), RAND);
+    };
     let patch = "import transformers.models.whisper.modeling_whisper as mw\n\
         orig = mw.WhisperAttention.forward\n\
         def fwd(self, hidden_states, key_value_states=None, cache=None, **kw):\n\
@@ -399,8 +377,7 @@ fn a_cross_attention_cache_of_another_layer_is_named() {
         \x20   m.model.decoder.layers[1].encoder_attn._bug = True\n\
         \x20   return m\n\
         mw.WhisperForConditionalGeneration.from_pretrained = classmethod(patched)\n";
-    let got = patched_oracle_dump(dir.path(), RAND, patch);
-    let ev = compare_dumps(&reference, &got, RAND, &dir.path().join("e.json"), 1);
+    let ev = patched_and_compared(dir.path(), &reference, patch);
     assert_eq!(
         ev["first_divergence"]["step"], 1,
         "{:#}",

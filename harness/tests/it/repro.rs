@@ -6,20 +6,16 @@
 //! without op-level points is refused naming what is missing.
 
 use crate::common;
+use common::{RAND, TINY};
 
 use std::path::{Path, PathBuf};
 
-use common::{code, ready, root, stderr, xray};
+use common::{
+    code, compare_with, copy_dir, dump_to, read_json, ready, ready_tempdir, root, s, stderr, xray,
+    FOX,
+};
 use serde_json::Value;
 use xray_core::testing::strs;
-
-const RAND: &str = "fixtures/build/whisper-rand-a";
-const TINY: &str = "fixtures/whisper-tiny-en";
-const FOX: &str = "fixtures/audio/fox.wav";
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
 
 fn stdout(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stdout).to_string()
@@ -44,7 +40,7 @@ fn faulty_check(model: &str, dir: &Path, extra: &[&str]) -> (PathBuf, Value) {
     args.extend_from_slice(extra);
     let o = xray(&args);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&ev).unwrap()).unwrap();
+    let v = read_json(&ev);
     (ev, v)
 }
 
@@ -112,19 +108,7 @@ fn candle_op(bin: &Path, c: &Path, out: &Path) {
 }
 
 fn case_json(c: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(c.join("case.json")).unwrap()).unwrap()
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to.join(e.file_name()));
-        } else {
-            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-        }
-    }
+    read_json(&c.join("case.json"))
 }
 
 /// A norm op: encoder layer 1's MLP LayerNorm with epsilon 1e-1 (`layernorm_eps`). The case holds
@@ -132,10 +116,9 @@ fn copy_dir(from: &Path, to: &Path) {
 /// fault fails and without it passes; the case's own engine output fails and its reference passes.
 #[test]
 fn layer_norm_case_reproduces_the_fault_and_replays() {
-    if !ready(&[RAND, FOX, ".venv"]) {
+    let Some(tmp) = ready_tempdir(&[RAND, FOX, ".venv"]) else {
         return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
+    };
     let (ev, e) = faulty_check(RAND, tmp.path(), &["--ops", "--inject", "layernorm_eps"]);
     let op = &e["first_divergence"]["op"];
     assert_eq!(op["op"], "encoder.layer.1.mlp_norm", "{op:#}");
@@ -264,10 +247,9 @@ fn layer_norm_case_reproduces_the_fault_and_replays() {
 /// projection's; X-Ray's kernel with the fault fails, without it passes.
 #[test]
 fn linear_case_reproduces_the_fault_and_replays() {
-    if !ready(&[RAND, FOX, ".venv"]) {
+    let Some(tmp) = ready_tempdir(&[RAND, FOX, ".venv"]) else {
         return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
+    };
     let (ev, e) = faulty_check(RAND, tmp.path(), &["--ops", "--inject", "out_proj_int8"]);
     assert_eq!(
         e["first_divergence"]["op"]["op"], "encoder.layer.1.out_proj",
@@ -291,10 +273,9 @@ fn linear_case_reproduces_the_fault_and_replays() {
 /// memory only): `xray repro` refuses, naming the point it needs and the flag that makes it.
 #[test]
 fn dumps_without_points_are_refused_naming_the_point() {
-    if !ready(&[RAND, FOX, ".venv"]) {
+    let Some(tmp) = ready_tempdir(&[RAND, FOX, ".venv"]) else {
         return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
+    };
     let (ev, e) = faulty_check(RAND, tmp.path(), &["--inject", "layernorm_eps"]);
     assert_eq!(
         e["first_divergence"]["op"]["op"],
@@ -328,6 +309,16 @@ fn candle_bin() -> Option<PathBuf> {
     .then_some(bin)
 }
 
+/// For a candle test on tiny.en and fox.wav (guarded by [`ready`], then [`candle_bin`]): the
+/// candle binary and a temporary directory.
+fn candle_ready() -> Option<(PathBuf, tempfile::TempDir)> {
+    if !ready(&[TINY, FOX, ".venv"]) {
+        return None;
+    }
+    let bin = candle_bin()?;
+    Some((bin, tempfile::tempdir().unwrap()))
+}
+
 /// candle's own dump, cut into a case: candle (engines/candle-whisper) with `--ops` writes each
 /// checkpoint also under the op-level points the contract declares it is, so fed the reference's
 /// log-mel its encoder's input (`model.encoder.conv1:in`, `model.encoder:in`) agrees and its output
@@ -339,22 +330,11 @@ fn candle_bin() -> Option<PathBuf> {
 /// the case (`xray-candle-op`) fails as candle's dump did.
 #[test]
 fn candle_encoder_case_from_its_own_dump() {
-    if !ready(&[TINY, FOX, ".venv"]) {
+    let Some((bin, tmp)) = candle_ready() else {
         return;
-    }
-    let Some(bin) = candle_bin() else { return };
-    let tmp = tempfile::tempdir().unwrap();
+    };
     let reference = tmp.path().join("ref");
-    let o = xray(&[
-        "oracle",
-        "--model",
-        TINY,
-        "--audio",
-        FOX,
-        "--ops",
-        "--out",
-        s(&reference),
-    ]);
+    let o = dump_to("oracle", TINY, FOX, &reference, &["--ops"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let enc = tmp.path().join("enc");
     candle(
@@ -465,11 +445,9 @@ fn candle_encoder_case_from_its_own_dump() {
 /// LayerNorm on the case's input and weights, judged by `xray replay --got`).
 #[test]
 fn candle_dump_without_points_is_refused_naming_what_is_missing() {
-    if !ready(&[TINY, FOX, ".venv"]) {
+    let Some((bin, tmp)) = candle_ready() else {
         return;
-    }
-    let Some(bin) = candle_bin() else { return };
-    let tmp = tempfile::tempdir().unwrap();
+    };
     let candle_dump = tmp.path().join("candle");
     candle(
         &bin,
@@ -508,15 +486,11 @@ fn candle_dump_without_points_is_refused_naming_what_is_missing() {
     // Candle without points against the reference: whatever the verdict, no op-level origin.
     let reference = tmp.path().join("d/reference");
     let ev2 = tmp.path().join("candle.json");
-    let o = xray(&[
-        "compare",
-        s(&reference),
-        s(&candle_dump),
-        "--model",
-        TINY,
-        "--evidence",
-        s(&ev2),
-    ]);
+    let o = compare_with(
+        &reference,
+        &candle_dump,
+        &["--model", TINY, "--evidence", s(&ev2)],
+    );
     assert!(code(&o) <= 1, "{}", stderr(&o));
     refused(
         &xray(&["repro", s(&ev2), "--out", s(&tmp.path().join("c2"))]),

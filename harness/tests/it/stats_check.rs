@@ -5,15 +5,15 @@
 //! close to the measured one; options that need full tensors are refused before anything runs.
 
 use crate::common;
+use common::{FOX, GRANITE, RAND};
 
 use std::path::Path;
 
-use common::{assert_schema_valid, check, checkpoint, code, on, ready, stderr, xray};
+use common::{
+    assert_refused, assert_schema_valid, check, checkpoint, code, compare_dumps, compare_with, on,
+    read_json, ready, ready_tempdir, stderr,
+};
 use serde_json::Value;
-
-const RAND_A: &str = "fixtures/build/whisper-rand-a";
-const GRANITE: &str = "fixtures/build/granite-nar-tiny";
-const FOX: &str = "fixtures/audio/fox.wav";
 
 fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
@@ -33,12 +33,11 @@ fn estimated_rel_l2(c: &Value) -> f64 {
 
 #[test]
 fn clean_stats_only_check_passes_and_its_dumps_compare_offline() {
-    if !ready(&[RAND_A]) {
+    let Some(dir) = ready_tempdir(&[RAND]) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let dumps = dir.path().join("dumps");
-    let e = check(RAND_A, FOX, &["--stats-only", "--dumps", s(&dumps)], 0);
+    let e = check(RAND, FOX, &["--stats-only", "--dumps", s(&dumps)], 0);
     assert_schema_valid(&e);
     assert_eq!(e["verdict"], "pass");
     assert_eq!(e["run"]["stats_only"], true);
@@ -62,9 +61,7 @@ fn clean_stats_only_check_passes_and_its_dumps_compare_offline() {
     // Both dumps are stats-only: summaries in the manifest, not one tensor file.
     for side in ["reference", "runtime"] {
         let d = dumps.join(side);
-        let m: Value =
-            serde_json::from_str(&std::fs::read_to_string(d.join("manifest.json")).unwrap())
-                .unwrap();
+        let m = read_json(&d.join("manifest.json"));
         assert_eq!(m["stats_only"], true, "{side}");
         assert_eq!(
             m["checkpoints"].as_array().unwrap().len(),
@@ -85,24 +82,20 @@ fn clean_stats_only_check_passes_and_its_dumps_compare_offline() {
     }
     // ... and `xray compare` judges them offline to the same verdict.
     let ev = dir.path().join("offline.json");
-    let o = xray(&[
-        "compare",
-        s(&dumps.join("reference")),
-        s(&dumps.join("runtime")),
-        "--model",
-        RAND_A,
-        "--evidence",
-        s(&ev),
-    ]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let off: Value = serde_json::from_str(&std::fs::read_to_string(&ev).unwrap()).unwrap();
+    let off = compare_dumps(
+        &dumps.join("reference"),
+        &dumps.join("runtime"),
+        RAND,
+        &ev,
+        0,
+    );
     assert_eq!(off["run"]["stats_only"], true);
     assert_eq!(off["checkpoints"].as_array().unwrap().len(), cps.len());
 }
 
 #[test]
 fn planted_fault_has_the_same_origin_and_op_as_the_full_check() {
-    if !ready(&[RAND_A]) {
+    if !ready(&[RAND]) {
         return;
     }
     // An encoder fault the drill-down names the op of, and a decoder mask fault (step 0 probs).
@@ -110,8 +103,8 @@ fn planted_fault_has_the_same_origin_and_op_as_the_full_check() {
         ("gelu_tanh", Some("encoder.layer.1.gelu")),
         ("causal_mask_dropped", None),
     ] {
-        let full = check(RAND_A, FOX, &["--inject", fault], 1);
-        let stats = check(RAND_A, FOX, &["--inject", fault, "--stats-only"], 1);
+        let full = check(RAND, FOX, &["--inject", fault], 1);
+        let stats = check(RAND, FOX, &["--inject", fault, "--stats-only"], 1);
         assert_schema_valid(&stats);
         assert_eq!(stats["verdict"], "diverged", "{fault}");
         let (f, x) = (&full["first_divergence"], &stats["first_divergence"]);
@@ -195,11 +188,11 @@ fn planted_fault_has_the_same_origin_and_op_as_the_full_check() {
 
 #[test]
 fn stats_only_refuses_what_needs_full_tensors() {
-    if !ready(&[RAND_A, GRANITE]) {
+    if !ready(&[RAND, GRANITE]) {
         return;
     }
     for flag in ["--isolate", "--calibrate", "--ops"] {
-        let o = on("check", RAND_A, FOX, &["--stats-only", flag]);
+        let o = on("check", RAND, FOX, &["--stats-only", flag]);
         assert_eq!(code(&o), 2, "{flag}: {}", stderr(&o));
         let err = stderr(&o);
         assert!(
@@ -209,14 +202,9 @@ fn stats_only_refuses_what_needs_full_tensors() {
         assert!(!err.contains("running the HF reference"), "{flag}: {err}");
     }
     let o = on("check", GRANITE, FOX, &["--stats-only"]);
-    assert_eq!(code(&o), 2, "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("implemented for whisper"),
-        "{}",
-        stderr(&o)
-    );
+    assert_refused(&o, "implemented for whisper");
     // The check itself is unchanged without the flag.
-    let e = check(RAND_A, FOX, &["--no-drill"], 0);
+    let e = check(RAND, FOX, &["--no-drill"], 0);
     assert!(e["run"].get("stats_only").is_none(), "{}", e["run"]);
     assert!(!checkpoint(&e, "audio.encoder.memory")["metrics"].is_null());
 }
@@ -228,22 +216,19 @@ fn stats_only_refuses_what_needs_full_tensors() {
 /// hash (it passed on the hash).
 #[test]
 fn non_finite_or_impossible_statistics_are_input_errors() {
-    if !ready(&[RAND_A]) {
+    let Some(dir) = ready_tempdir(&[RAND]) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let base = dir.path().join("base");
     let o = common::dump_to(
         "run",
-        RAND_A,
+        RAND,
         FOX,
         &base,
         &["--stats-only", "--max-steps", "2"],
     );
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let manifest: Value =
-        serde_json::from_str(&std::fs::read_to_string(base.join("manifest.json")).unwrap())
-            .unwrap();
+    let manifest = read_json(&base.join("manifest.json"));
     let target = "audio.encoder.memory";
     // A copy of the dump with the entry `target@step0`'s statistics edited.
     let edited = |name: &str, edit: &dyn Fn(&mut Value)| {
@@ -262,15 +247,7 @@ fn non_finite_or_impossible_statistics_are_input_errors() {
     };
     let compare = |reference: &Path, got: &Path| {
         let ev = dir.path().join("e.json");
-        xray(&[
-            "compare",
-            s(reference),
-            s(got),
-            "--model",
-            RAND_A,
-            "--evidence",
-            s(&ev),
-        ])
+        compare_with(reference, got, &["--model", RAND, "--evidence", s(&ev)])
     };
     let last_line = |o: &std::process::Output| {
         let e = stderr(o);

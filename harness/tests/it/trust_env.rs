@@ -44,26 +44,28 @@ fn plant(dir: &Path) -> (PathBuf, PathBuf) {
     let sp = dir.join(".venv/lib/python3.11/site-packages");
     std::fs::create_dir_all(&sp).unwrap();
     std::fs::write(dir.join(".venv/pyvenv.cfg"), "home = /usr/bin\n").unwrap();
-    std::fs::write(
-        sp.join("x.pth"),
-        format!(
-            "import pathlib; pathlib.Path({:?}).write_text('pth executed')\n",
-            pth_marker.display().to_string()
-        ),
-    )
-    .unwrap();
-    let pkg = dir.join("oracle/xray_oracle");
-    std::fs::create_dir_all(&pkg).unwrap();
-    std::fs::write(
-        pkg.join("__init__.py"),
-        format!(
-            "import pathlib\npathlib.Path({:?}).write_text('planted package imported')\n\
-             def run(*a, **k):\n    raise SystemExit('planted package ran')\n",
-            pkg_marker.display().to_string()
-        ),
-    )
-    .unwrap();
+    plant_script(&sp.join("x.pth"), &pth_marker, "pth executed", "");
+    plant_script(
+        &dir.join("oracle/xray_oracle/__init__.py"),
+        &pkg_marker,
+        "planted package imported",
+        "def run(*a, **k):\n    raise SystemExit('planted package ran')\n",
+    );
     (pth_marker, pkg_marker)
+}
+
+/// `file` (its folder created) holding Python that writes `text` to `marker` when it runs, on
+/// one line (as a `.pth` file runs a line), then `extra`.
+fn plant_script(file: &Path, marker: &Path, text: &str, extra: &str) {
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::write(
+        file,
+        format!(
+            "import pathlib; pathlib.Path({:?}).write_text({text:?})\n{extra}",
+            marker.display().to_string()
+        ),
+    )
+    .unwrap();
 }
 
 fn fixtures_ready() -> bool {
@@ -73,13 +75,22 @@ fn fixtures_ready() -> bool {
     )
 }
 
-#[test]
-fn oracle_ignores_a_planted_venv_and_package_in_the_working_directory() {
+/// For a test with the fixtures ([`fixtures_ready`]): a temporary folder [`plant`]ed, and its two
+/// markers.
+fn planted() -> Option<(tempfile::TempDir, PathBuf, PathBuf)> {
     if !fixtures_ready() {
-        return;
+        return None;
     }
     let dir = tempfile::tempdir().unwrap();
     let (pth, pkg) = plant(dir.path());
+    Some((dir, pth, pkg))
+}
+
+#[test]
+fn oracle_ignores_a_planted_venv_and_package_in_the_working_directory() {
+    let Some((dir, pth, pkg)) = planted() else {
+        return;
+    };
     let out = dir.path().join("dump");
     let o = xray_in(dir.path(), &oracle_args(&out, &["--max-steps", "2"]));
     let err = String::from_utf8_lossy(&o.stderr);
@@ -87,19 +98,16 @@ fn oracle_ignores_a_planted_venv_and_package_in_the_working_directory() {
     assert!(!pkg.exists(), "the planted xray_oracle package ran: {err}");
     assert_eq!(o.status.code(), Some(0), "{err}");
     // The real package wrote a real dump.
-    let manifest: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    let manifest = crate::common::read_json(&out.join("manifest.json"));
     assert_eq!(manifest["producer"], "oracle");
     assert!(manifest["checkpoints"].as_array().unwrap().len() > 10);
 }
 
 #[test]
 fn doctor_reports_the_installation_environment_not_the_working_directory() {
-    if !fixtures_ready() {
+    let Some((dir, pth, pkg)) = planted() else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let (pth, pkg) = plant(dir.path());
+    };
     let o = xray_in(dir.path(), &["doctor"]);
     let text = format!(
         "{}{}",
@@ -150,16 +158,12 @@ fn explicit_xray_venv_that_does_not_exist_is_an_error_naming_it() {
 /// A folder holding a hostile `xray_oracle` package at its top (what an empty
 /// `XRAY_ORACLE_PATH` resolves to from there): importing it writes `marker`.
 fn plant_top_level_package(dir: &Path, marker: &Path) {
-    let pkg = dir.join("xray_oracle");
-    std::fs::create_dir_all(&pkg).unwrap();
-    std::fs::write(
-        pkg.join("__init__.py"),
-        format!(
-            "import pathlib\npathlib.Path({:?}).write_text('empty XRAY_ORACLE_PATH imported the working directory')\n",
-            marker.display().to_string()
-        ),
-    )
-    .unwrap();
+    plant_script(
+        &dir.join("xray_oracle/__init__.py"),
+        marker,
+        "empty XRAY_ORACLE_PATH imported the working directory",
+        "",
+    );
 }
 
 /// Issue 24 item 1: `XRAY_ORACLE_PATH=` (set but empty) resolved to the working directory and
@@ -222,15 +226,7 @@ fn plant_foreign_python(dir: &Path) -> (PathBuf, PathBuf, Vec<PathBuf>) {
     let mut markers = vec![];
     let mut write = |file: PathBuf, marker_name: &str, extra: &str| {
         let marker = dir.join(marker_name);
-        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
-        std::fs::write(
-            &file,
-            format!(
-                "import pathlib; pathlib.Path({:?}).write_text('ran')\n{extra}",
-                marker.display().to_string()
-            ),
-        )
-        .unwrap();
+        plant_script(&file, &marker, "ran", extra);
         markers.push(marker);
     };
     write(foreign.join("sitecustomize.py"), "SITECUSTOMIZE_RAN", "");

@@ -64,6 +64,13 @@ use xray_compare::evidence::{Evidence, Verdict};
 use xray_core::testing::strs;
 
 /// `xray ARGS` from `cwd`: exit code and stdout + stderr.
+/// [`xray_in`], which must be an input error (exit 2): what it wrote.
+fn input_error(cwd: &Path, args: &[&str]) -> String {
+    let (c, out) = xray_in(cwd, args);
+    assert_eq!(c, 2, "{out}");
+    out
+}
+
 fn xray_in(cwd: &Path, args: &[&str]) -> (i32, String) {
     let o = Command::new(env!("CARGO_BIN_EXE_xray"))
         .current_dir(cwd)
@@ -130,15 +137,13 @@ fn summarize_and_report_derive_the_verdict_from_the_checkpoints() {
     assert!(out.contains("2 clips: 2 pass"), "{out}");
 
     // A third row: "pass", no evidence file.
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let mut v = crate::common::read_json(&dir.join("summary.json"));
     let mut row = v["clips"][0].clone();
     row["audio"] = "audio/weather.wav".into();
     row["evidence"] = "".into();
     v["clips"].as_array_mut().unwrap().push(row);
     std::fs::write(dir.join("summary.json"), v.to_string()).unwrap();
-    let (c, out) = xray_in(tmp.path(), &["summarize", "c"]);
-    assert_eq!(c, 2, "{out}");
+    let out = input_error(tmp.path(), &["summarize", "c"]);
     assert!(
         out.contains("c/summary.json") && out.contains("without an evidence file"),
         "{out}"
@@ -151,8 +156,7 @@ fn summarize_and_report_derive_the_verdict_from_the_checkpoints() {
     lying.verdict = Verdict::Pass;
     lying.run.audio_sha256 = Some(format!("{:064x}", 3));
     let dir = corpus_dir(&tmp.path().join("l"), "fx", &[("fox", &a), ("box", &lying)]);
-    let (c, out) = xray_in(tmp.path(), &["summarize", "l"]);
-    assert_eq!(c, 2, "{out}");
+    let out = input_error(tmp.path(), &["summarize", "l"]);
     assert!(
         out.contains("l/box.evidence.json")
             && out.contains("verdict \"pass\" disagrees with its content (1 origin, 12 propagated"),
@@ -176,6 +180,21 @@ fn summarize_and_report_derive_the_verdict_from_the_checkpoints() {
     }
 }
 
+/// Shards `dir/s1` (fox) and `dir/s2` (stella) of one model (weights sha256 `hex` repeated), their
+/// `--model` spelled `models.0` and `models.1`.
+fn two_shards(dir: &Path, models: (&str, &str), hex: &str) {
+    corpus_dir(
+        &dir.join("s1"),
+        models.0,
+        &[("fox", &clip_evidence(1, hex))],
+    );
+    corpus_dir(
+        &dir.join("s2"),
+        models.1,
+        &[("stella", &clip_evidence(2, hex))],
+    );
+}
+
 /// Item 5: shards are one corpus when their evidence is of one model (family, weights and
 /// contract sha256), not when their `--model` strings are equal: other weights under the same
 /// path are refused, the same model spelled `fx/` and `./fx/` merges, and one clip in two shards
@@ -184,22 +203,19 @@ fn summarize_and_report_derive_the_verdict_from_the_checkpoints() {
 fn shards_merge_by_model_content_not_by_path() {
     let tmp = tempfile::tempdir().unwrap();
     let t = |n: &str| tmp.path().join(n);
-    corpus_dir(&t("s1"), "fx/", &[("fox", &clip_evidence(1, "78"))]);
-    corpus_dir(&t("s2"), "./fx/", &[("stella", &clip_evidence(2, "78"))]);
+    two_shards(tmp.path(), ("fx/", "./fx/"), "78");
     corpus_dir(&t("other"), "fx/", &[("stella", &clip_evidence(2, "25"))]);
     corpus_dir(&t("again"), "fx/", &[("fox-copy", &clip_evidence(1, "78"))]);
     let (c, out) = xray_in(tmp.path(), &["summarize", "s1", "s2"]);
     assert_eq!(c, 0, "the same model spelled twice: {out}");
     assert!(out.contains("2 clips: 2 pass"), "{out}");
-    let (c, out) = xray_in(tmp.path(), &["summarize", "s1", "other"]);
-    assert_eq!(c, 2, "{out}");
+    let out = input_error(tmp.path(), &["summarize", "s1", "other"]);
     assert!(
         out.contains("other/stella.evidence.json")
             && out.contains("weights sha256 252525252525.. vs 787878787878.."),
         "{out}"
     );
-    let (c, out) = xray_in(tmp.path(), &["summarize", "s1", "again"]);
-    assert_eq!(c, 2, "{out}");
+    let out = input_error(tmp.path(), &["summarize", "s1", "again"]);
     assert!(out.contains("is also in s1/summary.json"), "{out}");
     // Within one summary too: a row pointing at another model's evidence.
     let mixed = t("mixed");
@@ -211,8 +227,7 @@ fn shards_merge_by_model_content_not_by_path() {
             ("stella", &clip_evidence(2, "25")),
         ],
     );
-    let (c, out) = xray_in(tmp.path(), &["summarize", "mixed"]);
-    assert_eq!(c, 2, "{out}");
+    let out = input_error(tmp.path(), &["summarize", "mixed"]);
     assert!(out.contains("another model"), "{out}");
 }
 
@@ -225,14 +240,12 @@ fn an_empty_corpus_or_gate_never_passes() {
     let empty = tmp.path().join("empty");
     std::fs::create_dir_all(&empty).unwrap();
     write_summary(&empty, &Summary::new("fx", None, None, vec![]));
-    let (c, out) = xray_in(tmp.path(), &["summarize", "empty"]);
-    assert_eq!(c, 2, "{out}");
+    let out = input_error(tmp.path(), &["summarize", "empty"]);
     assert!(out.contains("no clips"), "{out}");
-    let (c, out) = xray_in(
+    let out = input_error(
         tmp.path(),
         &["gate", "--evidence", "empty", "--baseline", "empty"],
     );
-    assert_eq!(c, 2, "{out}");
     assert!(out.contains("no clips") && !out.contains("PASS"), "{out}");
     // Evidence that observed nothing (an unfinished run, verdict error, no checkpoints).
     let mut e = common::whisper_evidence(false);
@@ -240,11 +253,10 @@ fn an_empty_corpus_or_gate_never_passes() {
     e.verdict = Verdict::Error;
     let p = tmp.path().join("nothing.json");
     e.save(&p).unwrap();
-    let (c, out) = xray_in(
+    let out = input_error(
         tmp.path(),
         &["gate", "--evidence", s(&p), "--baseline", s(&p)],
     );
-    assert_eq!(c, 2, "{out}");
     assert!(
         out.contains("nothing to gate") && !out.contains("PASS"),
         "{out}"
@@ -258,16 +270,14 @@ fn an_empty_corpus_or_gate_never_passes() {
 fn a_merged_summary_reads_back_from_anywhere() {
     let tmp = tempfile::tempdir().unwrap();
     let t = |n: &str| tmp.path().join(n);
-    corpus_dir(&t("s1"), "fx", &[("fox", &clip_evidence(1, "ab"))]);
-    corpus_dir(&t("s2"), "fx", &[("stella", &clip_evidence(2, "ab"))]);
+    two_shards(tmp.path(), ("fx", "fx"), "ab");
     std::fs::create_dir_all(t("merged")).unwrap();
     let (c, out) = xray_in(
         tmp.path(),
         &["summarize", "s1", "./s2/", "--out", "merged/summary.json"],
     );
     assert_eq!(c, 0, "{out}");
-    let m: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(t("merged/summary.json")).unwrap()).unwrap();
+    let m = common::read_json(&t("merged/summary.json"));
     let paths: Vec<&str> = strs(&m["clips"], "evidence");
     assert_eq!(
         paths,
@@ -601,8 +611,7 @@ mod fuzz {
                 "fx",
                 &[("fox", &clip_evidence(1, "ab")), ("stella", &clip_evidence(2, "ab"))],
             );
-            let mut v: Value =
-                serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+            let mut v = crate::common::read_json(&dir.join("summary.json"));
             apply(&mut v, &edits, focus);
             std::fs::write(dir.join("summary.json"), v.to_string()).unwrap();
             match Corpus::load(&dir) {

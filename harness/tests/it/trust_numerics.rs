@@ -33,23 +33,15 @@ fn one_node(name: &str, logits: bool) -> xray_compare::localize::CheckpointGraph
     .unwrap()
 }
 
-// ---------------------------------------------------------------------------------------------
-// Item 5: NaN on both sides is an input error, never a match.
-
-#[test]
-fn all_nan_reference_against_all_nan_runtime_is_an_input_error_naming_checkpoint_step_index() {
+/// The one-node logits graph over steps 0..=2, and a source holding `pair(step)` (the reference's
+/// and the runtime's logits) at each step.
+fn logits_steps(
+    pair: impl Fn(usize) -> (ArrayD<f32>, ArrayD<f32>),
+) -> (xray_compare::localize::CheckpointGraph, MemorySource) {
     let g = one_node("audio.decoder.logits", true);
     let mut src = MemorySource::default();
     for step in 0..3usize {
-        let good = arr(&[1, 8], noise(8, step as u64 + 1));
-        let (r, x) = if step == 2 {
-            (
-                arr(&[1, 8], vec![f32::NAN; 8]),
-                arr(&[1, 8], vec![f32::NAN; 8]),
-            )
-        } else {
-            (good.clone(), good)
-        };
+        let (r, x) = pair(step);
         src.insert(
             "audio.decoder.logits",
             step,
@@ -58,6 +50,25 @@ fn all_nan_reference_against_all_nan_runtime_is_an_input_error_naming_checkpoint
             x,
         );
     }
+    (g, src)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Item 5: NaN on both sides is an input error, never a match.
+
+#[test]
+fn all_nan_reference_against_all_nan_runtime_is_an_input_error_naming_checkpoint_step_index() {
+    let (g, src) = logits_steps(|step| {
+        let good = arr(&[1, 8], noise(8, step as u64 + 1));
+        if step == 2 {
+            (
+                arr(&[1, 8], vec![f32::NAN; 8]),
+                arr(&[1, 8], vec![f32::NAN; 8]),
+            )
+        } else {
+            (good.clone(), good)
+        }
+    });
     let err = compare_graph(&g, &src, &CompareOptions::default()).unwrap_err();
     match &err {
         Error::NonFiniteReference {
@@ -336,18 +347,10 @@ fn empty_policies_are_refused() {
 
 #[test]
 fn a_rule_matching_no_checkpoint_is_refused_naming_its_glob() {
-    let g = one_node("audio.decoder.logits", true);
-    let mut src = MemorySource::default();
-    for step in 0..3usize {
+    let (g, src) = logits_steps(|step| {
         let a = arr(&[1, 8], noise(8, step as u64 + 7));
-        src.insert(
-            "audio.decoder.logits",
-            step,
-            xray_core::Layout::TokenMajor,
-            a.clone(),
-            a,
-        );
-    }
+        (a.clone(), a)
+    });
     let ok =
         Policy::from_json(r#"{"rules": [{"match": "audio.decoder.logits@step2", "atol": 1}]}"#)
             .unwrap();

@@ -4,7 +4,10 @@
 //! nothing is refused, and checkpoints that could not be compared are named.
 
 use crate::common;
-use common::{assert_schema_valid, code, dump_to, on, root, stderr, xray};
+use common::{
+    assert_refused, assert_schema_valid, code, compare_with, dump_to, on, read_json, root, s,
+    stderr, xray,
+};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -12,10 +15,6 @@ use std::process::{Command, Output};
 use ndarray::{ArrayD, IxDyn};
 use serde_json::Value;
 use xray_runtime::dump::{Dump, DumpWriter, Stats};
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 const MODEL: &str = "fixtures/build/whisper-rand-a";
 const AUDIO: &str = "fixtures/audio/fox.wav";
@@ -50,10 +49,6 @@ fn precious(dir: &Path) -> PathBuf {
     f
 }
 
-fn evidence(p: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
 // ----------------------------------------------------------------------------------------------
 // Item 2: --out / --dumps never delete what X-Ray did not write.
 
@@ -76,8 +71,7 @@ fn run_oracle_and_check_refuse_a_directory_that_is_not_a_dump() {
         );
         assert!(f.exists());
         let o = dump("oracle", &d, &["--force"]);
-        assert_eq!(code(&o), 2, "{}", stderr(&o));
-        assert!(stderr(&o).contains("not an X-Ray dump"), "{}", stderr(&o));
+        assert_refused(&o, "not an X-Ray dump");
         assert!(f.exists());
     }
     // check --dumps D writes D/reference and D/runtime: a foreign D/reference is refused before
@@ -107,8 +101,7 @@ fn run_replaces_its_own_dump_only_with_force() {
     let o = run_dump(&d, &[]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let o = run_dump(&d, &[]);
-    assert_eq!(code(&o), 2, "{}", stderr(&o));
-    assert!(stderr(&o).contains("--force"), "{}", stderr(&o));
+    assert_refused(&o, "--force");
     let o = run_dump(&d, &["--force", "--only", "audio.encoder.*"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let l = Dump::load(&d).unwrap();
@@ -168,8 +161,7 @@ fn bad_output_paths_are_refused_before_the_run() {
     // Two outputs on one path.
     let p = dir.path().join("same");
     let o = check(&["--report", s(&p), "--markdown", s(&p)]);
-    assert_eq!(code(&o), 2, "{}", stderr(&o));
-    assert!(stderr(&o).contains("two outputs"), "{}", stderr(&o));
+    assert_refused(&o, "two outputs");
 }
 
 #[test]
@@ -177,15 +169,7 @@ fn missing_output_folders_are_created() {
     let (dir, r) = dumped();
     let ev = dir.path().join("new/deeper/e.json");
     let md = dir.path().join("new/other/r.md");
-    let o = xray(&[
-        "compare",
-        s(&r),
-        s(&r),
-        "--evidence",
-        s(&ev),
-        "--markdown",
-        s(&md),
-    ]);
+    let o = compare_with(&r, &r, &["--evidence", s(&ev), "--markdown", s(&md)]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert!(ev.exists() && md.exists());
 }
@@ -197,31 +181,32 @@ fn a_write_that_fails_after_the_run_keeps_the_rest() {
     // write itself fails afterwards.
     let long = dir.path().join(format!("{}.html", "x".repeat(300)));
     let (ev, md) = (dir.path().join("e.json"), dir.path().join("r.md"));
-    let o = xray(&[
-        "compare",
-        s(&r),
-        s(&r),
-        "--evidence",
-        s(&ev),
-        "--report",
-        s(&long),
-        "--markdown",
-        s(&md),
-    ]);
+    let o = compare_with(
+        &r,
+        &r,
+        &[
+            "--evidence",
+            s(&ev),
+            "--report",
+            s(&long),
+            "--markdown",
+            s(&md),
+        ],
+    );
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     assert!(
         stderr(&o).contains("could not write the report") && stderr(&o).contains("xxxx.html"),
         "{}",
         stderr(&o)
     );
-    assert_eq!(evidence(&ev)["verdict"], "pass");
+    assert_eq!(read_json(&ev)["verdict"], "pass");
     assert!(
         md.exists(),
         "the Markdown after the failed report was not written"
     );
     // Evidence that cannot be written where asked is saved elsewhere, and said so.
     let long_ev = dir.path().join(format!("{}.json", "e".repeat(300)));
-    let o = xray(&["compare", s(&r), s(&r), "--evidence", s(&long_ev)]);
+    let o = compare_with(&r, &r, &["--evidence", s(&long_ev)]);
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     let err = stderr(&o);
     let saved = err
@@ -229,7 +214,7 @@ fn a_write_that_fails_after_the_run_keeps_the_rest() {
         .find_map(|l| l.strip_prefix("xray: the evidence was saved to "))
         .and_then(|l| l.strip_suffix(" instead"))
         .unwrap_or_else(|| panic!("{err}"));
-    assert_eq!(evidence(Path::new(saved))["verdict"], "pass");
+    assert_eq!(read_json(Path::new(saved))["verdict"], "pass");
     let _ = std::fs::remove_file(saved);
 }
 
@@ -237,10 +222,7 @@ fn a_write_that_fails_after_the_run_keeps_the_rest() {
 fn report_checks_its_outputs_and_writes_what_it_can() {
     let (dir, r) = dumped();
     let ev = dir.path().join("e.json");
-    assert_eq!(
-        code(&xray(&["compare", s(&r), s(&r), "--evidence", s(&ev)])),
-        0
-    );
+    assert_eq!(code(&compare_with(&r, &r, &["--evidence", s(&ev)])), 0);
     let file = dir.path().join("a-file");
     std::fs::write(&file, b"x").unwrap();
     let o = xray(&["report", s(&ev), "--html", s(&file.join("r.html"))]);
@@ -292,8 +274,7 @@ fn only_that_matches_nothing_is_refused() {
         &dir.path().join("d"),
         &["--only", "audio.encoder.*", "--only", "no.such.*"],
     );
-    assert_eq!(code(&o), 2, "{}", stderr(&o));
-    assert!(stderr(&o).contains("'no.such.*'"), "{}", stderr(&o));
+    assert_refused(&o, "'no.such.*'");
     assert!(!dir.path().join("d").exists());
     let o = run_dump(
         &dir.path().join("d"),
@@ -301,8 +282,7 @@ fn only_that_matches_nothing_is_refused() {
     );
     assert_eq!(code(&o), 2, "{}", stderr(&o));
     let o = dump("oracle", &dir.path().join("o"), &["--only", "no.such.*"]);
-    assert_eq!(code(&o), 2, "{}", stderr(&o));
-    assert!(stderr(&o).contains("'no.such.*'"), "{}", stderr(&o));
+    assert_refused(&o, "'no.such.*'");
 }
 
 #[test]
@@ -320,12 +300,12 @@ fn compare_names_missing_checkpoints_and_unlisted_files() {
     std::fs::write(g.join("stray@step0.npy"), b"x").unwrap();
     let ev = dir.path().join("e.json");
     // A partial dump: what it lacks is unobserved (named in the coverage), not a failure.
-    let o = xray(&["compare", s(&r), s(&g), "--evidence", s(&ev)]);
+    let o = compare_with(&r, &g, &["--evidence", s(&ev)]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let err = stderr(&o);
     assert!(err.contains("unobserved: audio.decoder."), "{err}");
     assert!(err.contains("stray@step0.npy"), "{err}");
-    let e = evidence(&ev);
+    let e = read_json(&ev);
     assert!(
         e["coverage"]["unobserved_names"]
             .to_string()
@@ -336,21 +316,14 @@ fn compare_names_missing_checkpoints_and_unlisted_files() {
     assert!(e["notes"].to_string().contains("stray@step0.npy"));
     assert_schema_valid(&e);
     // --require-all: absence is a failure, named.
-    let o = xray(&[
-        "compare",
-        s(&r),
-        s(&g),
-        "--evidence",
-        s(&ev),
-        "--require-all",
-    ]);
+    let o = compare_with(&r, &g, &["--evidence", s(&ev), "--require-all"]);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
     let err = stderr(&o);
     assert!(
         err.contains("not compared:") && err.contains("missing: audio.decoder."),
         "{err}"
     );
-    let e = evidence(&ev);
+    let e = read_json(&ev);
     assert!(e["notes"].to_string().contains("missing: audio.decoder."));
     assert_schema_valid(&e);
 }
@@ -420,7 +393,7 @@ fn stats_only_compare_sees_order_and_writes_every_output() {
     };
     let o = run(&noise, &[]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let e = evidence(&ev);
+    let e = read_json(&ev);
     assert_eq!(e["verdict"], "pass");
     assert!(html.exists() && md.exists());
     assert_schema_valid(&e);
@@ -473,7 +446,7 @@ fn stats_only_compare_sees_order_and_writes_every_output() {
         let before = std::fs::read_to_string(&md).unwrap();
         let o = run(&got, &[]);
         assert_eq!(code(&o), 1, "{label}: {}", stderr(&o));
-        let e = evidence(&ev);
+        let e = read_json(&ev);
         assert_eq!(e["verdict"], "diverged", "{label}");
         assert_schema_valid(&e);
         let fd = &e["first_divergence"];
@@ -701,7 +674,7 @@ fn a_shorter_reference_is_named_and_a_stats_only_parting_has_its_step() {
         0
     );
     for got in [&g, &gs] {
-        let o = xray(&["compare", s(&r3), s(got)]);
+        let o = compare_with(&r3, got, &[]);
         assert_eq!(code(&o), 1, "{}", stderr(&o));
         let err = stderr(&o);
         assert!(

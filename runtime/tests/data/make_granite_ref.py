@@ -36,19 +36,16 @@ TEACHER = [50, 8, 8, 20, 11]
 def dump(name: str, audio: str, teacher: list[int] | None = None, prefix: str = "") -> None:
     r = run_granite_nar(MODEL, ROOT / "fixtures/audio" / audio, CONTRACT, teacher_hypothesis=teacher)
     checkpoints = [c for c in r["checkpoints"] if c["name"].startswith(prefix)]
+    # The run's own facts, as `xray_oracle dump` writes them.
+    facts = {k: r[k] for k in ("family", "weights_sha256", "audio_sha256", "tools", "tokens", "transcript")}
     out = write_dump(
         OUT / name,
         checkpoints,
-        family=r["family"],
         model_id="fixtures/build/granite-nar-tiny",
         producer="oracle",
-        weights_sha256=r["weights_sha256"],
-        audio_sha256=r["audio_sha256"],
-        tools=r["tools"],
-        tokens=r["tokens"],
-        transcript=r["transcript"],
         overwrite=True,
         extra={"hypothesis": r["hypothesis"], "template": r["template"], "teacher_hypothesis": teacher},
+        **facts,
     )
     size = sum(p.stat().st_size for p in out.iterdir())
     print(f"{out}: {len(checkpoints)} checkpoints, {size / 1024:.0f} KiB, tokens {r['tokens']}, hypothesis {r['hypothesis']}, template {r['template']}")

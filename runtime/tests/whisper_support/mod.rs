@@ -35,3 +35,10 @@ pub fn edit_json(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
     f(&mut v);
     std::fs::write(path, serde_json::to_string_pretty(&v).expect("json")).expect("write json");
 }
+
+/// Asserts `msg` says each of `says` (the whole message shown when it does not).
+pub fn assert_says(msg: &str, says: &[&str]) {
+    for s in says {
+        assert!(msg.contains(s), "{msg}");
+    }
+}

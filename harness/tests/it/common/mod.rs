@@ -316,8 +316,30 @@ pub fn check(model: &str, audio: &str, extra: &[&str], want: i32) -> Value {
     }
 }
 
+/// `xray compare REFERENCE GOT EXTRA..`.
+pub fn compare_with(reference: &Path, got: &Path, extra: &[&str]) -> std::process::Output {
+    xray(&[&["compare", s(reference), s(got)], extra].concat())
+}
+
 /// `xray compare REFERENCE GOT --model MODEL --evidence EVIDENCE`, which must exit with `want`
-/// (else a panic showing its stderr): the evidence it wrote.
+/// (else a panic showing its stderr): its output and the evidence it wrote.
+pub fn compare_output(
+    reference: &Path,
+    got: &Path,
+    model: &str,
+    evidence: &Path,
+    want: i32,
+) -> (std::process::Output, Value) {
+    let o = compare_with(
+        reference,
+        got,
+        &["--model", model, "--evidence", s(evidence)],
+    );
+    assert_eq!(code(&o), want, "{}", stderr(&o));
+    (o, read_json(evidence))
+}
+
+/// [`compare_output`]'s evidence.
 pub fn compare_dumps(
     reference: &Path,
     got: &Path,
@@ -325,12 +347,39 @@ pub fn compare_dumps(
     evidence: &Path,
     want: i32,
 ) -> Value {
-    let arg = |p: &Path| p.to_str().expect("utf-8 path").to_string();
-    let (r, g, e) = (arg(reference), arg(got), arg(evidence));
-    let o = xray(&["compare", &r, &g, "--model", model, "--evidence", &e]);
-    assert_eq!(code(&o), want, "{}", stderr(&o));
-    serde_json::from_str(&std::fs::read_to_string(evidence).expect("evidence written"))
-        .expect("evidence is JSON")
+    compare_output(reference, got, model, evidence, want).1
+}
+
+/// The JSON document at `p` (panics naming the file when it is unreadable or not JSON).
+pub fn read_json(p: &Path) -> Value {
+    let text =
+        std::fs::read_to_string(p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", p.display()))
+}
+
+/// A copy of the directory `from` (its folders too) at `to` (created).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// A temporary directory for a test whose fixtures `paths` are there; `None` when [`ready`]
+/// skips it (the one guard, unchanged).
+pub fn ready_tempdir(paths: &[&str]) -> Option<tempfile::TempDir> {
+    ready(paths).then(|| tempfile::tempdir().expect("tempdir"))
+}
+
+/// `xray check --model MODEL --audio FOX --inject FAULT EXTRA..`, which must find the divergence
+/// (exit 1): the evidence ([`check`]).
+pub fn check_injected(model: &str, fault: &str, extra: &[&str]) -> Value {
+    check(model, FOX, &[&["--inject", fault], extra].concat(), 1)
 }
 
 /// `xray CMD --model MODEL --audio AUDIO EXTRA..`.
@@ -354,6 +403,15 @@ pub fn dump_to(
 
 /// fox.wav, the clip most tests run.
 pub const FOX: &str = "fixtures/audio/fox.wav";
+
+/// The random-init Whisper fixture most tests run (`make fixtures`).
+pub const RAND: &str = "fixtures/build/whisper-rand-a";
+
+/// Whisper tiny.en, the real model.
+pub const TINY: &str = "fixtures/whisper-tiny-en";
+
+/// The random-init Granite NAR fixture.
+pub const GRANITE: &str = "fixtures/build/granite-nar-tiny";
 
 /// `p` as a command-line argument.
 pub fn s(p: &Path) -> &str {
@@ -439,6 +497,19 @@ pub fn checkpoint<'a>(e: &'a Value, name: &str) -> &'a Value {
         .as_array()
         .and_then(|cs| cs.iter().find(|c| c["name"] == name))
         .unwrap_or_else(|| panic!("no checkpoint {name} in the evidence"))
+}
+
+/// Asserts `o` is an input error (exit 2) whose stderr says `says`.
+pub fn assert_refused(o: &std::process::Output, says: &str) {
+    assert_eq!(code(o), 2, "{}", stderr(o));
+    assert!(stderr(o).contains(says), "{}", stderr(o));
+}
+
+/// Asserts `o` exited with `want` and its stdout says `says`.
+pub fn assert_stdout(o: &std::process::Output, want: i32, says: &str) {
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(code(o), want, "{out}");
+    assert!(out.contains(says), "{out}");
 }
 
 /// stderr as text.

@@ -4,50 +4,48 @@
 //! (docs/performance.md). Run one copy per core to see two cores:
 //! `cargo run --release -p xray-runtime --example fma_peak`.
 
-// The intrinsics are unsafe; each is called only after its CPU feature is detected.
+// The intrinsics are unsafe; each build is called only after its CPU feature is detected.
 #![allow(unsafe_code)]
 
+/// `$name(n)`: seconds for `n` rounds of 12 independent FMAs on the build's vector type, written
+/// once over the short names each build imports (`set1`, `zero`, `fmadd`).
 #[cfg(target_arch = "x86_64")]
-mod x86 {
-    use std::arch::x86_64::*;
-
-    /// Seconds for `n` rounds of 12 independent 8-lane FMAs.
-    #[target_feature(enable = "avx,avx2,fma")]
-    pub unsafe fn avx2(n: u64) -> f64 {
-        let (x, y) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
-        let mut a = [_mm256_setzero_ps(); 12];
-        for (i, v) in a.iter_mut().enumerate() {
-            *v = _mm256_set1_ps(i as f32);
-        }
-        let t = std::time::Instant::now();
-        for _ in 0..n {
-            for v in a.iter_mut() {
-                *v = _mm256_fmadd_ps(*v, x, y);
+macro_rules! fma_rounds {
+    ($name:ident, $features:literal) => {
+        #[target_feature(enable = $features)]
+        pub unsafe fn $name(n: u64) -> f64 {
+            let (x, y) = (set1(0.999_999), set1(1e-7));
+            let mut a = [zero(); 12];
+            for (i, v) in a.iter_mut().enumerate() {
+                *v = set1(i as f32);
             }
-        }
-        let s = t.elapsed().as_secs_f64();
-        std::hint::black_box(a);
-        s
-    }
-
-    /// Seconds for `n` rounds of 12 independent 16-lane FMAs.
-    #[target_feature(enable = "avx512f,fma")]
-    pub unsafe fn avx512(n: u64) -> f64 {
-        let (x, y) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
-        let mut a = [_mm512_setzero_ps(); 12];
-        for (i, v) in a.iter_mut().enumerate() {
-            *v = _mm512_set1_ps(i as f32);
-        }
-        let t = std::time::Instant::now();
-        for _ in 0..n {
-            for v in a.iter_mut() {
-                *v = _mm512_fmadd_ps(*v, x, y);
+            let t = std::time::Instant::now();
+            for _ in 0..n {
+                for v in a.iter_mut() {
+                    *v = fmadd(*v, x, y);
+                }
             }
+            let s = t.elapsed().as_secs_f64();
+            std::hint::black_box(a);
+            s
         }
-        let s = t.elapsed().as_secs_f64();
-        std::hint::black_box(a);
-        s
-    }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::{
+        _mm256_fmadd_ps as fmadd, _mm256_set1_ps as set1, _mm256_setzero_ps as zero,
+    };
+    fma_rounds!(rounds, "avx,avx2,fma");
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::{
+        _mm512_fmadd_ps as fmadd, _mm512_set1_ps as set1, _mm512_setzero_ps as zero,
+    };
+    fma_rounds!(rounds, "avx512f,fma");
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -60,12 +58,12 @@ fn main() {
     };
     if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
         // SAFETY: the features were detected above.
-        let g = best(8, &|n| unsafe { x86::avx2(n) });
+        let g = best(8, &|n| unsafe { avx2::rounds(n) });
         println!("f32 FMA peak, one core, AVX2 (8 lanes): {g:.1} GFLOP/s");
     }
     if is_x86_feature_detected!("avx512f") {
         // SAFETY: the feature was detected above.
-        let g = best(16, &|n| unsafe { x86::avx512(n) });
+        let g = best(16, &|n| unsafe { avx512::rounds(n) });
         println!("f32 FMA peak, one core, AVX-512 (16 lanes): {g:.1} GFLOP/s");
     }
 }

@@ -1,8 +1,10 @@
 """Write the committed granite_nar reference dumps that runtime/tests/granite_nar.rs compares with.
 
-Run from the repository root (needs the oracle venv and the tiny fixture):
+Run from the repository root (needs the oracle venv, the tiny fixture and a built `xray`, which
+resolves the contract the oracle reads):
 
     .venv/bin/python fixtures/make_granite_nar.py          # if fixtures/build/granite-nar-tiny is missing
+    cargo build --release -p xray                          # if target/release/xray is missing
     PYTHONPATH=oracle .venv/bin/python runtime/tests/data/make_granite_ref.py
 
 Writes, with `xray_oracle.dump.write_dump` (format docs/dump-format.md):
@@ -19,6 +21,7 @@ The CTC hypothesis and the LM template go under the manifest's `extra` key (what
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,14 +30,14 @@ from xray_oracle.granite_nar import run_granite_nar
 
 ROOT = Path(__file__).resolve().parents[3]
 MODEL = ROOT / "fixtures/build/granite-nar-tiny"
-CONTRACT = (ROOT / "core/contracts/granite_nar.json").read_text(encoding="utf-8")
+XRAY = ROOT / "target/release/xray"
 OUT = Path(__file__).resolve().parent / "granite_ref"
 # Five ids (the CTC hypothesis on fox.wav has four): template length 11 instead of 9.
 TEACHER = [50, 8, 8, 20, 11]
 
 
-def dump(name: str, audio: str, teacher: list[int] | None = None, prefix: str = "") -> None:
-    r = run_granite_nar(MODEL, ROOT / "fixtures/audio" / audio, CONTRACT, teacher_hypothesis=teacher)
+def dump(contract: str, name: str, audio: str, teacher: list[int] | None = None, prefix: str = "") -> None:
+    r = run_granite_nar(MODEL, ROOT / "fixtures/audio" / audio, contract, teacher_hypothesis=teacher)
     checkpoints = [c for c in r["checkpoints"] if c["name"].startswith(prefix)]
     # The run's own facts, as `xray_oracle dump` writes them.
     facts = {k: r[k] for k in ("family", "weights_sha256", "audio_sha256", "tools", "tokens", "transcript")}
@@ -55,8 +58,13 @@ def main() -> int:
     if not MODEL.is_dir():
         print(f"{MODEL} missing: run .venv/bin/python fixtures/make_granite_nar.py", file=sys.stderr)
         return 1
-    dump("fox", "fox.wav")
-    dump("fox_teacher", "fox.wav", TEACHER, prefix="dec.")
+    if not XRAY.is_file():
+        print(f"{XRAY} missing: run cargo build --release -p xray", file=sys.stderr)
+        return 1
+    # The contract resolved against the fixture's config, as the oracle is given it.
+    contract = subprocess.run([XRAY, "contract", "--model", MODEL], check=True, capture_output=True, text=True).stdout
+    dump(contract, "fox", "fox.wav")
+    dump(contract, "fox_teacher", "fox.wav", TEACHER, prefix="dec.")
     return 0
 
 

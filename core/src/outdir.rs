@@ -62,13 +62,18 @@ fn absent(e: &std::io::Error) -> bool {
     )
 }
 
-/// `(name, is a regular file)` of every entry of directory `d`.
-fn entries(d: &Path) -> Result<Vec<(String, bool)>, Refused> {
+/// `(name, is a regular file, is a directory)` of every entry of directory `d`; a symbolic link is
+/// neither (its type, not its target's).
+fn entries(d: &Path) -> Result<Vec<(String, bool, bool)>, Refused> {
     let mut v = Vec::new();
     for e in std::fs::read_dir(d).map_err(io(d))? {
         let e = e.map_err(io(d))?;
         let t = e.file_type().map_err(io(d))?;
-        v.push((e.file_name().to_string_lossy().to_string(), t.is_file()));
+        v.push((
+            e.file_name().to_string_lossy().to_string(),
+            t.is_file(),
+            t.is_dir(),
+        ));
     }
     Ok(v)
 }
@@ -125,12 +130,13 @@ pub fn check_target(dir: &Path, kind: &Kind, replace: bool) -> Result<Target, Re
         return Err(not_ours());
     }
     let mut files = (kind.listed)(&v);
-    // What is there, one directory deep where the manifest lists files in that directory.
+    // What is there, one directory deep where the manifest lists files in that directory (a real
+    // directory: a link to one is foreign, so replacing never deletes through it).
     let mut present = Vec::new();
-    for (name, is_file) in top {
+    for (name, is_file, is_dir) in top {
         let prefix = format!("{name}/");
-        if !is_file && files.iter().any(|f| f.starts_with(&prefix)) {
-            for (f, sub_is_file) in entries(&dir.join(&name))? {
+        if is_dir && files.iter().any(|f| f.starts_with(&prefix)) {
+            for (f, sub_is_file, _) in entries(&dir.join(&name))? {
                 present.push((format!("{prefix}{f}"), sub_is_file));
             }
         } else {
@@ -248,5 +254,82 @@ fn put_in_place(
                 )
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kind whose manifest lists `files` (paths) beside itself.
+    const KIND: Kind = Kind {
+        noun: "thing",
+        manifest: "thing.json",
+        schema: "xray.thing",
+        listed: |v| {
+            let mut out = vec!["thing.json".to_string()];
+            for f in v["files"].as_array().into_iter().flatten() {
+                out.extend(f.as_str().map(str::to_string));
+            }
+            out
+        },
+    };
+
+    fn write(dir: &Path, files: &[&str]) -> Result<(), Refused> {
+        write_whole(dir, &KIND, true, |tmp| {
+            for f in files {
+                let p = tmp.join(f);
+                std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+                std::fs::write(p, f).unwrap();
+            }
+            let m = serde_json::json!({"schema": "xray.thing", "files": files});
+            std::fs::write(tmp.join("thing.json"), m.to_string()).map_err(io(tmp))
+        })
+    }
+
+    #[test]
+    fn replacing_removes_only_what_the_manifest_listed_one_directory_deep() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("out");
+        write(&d, &["a.npy", "w/b.npy"]).unwrap();
+        assert_eq!(
+            check_target(&d, &KIND, true).unwrap(),
+            Target::Existing {
+                files: vec!["thing.json".into(), "a.npy".into(), "w/b.npy".into()]
+            }
+        );
+        write(&d, &["c.npy"]).unwrap();
+        let mut names: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["c.npy", "thing.json"]);
+        // Nothing of the old output is left beside it.
+        assert_eq!(std::fs::read_dir(t.path()).unwrap().count(), 1);
+        // A file the manifest does not list makes it not X-Ray's to replace.
+        std::fs::write(d.join("notes.txt"), "mine").unwrap();
+        let e = check_target(&d, &KIND, true).unwrap_err();
+        assert!(e.reason.contains("does not list (notes.txt)"), "{e}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_listed_directory_that_is_a_link_is_foreign_and_nothing_behind_it_is_deleted() {
+        let t = tempfile::tempdir().unwrap();
+        let outside = t.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("b.npy"), "not X-Ray's").unwrap();
+        let d = t.path().join("out");
+        write(&d, &["a.npy", "w/b.npy"]).unwrap();
+        std::fs::remove_dir_all(d.join("w")).unwrap();
+        std::os::unix::fs::symlink(&outside, d.join("w")).unwrap();
+        let e = check_target(&d, &KIND, true).unwrap_err();
+        assert!(e.reason.contains("does not list (w)"), "{e}");
+        assert!(write(&d, &["c.npy"]).is_err());
+        assert_eq!(
+            std::fs::read_to_string(outside.join("b.npy")).unwrap(),
+            "not X-Ray's"
+        );
     }
 }

@@ -131,42 +131,42 @@ impl Parser<'_> {
     }
 
     fn expr(&mut self) -> R {
-        let mut acc = self.term()?;
-        while let Some(op @ ('+' | '-')) = self.peek_op() {
+        self.chain(['+', '-'], Self::term)
+    }
+
+    fn term(&mut self) -> R {
+        self.chain(['*', '/'], Self::unary)
+    }
+
+    /// `operand (op operand)*` for `op` in `ops`, folded left to right by [`Parser::apply`].
+    fn chain(&mut self, ops: [char; 2], operand: fn(&mut Self) -> R) -> R {
+        let mut acc = operand(self)?;
+        while let Some(op) = self.peek_op().filter(|c| ops.contains(c)) {
             self.pos += 1;
-            let rhs = self.term()?;
-            acc = if op == '+' {
-                acc.checked_add(rhs)
-            } else {
-                acc.checked_sub(rhs)
-            }
-            .ok_or_else(|| self.overflow())?;
+            let rhs = operand(self)?;
+            acc = self.apply(op, acc, rhs)?;
         }
         Ok(acc)
     }
 
-    fn term(&mut self) -> R {
-        let mut acc = self.unary()?;
-        while let Some(op @ ('*' | '/')) = self.peek_op() {
-            self.pos += 1;
-            let rhs = self.unary()?;
-            acc = if op == '*' {
-                acc.checked_mul(rhs).ok_or_else(|| self.overflow())?
-            } else {
+    /// `acc op rhs` (`+ - * /`): an overflow or an inexact division is an error.
+    fn apply(&self, op: char, acc: i64, rhs: i64) -> R {
+        match op {
+            '+' => acc.checked_add(rhs).ok_or_else(|| self.overflow()),
+            '-' => acc.checked_sub(rhs).ok_or_else(|| self.overflow()),
+            '*' => acc.checked_mul(rhs).ok_or_else(|| self.overflow()),
+            _ => {
                 if rhs == 0 {
                     return Err(format!("'{}': {acc} is not divisible by 0", self.expr));
                 }
                 // `None` for `i64::MIN % -1` (it overflows): an error, never a panic.
                 match acc.checked_rem(rhs) {
-                    Some(0) => acc.checked_div(rhs).ok_or_else(|| self.overflow())?,
-                    Some(_) => {
-                        return Err(format!("'{}': {acc} is not divisible by {rhs}", self.expr))
-                    }
-                    None => return Err(self.overflow()),
+                    Some(0) => acc.checked_div(rhs).ok_or_else(|| self.overflow()),
+                    Some(_) => Err(format!("'{}': {acc} is not divisible by {rhs}", self.expr)),
+                    None => Err(self.overflow()),
                 }
-            };
+            }
         }
-        Ok(acc)
     }
 
     fn unary(&mut self) -> R {

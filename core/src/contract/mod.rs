@@ -1137,11 +1137,7 @@ mod tests {
 
     #[test]
     fn whisper_contract_expands() {
-        let cfg = serde_json::json!({
-            "num_mel_bins": 80, "max_source_positions": 1500, "d_model": 384,
-            "decoder_attention_heads": 6, "vocab_size": 51864, "encoder_layers": 4, "decoder_layers": 4
-        });
-        let c = Contract::for_family("whisper", &cfg).unwrap();
+        let c = Contract::for_family("whisper", &tiny_cfg()).unwrap();
         let x = c
             .get("audio.decoder.layer.3.cross_attention.output")
             .unwrap();
@@ -1165,13 +1161,9 @@ mod tests {
 
     #[test]
     fn granite_contract_expands_ranges_and_lists() {
-        let Some(cfg) =
-            crate::testing::require_fixture("fixtures/build/granite-nar-tiny/config.json")
-        else {
+        let Some(cfg) = granite_tiny_cfg() else {
             return;
         };
-        let cfg_text = std::fs::read_to_string(cfg).unwrap();
-        let cfg: serde_json::Value = serde_json::from_str(&cfg_text).unwrap();
         let c = Contract::for_family("granite_nar", &cfg).unwrap();
         let n = c.repeats["enc_layers"];
         let sc = c.dims["sc_layer"];
@@ -1195,10 +1187,8 @@ mod tests {
 
     #[test]
     fn bad_geometry_fails_closed() {
-        let cfg = serde_json::json!({
-            "num_mel_bins": 80, "max_source_positions": 1500, "d_model": 384,
-            "decoder_attention_heads": 5, "vocab_size": 51864, "encoder_layers": 4, "decoder_layers": 4
-        });
+        let mut cfg = tiny_cfg();
+        cfg["decoder_attention_heads"] = 5.into();
         let e = Contract::for_family("whisper", &cfg)
             .unwrap_err()
             .to_string();
@@ -1243,17 +1233,27 @@ mod tests {
         // A same_as whose forms differ is refused at load.
         let mut v: serde_json::Value =
             serde_json::from_str(contract_text("whisper").unwrap()).unwrap();
-        let i = v["points"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .position(|r| r["same_as"] == "model.encoder.conv1:in")
-            .unwrap();
+        let i = index_of(&v, "points", |r| r["same_as"] == "model.encoder.conv1:in");
         v["points"][i]["layout"] = "token_major".into();
         let e = Contract::parse(&v.to_string(), &tiny_cfg())
             .unwrap_err()
             .to_string();
         assert!(e.contains("same_as 'model.encoder.conv1:in'"), "{e}");
+    }
+
+    /// The tiny Granite NAR fixture's config.json (`None`, with a skip line, when it is not built).
+    fn granite_tiny_cfg() -> Option<serde_json::Value> {
+        let p = crate::testing::require_fixture("fixtures/build/granite-nar-tiny/config.json")?;
+        Some(serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap())
+    }
+
+    /// Index of the first element of the array `v[list]` that `hit` accepts.
+    fn index_of(
+        v: &serde_json::Value,
+        list: &str,
+        hit: impl Fn(&serde_json::Value) -> bool,
+    ) -> usize {
+        v[list].as_array().unwrap().iter().position(hit).unwrap()
     }
 
     fn tiny_cfg() -> serde_json::Value {
@@ -1402,13 +1402,9 @@ mod tests {
 
     #[test]
     fn granite_extensions_fail_closed() {
-        let Some(cfg) =
-            crate::testing::require_fixture("fixtures/build/granite-nar-tiny/config.json")
-        else {
+        let Some(cfg) = granite_tiny_cfg() else {
             return;
         };
-        let cfg: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(cfg).unwrap()).unwrap();
         let base: serde_json::Value =
             serde_json::from_str(contract_text("granite_nar").unwrap()).unwrap();
         let parse = |f: &dyn Fn(&mut serde_json::Value)| {
@@ -1424,12 +1420,7 @@ mod tests {
             v["checkpoints"][last]["inputs"] = serde_json::json!(["enc.block.{each:nope}.out"])
         });
         assert!(e.contains("unknown list 'nope'"), "{e}");
-        let first = base["checkpoints"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .position(|c| c.get("inputs_at_first").is_some())
-            .unwrap();
+        let first = index_of(&base, "checkpoints", |c| c.get("inputs_at_first").is_some());
         let e = parse(&|v| {
             v["checkpoints"][first]
                 .as_object_mut()
@@ -1444,12 +1435,7 @@ mod tests {
         );
         // A window flattening names its window's length (a dim): without it no replay could
         // restore the windows; a name that is no dim is refused, on a point rule and a checkpoint.
-        let qformer = base["points"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .position(|r| r["module"] == "projector.qformer.**")
-            .unwrap();
+        let qformer = index_of(&base, "points", |r| r["module"] == "projector.qformer.**");
         let e =
             parse(&|v| v["points"][qformer]["transform"] = serde_json::json!(["flatten_windows"]));
         assert!(e.contains("does not parse"), "{e}");
@@ -1461,12 +1447,7 @@ mod tests {
             e.contains("points rule 'projector.qformer.**': flatten_windows per_window 'enc_frames', which is not a dim"),
             "{e}"
         );
-        let ck = base["checkpoints"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .position(|c| c["name"] == "proj.qformer.out")
-            .unwrap();
+        let ck = index_of(&base, "checkpoints", |c| c["name"] == "proj.qformer.out");
         let e = parse(&|v| {
             v["checkpoints"][ck]["reference"]["transform"] =
                 serde_json::json!([{"flatten_windows": {"per_window": "nope"}}])

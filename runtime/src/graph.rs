@@ -1244,7 +1244,7 @@ fn shapes_agree(declared: &[Dim], inferred: &[Dim]) -> bool {
 }
 
 /// Check a concrete shape against an edge's declared shape, binding symbols for this run.
-fn bind_shape(
+pub(crate) fn bind_shape(
     edge: &Edge,
     got: &[usize],
     syms: &mut HashMap<String, usize>,

@@ -12,7 +12,9 @@ use serde::Serialize;
 
 use crate::error::{Result, RuntimeError};
 use crate::faults::FaultPlan;
-use crate::graph::{Dim, Graph, Kernel, KernelCtx, Layout, Op, Shape, Tensor};
+use crate::graph::{
+    bind_dims, bind_shape, Dim, Graph, Kernel, KernelCtx, Layout, Op, Shape, Tensor,
+};
 use crate::weights::Weights;
 use xray_core::ops::module_of_weight_key;
 
@@ -168,13 +170,7 @@ impl Graph {
         }
         let mut syms: HashMap<String, usize> = HashMap::new();
         for (&e, t) in op.inputs.iter().zip(inputs) {
-            bind(
-                &self.edges()[e].name,
-                &self.edges()[e].shape,
-                t.shape(),
-                &mut syms,
-                "input",
-            )?;
+            bind_shape(&self.edges()[e], t.shape(), &mut syms, "the replayed input")?;
         }
         let patched = faults.and_then(|f| f.patch_kernel(op));
         let kernel: &dyn Kernel = patched.as_deref().unwrap_or(op.kernel.as_ref());
@@ -223,8 +219,9 @@ impl Graph {
             if let Some(f) = faults {
                 f.patch_output(op, pi, edge, step, t);
             }
-            bind(&edge.name, want, t.shape(), &mut HashMap::new(), "output")?;
-            bind(&edge.name, &edge.shape, t.shape(), &mut syms, "output")?;
+            let what = "the replayed output";
+            bind_dims(&edge.name, want, t.shape(), &mut HashMap::new(), what)?;
+            bind_shape(edge, t.shape(), &mut syms, what)?;
         }
         Ok(outs)
     }
@@ -431,17 +428,6 @@ impl Graph {
             ))
         })
     }
-}
-
-/// `got` against a declared shape ([`crate::graph::bind_dims`]), named as the replayed `what`.
-fn bind(
-    edge: &str,
-    declared: &[Dim],
-    got: &[usize],
-    syms: &mut HashMap<String, usize>,
-    what: &str,
-) -> Result<()> {
-    crate::graph::bind_dims(edge, declared, got, syms, &format!("the replayed {what}"))
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use crate::audio::Audio;
 use crate::error::{Result, RuntimeError};
-use crate::graph::{Dim, EdgeId, GraphBuilder, Kernel, Layout, Out, Shape};
+use crate::graph::{Dim, EdgeId, GraphBuilder, Kernel, Layout, Out, Shape, Tensor};
 use crate::kernels::{Add, Conv1d, LayerNorm, Linear, MatmulStrategy, MergeHeads, SplitHeads};
 
 /// A config error naming the file.
@@ -43,6 +43,13 @@ pub fn check_sample_rate(audio: &Audio, rate: usize, hint: &str) -> Result<()> {
         audio,
         format!("sample rate {got} Hz; the model expects {rate} Hz{hint}"),
     ))
+}
+
+/// The next of a formula's outputs, in the order they were asked for; an error when it returned
+/// fewer.
+pub fn next_output(it: &mut std::vec::IntoIter<Tensor>) -> Result<Tensor> {
+    it.next()
+        .ok_or_else(|| RuntimeError::Graph("formula returned fewer outputs than asked".into()))
 }
 
 /// The files `names` of a model directory, in that order; each must exist, else an error naming

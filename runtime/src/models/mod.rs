@@ -130,6 +130,14 @@ impl Loaded {
     pub fn run(&self, feeds: Feeds, want: &[EdgeId], ctx: &mut RunCtx) -> Result<Vec<Tensor>> {
         self.graph.run(&self.weights, feeds, want, ctx)
     }
+
+    /// [`Loaded::run`] for the one edge `want`: its tensor.
+    pub fn run_one(&self, feeds: Feeds, want: EdgeId, ctx: &mut RunCtx) -> Result<Tensor> {
+        self.run(feeds, &[want], ctx)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| RuntimeError::Graph("formula returned nothing".into()))
+    }
 }
 
 /// A loaded speech model: spec (graph), state (weights), contract.

@@ -12,7 +12,7 @@ use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};
 use crate::kernels::layout::ports;
 use crate::kernels::log_mel::{hann_window, linspace, triangular_filters, MelStft};
 use crate::kernels::{data, dims, fixed, rank, tensor};
-use crate::models::common::{audio_err, check_sample_rate};
+use crate::models::common::{audio_err, cfg_err, check_sample_rate};
 
 fn default_fe_type() -> String {
     "GraniteSpeechNarFeatureExtractor".to_string()
@@ -93,12 +93,7 @@ impl PreprocessorConfig {
 
     /// Fail-closed consistency with config.json.
     pub fn check(&self, path: &Path, config: &GraniteNarConfig) -> Result<()> {
-        let e = |r: String| {
-            Err(RuntimeError::Config {
-                path: path.to_path_buf(),
-                reason: r,
-            })
-        };
+        let e = |r: String| Err(cfg_err(path, r));
         if self.framing().is_none() {
             return e(format!(
                 "unsupported feature_extractor_type '{}'",

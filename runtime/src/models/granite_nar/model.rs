@@ -13,11 +13,11 @@ use ndarray::Array1;
 
 use super::graph::{self as ggraph, names, GraniteEdges};
 use super::host::{add_insertion_slots, ctc_greedy_decode};
-use super::{read_json, Derived, GraniteNarConfig, ModelFiles, PreprocessorConfig};
+use super::{Derived, GraniteNarConfig, ModelFiles, PreprocessorConfig};
 use crate::audio::Audio;
 use crate::error::{Result, RuntimeError};
 use crate::graph::{Feeds, RunCtx, Tensor};
-use crate::models::common::Tokenizer;
+use crate::models::common::{next_output, read_json, Tokenizer};
 use crate::models::{Loaded, RunHooks, RunOptions, RunOutput, SpeechModel};
 use crate::weights::Weights;
 
@@ -51,12 +51,7 @@ pub struct Encoded {
 
 fn take2(v: Vec<Tensor>) -> Result<(Tensor, Tensor)> {
     let mut it = v.into_iter();
-    match (it.next(), it.next()) {
-        (Some(a), Some(b)) => Ok((a, b)),
-        _ => Err(RuntimeError::Graph(
-            "formula returned fewer outputs than asked".into(),
-        )),
-    }
+    Ok((next_output(&mut it)?, next_output(&mut it)?))
 }
 
 impl GraniteNarModel {
@@ -173,11 +168,7 @@ impl GraniteNarModel {
             (names::CAT_OUT.to_string(), cat_out),
             (names::TEMPLATE_IDS.to_string(), ids),
         ]);
-        self.loaded
-            .run(feeds, &[self.edges.text_logits], ctx)?
-            .into_iter()
-            .next()
-            .ok_or_else(|| RuntimeError::Graph("formula returned nothing".into()))
+        self.loaded.run_one(feeds, self.edges.text_logits, ctx)
     }
 
     /// Final tokens from the text logits: argmax per row, collapse repeats, drop the blank.

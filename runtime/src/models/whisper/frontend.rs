@@ -7,9 +7,9 @@ use serde::Deserialize;
 
 use super::WhisperConfig;
 use crate::audio::Audio;
-use crate::error::{Result, RuntimeError};
+use crate::error::Result;
 use crate::kernels::LogMel;
-use crate::models::common::{audio_err, check_sample_rate};
+use crate::models::common::{audio_err, cfg_err, check_sample_rate};
 
 /// preprocessor_config.json of a `WhisperFeatureExtractor`. Field names are HF's.
 #[derive(Debug, Clone, Deserialize)]
@@ -47,12 +47,7 @@ impl PreprocessorConfig {
     /// Fail-closed consistency with config.json: mel bins, window length vs the encoder's
     /// positions (`frames == 2 * max_source_positions`), declared derived values.
     pub fn check(&self, path: &Path, config: &WhisperConfig) -> Result<()> {
-        let e = |r: String| {
-            Err(RuntimeError::Config {
-                path: path.to_path_buf(),
-                reason: r,
-            })
-        };
+        let e = |r: String| Err(cfg_err(path, r));
         if self.feature_size != config.num_mel_bins {
             return e(format!(
                 "feature_size {} != config.json num_mel_bins {}",
@@ -123,10 +118,7 @@ impl PreprocessorConfig {
             self.feature_size,
             self.sampling_rate,
         )
-        .map_err(|r| RuntimeError::Config {
-            path: path.to_path_buf(),
-            reason: r,
-        })
+        .map_err(|r| cfg_err(path, r))
     }
 
     /// Refuse audio the frontend would get wrong: another sample rate (never silently resampled)

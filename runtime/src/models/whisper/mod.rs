@@ -26,9 +26,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::Result;
-pub(crate) use crate::models::common::{
-    cfg_err, check_layers, check_model_type, check_positive, model_files, read_json,
-};
+use crate::models::common::{cfg_err, check_layers, check_model_type, check_positive, model_files};
 
 pub use crate::models::common::TokenIds;
 pub use decode::DecoderSession;

@@ -10,11 +10,11 @@ use ndarray::{Array1, Array3, Axis};
 
 use super::decode::{DecoderSession, GenerationPlan};
 use super::graph::{self as wgraph, names, WhisperEdges};
-use super::{read_json, GenerationConfig, ModelFiles, PreprocessorConfig, WhisperConfig};
+use super::{GenerationConfig, ModelFiles, PreprocessorConfig, WhisperConfig};
 use crate::audio::Audio;
 use crate::error::{Result, RuntimeError};
 use crate::graph::{Feeds, RunCtx, Tensor};
-use crate::models::common::Tokenizer;
+use crate::models::common::{next_output, read_json, Tokenizer};
 use crate::models::{Loaded, RunHooks, RunOptions, RunOutput, SpeechModel};
 use crate::weights::Weights;
 
@@ -168,7 +168,7 @@ impl WhisperModel {
             names::PCM.to_string(),
             Array1::from_vec(pcm.to_vec()).into_dyn(),
         )]);
-        one(self.loaded.run(feeds, &[self.edges.mel], ctx)?)
+        self.loaded.run_one(feeds, self.edges.mel, ctx)
     }
 
     /// Formula `encode`: pcm samples (at most one window) -> encoder memory `[enc_tokens, d_model]`.
@@ -177,14 +177,14 @@ impl WhisperModel {
             names::PCM.to_string(),
             Array1::from_vec(pcm.to_vec()).into_dyn(),
         )]);
-        one(self.loaded.run(feeds, &[self.edges.memory], ctx)?)
+        self.loaded.run_one(feeds, self.edges.memory, ctx)
     }
 
     /// Formula `encode` from features: log-mel `[mel_bins, frames]` -> encoder memory (the
     /// frontend op does not run).
     pub fn encode_mel(&self, mel: Tensor, ctx: &mut RunCtx) -> Result<Tensor> {
         let feeds: Feeds = HashMap::from([(names::MEL.to_string(), mel)]);
-        one(self.loaded.run(feeds, &[self.edges.memory], ctx)?)
+        self.loaded.run_one(feeds, self.edges.memory, ctx)
     }
 
     /// Formula `prefill` (the populate phase of the cross-attention projection cache): encoder
@@ -241,14 +241,14 @@ impl WhisperModel {
             want.extend([c[0], c[1]]);
         }
         let mut outs = self.loaded.run(feeds, &want, ctx)?.into_iter();
-        let logits = next(&mut outs)?;
+        let logits = next_output(&mut outs)?;
         let mut self_kv = Vec::with_capacity(l);
         for _ in 0..l {
-            self_kv.push((next(&mut outs)?, next(&mut outs)?));
+            self_kv.push((next_output(&mut outs)?, next_output(&mut outs)?));
         }
         let mut cross = Vec::with_capacity(l);
         for _ in 0..l {
-            cross.push((next(&mut outs)?, next(&mut outs)?));
+            cross.push((next_output(&mut outs)?, next_output(&mut outs)?));
         }
         sess.self_kv = self_kv;
         sess.past = tokens.len();
@@ -326,13 +326,13 @@ impl WhisperModel {
                 return Err(e);
             }
         };
-        let logits = next(&mut outs)?;
+        let logits = next_output(&mut outs)?;
         for _ in 0..l {
-            let kv = (next(&mut outs)?, next(&mut outs)?);
+            let kv = (next_output(&mut outs)?, next_output(&mut outs)?);
             sess.self_kv.push(kv);
         }
         for _ in 0..l {
-            let kv = (next(&mut outs)?, next(&mut outs)?);
+            let kv = (next_output(&mut outs)?, next_output(&mut outs)?);
             sess.cross.push(kv);
         }
         sess.past += 1;
@@ -363,7 +363,7 @@ impl WhisperModel {
             feeds.insert(names::self_k_past(i), self.empty_cache());
             feeds.insert(names::self_v_past(i), self.empty_cache());
         }
-        one(self.loaded.run(feeds, &[self.edges.logits], ctx)?)
+        self.loaded.run_one(feeds, self.edges.logits, ctx)
     }
 
     /// Greedy decode (or teacher-force) from installed state; shared by [`SpeechModel::run`].
@@ -446,17 +446,6 @@ impl WhisperModel {
             extra,
         })
     }
-}
-
-fn one(v: Vec<Tensor>) -> Result<Tensor> {
-    v.into_iter()
-        .next()
-        .ok_or_else(|| RuntimeError::Graph("formula returned nothing".into()))
-}
-
-fn next(it: &mut std::vec::IntoIter<Tensor>) -> Result<Tensor> {
-    it.next()
-        .ok_or_else(|| RuntimeError::Graph("formula returned fewer outputs than asked".into()))
 }
 
 impl SpeechModel for WhisperModel {

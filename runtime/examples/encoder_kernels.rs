@@ -65,13 +65,7 @@ fn main() {
     let q = rand_tensor(&[h, t, hd], 1);
     let k = rand_tensor(&[h, t, hd], 2);
     let v = rand_tensor(&[h, t, hd], 3);
-    let att = Attention {
-        scale: (hd as f32).powf(-0.5),
-        causal: false,
-        strategy: MatmulStrategy::Gemm,
-        probs: false,
-        heads: None,
-    };
+    let att = Attention::new((hd as f32).powf(-0.5), false, MatmulStrategy::Gemm);
     time("attention 6x1500x64", reps, &att, &[&q, &k, &v], &[]);
     let x = rand_tensor(&[t, d], 4);
     let w1 = rand_tensor(&[ffn, d], 5);

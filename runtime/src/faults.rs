@@ -1082,13 +1082,7 @@ mod tests {
     fn a_step_fault_runs_only_at_its_step() {
         let att = op(
             "dec.self_attn",
-            Box::new(Attention {
-                scale: 0.5,
-                causal: false,
-                strategy: MatmulStrategy::RowStable,
-                probs: false,
-                heads: None,
-            }),
+            Box::new(Attention::new(0.5, false, MatmulStrategy::RowStable)),
             &[],
         );
         let plan = planted(
@@ -1108,13 +1102,7 @@ mod tests {
         let at1 = run_at(k.as_ref(), 1, &[&q, &kk, &v], &[]);
         assert_ne!(at1, clean);
         assert_eq!(hits(&plan), 1);
-        let scaled = Attention {
-            scale: 0.625,
-            causal: false,
-            strategy: MatmulStrategy::RowStable,
-            probs: false,
-            heads: None,
-        };
+        let scaled = Attention::new(0.625, false, MatmulStrategy::RowStable);
         assert_eq!(at1, run_at(&scaled, 1, &[&q, &kk, &v], &[]));
     }
 

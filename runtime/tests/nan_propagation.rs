@@ -18,11 +18,8 @@ fn probs(strategy: MatmulStrategy, causal: bool) -> Tensor {
         .op(
             "attn",
             Box::new(Attention {
-                scale: 0.25,
-                causal,
-                strategy,
                 probs: true,
-                heads: None,
+                ..Attention::new(0.25, causal, strategy)
             }),
             &[q, k, v],
             &[],

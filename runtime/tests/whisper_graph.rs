@@ -40,13 +40,7 @@ fn cross_graph(with_transform: bool) -> Result<xray_runtime::Graph, RuntimeError
     };
     let y = g.op1(
         "cross_attn",
-        Box::new(Attention {
-            scale: 0.5,
-            causal: false,
-            strategy: MatmulStrategy::RowStable,
-            probs: false,
-            heads: None,
-        }),
+        Box::new(Attention::new(0.5, false, MatmulStrategy::RowStable)),
         &[q, k, v],
         &[],
         kshape,

@@ -54,6 +54,18 @@ fn masked_prob(row: &[f32]) -> f32 {
 }
 
 impl Attention {
+    /// Head-major attention with scale `scale`, causal or not, by `strategy`; no probabilities
+    /// output (set `probs` / `heads` on the result for those).
+    pub fn new(scale: f32, causal: bool, strategy: MatmulStrategy) -> Attention {
+        Attention {
+            scale,
+            causal,
+            strategy,
+            probs: false,
+            heads: None,
+        }
+    }
+
     /// The layout of q, k, v and the context.
     fn operand_layout(&self) -> Layout {
         if self.heads.is_some() {
@@ -377,11 +389,8 @@ mod tests {
         for strategy in [MatmulStrategy::Gemm, MatmulStrategy::RowStable] {
             for causal in [false, true] {
                 let hm = Attention {
-                    scale: 0.125,
-                    causal,
-                    strategy,
                     probs: true,
-                    heads: None,
+                    ..Attention::new(0.125, causal, strategy)
                 };
                 let tm = Attention {
                     heads: Some(h),
@@ -421,11 +430,8 @@ mod tests {
             }
         }
         let bad = Attention {
-            scale: 1.0,
-            causal: false,
-            strategy: MatmulStrategy::Gemm,
-            probs: false,
             heads: Some(5),
+            ..Attention::new(1.0, false, MatmulStrategy::Gemm)
         };
         let e = bad
             .run(&ctx, &[&q, &k, &v], &[])

@@ -227,11 +227,8 @@ fn encoder_layer(g: &mut GraphBuilder, i: usize, h: EdgeId, geo: &Geo) -> Result
     // (the split and merge of 1500 x 384 operands were copies on every layer).
     let qkv = self_attn_qkv(g, &p, "", &vb, h, geo)?;
     let attention = Attention {
-        scale: (geo.head_dim as f32).powf(-0.5),
-        causal: false,
-        strategy: geo.strategy,
-        probs: false,
         heads: Some(geo.heads),
+        ..Attention::new((geo.head_dim as f32).powf(-0.5), false, geo.strategy)
     };
     let shape = vec![geo.rows.clone(), geo.d.into()];
     let att = g.op1(
@@ -313,11 +310,8 @@ fn decoder_layer(
     let sa_out = g.op(
         &format!("{p}.self_attn"),
         Box::new(Attention {
-            scale,
-            causal: true,
-            strategy: geo.strategy,
             probs: true,
-            heads: None,
+            ..Attention::new(scale, true, geo.strategy)
         }),
         &[hm[0], k_all, v_all],
         &[],
@@ -396,13 +390,7 @@ fn decoder_layer(
     g.output(cvh);
     let ca = g.op1(
         &format!("{p}.cross_attn"),
-        Box::new(Attention {
-            scale,
-            causal: false,
-            strategy: geo.strategy,
-            probs: false,
-            heads: None,
-        }),
+        Box::new(Attention::new(scale, false, geo.strategy)),
         &[cqh, ckh, cvh],
         &[],
         shape![dh, "tokens", dhd],

@@ -376,24 +376,30 @@ impl GraniteNarConfig {
             }
             captures.push(wrapped as usize);
         }
-        if prj.num_encoder_layers != captures.len() {
-            return e(format!(
-                "projector_config.num_encoder_layers {} != len(encoder_layer_indices) {}",
+        // Facts the projector must agree on with the encoder and the LM.
+        for (a, av, b, bv) in [
+            (
+                "projector_config.num_encoder_layers",
                 prj.num_encoder_layers,
-                captures.len()
-            ));
-        }
-        if prj.encoder_dim != enc.hidden_dim {
-            return e(format!(
-                "projector_config.encoder_dim {} != encoder hidden_dim {}",
-                prj.encoder_dim, enc.hidden_dim
-            ));
-        }
-        if prj.llm_dim != txt.hidden_size {
-            return e(format!(
-                "projector_config.llm_dim {} != text hidden_size {}",
-                prj.llm_dim, txt.hidden_size
-            ));
+                "len(encoder_layer_indices)",
+                captures.len(),
+            ),
+            (
+                "projector_config.encoder_dim",
+                prj.encoder_dim,
+                "encoder hidden_dim",
+                enc.hidden_dim,
+            ),
+            (
+                "projector_config.llm_dim",
+                prj.llm_dim,
+                "text hidden_size",
+                txt.hidden_size,
+            ),
+        ] {
+            if av != bv {
+                return e(format!("{a} {av} != {b} {bv}"));
+            }
         }
         if prj.block_size % prj.downsample_rate != 0 {
             return e(format!(

@@ -576,7 +576,7 @@ mod avx2 {
 mod tests {
     use super::*;
 
-    use crate::kernels::noise as data;
+    use crate::kernels::{bits, noise as data};
 
     /// Head-major q, k, v noise for `(h, t, s, d)` from seeds `seed`, `seed + 1`, `seed + 2`.
     fn qkv((h, t, s, d): (usize, usize, usize, usize), seed: u32) -> [Vec<f32>; 3] {
@@ -699,7 +699,6 @@ mod tests {
         let (h, t, s, d) = (3usize, 100usize, 130usize, 64usize);
         let [q, k, v] = qkv((h, t, s, d), 4);
         let c = head_major([&q, &k, &v], (h, t, s, d), 0.125, false);
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         let (par_o, par_p) = run(&c, true, true);
         let (ser_o, ser_p) = run(&c, false, true);
         assert_eq!(bits(&par_o), bits(&ser_o));
@@ -791,7 +790,6 @@ mod tests {
                 token_major: true,
                 ..hm
             };
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             let (ho, hp) = run(&hm, true, true);
             let (to, tp) = run(&tm, true, true);
             assert_eq!(

@@ -530,6 +530,12 @@ pub(crate) fn tensor(shape: &[usize], v: Vec<f32>) -> Result<crate::graph::Tenso
     ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), v).map_err(|e| e.to_string())
 }
 
+/// The bits of each value (the kernels' tests compare results bit for bit).
+#[cfg(test)]
+pub(crate) fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
 /// The kernels' test data: `n` values of a xorshift32 stream from `seed`, spread over
 /// `[-amp / 2, amp / 2]`, the same on every machine.
 #[cfg(test)]

@@ -1022,6 +1022,7 @@ pub(crate) fn add_inplace(a: &mut [f32], b: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::bits;
 
     #[test]
     fn exp_is_accurate() {
@@ -1102,12 +1103,12 @@ mod tests {
                 .collect();
             let packed = pack_f16_rows(&bits16, n, k);
             for r in 0..n {
-                let want: Vec<u32> = w[r * k..(r + 1) * k].iter().map(|v| v.to_bits()).collect();
-                let got: Vec<u32> = unpack_f16_row(&packed, n, k, r)
-                    .iter()
-                    .map(|v| v.to_bits())
-                    .collect();
-                assert_eq!(got, want, "unpacked row {r}");
+                let want = bits(&w[r * k..(r + 1) * k]);
+                assert_eq!(
+                    bits(&unpack_f16_row(&packed, n, k, r)),
+                    want,
+                    "unpacked row {r}"
+                );
             }
             let b = data(n, 6);
             for bias in [None, Some(&b[..])] {
@@ -1116,7 +1117,6 @@ mod tests {
                     let mut o16 = vec![1f32; m * (n1 - n0)];
                     gemm_nt_rows(&x, &w, bias, k, m, n0, n1, &mut o32);
                     gemm_nt_rows_f16(&x, &packed, n, bias, k, m, n0, n1, &mut o16);
-                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&o32), bits(&o16), "k {k}, columns {n0}..{n1}");
                 }
             }
@@ -1142,7 +1142,6 @@ mod tests {
             let mut s = x.clone();
             scalar::gelu(&mut s);
             let got = gelu_to_vec(&x);
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "n {n}");
             assert_eq!(bits(&got), bits(&s), "n {n} scalar");
         }

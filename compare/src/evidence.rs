@@ -136,16 +136,27 @@ pub struct CacheLookup {
 
 /// `run.settings`: the options of `xray check` that change its evidence, besides its inputs
 /// (model, audio, contract: the gate's identity) and what `run` records already (`isolated`,
-/// `stats_only`).
+/// `stats_only`): the tolerance policy by its hash and the [`RecordedOptions`] (serialized
+/// inline).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CheckSettings {
     /// sha256 of the tolerance policy in force (`Policy::sha256`: the built-in one included).
     pub policy_sha256: String,
+    /// The check's options, as it ran with them.
+    #[serde(flatten)]
+    pub options: RecordedOptions,
+}
+
+/// The options of a check that its evidence records: the harness's `CheckOptions` holds them
+/// as they are, so an option it takes here is one `xray check --resume` compares.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordedOptions {
     /// `--max-steps` (null: the model's own limit).
     pub max_steps: Option<usize>,
-    /// `--calibrate`.
+    /// `--calibrate`: tolerances against the reference's own float32-vs-float64 noise floor.
     pub calibrate: bool,
-    /// `--teacher-force`.
+    /// `--teacher-force`: the reference's CTC hypothesis fed to the runtime
+    /// (non-autoregressive families).
     pub teacher_force: bool,
     /// `--ops`: every op-level point captured from the start.
     pub ops: bool,
@@ -153,10 +164,27 @@ pub struct CheckSettings {
     pub drill: bool,
     /// Faults planted (`--inject`), as given.
     pub faults: Vec<String>,
-    /// Reference variants measured (`--reference-variant`).
+    /// Reference variants measured (`--reference-variant`: `int8`, `int8_conv`, `int8_w8a8`,
+    /// `f16`, `bf16`; [`crate::variant`]).
     pub reference_variants: Vec<String>,
     /// The oracle's torch threads.
     pub threads: Option<usize>,
+}
+
+impl Default for RecordedOptions {
+    /// What a check does unasked: the drill-down on, nothing else.
+    fn default() -> Self {
+        RecordedOptions {
+            max_steps: None,
+            calibrate: false,
+            teacher_force: false,
+            ops: false,
+            drill: true,
+            faults: Vec::new(),
+            reference_variants: Vec::new(),
+            threads: None,
+        }
+    }
 }
 
 impl CheckSettings {

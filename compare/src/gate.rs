@@ -658,14 +658,15 @@ mod tests {
     /// identity with nothing overridable, then isolation, stats-only and every setting.
     #[test]
     fn resume_requires_the_same_identity_and_settings() {
-        use crate::evidence::CheckSettings;
+        use crate::evidence::{CheckSettings, RecordedOptions};
         let mut planned = ev(Verdict::Pass, vec![]).run;
         planned.settings = Some(CheckSettings {
             policy_sha256: "aa".repeat(32),
-            max_steps: Some(4),
-            drill: true,
-            threads: Some(1),
-            ..Default::default()
+            options: RecordedOptions {
+                max_steps: Some(4),
+                threads: Some(1),
+                ..Default::default()
+            },
         });
         assert!(run_differences(&planned, &planned).is_empty());
         // The model path as spelled and the cache record are not identity.
@@ -699,14 +700,14 @@ mod tests {
                 "settings: policy_sha256",
             ),
             (
-                settings(&|s| s.max_steps = None),
+                settings(&|s| s.options.max_steps = None),
                 "settings: max_steps 4 vs earlier null",
             ),
             (
-                settings(&|s| s.faults = vec!["gelu_tanh".into()]),
+                settings(&|s| s.options.faults = vec!["gelu_tanh".into()]),
                 "settings: faults",
             ),
-            (settings(&|s| s.drill = false), "settings: drill"),
+            (settings(&|s| s.options.drill = false), "settings: drill"),
         ] {
             assert_eq!(d.len(), 1, "{want}: {d:?}");
             assert!(d[0].starts_with(want), "{want}: {d:?}");

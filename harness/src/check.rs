@@ -33,6 +33,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Context};
+/// The options a check records in its evidence, a part of [`CheckOptions`].
+pub use xray_compare::evidence::RecordedOptions;
 use xray_compare::evidence::{CacheLookup, CheckSettings, ReferenceCache};
 use xray_core::dump::Dump;
 use xray_core::reference::OracleRequest;
@@ -65,31 +67,17 @@ pub struct CheckOptions {
     pub audio: PathBuf,
     /// Tolerance policy.
     pub policy: Policy,
-    /// Cap on generated tokens.
-    pub max_steps: Option<usize>,
     /// Also run isolated mode.
     pub isolate: bool,
-    /// Calibrate tolerances against the oracle's own f32-vs-f64 noise floor.
-    pub calibrate: bool,
-    /// Feed the reference's CTC hypothesis to the runtime (non-autoregressive families).
-    pub teacher_force: bool,
-    /// Faults to plant in the runtime.
-    pub faults: FaultPlan,
-    /// Fault names for the evidence notes.
-    pub fault_names: Vec<String>,
-    /// torch threads for the oracle.
-    pub threads: Option<usize>,
-    /// A second input to run first (stale-cache faults show only on the second input).
-    pub warmup_audio: Option<PathBuf>,
-    /// Capture every op-level point on both sides from the start (`--ops`).
-    pub ops: bool,
-    /// Do not drill down from the origin checkpoint to the op (`--no-drill`).
-    pub no_drill: bool,
     /// Summaries instead of tensors on both sides (`--stats-only`, module docs).
     pub stats_only: bool,
-    /// Reference variants to measure the runtime against as well (`--reference-variant`:
-    /// `int8`, `int8_conv`, `int8_w8a8`, `f16`, `bf16`; `xray_compare::variant`).
-    pub reference_variants: Vec<String>,
+    /// The options the evidence records as `run.settings` (steps, calibration, teacher forcing,
+    /// op-level points, drill-down, fault names, reference variants, torch threads).
+    pub recorded: RecordedOptions,
+    /// The faults to plant in the runtime (`recorded.faults` names them).
+    pub faults: FaultPlan,
+    /// A second input to run first (stale-cache faults show only on the second input).
+    pub warmup_audio: Option<PathBuf>,
     /// Read references from this cache and store the ones the oracle computes there
     /// (`--reference-cache`, [`crate::refcache`]).
     pub reference_cache: Option<PathBuf>,
@@ -145,13 +133,17 @@ fn check_stats_only(opts: &CheckOptions, family: &str) -> anyhow::Result<()> {
             "substitutes the reference's tensors",
         ),
         (
-            opts.calibrate,
+            opts.recorded.calibrate,
             "--calibrate",
             "measures the f32-vs-f64 noise floor on full tensors",
         ),
-        (opts.ops, "--ops", "captures op-level points in full"),
         (
-            !opts.reference_variants.is_empty(),
+            opts.recorded.ops,
+            "--ops",
+            "captures op-level points in full",
+        ),
+        (
+            !opts.recorded.reference_variants.is_empty(),
             "--reference-variant",
             "compares full tensors with a second reference",
         ),
@@ -527,10 +519,10 @@ pub fn reference_request(
         &audio.sha256,
         audio.conversion.to_json(),
     );
-    req.max_new_tokens = opts.max_steps;
-    req.threads = opts.threads;
+    req.max_new_tokens = opts.recorded.max_steps;
+    req.threads = opts.recorded.threads;
     req.stats_only = opts.stats_only;
-    if opts.ops {
+    if opts.recorded.ops {
         req = req.with_ops(PointSelect::All);
     }
     Ok(req)
@@ -556,14 +548,7 @@ pub fn planned_run(model: &dyn SpeechModel, opts: &CheckOptions, audio: &Audio) 
         reference_cache: None,
         settings: Some(CheckSettings {
             policy_sha256: opts.policy.sha256(),
-            max_steps: opts.max_steps,
-            calibrate: opts.calibrate,
-            teacher_force: opts.teacher_force,
-            ops: opts.ops,
-            drill: !opts.no_drill,
-            faults: opts.fault_names.clone(),
-            reference_variants: opts.reference_variants.clone(),
-            threads: opts.threads,
+            options: opts.recorded.clone(),
         }),
     }
 }
@@ -610,7 +595,7 @@ pub fn check_against(
         )?
     };
     let mut evidence = evidence_of(model, opts, audio, &reference.dump, &rt, cmp, notes);
-    for scheme in &opts.reference_variants {
+    for scheme in &opts.recorded.reference_variants {
         let v = compare_variant(
             model,
             refs,
@@ -622,7 +607,7 @@ pub fn check_against(
         );
         lookups.extend(v?);
     }
-    if !opts.no_drill {
+    if opts.recorded.drill {
         let drill = Drill {
             model,
             refs,
@@ -691,7 +676,7 @@ fn check_notes(opts: &CheckOptions, align: Alignment, audio: &Audio) -> Vec<Stri
     let mut notes = vec![];
     if align == Alignment::ReferenceTokens {
         notes.push("runtime teacher-forced on the reference token sequence for checkpoint alignment; its own greedy choices give its transcript".into());
-    } else if opts.teacher_force || opts.isolate {
+    } else if opts.recorded.teacher_force || opts.isolate {
         notes.push(
             "runtime teacher-forced on the reference CTC hypothesis (--teacher-force)".into(),
         );
@@ -705,10 +690,10 @@ fn check_notes(opts: &CheckOptions, align: Alignment, audio: &Audio) -> Vec<Stri
     if opts.stats_only {
         notes.push("stats-only comparison: both engines kept per-checkpoint summaries (count, moments, range, the 32-projection order-sensitive sketch, content sha256), no tensors; each checkpoint is judged by its estimated rel_l2 (its note); metrics are null and the origin has no signature: re-run without --stats-only, or `xray run --only`, for full tensors".into());
     }
-    if !opts.fault_names.is_empty() {
+    if !opts.recorded.faults.is_empty() {
         notes.push(format!(
             "faults planted in the runtime: {}",
-            opts.fault_names.join(", ")
+            opts.recorded.faults.join(", ")
         ));
     }
     notes
@@ -732,7 +717,7 @@ fn compare_options(
         require_all: true,
         ..Default::default()
     };
-    if opts.calibrate {
+    if opts.recorded.calibrate {
         let (floors, lookup) = calibrate(model, refs, reference, progress)?;
         lookups.extend(lookup);
         copts.floors = floors;

@@ -157,9 +157,9 @@ pub fn runtime_side(
 ) -> anyhow::Result<RuntimeSide> {
     let ref_m = &reference.manifest;
     let generative = align == Alignment::ReferenceTokens;
-    let teacher_force = opts.teacher_force || (opts.isolate && !generative);
+    let teacher_force = opts.recorded.teacher_force || (opts.isolate && !generative);
     let mut run_opts = RunOptions {
-        max_new_tokens: opts.max_steps,
+        max_new_tokens: opts.recorded.max_steps,
         teacher_tokens: teacher_for(align, ref_m, teacher_force)?,
     };
     if let Some(w) = &opts.warmup_audio {
@@ -255,7 +255,7 @@ fn capture_run(
     let all_points = PointSelect::All;
     let capture = Capture {
         only: None,
-        points: opts.ops.then_some(&all_points),
+        points: opts.recorded.ops.then_some(&all_points),
     };
     progress(if opts.stats_only {
         "running the runtime with stats-only capture (teacher-forced on the reference tokens)"
@@ -305,7 +305,7 @@ fn isolated_run(
     progress("isolated mode: reference substituted at every checkpoint edge");
     let sub = DumpSubstitute(reference);
     let ro = RunOptions {
-        max_new_tokens: opts.max_steps,
+        max_new_tokens: opts.recorded.max_steps,
         teacher_tokens: teacher_for(align, &reference.manifest, true)?,
     };
     let capture = Capture::default();

@@ -10,7 +10,8 @@ use xray_runtime::faults::{catalogue, plant, FaultPlan, Planted};
 use xray_runtime::models;
 
 use crate::check::{
-    check_against, reference_dump, reference_request, CheckOptions, Reference, References,
+    check_against, reference_dump, reference_request, CheckOptions, RecordedOptions, Reference,
+    References,
 };
 use xray_core::ops::PointSelect;
 
@@ -144,7 +145,10 @@ pub fn selftest(
             model: fx.model.clone(),
             audio: fx.audio.clone(),
             policy: policy.clone(),
-            threads: Some(1),
+            recorded: RecordedOptions {
+                threads: Some(1),
+                ..Default::default()
+            },
             ..Default::default()
         };
         progress(&format!(
@@ -190,7 +194,10 @@ pub fn selftest(
             };
             let opts = CheckOptions {
                 faults: plan,
-                fault_names: vec![name.clone()],
+                recorded: RecordedOptions {
+                    faults: vec![name.clone()],
+                    ..base.recorded.clone()
+                },
                 warmup_audio: second.then(|| fx.second_audio.clone()),
                 ..base.clone()
             };

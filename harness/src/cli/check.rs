@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use xray_compare::corpus;
 use xray_compare::evidence::{Evidence, Run, Verdict};
 use xray_compare::tolerance::Policy;
-use xray_harness::check::{check, check_corpus, CheckOptions};
+use xray_harness::check::{check, check_corpus, CheckOptions, RecordedOptions};
 
 /// Arguments of `xray check`.
 #[derive(Debug, clap::Args)]
@@ -210,18 +210,20 @@ fn check_options(a: &Args, audio: PathBuf) -> anyhow::Result<CheckOptions> {
         model: a.model.clone(),
         audio,
         policy,
-        max_steps: a.steps.max_steps,
         isolate: a.isolate,
-        calibrate: a.calibrate,
-        teacher_force: a.teacher_force,
-        faults,
-        fault_names,
-        threads: Some(a.threads.unwrap_or(1)),
-        warmup_audio: None,
-        ops: a.ops,
-        no_drill: a.no_drill,
         stats_only: a.stats_only,
-        reference_variants: a.reference_variant.clone(),
+        recorded: RecordedOptions {
+            max_steps: a.steps.max_steps,
+            calibrate: a.calibrate,
+            teacher_force: a.teacher_force,
+            ops: a.ops,
+            drill: !a.no_drill,
+            faults: fault_names,
+            reference_variants: a.reference_variant.clone(),
+            threads: Some(a.threads.unwrap_or(1)),
+        },
+        faults,
+        warmup_audio: None,
         reference_cache: a.reference_cache.clone(),
     })
 }

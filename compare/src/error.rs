@@ -198,3 +198,13 @@ pub enum Error {
 
 /// Result alias of the harness library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Reads a text file: `(its path as displayed, its text)`, `Error::Io` naming it when it cannot
+/// be read.
+pub(crate) fn read_text(path: &std::path::Path) -> Result<(String, String)> {
+    let p = path.display().to_string();
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok((p, text)),
+        Err(source) => Err(Error::Io { path: p, source }),
+    }
+}

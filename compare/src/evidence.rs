@@ -615,11 +615,7 @@ impl Evidence {
 
     /// Reads and parses an evidence file.
     pub fn load(path: &Path) -> Result<Evidence, Error> {
-        let p = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: p.clone(),
-            source,
-        })?;
+        let (p, text) = crate::error::read_text(path)?;
         Evidence::from_json(&text, &p)
     }
 
@@ -947,27 +943,24 @@ pub(crate) mod tests {
             checkpoint("c", Status::Propagated),
         ];
         e.verdict = Verdict::Pass;
-        let err = Evidence::from_json(&e.to_json().unwrap(), "d/e.json")
-            .unwrap_err()
-            .to_string();
+        let read_back = |e: &Evidence, path: &str| Evidence::from_json(&e.to_json().unwrap(), path);
+        let err = read_back(&e, "d/e.json").unwrap_err().to_string();
         assert!(
             err.starts_with("d/e.json: verdict \"pass\" disagrees with its content (1 origin, 2 propagated: diverged)"),
             "{err}"
         );
         for ok in [Verdict::Diverged, Verdict::Error] {
             e.verdict = ok;
-            let back = Evidence::from_json(&e.to_json().unwrap(), "e.json").unwrap();
+            let back = read_back(&e, "e.json").unwrap();
             assert_eq!(back.effective_verdict(), ok);
         }
         // Diverged recorded over passing content, and pass over nothing observed: refused too.
         e.checkpoints = vec![checkpoint("a", Status::Pass)];
         e.verdict = Verdict::Diverged;
-        assert!(Evidence::from_json(&e.to_json().unwrap(), "e.json").is_err());
+        assert!(read_back(&e, "e.json").is_err());
         e.checkpoints = vec![checkpoint("a", Status::Unobserved)];
         e.verdict = Verdict::Pass;
-        let err = Evidence::from_json(&e.to_json().unwrap(), "e.json")
-            .unwrap_err()
-            .to_string();
+        let err = read_back(&e, "e.json").unwrap_err().to_string();
         assert!(
             err.contains("no observed checkpoint among 1: error"),
             "{err}"

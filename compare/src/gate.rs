@@ -166,6 +166,43 @@ fn growth(
     }
 }
 
+/// The finding a checkpoint's status change from the baseline's `from` to `to` makes, if any:
+/// coverage dropped (observed, now not) and worsened (pass, now not) fail; improved (now pass)
+/// informs.
+fn status_change(id: &str, from: Status, to: Status) -> Option<Finding> {
+    let (kind, failing, message) = if from.is_observed() && !to.is_observed() {
+        (
+            FindingKind::CoverageDropped { from, to },
+            true,
+            format!(
+                "{id}: coverage dropped: {} in the baseline, {} now",
+                from.as_str(),
+                to.as_str()
+            ),
+        )
+    } else if from == Status::Pass && to != Status::Pass {
+        (
+            FindingKind::StatusWorsened { from, to },
+            true,
+            format!("{id}: status worsened: pass -> {}", to.as_str()),
+        )
+    } else if from != Status::Pass && to == Status::Pass {
+        (
+            FindingKind::StatusImproved { from, to },
+            false,
+            format!("{id}: status improved: {} -> pass", from.as_str()),
+        )
+    } else {
+        return None;
+    };
+    Some(Finding {
+        checkpoint: Some(id.to_string()),
+        kind,
+        failing,
+        message,
+    })
+}
+
 /// The facts that identify what a piece of evidence is about (family, contract, weights, audio),
 /// as `what new vs OTHER old` (`other` names the old side: `baseline`, `earlier`; empty: no
 /// name) where they differ or either side lacks them: `(fixed, input)`, `fixed` the ones no
@@ -378,41 +415,7 @@ pub fn gate(new: &Evidence, baseline: &Evidence, opts: &GateOptions) -> Result<G
             });
             continue;
         };
-        if b.status.is_observed() && !c.status.is_observed() {
-            findings.push(Finding {
-                checkpoint: Some(id.clone()),
-                kind: FindingKind::CoverageDropped {
-                    from: b.status,
-                    to: c.status,
-                },
-                failing: true,
-                message: format!(
-                    "{id}: coverage dropped: {} in the baseline, {} now",
-                    b.status.as_str(),
-                    c.status.as_str()
-                ),
-            });
-        } else if b.status == Status::Pass && c.status != Status::Pass {
-            findings.push(Finding {
-                checkpoint: Some(id.clone()),
-                kind: FindingKind::StatusWorsened {
-                    from: b.status,
-                    to: c.status,
-                },
-                failing: true,
-                message: format!("{id}: status worsened: pass -> {}", c.status.as_str()),
-            });
-        } else if b.status != Status::Pass && c.status == Status::Pass {
-            findings.push(Finding {
-                checkpoint: Some(id.clone()),
-                kind: FindingKind::StatusImproved {
-                    from: b.status,
-                    to: c.status,
-                },
-                failing: false,
-                message: format!("{id}: status improved: {} -> pass", b.status.as_str()),
-            });
-        }
+        findings.extend(status_change(&id, b.status, c.status));
         if let (Some(bm), Some(nm)) = (&b.metrics, &c.metrics) {
             growth(
                 &mut findings,
@@ -535,6 +538,22 @@ mod tests {
             checkpoints: cps,
             ..crate::evidence::tests::tiny()
         }
+    }
+
+    /// Passing evidence: one passing checkpoint a row `(name, rel_l2, max_abs)`.
+    fn passing(rows: &[(&str, f64, f64)]) -> Evidence {
+        let cps = rows
+            .iter()
+            .map(|&(name, rel, max_abs)| cp(name, Status::Pass, rel, max_abs));
+        ev(Verdict::Pass, cps.collect())
+    }
+
+    /// `baseline` changed by `change`, and its gate against `baseline` (default options).
+    fn changed(baseline: &Evidence, change: impl FnOnce(&mut Evidence)) -> (Evidence, GateReport) {
+        let mut new = baseline.clone();
+        change(&mut new);
+        let r = gate(&new, baseline, &GateOptions::default()).expect("same run");
+        (new, r)
     }
 
     /// A checkpoint observed in the baseline and unobserved now fails the gate, whether it passed
@@ -748,21 +767,11 @@ mod tests {
 
     #[test]
     fn status_and_verdict_worsening_fail() {
-        let b = ev(
-            Verdict::Pass,
-            vec![
-                cp("a", Status::Pass, 1e-6, 1e-5),
-                cp("b", Status::Pass, 1e-6, 1e-5),
-            ],
-        );
-        let n = ev(
-            Verdict::Diverged,
-            vec![
-                cp("a", Status::Origin, 1e-6, 1e-5),
-                cp("b", Status::Pass, 1e-6, 1e-5),
-            ],
-        );
-        let r = gate(&n, &b, &GateOptions::default()).expect("same run");
+        let b = passing(&[("a", 1e-6, 1e-5), ("b", 1e-6, 1e-5)]);
+        let (n, r) = changed(&b, |n| {
+            n.verdict = Verdict::Diverged;
+            n.checkpoints[0].status = Status::Origin;
+        });
         assert!(!r.passed());
         let kinds: Vec<_> = r.failures().map(|f| f.checkpoint.clone()).collect();
         assert_eq!(kinds, vec![None, Some("a@step0".into())]);
@@ -774,21 +783,11 @@ mod tests {
 
     #[test]
     fn error_growth_respects_factor_and_floor() {
-        let b = ev(
-            Verdict::Pass,
-            vec![
-                cp("a", Status::Pass, 1e-9, 1e-9),
-                cp("b", Status::Pass, 1e-4, 1e-3),
-            ],
-        );
-        let n = ev(
-            Verdict::Pass,
-            vec![
-                cp("a", Status::Pass, 3e-9, 3e-9),
-                cp("b", Status::Pass, 2.5e-4, 1.9e-3),
-            ],
-        );
-        let r = gate(&n, &b, &GateOptions::default()).expect("same run");
+        let b = passing(&[("a", 1e-9, 1e-9), ("b", 1e-4, 1e-3)]);
+        let (n, r) = changed(&b, |n| {
+            n.checkpoints[0].metrics = Some(metrics(3e-9, 3e-9));
+            n.checkpoints[1].metrics = Some(metrics(2.5e-4, 1.9e-3));
+        });
         let f: Vec<_> = r.failures().collect();
         assert_eq!(f.len(), 1, "{f:?}");
         assert!(matches!(
@@ -808,21 +807,8 @@ mod tests {
 
     #[test]
     fn removed_fails_and_added_informs() {
-        let b = ev(
-            Verdict::Pass,
-            vec![
-                cp("a", Status::Pass, 0.0, 0.0),
-                cp("gone", Status::Pass, 0.0, 0.0),
-            ],
-        );
-        let n = ev(
-            Verdict::Pass,
-            vec![
-                cp("a", Status::Pass, 0.0, 0.0),
-                cp("new", Status::Pass, 0.0, 0.0),
-            ],
-        );
-        let r = gate(&n, &b, &GateOptions::default()).expect("same run");
+        let b = passing(&[("a", 0.0, 0.0), ("gone", 0.0, 0.0)]);
+        let (_, r) = changed(&b, |n| n.checkpoints[1] = cp("new", Status::Pass, 0.0, 0.0));
         assert!(!r.passed());
         assert_eq!(r.checked, ["a@step0", "new@step0", "gone@step0"]);
         assert!(r
@@ -833,11 +819,11 @@ mod tests {
 
     #[test]
     fn stats_only_evidence_is_gated_by_status_and_says_growth_was_not_compared() {
-        let b = ev(Verdict::Pass, vec![cp("a", Status::Pass, 1e-6, 1e-6)]);
-        let mut n = ev(Verdict::Pass, vec![cp("a", Status::Pass, 1e-6, 1e-6)]);
-        n.run.stats_only = true;
-        n.checkpoints[0].metrics = None;
-        let r = gate(&n, &b, &GateOptions::default()).expect("same run");
+        let b = passing(&[("a", 1e-6, 1e-6)]);
+        let (mut n, r) = changed(&b, |n| {
+            n.run.stats_only = true;
+            n.checkpoints[0].metrics = None;
+        });
         assert!(r.passed());
         let f: Vec<&Finding> = r
             .findings
@@ -860,22 +846,9 @@ mod tests {
 
     #[test]
     fn junit_has_one_case_per_checkpoint_and_escapes() {
-        let b = ev(
-            Verdict::Pass,
-            vec![
-                cp("a<&>\"'", Status::Pass, 1e-3, 1e-3),
-                cp("ok", Status::Pass, 0.0, 0.0),
-            ],
-        );
-        let n = ev(
-            Verdict::Pass,
-            vec![
-                cp("a<&>\"'", Status::Propagated, 1e-3, 1e-3),
-                cp("ok", Status::Pass, 0.0, 0.0),
-            ],
-        );
-        let x =
-            junit_xml(&gate(&n, &b, &GateOptions::default()).expect("same run")).expect("junit");
+        let b = passing(&[("a<&>\"'", 1e-3, 1e-3), ("ok", 0.0, 0.0)]);
+        let (_, r) = changed(&b, |n| n.checkpoints[0].status = Status::Propagated);
+        let x = junit_xml(&r).expect("junit");
         // The verdict worsened too: a propagated checkpoint does not pass, whatever the
         // recorded verdict says.
         assert_eq!(x.matches("<testcase ").count(), 3);
@@ -898,13 +871,9 @@ mod tests {
 
     #[test]
     fn junit_drops_what_xml_forbids() {
-        let b = ev(Verdict::Pass, vec![cp("a\u{1}b", Status::Pass, 1e-3, 1e-3)]);
-        let n = ev(
-            Verdict::Pass,
-            vec![cp("a\u{1}b", Status::Propagated, 1e-3, 1e-3)],
-        );
-        let x =
-            junit_xml(&gate(&n, &b, &GateOptions::default()).expect("same run")).expect("junit");
+        let b = passing(&[("a\u{1}b", 1e-3, 1e-3)]);
+        let (_, r) = changed(&b, |n| n.checkpoints[0].status = Status::Propagated);
+        let x = junit_xml(&r).expect("junit");
         assert!(!x.contains('\u{1}'));
         Report::deserialize_from_str(&x).expect("well-formed JUnit");
     }

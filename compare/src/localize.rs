@@ -341,6 +341,17 @@ pub fn localize(g: &CheckpointGraph, observed: &[Observed]) -> Result<Localizati
     localize_fed(g, observed, &vec![false; observed.len()])
 }
 
+/// Checks that every per-node list is as long as the graph: `Error::Length` for the first not.
+fn per_node(g: &CheckpointGraph, lens: &[usize]) -> Result<(), Error> {
+    match lens.iter().find(|&&len| len != g.len()) {
+        Some(&found) => Err(Error::Length {
+            expected: g.len(),
+            found,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Classifies every node; `fed[i]` marks a node whose consumers received the reference's tensor
 /// instead of this side's (an isolation feed): it counts as passing for them, whatever its own
 /// status.
@@ -349,14 +360,7 @@ pub fn localize_fed(
     observed: &[Observed],
     fed: &[bool],
 ) -> Result<Localization, Error> {
-    for len in [observed.len(), fed.len()] {
-        if len != g.len() {
-            return Err(Error::Length {
-                expected: g.len(),
-                found: len,
-            });
-        }
-    }
+    per_node(g, &[observed.len(), fed.len()])?;
     let n = g.len();
     let mut status = vec![Status::Pass; n];
     let mut from: Vec<Vec<usize>> = vec![Vec::new(); n];
@@ -557,14 +561,7 @@ pub fn error_profile(
     errors: &[Option<ErrorPoint>],
     status: &[Status],
 ) -> Result<ErrorProfile, Error> {
-    for len in [errors.len(), status.len()] {
-        if len != g.len() {
-            return Err(Error::Length {
-                expected: g.len(),
-                found: len,
-            });
-        }
-    }
+    per_node(g, &[errors.len(), status.len()])?;
     let mut layers: Vec<LayerProfile> = Vec::new();
     let mut layer_pos: HashMap<(String, u32, Step), usize> = HashMap::new();
     let mut steps: Vec<StepProfile> = Vec::new();

@@ -1419,6 +1419,40 @@ mod tests {
             .expect("a signature")
     }
 
+    /// The region and kind of the mask [`best`] finds (panics on another signature).
+    fn mask_found(r: &ArrayD<f32>, x: &ArrayD<f32>) -> (Triangle, MaskKind) {
+        match best(r, x) {
+            Signature::Mask { region, kind, .. } => (region, kind),
+            s => panic!("{s:?}"),
+        }
+    }
+
+    /// The format and evidence of the rounding [`best`] finds (panics on another signature).
+    fn rounding_found(r: &ArrayD<f32>, x: &ArrayD<f32>) -> (RoundFormat, RoundingEvidence) {
+        match best(r, x) {
+            Signature::Rounding {
+                format, evidence, ..
+            } => (format, evidence),
+            s => panic!("{s:?}"),
+        }
+    }
+
+    /// `a` with `f` applied to every element `[.., i, j]` of its last two axes where `at(i, j)`.
+    fn changed_where(
+        a: &ArrayD<f32>,
+        at: impl Fn(usize, usize) -> bool,
+        f: impl Fn(&mut f32),
+    ) -> ArrayD<f32> {
+        let mut out = a.clone();
+        let n = out.ndim();
+        for (ix, v) in out.indexed_iter_mut() {
+            if at(ix[n - 2], ix[n - 1]) {
+                f(v);
+            }
+        }
+        out
+    }
+
     #[test]
     fn plain_noise_matches_nothing() {
         let r = rand(&[6, 16, 8], 1);
@@ -1513,55 +1547,24 @@ mod tests {
     #[test]
     fn causal_mask_patterns() {
         let t = 6;
-        let mut probs = rand(&[2, t, t], 9).mapv(f32::abs);
+        let upper = |i: usize, j: usize| j > i;
+        let probs = changed_where(&rand(&[2, t, t], 9).mapv(f32::abs), upper, |v| *v = 0.0);
         let scores = rand(&[2, t, t], 10);
-        for h in 0..2 {
-            for i in 0..t {
-                for j in 0..t {
-                    if j > i {
-                        probs[[h, i, j]] = 0.0;
-                    }
-                }
-            }
-        }
         // Mask dropped on probabilities: the reference is zero above the diagonal.
         let dropped = rand(&[2, t, t], 11).mapv(|v| v.abs() + 0.01);
-        match best(&probs, &dropped) {
-            Signature::Mask { region, kind, .. } => {
-                assert_eq!((region, kind), (Triangle::Upper, MaskKind::Dropped));
-            }
-            s => panic!("{s:?}"),
-        }
+        assert_eq!(
+            mask_found(&probs, &dropped),
+            (Triangle::Upper, MaskKind::Dropped)
+        );
         // Scores differ only in the strict upper triangle.
-        let mut x = scores.clone();
-        for h in 0..2 {
-            for i in 0..t {
-                for j in (i + 1)..t {
-                    x[[h, i, j]] = -1e9;
-                }
-            }
-        }
-        match best(&scores, &x) {
-            Signature::Mask { region, kind, .. } => {
-                assert_eq!((region, kind), (Triangle::Upper, MaskKind::Added));
-            }
-            s => panic!("{s:?}"),
-        }
+        let x = changed_where(&scores, upper, |v| *v = -1e9);
+        assert_eq!(mask_found(&scores, &x), (Triangle::Upper, MaskKind::Added));
         // Confined to the lower triangle.
-        let mut y = scores.clone();
-        for h in 0..2 {
-            for i in 0..t {
-                for j in 0..i {
-                    y[[h, i, j]] += 1.0;
-                }
-            }
-        }
-        match best(&scores, &y) {
-            Signature::Mask { region, kind, .. } => {
-                assert_eq!((region, kind), (Triangle::Lower, MaskKind::Confined));
-            }
-            s => panic!("{s:?}"),
-        }
+        let y = changed_where(&scores, |i, j| j < i, |v| *v += 1.0);
+        assert_eq!(
+            mask_found(&scores, &y),
+            (Triangle::Lower, MaskKind::Confined)
+        );
         assert!(!names(&scores, &noisy(&scores, 1e-1, 12)).contains(&"mask"));
     }
 
@@ -1605,44 +1608,26 @@ mod tests {
     fn rounding_to_f16_and_bf16() {
         let r = rand(&[4, 64], 14) * 3.0f32;
         let f = r.mapv(|v| f16::from_f32(v).to_f32());
-        match best(&r, &f) {
-            Signature::Rounding {
-                format, evidence, ..
-            } => assert_eq!(
-                (format, evidence),
-                (RoundFormat::F16, RoundingEvidence::Exact)
-            ),
-            s => panic!("{s:?}"),
-        }
+        assert_eq!(
+            rounding_found(&r, &f),
+            (RoundFormat::F16, RoundingEvidence::Exact)
+        );
         let b = r.mapv(|v| bf16::from_f32(v).to_f32());
-        match best(&r, &b) {
-            Signature::Rounding { format, .. } => assert_eq!(format, RoundFormat::Bf16),
-            s => panic!("{s:?}"),
-        }
+        assert_eq!(rounding_found(&r, &b).0, RoundFormat::Bf16);
         // Computed in f16 (representable, a few ULPs off) rather than a single rounding.
         let c = r.mapv(|v| f16::from_f32(v * 1.0007).to_f32());
-        match best(&r, &c) {
-            Signature::Rounding {
-                format, evidence, ..
-            } => assert_eq!(
-                (format, evidence),
-                (RoundFormat::F16, RoundingEvidence::Representable)
-            ),
-            s => panic!("{s:?}"),
-        }
+        assert_eq!(
+            rounding_found(&r, &c),
+            (RoundFormat::F16, RoundingEvidence::Representable)
+        );
         // Half-ULP-bounded noise that is not representable: the distribution test.
         let d = Array::from_iter(r.iter().zip(f.iter()).map(|(a, q)| a + 0.5 * (q - a)))
             .into_shape_with_order(IxDyn(&[4, 64]))
             .unwrap();
-        match best(&r, &d) {
-            Signature::Rounding {
-                format, evidence, ..
-            } => assert_eq!(
-                (format, evidence),
-                (RoundFormat::F16, RoundingEvidence::Distribution)
-            ),
-            s => panic!("{s:?}"),
-        }
+        assert_eq!(
+            rounding_found(&r, &d),
+            (RoundFormat::F16, RoundingEvidence::Distribution)
+        );
         // Plain f32-level noise is not rounding.
         assert!(!names(&r, &noisy(&r, 1e-3, 15)).contains(&"rounding"));
     }

@@ -128,32 +128,23 @@ impl Tolerance {
 
     /// Built-in default for a dtype (see `docs/tolerances.md` for the reasoning).
     pub const fn default_for(dtype: Precision) -> Tolerance {
-        match dtype {
-            Precision::F32 => Tolerance::default_f32(),
+        // Below f32 and at f64 the bounds are per element and on the logits' KL; the `rel_l2`
+        // bound is f32's own.
+        let (atol, rtol, max_outlier_fraction, max_kl) = match dtype {
+            Precision::F32 => return Tolerance::default_f32(),
             // Half-ULP of f16 is 2^-11 ~ 4.9e-4 relative; allow ~10 ULPs of accumulated rounding.
-            Precision::F16 => Tolerance {
-                atol: 1e-3,
-                rtol: 1e-2,
-                max_outlier_fraction: 1e-3,
-                max_rel_l2: None,
-                // Logit noise ~ 1e-2 relative: KL ~ 1e-4 / 2 per unit logit spread.
-                max_kl: Some(1e-4),
-            },
+            // Logit noise ~ 1e-2 relative: KL ~ 1e-4 / 2 per unit logit spread.
+            Precision::F16 => (1e-3, 1e-2, 1e-3, 1e-4),
             // Half-ULP of bf16 is 2^-8 ~ 3.9e-3 relative.
-            Precision::Bf16 => Tolerance {
-                atol: 1e-2,
-                rtol: 5e-2,
-                max_outlier_fraction: 1e-3,
-                max_rel_l2: None,
-                max_kl: Some(1e-2),
-            },
-            Precision::F64 => Tolerance {
-                atol: 1e-10,
-                rtol: 1e-9,
-                max_outlier_fraction: 0.0,
-                max_rel_l2: None,
-                max_kl: Some(1e-12),
-            },
+            Precision::Bf16 => (1e-2, 5e-2, 1e-3, 1e-2),
+            Precision::F64 => (1e-10, 1e-9, 0.0, 1e-12),
+        };
+        Tolerance {
+            atol,
+            rtol,
+            max_outlier_fraction,
+            max_rel_l2: None,
+            max_kl: Some(max_kl),
         }
     }
 }
@@ -427,11 +418,7 @@ impl Policy {
 
     /// Reads, parses and compiles a policy file.
     pub fn load(path: &Path) -> Result<Policy, Error> {
-        let p = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: p.clone(),
-            source,
-        })?;
+        let (p, text) = crate::error::read_text(path)?;
         Policy::parse(&text, &p)
     }
 

@@ -225,6 +225,10 @@ fn ne2(cols: i64, rows: i64) -> [i64; 4] {
     [cols, rows, 1, 1]
 }
 
+/// What [`Recognizer::attention`] finds: the Linear ADD of q, the SOFT_MAX node when not flash, k
+/// and v as read.
+type Attention = (Id, Option<Id>, Id, Id);
+
 impl<'g> Recognizer<'g> {
     /// `flash`: whisper.cpp runs with flash attention; `ops`: also tap the op-level points.
     pub fn new(g: &'g Graph, d: &'g Dims, flash: bool, ops: bool) -> Recognizer<'g> {
@@ -734,10 +738,25 @@ impl<'g> Recognizer<'g> {
         Ok(self.finish())
     }
 
+    /// The attention sublayer `{p}.{attn}` walked back from its out_proj's output `proj` (`rows`
+    /// rows): the Linear `{p}.{out_proj}`, then [`Self::attention`] on its input, the context.
+    /// Returns the context and what [`Self::attention`] returns.
+    fn attention_sublayer(
+        &mut self,
+        proj: Id,
+        rows: i64,
+        p: &str,
+        (out_proj, attn): (&str, &str),
+        scaled_q: bool,
+    ) -> R<(Id, Attention)> {
+        let (_, ctx) = self.linear(proj, self.d.d_model, rows, &format!("{p}.{out_proj}"))?;
+        Ok((ctx, self.attention(ctx, scaled_q, &format!("{p}.{attn}"))?))
+    }
+
     /// Self-attention of one encoder or decoder block ending at the attention context `ctx`
     /// (`[tokens, d_model]` before out_proj). Returns (the Linear ADD of q, the LayerNorm output
     /// q, k and v read, the SOFT_MAX node when not flash).
-    fn attention(&mut self, ctx: Id, scaled_q: bool, what: &str) -> R<(Id, Option<Id>, Id, Id)> {
+    fn attention(&mut self, ctx: Id, scaled_q: bool, what: &str) -> R<Attention> {
         if self.flash {
             let resh = self.want(ctx, "RESHAPE", what)?;
             let fa = self.arg(resh, 0, "FLASH_ATTN_EXT", what)?;
@@ -819,8 +838,8 @@ impl<'g> Recognizer<'g> {
             // inpFF = out_proj(attention) + inpL
             let (p, module, proj, inp_l) =
                 self.layer_tail("encoder", il, x, (d.enc_ffn, n), "residual_attn")?;
-            let (_, ctx) = self.linear(proj, w, n, &format!("{p}.out_proj"))?;
-            let (q_add, _, k, v) = self.attention(ctx, false, &format!("{p}.self_attn"))?;
+            let names = ("out_proj", "self_attn");
+            let (ctx, (q_add, _, k, v)) = self.attention_sublayer(proj, n, &p, names, false)?;
             let names = ("q_proj", "self_attn_norm", "attention");
             let ln = self.pre_norm(q_add, (w, n), &p, names, inp_l)?;
             // K and V: read through ggml_cast (non-flash) or through kv_pad, written by CPY.
@@ -1015,8 +1034,8 @@ impl<'g> Recognizer<'g> {
             // inpFF = cross out_proj + inpCA
             let (p, module, cproj, inp_ca) =
                 self.layer_tail("decoder", il, x, (d.dec_ffn, t), "residual_cross")?;
-            let (_, cctx) = self.linear(cproj, w, t, &format!("{p}.cross_out_proj"))?;
-            let (cq, csm, ck, cv) = self.attention(cctx, false, &format!("{p}.cross_attn"))?;
+            let names = ("cross_out_proj", "cross_attn");
+            let (cctx, (cq, csm, ck, cv)) = self.attention_sublayer(cproj, t, &p, names, false)?;
             if let Some(sm) = csm {
                 self.shape(
                     sm,
@@ -1068,8 +1087,8 @@ impl<'g> Recognizer<'g> {
             self.want(inp_ca, "ADD", &what)?;
             let sproj = self.src(inp_ca, 0, &what)?;
             let inp_l = self.src(inp_ca, 1, &what)?;
-            let (_, sctx) = self.linear(sproj, w, t, &format!("{p}.self_out_proj"))?;
-            let (sq, ssm, sk, sv) = self.attention(sctx, true, &format!("{p}.self_attn"))?;
+            let names = ("self_out_proj", "self_attn");
+            let (sctx, (sq, ssm, sk, sv)) = self.attention_sublayer(sproj, t, &p, names, true)?;
             let names = ("self_q_proj", "self_attn_norm", "self-attention");
             let ln1 = self.pre_norm(sq, (w, t), &p, names, inp_l)?;
             if let Some(sm) = ssm {

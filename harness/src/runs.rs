@@ -189,8 +189,17 @@ pub fn runtime_side(
         Alignment::ReferenceTokens => ref_m.tokens[prefix..].to_vec(),
         _ => ref_m.tokens.clone(),
     };
+    // Isolated mode: the runtime with the reference's tensor substituted at every checkpoint
+    // edge, teacher-forced, so each checkpoint's error is its own.
     let isolated = if opts.isolate {
-        Some(isolated_run(model, reference, align, opts, a, progress)?)
+        progress("isolated mode: reference substituted at every checkpoint edge");
+        let sub = DumpSubstitute(reference);
+        let ro = RunOptions {
+            max_new_tokens: opts.recorded.max_steps,
+            teacher_tokens: teacher_for(align, ref_m, true)?,
+        };
+        let capture = Capture::default();
+        Some(runtime_dump(model, a, &ro, Some(&opts.faults), Some(&sub), capture)?.0)
     } else {
         None
     };
@@ -290,24 +299,4 @@ fn bits_equal(a: &[Tensor], b: &[Tensor]) -> bool {
                     .zip(y.iter())
                     .all(|(p, q)| p.to_bits() == q.to_bits())
         })
-}
-
-/// Isolated mode: the runtime with the reference's tensor substituted at every checkpoint edge,
-/// teacher-forced, so each checkpoint's error is its own.
-fn isolated_run(
-    model: &dyn SpeechModel,
-    reference: &Dump,
-    align: Alignment,
-    opts: &CheckOptions,
-    a: &Audio,
-    progress: &dyn Fn(&str),
-) -> anyhow::Result<Dump> {
-    progress("isolated mode: reference substituted at every checkpoint edge");
-    let sub = DumpSubstitute(reference);
-    let ro = RunOptions {
-        max_new_tokens: opts.recorded.max_steps,
-        teacher_tokens: teacher_for(align, &reference.manifest, true)?,
-    };
-    let capture = Capture::default();
-    Ok(runtime_dump(model, a, &ro, Some(&opts.faults), Some(&sub), capture)?.0)
 }

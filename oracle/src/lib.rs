@@ -1144,47 +1144,38 @@ impl TorchBench {
     /// default attention, `eager`, or `ct2`: CTranslate2); `None` when the anchor is absent
     /// ([`TorchBench::info`] says why).
     pub fn encoder(&self, anchor: &str) -> Result<Option<f64>> {
-        self.oracle.with_python(|py, _| {
-            self.handle
-                .bind(py)
-                .call_method1("encoder", (anchor,))
-                .and_then(|r| r.extract())
-                .map_err(|e| py_err(py, e))
-        })
+        self.call("encoder", (anchor,))
     }
 
     /// Seconds and output-token count for one greedy generate by `anchor` on precomputed encoder
     /// outputs (the encoder is not timed), capped at `max_new_tokens`; `None` when the anchor is
     /// absent.
     pub fn decode(&self, max_new_tokens: usize, anchor: &str) -> Result<Option<(f64, usize)>> {
-        self.oracle.with_python(|py, _| {
-            self.handle
-                .bind(py)
-                .call_method1("decode", (max_new_tokens, anchor))
-                .and_then(|r| r.extract())
-                .map_err(|e| py_err(py, e))
-        })
+        self.call("decode", (max_new_tokens, anchor))
     }
 
     /// JSON text: the CPU model, library versions, and why the CTranslate2 anchor is absent
     /// (`ct2_absent`, null when present).
     pub fn info(&self) -> Result<String> {
-        self.oracle.with_python(|py, _| {
-            self.handle
-                .bind(py)
-                .call_method0("info")
-                .and_then(|r| r.extract())
-                .map_err(|e| py_err(py, e))
-        })
+        self.call("info", ())
     }
 
     /// Seconds and generated-token count for one greedy generate capped at `max_new_tokens`.
     pub fn generate(&self, max_new_tokens: usize) -> Result<(f64, usize)> {
+        self.call("generate", (max_new_tokens,))
+    }
+
+    /// `method(*args)` on the Python bench object, its result extracted as `T`; a Python error
+    /// (the call's or the extraction's) as [`py_err`] renders it.
+    fn call<T>(&self, method: &str, args: impl for<'py> pyo3::call::PyCallArgs<'py>) -> Result<T>
+    where
+        T: for<'py> FromPyObjectOwned<'py>,
+    {
         self.oracle.with_python(|py, _| {
             self.handle
                 .bind(py)
-                .call_method1("generate", (max_new_tokens,))
-                .and_then(|r| r.extract())
+                .call_method1(method, args)
+                .and_then(|r| r.extract().map_err(Into::into))
                 .map_err(|e| py_err(py, e))
         })
     }

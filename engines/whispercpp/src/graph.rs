@@ -225,6 +225,10 @@ fn ne2(cols: i64, rows: i64) -> [i64; 4] {
     [cols, rows, 1, 1]
 }
 
+/// What [`Recognizer::attention`] finds: the Linear ADD of q, the SOFT_MAX node when not flash, k
+/// and v as read.
+type Attention = (Id, Option<Id>, Id, Id);
+
 impl<'g> Recognizer<'g> {
     /// `flash`: whisper.cpp runs with flash attention; `ops`: also tap the op-level points.
     pub fn new(g: &'g Graph, d: &'g Dims, flash: bool, ops: bool) -> Recognizer<'g> {
@@ -406,6 +410,28 @@ impl<'g> Recognizer<'g> {
         Ok((mm, x))
     }
 
+    /// A pre-norm sublayer's entry, walked back from `x`, the output of its first Linear
+    /// `{p}.{proj}` (`width` wide over `rows` rows): that Linear and the LayerNorm `{p}.{norm}`
+    /// before it, whose input must be `residual`, the stream the sublayer (`what`) adds back to.
+    /// Returns the LayerNorm's output (the Linear's input).
+    fn pre_norm(
+        &mut self,
+        x: Id,
+        (width, rows): (i64, i64),
+        p: &str,
+        (proj, norm, what): (&str, &str, &str),
+        residual: Id,
+    ) -> R<Id> {
+        let (_, ln) = self.linear(x, width, rows, &format!("{p}.{proj}"))?;
+        let x2 = self.layer_norm(ln, self.d.d_model, rows, &format!("{p}.{norm}"))?;
+        self.same(
+            x2,
+            residual,
+            &format!("{p}: the {what}'s LayerNorm input and residual"),
+        )?;
+        Ok(ln)
+    }
+
     /// The MLP block `x + fc2(GELU(fc1(LN(x))))` ending at `out`; taps its points; returns `x`.
     fn mlp(&mut self, out: Id, width: i64, ffn: i64, rows: i64, p: &str, module: &str) -> R<Id> {
         let what = format!("{p}.residual_mlp");
@@ -423,13 +449,7 @@ impl<'g> Recognizer<'g> {
              in ggml-cpu/ggml-cpu.c ggml_cpu_init from ggml_gelu_f32, the tanh form)",
         );
         let fc1 = self.src(gelu, 0, &format!("{p}.gelu"))?;
-        let (_, ln) = self.linear(fc1, ffn, rows, &format!("{p}.fc1"))?;
-        let x2 = self.layer_norm(ln, width, rows, &format!("{p}.mlp_norm"))?;
-        self.same(
-            x2,
-            x,
-            &format!("{p}: the MLP's LayerNorm input and residual"),
-        )?;
+        let ln = self.pre_norm(fc1, (ffn, rows), p, ("fc1", "mlp_norm", "MLP"), x)?;
         let (w, f, step_rows) = (width as usize, ffn as usize, rows as usize);
         let m = |leaf: &str| format!("{module}.{leaf}");
         let o = |leaf: &str| format!("{p}.{leaf}");
@@ -525,6 +545,73 @@ impl<'g> Recognizer<'g> {
             }
         }
         out
+    }
+
+    /// The one write each of a self-attention's K and V (views `k`, `v` of a cache or kv_pad)
+    /// from the LayerNorm output `ln`: `(CPY, MUL_MAT)` of K, then of V. The errors name `{p}:
+    /// {kv}K` and `{kv}V`, the buffer as `cache` and the writes as going `into`.
+    fn kv_writes(
+        &self,
+        (k, v): (Id, Id),
+        ln: Id,
+        p: &str,
+        (kv, cache, into): (&str, &str, &str),
+    ) -> R<((Id, Id), (Id, Id))> {
+        let kb = self
+            .t(k)
+            .view_src
+            .ok_or_else(|| Mismatch(format!("{p}: {kv}K is not a view of {cache}")))?;
+        let vb = self
+            .t(v)
+            .view_src
+            .ok_or_else(|| Mismatch(format!("{p}: {kv}V is not a view of {cache}")))?;
+        let kw = self.cache_writes(kb, ln);
+        let vw = self.cache_writes(vb, ln);
+        if kw.len() != 1 || vw.len() != 1 {
+            return Err(Mismatch(format!(
+                "{p}: {} K and {} V writes into {into}, expected 1 each",
+                kw.len(),
+                vw.len()
+            )));
+        }
+        Ok((kw[0], vw[0]))
+    }
+
+    /// The K and V cache writes `writes` (`(CPY, "k" | "v")`) into a cache of less than f32, each
+    /// noted as reduced precision at X-Ray's op `op(which)`: the `attn`'s K or V `how` ("stored
+    /// in", "appended to") the cache, in whisper.cpp's graph `builder`.
+    fn reduced_cache(
+        &mut self,
+        writes: [(Id, &str); 2],
+        op: impl Fn(&str) -> String,
+        (attn, how, builder): (&str, &str, &str),
+    ) -> R<()> {
+        for (c, which) in writes {
+            let dst = self.src(c, 1, "cache")?;
+            let ty = self.t(dst).ty.clone();
+            if ty != "f32" {
+                self.reduced(
+                    op(which),
+                    c,
+                    format!(
+                        "{attn} {} {how} an {ty} cache (src/whisper.cpp whisper_kv_cache_init \
+                         with whisper_context::itype = GGML_TYPE_F16; {builder})",
+                        which.to_uppercase()
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes of one decoder layer's slot in the cross cache `cache` (a view of it, or a write's
+    /// destination): d_model × the audio context (padded to 256 with flash attention) elements of
+    /// its type.
+    fn cross_slot(&self, cache: Id) -> usize {
+        let n = self.d.n_audio_ctx;
+        let es = if self.t(cache).ty == "f16" { 2 } else { 4 };
+        let stride = if self.flash { (n + 255) / 256 * 256 } else { n };
+        (es * self.d.d_model * stride) as usize
     }
 
     fn finish(self) -> Found {
@@ -651,10 +738,25 @@ impl<'g> Recognizer<'g> {
         Ok(self.finish())
     }
 
+    /// The attention sublayer `{p}.{attn}` walked back from its out_proj's output `proj` (`rows`
+    /// rows): the Linear `{p}.{out_proj}`, then [`Self::attention`] on its input, the context.
+    /// Returns the context and what [`Self::attention`] returns.
+    fn attention_sublayer(
+        &mut self,
+        proj: Id,
+        rows: i64,
+        p: &str,
+        (out_proj, attn): (&str, &str),
+        scaled_q: bool,
+    ) -> R<(Id, Attention)> {
+        let (_, ctx) = self.linear(proj, self.d.d_model, rows, &format!("{p}.{out_proj}"))?;
+        Ok((ctx, self.attention(ctx, scaled_q, &format!("{p}.{attn}"))?))
+    }
+
     /// Self-attention of one encoder or decoder block ending at the attention context `ctx`
     /// (`[tokens, d_model]` before out_proj). Returns (the Linear ADD of q, the LayerNorm output
     /// q, k and v read, the SOFT_MAX node when not flash).
-    fn attention(&mut self, ctx: Id, scaled_q: bool, what: &str) -> R<(Id, Option<Id>, Id, Id)> {
+    fn attention(&mut self, ctx: Id, scaled_q: bool, what: &str) -> R<Attention> {
         if self.flash {
             let resh = self.want(ctx, "RESHAPE", what)?;
             let fa = self.arg(resh, 0, "FLASH_ATTN_EXT", what)?;
@@ -736,37 +838,17 @@ impl<'g> Recognizer<'g> {
             // inpFF = out_proj(attention) + inpL
             let (p, module, proj, inp_l) =
                 self.layer_tail("encoder", il, x, (d.enc_ffn, n), "residual_attn")?;
-            let (_, ctx) = self.linear(proj, w, n, &format!("{p}.out_proj"))?;
-            let (q_add, _, k, v) = self.attention(ctx, false, &format!("{p}.self_attn"))?;
-            let (_, ln) = self.linear(q_add, w, n, &format!("{p}.q_proj"))?;
-            let x2 = self.layer_norm(ln, w, n, &format!("{p}.self_attn_norm"))?;
-            self.same(
-                x2,
-                inp_l,
-                &format!("{p}: the attention's LayerNorm input and residual"),
-            )?;
+            let names = ("out_proj", "self_attn");
+            let (ctx, (q_add, _, k, v)) = self.attention_sublayer(proj, n, &p, names, false)?;
+            let names = ("q_proj", "self_attn_norm", "attention");
+            let ln = self.pre_norm(q_add, (w, n), &p, names, inp_l)?;
             // K and V: read through ggml_cast (non-flash) or through kv_pad, written by CPY.
             let (k_mm, v_add) = if self.flash {
-                let kb = self
-                    .t(k)
-                    .view_src
-                    .ok_or_else(|| Mismatch(format!("{p}: K is not a view of kv_pad")))?;
-                let vb = self
-                    .t(v)
-                    .view_src
-                    .ok_or_else(|| Mismatch(format!("{p}: V is not a view of kv_pad")))?;
-                let kw = self.cache_writes(kb, ln);
-                let vw = self.cache_writes(vb, ln);
-                if kw.len() != 1 || vw.len() != 1 {
-                    return Err(Mismatch(format!(
-                        "{p}: {} K and {} V writes into kv_pad from this layer's LayerNorm, expected 1 each",
-                        kw.len(),
-                        vw.len()
-                    )));
-                }
-                let v_add = self.src(vw[0].0, 0, &format!("{p}.v_proj"))?;
+                let names = ("", "kv_pad", "kv_pad from this layer's LayerNorm");
+                let ((_, k_mm), (v_cpy, _)) = self.kv_writes((k, v), ln, &p, names)?;
+                let v_add = self.src(v_cpy, 0, &format!("{p}.v_proj"))?;
                 self.want(v_add, "ADD", &format!("{p}.v_proj"))?;
-                (kw[0].1, v_add)
+                (k_mm, v_add)
             } else {
                 // K' = PERMUTE(CPY(RESHAPE(MUL_MAT(wk, ln)))), V' = CPY(PERMUTE(RESHAPE(ADD(...))))
                 let kp = self.want(k, "PERMUTE", &format!("{p}.k_proj"))?;
@@ -805,7 +887,6 @@ impl<'g> Recognizer<'g> {
     pub fn cross(mut self) -> R<Found> {
         let d = self.d.clone();
         let (w, n) = (d.d_model, d.n_audio_ctx);
-        let stride = if self.flash { (n + 255) / 256 * 256 } else { n };
         let mut seen = vec![[None, None]; d.dec_layers];
         for c in self.g.nodes_with("CPY") {
             let dst = self.src(c, 1, "cross cache write")?;
@@ -830,8 +911,7 @@ impl<'g> Recognizer<'g> {
                 None => self.arg(val, 0, "MUL_MAT", "cross K")?,
             };
             self.shape(mm, ne2(w, n), "cross K/V projection")?;
-            let es = if self.t(dst).ty == "f16" { 2 } else { 4 };
-            let per_layer = (es * w * stride) as usize;
+            let per_layer = self.cross_slot(dst);
             let offs = self.t(dst).view_offs;
             if !offs.is_multiple_of(per_layer) || offs / per_layer >= d.dec_layers {
                 return Err(Mismatch(format!(
@@ -864,22 +944,12 @@ impl<'g> Recognizer<'g> {
             };
             self.note_matmul(k_mm, format!("{p}.cross_k_proj"));
             self.note_matmul(v_mm, format!("{p}.cross_v_proj"));
-            for (c, which) in [(kc, "k"), (vc, "v")] {
-                let dst = self.src(c, 1, "cache")?;
-                let ty = self.t(dst).ty.clone();
-                if ty != "f32" {
-                    self.reduced(
-                        // X-Ray's op whose output is the cached (head-major) K or V.
-                        format!("{p}.cross_{which}_to_head_major"),
-                        c,
-                        format!(
-                            "cross-attention {} stored in an {ty} cache (src/whisper.cpp whisper_kv_cache_init \
-                             with whisper_context::itype = GGML_TYPE_F16; whisper_build_graph_cross)",
-                            which.to_uppercase()
-                        ),
-                    );
-                }
-            }
+            self.reduced_cache(
+                [(kc, "k"), (vc, "v")],
+                // X-Ray's op whose output is the cached (head-major) K or V.
+                |which| format!("{p}.cross_{which}_to_head_major"),
+                ("cross-attention", "stored in", "whisper_build_graph_cross"),
+            )?;
             self.tap(
                 k_mm,
                 format!("audio.{p}.cross_k"),
@@ -964,8 +1034,8 @@ impl<'g> Recognizer<'g> {
             // inpFF = cross out_proj + inpCA
             let (p, module, cproj, inp_ca) =
                 self.layer_tail("decoder", il, x, (d.dec_ffn, t), "residual_cross")?;
-            let (_, cctx) = self.linear(cproj, w, t, &format!("{p}.cross_out_proj"))?;
-            let (cq, csm, ck, cv) = self.attention(cctx, false, &format!("{p}.cross_attn"))?;
+            let names = ("cross_out_proj", "cross_attn");
+            let (cctx, (cq, csm, ck, cv)) = self.attention_sublayer(cproj, t, &p, names, false)?;
             if let Some(sm) = csm {
                 self.shape(
                     sm,
@@ -973,13 +1043,7 @@ impl<'g> Recognizer<'g> {
                     &format!("{p}.cross_attn"),
                 )?;
             }
-            let es = if self.t(ck).ty == "f16" { 2 } else { 4 };
-            let stride = if self.flash {
-                (d.n_audio_ctx + 255) / 256 * 256
-            } else {
-                d.n_audio_ctx
-            };
-            let want_offs = (es * w * stride) as usize * il;
+            let want_offs = self.cross_slot(ck) * il;
             for (kv, which) in [(ck, "K"), (cv, "V")] {
                 if self.t(kv).op != "VIEW" || self.t(kv).view_offs != want_offs {
                     return Err(Mismatch(format!(
@@ -988,13 +1052,8 @@ impl<'g> Recognizer<'g> {
                     )));
                 }
             }
-            let (_, lnc) = self.linear(cq, w, t, &format!("{p}.cross_q_proj"))?;
-            let x2 = self.layer_norm(lnc, w, t, &format!("{p}.cross_attn_norm"))?;
-            self.same(
-                x2,
-                inp_ca,
-                &format!("{p}: the cross-attention's LayerNorm input and residual"),
-            )?;
+            let names = ("cross_q_proj", "cross_attn_norm", "cross-attention");
+            let lnc = self.pre_norm(cq, (w, t), &p, names, inp_ca)?;
             self.tap(
                 cctx,
                 format!("audio.{p}.cross_attention.output"),
@@ -1028,15 +1087,10 @@ impl<'g> Recognizer<'g> {
             self.want(inp_ca, "ADD", &what)?;
             let sproj = self.src(inp_ca, 0, &what)?;
             let inp_l = self.src(inp_ca, 1, &what)?;
-            let (_, sctx) = self.linear(sproj, w, t, &format!("{p}.self_out_proj"))?;
-            let (sq, ssm, sk, sv) = self.attention(sctx, true, &format!("{p}.self_attn"))?;
-            let (_, ln1) = self.linear(sq, w, t, &format!("{p}.self_q_proj"))?;
-            let x3 = self.layer_norm(ln1, w, t, &format!("{p}.self_attn_norm"))?;
-            self.same(
-                x3,
-                inp_l,
-                &format!("{p}: the self-attention's LayerNorm input and residual"),
-            )?;
+            let names = ("self_out_proj", "self_attn");
+            let (sctx, (sq, ssm, sk, sv)) = self.attention_sublayer(sproj, t, &p, names, true)?;
+            let names = ("self_q_proj", "self_attn_norm", "self-attention");
+            let ln1 = self.pre_norm(sq, (w, t), &p, names, inp_l)?;
             if let Some(sm) = ssm {
                 let n_kv = self.t(sm).ne[0];
                 self.shape(sm, [n_kv, t, d.dec_heads, 1], &format!("{p}.self_attn"))?;
@@ -1069,26 +1123,14 @@ impl<'g> Recognizer<'g> {
                 &format!("{p}.self_out_proj"),
             );
             // The self K/V written into the f16 cache this call.
-            let kb = self
-                .t(sk)
-                .view_src
-                .ok_or_else(|| Mismatch(format!("{p}: self K is not a view of the cache")))?;
-            let vb = self
-                .t(sv)
-                .view_src
-                .ok_or_else(|| Mismatch(format!("{p}: self V is not a view of the cache")))?;
-            let kw = self.cache_writes(kb, ln1);
-            let vw = self.cache_writes(vb, ln1);
-            if kw.len() != 1 || vw.len() != 1 {
-                return Err(Mismatch(format!(
-                    "{p}: {} K and {} V writes into the self-attention cache from this layer, expected 1 each",
-                    kw.len(),
-                    vw.len()
-                )));
-            }
-            let k_mm = kw[0].1;
+            let names = (
+                "self ",
+                "the cache",
+                "the self-attention cache from this layer",
+            );
+            let ((k_cpy, k_mm), (v_cpy, _)) = self.kv_writes((sk, sv), ln1, &p, names)?;
             self.note_matmul(k_mm, format!("{p}.self_k_proj"));
-            let v_val = self.src(vw[0].0, 0, "self V")?;
+            let v_val = self.src(v_cpy, 0, "self V")?;
             let v_add = if self.t(v_val).op == "TRANSPOSE" {
                 let r = self.arg(v_val, 0, "RESHAPE", "self V")?;
                 self.arg(r, 0, "ADD", "self V")?
@@ -1096,21 +1138,15 @@ impl<'g> Recognizer<'g> {
                 self.want(v_val, "ADD", "self V")?
             };
             self.note_matmul(self.src(v_add, 0, "self V")?, format!("{p}.self_v_proj"));
-            for (c, which) in [(kw[0].0, "k"), (vw[0].0, "v")] {
-                let dst = self.src(c, 1, "cache")?;
-                if self.t(dst).ty != "f32" {
-                    let ty = self.t(dst).ty.clone();
-                    self.reduced(
-                        format!("{p}.self_{which}_append"),
-                        c,
-                        format!(
-                            "self-attention {} appended to an {ty} cache (src/whisper.cpp whisper_kv_cache_init \
-                             with whisper_context::itype = GGML_TYPE_F16; whisper_build_graph_decoder)",
-                            which.to_uppercase()
-                        ),
-                    );
-                }
-            }
+            self.reduced_cache(
+                [(k_cpy, "k"), (v_cpy, "v")],
+                |which| format!("{p}.self_{which}_append"),
+                (
+                    "self-attention",
+                    "appended to",
+                    "whisper_build_graph_decoder",
+                ),
+            )?;
             let ids = [inp_l, ln1, sq, k_mm, v_add, sctx, sproj];
             self.self_attn_points(&p, &module, "self_", ids, &[tu, wu]);
             x = inp_l;

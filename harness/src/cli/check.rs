@@ -75,9 +75,6 @@ pub struct Args {
     /// torch threads for the oracle (default 1: deterministic and immune to oversubscription).
     #[arg(long, value_parser = super::positive)]
     pub threads: Option<usize>,
-    /// Print the evidence JSON on stdout.
-    #[arg(long)]
-    pub json: bool,
     /// Capture every op-level point on both sides from the start (`{hf_module}:in` / `:out`).
     #[arg(long)]
     pub ops: bool,
@@ -179,7 +176,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             a.force,
         );
     }
-    if a.json {
+    if a.renderings.json {
         super::say(&ev.to_json()?)?;
     }
     super::note(&super::summary(ev));
@@ -419,7 +416,7 @@ fn run_corpus(a: Args) -> anyhow::Result<ExitCode> {
         (a.renderings.report.is_some(), "--report"),
         (a.renderings.markdown.is_some(), "--markdown"),
         (a.dumps.is_some(), "--dumps"),
-        (a.json, "--json"),
+        (a.renderings.json, "--json"),
     ] {
         if given {
             anyhow::bail!("{flag} is for one clip; a corpus writes DIR/<clip>.evidence.json and DIR/summary.json|md");

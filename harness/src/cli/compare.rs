@@ -38,9 +38,6 @@ pub struct Args {
     pub policy: Option<PathBuf>,
     #[command(flatten)]
     pub renderings: super::Renderings,
-    /// Print the evidence JSON on stdout.
-    #[arg(long)]
-    pub json: bool,
     /// A checkpoint absent from the dump under test fails (`missing`) instead of being
     /// `unobserved`.
     #[arg(long)]
@@ -200,7 +197,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         outputs.write_evidence(p, &ev.to_json()?);
     }
     a.renderings.write(&mut outputs, &ev);
-    if a.json {
+    if a.renderings.json {
         super::say(&ev.to_json()?)?;
     }
     super::note(&super::summary(&ev));

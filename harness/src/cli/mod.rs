@@ -459,8 +459,8 @@ pub struct Clip {
     pub audio: std::path::PathBuf,
 }
 
-/// `--model DIR --audio WAV --out DIR [--force]`: a one-clip run written as a dump (`xray run`,
-/// `xray oracle`).
+/// `--model DIR --audio WAV --out DIR [--force] [--ops]`: a one-clip run written as a dump
+/// (`xray run`, `xray oracle`).
 #[derive(Debug, clap::Args)]
 pub struct ClipDump {
     #[command(flatten)]
@@ -471,6 +471,9 @@ pub struct ClipDump {
     /// Replace an existing X-Ray dump at --out (only a directory holding nothing but a dump).
     #[arg(long)]
     pub force: bool,
+    /// Also capture every op-level point (`{hf_module}:in` / `:out`, docs/dump-format.md).
+    #[arg(long)]
+    pub ops: bool,
 }
 
 impl ClipDump {
@@ -504,7 +507,7 @@ pub struct MaxSteps {
     pub max_steps: Option<usize>,
 }
 
-/// `--report FILE.html --markdown FILE.md`: the renderings of a command's evidence (`xray
+/// `--report FILE.html --markdown FILE.md --json`: the renderings of a command's evidence (`xray
 /// check`, `xray compare`).
 #[derive(Debug, clap::Args)]
 pub struct Renderings {
@@ -514,6 +517,9 @@ pub struct Renderings {
     /// Write the Markdown summary here.
     #[arg(long, value_name = "FILE.md")]
     pub markdown: Option<std::path::PathBuf>,
+    /// Print the evidence JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// A rendering of the evidence (HTML report, Markdown summary).

@@ -20,9 +20,6 @@ pub struct Args {
     /// torch threads (default 1).
     #[arg(long, value_parser = super::positive)]
     pub threads: Option<usize>,
-    /// Also capture every op-level point (`{hf_module}:in` / `:out`, docs/dump-format.md).
-    #[arg(long)]
-    pub ops: bool,
     /// A reference variant: the HF model with its weights on a named grid (`int8`: per-row
     /// symmetric int8 of every Linear and the token embedding, as CTranslate2 quantizes;
     /// `int8_conv`: also the convolutions; `int8_w8a8`: also each Linear's input per row; `f16`,
@@ -50,7 +47,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     req.max_new_tokens = a.steps.max_steps;
     req.only = (!a.only.is_empty()).then(|| a.only.clone());
     req.threads = Some(a.threads.unwrap_or(1));
-    if a.ops {
+    if a.dump.ops {
         req = req.with_ops(xray_core::ops::PointSelect::All);
     }
     if a.weights_variant.is_some() && a.dtype != "float32" {

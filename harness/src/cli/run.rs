@@ -23,9 +23,6 @@ pub struct Args {
     /// Plant a deliberate fault (see `xray faults`). Repeatable.
     #[arg(long, value_name = "FAULT")]
     pub inject: Vec<String>,
-    /// Also capture every op-level point (`{hf_module}:in` / `:out`, docs/dump-format.md).
-    #[arg(long)]
-    pub ops: bool,
 }
 
 /// Runs the runtime and writes its dump.
@@ -46,7 +43,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         max_new_tokens: a.steps.max_steps,
         teacher_tokens: (!a.teacher.is_empty()).then(|| a.teacher.clone()),
     };
-    let points = if a.ops {
+    let points = if a.dump.ops {
         xray_core::ops::PointSelect::All
     } else {
         xray_core::ops::PointSelect::None

@@ -3,7 +3,7 @@
 //! merging shards, and `xray gate` between corpus directories.
 
 use crate::common;
-use common::{assert_refused, assert_stdout, code, read_json, stderr, xray};
+use common::{assert_refused, assert_stdout, code, read_json, stderr, temp_paths, xray};
 
 fn summary(dir: &std::path::Path) -> serde_json::Value {
     read_json(&dir.join("summary.json"))
@@ -11,12 +11,7 @@ fn summary(dir: &std::path::Path) -> serde_json::Value {
 
 #[test]
 fn corpus_shards_summarize_and_gate() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (all, s1, s2) = (
-        tmp.path().join("all"),
-        tmp.path().join("s1"),
-        tmp.path().join("s2"),
-    );
+    let (tmp, [all, s1, s2]) = temp_paths(["all", "s1", "s2"]);
     // `xray check` of the committed corpus (a directory of WAVs) with `extra` arguments.
     let corpus = |extra: &[&str]| {
         let mut args = vec![

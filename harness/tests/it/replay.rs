@@ -70,11 +70,30 @@ fn referenced(model: &str) -> Option<(tempfile::TempDir, PathBuf)> {
     Some((dir, reference))
 }
 
-/// The random-init Whisper's reference with `patch` planted, dumped by the oracle as another
+/// The random-init Whisper's reference with a bug planted, dumped by the oracle as another
 /// engine's dump ([`patched_oracle_dump`]) and compared with `reference` (a divergence): the
-/// evidence.
-fn patched_and_compared(dir: &Path, reference: &Path, patch: &str) -> Value {
-    let got = patched_oracle_dump(dir, RAND, patch);
+/// evidence. `forward` defines `fwd`, which replaces `class`'s forward (the original is `orig`)
+/// and misbehaves where `self._bug` is set: on the loaded model's `buggy` module only.
+fn patched_and_compared(
+    dir: &Path,
+    reference: &Path,
+    class: &str,
+    forward: &str,
+    buggy: &str,
+) -> Value {
+    let patch = format!(
+        "import transformers.models.whisper.modeling_whisper as mw\n\
+         orig = mw.{class}.forward\n\
+         {forward}\
+         mw.{class}.forward = fwd\n\
+         load = mw.WhisperForConditionalGeneration.from_pretrained.__func__\n\
+         def patched(cls, *a, **k):\n\
+         \x20   m = load(cls, *a, **k)\n\
+         \x20   m.model.{buggy}._bug = True\n\
+         \x20   return m\n\
+         mw.WhisperForConditionalGeneration.from_pretrained = classmethod(patched)\n"
+    );
+    let got = patched_oracle_dump(dir, RAND, &patch);
     compare_dumps(reference, &got, RAND, &dir.join("e.json"), 1)
 }
 
@@ -325,22 +344,14 @@ fn a_doubled_residual_branch_in_another_engines_dump_is_solved() {
     let Some((dir, reference)) = referenced(RAND) else {
         return;
     };
-    let patch = "import transformers.models.whisper.modeling_whisper as mw\n\
-        orig = mw.WhisperEncoderLayer.forward\n\
-        def fwd(self, hidden_states, attention_mask=None, **kw):\n\
+    let forward = "def fwd(self, hidden_states, attention_mask=None, **kw):\n\
         \x20   if not getattr(self, '_bug', False):\n\
         \x20       return orig(self, hidden_states, attention_mask, **kw)\n\
         \x20   h, _ = self.self_attn(hidden_states=self.self_attn_layer_norm(hidden_states), attention_mask=attention_mask, **kw)\n\
         \x20   h = hidden_states + h\n\
-        \x20   return h + 2.0 * self.fc2(self.activation_fn(self.fc1(self.final_layer_norm(h))))\n\
-        mw.WhisperEncoderLayer.forward = fwd\n\
-        load = mw.WhisperForConditionalGeneration.from_pretrained.__func__\n\
-        def patched(cls, *a, **k):\n\
-        \x20   m = load(cls, *a, **k)\n\
-        \x20   m.model.encoder.layers[1]._bug = True\n\
-        \x20   return m\n\
-        mw.WhisperForConditionalGeneration.from_pretrained = classmethod(patched)\n";
-    let ev = patched_and_compared(dir.path(), &reference, patch);
+        \x20   return h + 2.0 * self.fc2(self.activation_fn(self.fc1(self.final_layer_norm(h))))\n";
+    let (class, buggy) = ("WhisperEncoderLayer", "encoder.layers[1]");
+    let ev = patched_and_compared(dir.path(), &reference, class, forward, buggy);
     let m = convicted(&ev, "encoder.layer.1.residual_mlp", "input_scaled");
     assert_eq!(
         m["counterfactual"]["input"], "model.encoder.layers.1.fc2:out",
@@ -358,9 +369,7 @@ fn a_cross_attention_cache_of_another_layer_is_named() {
     let Some((dir, reference)) = referenced(RAND) else {
         return;
     };
-    let patch = "import transformers.models.whisper.modeling_whisper as mw\n\
-        orig = mw.WhisperAttention.forward\n\
-        def fwd(self, hidden_states, key_value_states=None, cache=None, **kw):\n\
+    let forward = "def fwd(self, hidden_states, key_value_states=None, cache=None, **kw):\n\
         \x20   if getattr(self, '_bug', False) and key_value_states is not None and cache is not None and cache.is_updated.get(self.layer_idx):\n\
         \x20       layers = cache.cross_attention_cache.layers\n\
         \x20       own = layers[self.layer_idx]\n\
@@ -369,15 +378,9 @@ fn a_cross_attention_cache_of_another_layer_is_named() {
         \x20           return orig(self, hidden_states, key_value_states=key_value_states, cache=cache, **kw)\n\
         \x20       finally:\n\
         \x20           layers[self.layer_idx] = own\n\
-        \x20   return orig(self, hidden_states, key_value_states=key_value_states, cache=cache, **kw)\n\
-        mw.WhisperAttention.forward = fwd\n\
-        load = mw.WhisperForConditionalGeneration.from_pretrained.__func__\n\
-        def patched(cls, *a, **k):\n\
-        \x20   m = load(cls, *a, **k)\n\
-        \x20   m.model.decoder.layers[1].encoder_attn._bug = True\n\
-        \x20   return m\n\
-        mw.WhisperForConditionalGeneration.from_pretrained = classmethod(patched)\n";
-    let ev = patched_and_compared(dir.path(), &reference, patch);
+        \x20   return orig(self, hidden_states, key_value_states=key_value_states, cache=cache, **kw)\n";
+    let (class, buggy) = ("WhisperAttention", "decoder.layers[1].encoder_attn");
+    let ev = patched_and_compared(dir.path(), &reference, class, forward, buggy);
     assert_eq!(
         ev["first_divergence"]["step"], 1,
         "{:#}",

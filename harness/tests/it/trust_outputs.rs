@@ -661,12 +661,7 @@ fn an_output_that_is_an_input_is_refused() {
 /// 3 (reference -, ...)" and blame "a near tie"; against a stats-only dump the step was "?".
 #[test]
 fn a_shorter_reference_is_named_and_a_stats_only_parting_has_its_step() {
-    let dir = tempfile::tempdir().unwrap();
-    let (r3, g, gs) = (
-        dir.path().join("r3"),
-        dir.path().join("g"),
-        dir.path().join("gs"),
-    );
+    let (_dir, [r3, g, gs]) = common::temp_paths(["r3", "g", "gs"]);
     assert_eq!(code(&dump("oracle", &r3, &["--max-steps", "3"])), 0);
     assert_eq!(code(&dump("run", &g, &["--max-steps", "6"])), 0);
     assert_eq!(

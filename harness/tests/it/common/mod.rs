@@ -370,6 +370,13 @@ pub fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// A new temporary directory and the paths `names` in it (not created).
+pub fn temp_paths<const N: usize>(names: [&str; N]) -> (tempfile::TempDir, [PathBuf; N]) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let paths = names.map(|n| dir.path().join(n));
+    (dir, paths)
+}
+
 /// A temporary directory for a test whose fixtures `paths` are there; `None` when [`ready`]
 /// skips it (the one guard, unchanged).
 pub fn ready_tempdir(paths: &[&str]) -> Option<tempfile::TempDir> {

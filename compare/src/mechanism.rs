@@ -22,13 +22,14 @@
 //!
 //! | kind | hypotheses |
 //! |---|---|
-//! | linear | weight transposed (square) or its buffer read in the other layout (non-square); bias missing / doubled; weight missing; halves of the output rows swapped (a fused K\|V, gate\|up split); another key of the same shape (other layers' same-role modules first, then siblings); weight on an f16 / bf16 grid or a symmetric int-k grid (k = 2..8, per row / per tensor); input rounded to f16 / bf16; output scale (solved) |
+//! | linear | weight transposed (square) or its buffer read in the other layout (non-square); bias missing / doubled; weight scaled with the bias kept (solved); weight missing; halves of the output rows swapped (a fused K\|V, gate\|up split); another key of the same shape (other layers' same-role modules first, then siblings); weight on an f16 / bf16 grid or a symmetric int-k grid (k = 2..8, per row / per tensor); input rounded to f16 / bf16; output scale (solved) |
 //! | conv1d | kernel flipped; weight buffer read channels-last; padding (every split that gives the engine's length); stride; bias missing / doubled; weight grids and rounding; another key; input rounded to f16 / bf16; output scale |
 //! | layer_norm, rms_norm, batch_norm | epsilon (tried 1e-12..1, then solved); unbiased variance (LayerNorm); weight and bias swapped; affine missing, weight missing, bias missing; `1 + weight` (RMSNorm); batch statistics (BatchNorm); another key; input rounded; output scale |
 //! | embedding | scale (solved); ids shifted by +-1; another table of the same shape; table rounded to f16 / bf16 |
 //! | attention core (weightless) | softmax scale (solved); causal mask added / dropped; keys and values swapped; another layer's or step's K/V; rotary position offset |
 //! | residual add (weightless; the reference's coefficients fitted on its own tensors) | an input dropped; an input's multiplier (solved) |
 //! | elementwise (weightless, one observed input; the reference's activation identified on its own tensors) | another activation (erf / tanh / quick GELU, SiLU, ReLU); output scale; output rounded |
+//! | inline (ops the reference computes with no HF module around them, replayed through X-Ray's kernels once they reproduce the reference's own point: [`KernelReplayer`]) | a positional table read rows off (+-1, +-2) or never added; output shifted, scaled, rounded, features permuted |
 
 use ndarray::ArrayD;
 use serde::{Deserialize, Serialize};
@@ -75,6 +76,44 @@ pub trait Replayer {
         input: &ReplayInput<'_>,
         cfs: &[Counterfactual],
     ) -> std::result::Result<ReplayBatch, String>;
+}
+
+/// What one run of engine ops through X-Ray's kernels returns ([`KernelReplayer::run`]).
+#[derive(Debug, Clone)]
+pub struct KernelRun {
+    /// The output point's tensor.
+    pub array: ArrayD<f32>,
+    /// Its layout.
+    pub layout: Layout,
+    /// Rows the counterfactual leaves undefined (`(axis, first, end)` of `array`: a table read
+    /// past its end), which take the engine's values so they are not judged.
+    pub unjudged: Option<(usize, usize, usize)>,
+}
+
+/// One run of a region's ops through X-Ray's kernels ([`KernelReplayer::run`]).
+#[derive(Debug, Clone)]
+pub struct KernelRequest<'a> {
+    /// The ops, in graph order.
+    pub ops: &'a [String],
+    /// `(point, tensor, layout)`, one per observed input of the region.
+    pub inputs: &'a [Held<'a>],
+    /// The output point.
+    pub output: &'a str,
+    /// The step.
+    pub step: Step,
+    /// A counterfactual applied to one of the ops (`(op, counterfactual)`).
+    pub cf: Option<(&'a str, &'a Counterfactual)>,
+}
+
+/// Runs a run of the family's declared ops through X-Ray's own kernels, with the reference
+/// model's weights (the harness implements it with the runtime graph): the replay of a region
+/// the reference computes inline, where no HF module can be re-run. Trusted only where it
+/// reproduces the reference's own tensors (the replay floor).
+pub trait KernelReplayer {
+    /// Runs `req`.
+    fn run(&self, req: &KernelRequest<'_>) -> std::result::Result<KernelRun, String>;
+    /// The counterfactuals [`KernelReplayer::run`] can apply to op `op` (by its kernel's kind).
+    fn counterfactuals(&self, op: &str) -> Vec<Counterfactual>;
 }
 
 /// Whether replay clears or convicts an op.
@@ -235,8 +274,12 @@ pub struct EngineOp {
     pub kernel: Option<String>,
 }
 
+/// Counterfactuals scored against the engine's output: `(counterfactual, residual, max_abs,
+/// passes)`.
+type Scored = Vec<(Counterfactual, f64, f64, bool)>;
+
 /// A point as one dump holds it: (name, tensor, layout).
-type Held<'a> = (&'a str, &'a ArrayD<f32>, Layout);
+pub type Held<'a> = (&'a str, &'a ArrayD<f32>, Layout);
 
 /// The first alias of a point node held by `d` at `step`.
 fn held<'a>(d: &'a Dump, names: &[String], step: Step) -> Option<Held<'a>> {
@@ -562,6 +605,7 @@ pub fn hypotheses(
         ModuleKind::ResidualAdd
         | ModuleKind::Attention
         | ModuleKind::Elementwise
+        | ModuleKind::Inline
         | ModuleKind::Other => {}
     }
     v
@@ -857,6 +901,9 @@ pub struct ReplayContext<'a> {
     pub max_neighbours: usize,
     /// The kernel kind of an engine op, by op name, when the engine graph is known.
     pub op_kernel: &'a dyn Fn(&str) -> Option<String>,
+    /// X-Ray's kernels for the family's declared ops, when the engine graph is known: the
+    /// replay of a region the reference computes inline ([`ModuleKind::Inline`]).
+    pub kernels: Option<&'a dyn KernelReplayer>,
 }
 
 /// The modules of the region around the origin: those whose `:out` point the engine dump holds
@@ -1133,6 +1180,34 @@ impl<'a> ReplayContext<'a> {
         );
         // Scalars: an output scale by least squares on the clean replay; the output rounded.
         output_hypotheses(ev, &mut scored, &clean.0, clean.1, engine, tol);
+        // The weight scaled with the bias kept: `engine - b ~ f·(W x)`, where `W x` is the
+        // replay without the bias and `b` its difference from the clean one.
+        if matches!(info.kind, ModuleKind::Linear | ModuleKind::Conv1d)
+            && info.params.iter().any(|p| p.role == "bias")
+        {
+            let no_bias = self
+                .replayer
+                .replay(&s.module, &input, &[Counterfactual::BiasMissing])
+                .ok()
+                .and_then(|(_, o)| o.into_iter().next()?.ok())
+                .map(|(y, _)| y)
+                .filter(|y| y.shape() == clean.0.shape() && y.shape() == engine.shape());
+            if let Some(wx) = no_bias {
+                let bias = &clean.0 - &wx;
+                if let Some(f) =
+                    solve_scale(&wx, &(engine - &bias)).filter(|f| (f - 1.0).abs() > 1e-4)
+                {
+                    let cand = wx.mapv(|v| (v as f64 * f) as f32) + &bias;
+                    judge(
+                        ev,
+                        &mut scored,
+                        vec![(Counterfactual::WeightScaled { factor: f }, cand)],
+                        engine,
+                        tol,
+                    );
+                }
+            }
+        }
         // A norm's epsilon: every decade, then golden section around the best.
         if info.kind.is_norm() {
             let own = info.float("eps").unwrap_or(-1.0);
@@ -1162,7 +1237,9 @@ impl<'a> ReplayContext<'a> {
             }
         }
         choose(ev, &s.module, &scored, &|cf| match cf {
-            Counterfactual::OutputScale { factor } => scale_hint(*factor, engine.shape()),
+            Counterfactual::OutputScale { factor } | Counterfactual::WeightScaled { factor } => {
+                scale_hint(*factor, engine.shape())
+            }
             Counterfactual::Eps { .. } => info
                 .float("eps")
                 .map(|own| format!("the module's eps is {own:e}")),
@@ -1336,14 +1413,20 @@ impl ReplayContext<'_> {
             .count();
         let unknown = kernels.iter().all(Option::is_none);
         if node.ops.len() == 1 && node.inputs.len() == 1 && adds == 0 {
-            return self.elementwise(op, node, kernels.first().cloned().flatten());
+            return self
+                .elementwise(op, node, kernels.first().cloned().flatten())
+                .or_else(|why| self.inline_or(op, node, why));
         }
         if node.ops.len() != 1 || (adds != 1 && !unknown) {
-            return Err(format!(
-                "the weightless step before {} ({}) is neither one residual add, one elementwise op of one observed input, nor an attention core",
-                op.point,
-                node.ops.join(", ")
-            ));
+            return self.inline_or(
+                op,
+                node,
+                format!(
+                    "the weightless step before {} ({}) is neither one residual add, one elementwise op of one observed input, nor an attention core",
+                    op.point,
+                    node.ops.join(", ")
+                ),
+            );
         }
         let [u, v] = node.inputs.as_slice() else {
             return Err(format!(
@@ -1454,6 +1537,188 @@ impl ReplayContext<'_> {
             Counterfactual::InputScaled { factor, .. } => scale_hint(*factor, &[]),
             _ => None,
         });
+        Ok(ev)
+    }
+
+    /// The inline replay of `node` ([`ReplayContext::inline`]) when X-Ray's kernels are at
+    /// hand, else (or when it fails too) `why` the other replays refused it.
+    fn inline_or(
+        &self,
+        op: &OpDivergence,
+        node: &PointNode,
+        why: String,
+    ) -> std::result::Result<ReplayEvidence, String> {
+        match self.kernels {
+            Some(k) => self
+                .inline(op, node, k)
+                .map_err(|e| format!("{why}; through X-Ray's kernels: {e}")),
+            None => Err(why),
+        }
+    }
+
+    /// Replay of a region the reference computes inline (no HF module to re-run): the ops the
+    /// points' graph puts between the origin point and its observed inputs, run through X-Ray's
+    /// kernels for them with the reference's weights. The run is trusted only when it
+    /// reproduces the reference's point from the reference's own inputs (the replay floor);
+    /// then, on the engine's inputs, it gives the region's local error, and when convicted the
+    /// counterfactuals of each op's kind (a table read rows off, or never added) and of the
+    /// output (shifted, scaled, rounded, permuted) are tried; a mechanism of one op implicates
+    /// it.
+    fn inline(
+        &self,
+        op: &OpDivergence,
+        node: &PointNode,
+        k: &dyn KernelReplayer,
+    ) -> std::result::Result<ReplayEvidence, String> {
+        let step = op.step;
+        let mut eng_in = Vec::new();
+        let mut ref_in = Vec::new();
+        for &u in &node.inputs {
+            let (e, r) = self.held_both(&self.nodes[u].names, step).ok_or_else(|| {
+                format!(
+                    "input {} of {} is not held by both dumps",
+                    self.nodes[u].names[0], op.point
+                )
+            })?;
+            eng_in.push(e);
+            ref_in.push(r);
+        }
+        let ((xn, xe, xl), (_, xr, xrl)) = self
+            .held_both(&node.names, step)
+            .ok_or_else(|| format!("{} is not held by both dumps", op.point))?;
+        let tol = (self.tolerance)(xn);
+        let run = |inputs: &[Held<'_>], cf: Option<(&str, &Counterfactual)>| {
+            let req = KernelRequest {
+                ops: &node.ops,
+                inputs,
+                output: xn,
+                step,
+                cf,
+            };
+            k.run(&req).and_then(|r| {
+                let a = in_layout(&r.array, r.layout, xrl)
+                    .ok_or("the kernels' output does not convert to the point's layout")?;
+                Ok((a, r.unjudged))
+            })
+        };
+        let (floor_out, _) = run(&ref_in, None)?;
+        let floor = score(&floor_out, xr, &tol).ok_or_else(|| {
+            format!(
+                "X-Ray's kernels give {} the shape {:?}, the reference {:?}",
+                op.point,
+                floor_out.shape(),
+                xr.shape()
+            )
+        })?;
+        if !floor.2 {
+            return Err(format!(
+                "X-Ray's kernels ({}) do not reproduce the reference's {} from its own inputs (rel_l2 {:.1e})",
+                node.ops.join(", "),
+                op.point,
+                floor.0
+            ));
+        }
+        let xe = in_layout(xe, xl, xrl).ok_or("layouts do not align")?;
+        let (clean, _) = run(&eng_in, None)?;
+        let sc = score(&clean, &xe, &tol);
+        let local = LocalError::scored(
+            op.point.clone(),
+            None,
+            eng_in.iter().map(|(n, _, _)| n.to_string()).collect(),
+            xn.to_string(),
+            sc,
+            [clean.shape(), xe.shape()],
+        );
+        let mut ev = ReplayEvidence {
+            replay_floor: Some(floor.0),
+            covers: node.ops.clone(),
+            ..ReplayEvidence::of(
+                local.clone(),
+                format!("inline ({})", node.ops.join(", ")),
+                ModuleKind::Inline,
+            )
+        };
+        if local.verdict == ReplayVerdict::Cleared {
+            return Ok(ev);
+        }
+        // Each op's counterfactuals, then the output's; the best reproduction names its op.
+        // A run is judged with the rows it leaves undefined taken from the engine.
+        let attempt =
+            |ev: &mut ReplayEvidence, o: &str, cf: Counterfactual, scored: &mut Scored| {
+                let out = run(&eng_in, Some((o, &cf))).map(|(mut c, unjudged)| {
+                    if let Some((axis, a, b)) = unjudged {
+                        use ndarray::{Axis, Slice};
+                        if c.shape() == xe.shape() && axis < c.ndim() {
+                            c.slice_axis_mut(Axis(axis), Slice::from(a..b))
+                                .assign(&xe.slice_axis(Axis(axis), Slice::from(a..b)));
+                        }
+                    }
+                    c
+                });
+                let sc = out.as_ref().ok().and_then(|c| score(c, &xe, &tol));
+                ev.tried.push(Tried {
+                    counterfactual: cf.clone(),
+                    residual: sc.map(|x| x.0),
+                    skipped: match &out {
+                        Err(why) => Some(format!("{o}: {why}")),
+                        Ok(_) if sc.is_none() => Some("other shape".into()),
+                        Ok(_) => None,
+                    },
+                });
+                if let Some(sc) = sc {
+                    scored.push((cf, sc.0, sc.1, sc.2));
+                }
+                out.ok()
+            };
+        let mut groups: Vec<(Option<&String>, Scored)> = Vec::new();
+        for o in &node.ops {
+            let mut scored = Vec::new();
+            for cf in k.counterfactuals(o) {
+                let missing = cf == Counterfactual::WeightMissing;
+                let out = attempt(&mut ev, o, cf, &mut scored);
+                // A table the engine adds scaled: `engine - y0 ~ f·(clean - y0)`, `y0` the
+                // run without it; the scaled table is then run.
+                if let Some(y0) = out.filter(|y| missing && y.shape() == clean.shape()) {
+                    if let Some(f) = solve_scale(&(&clean - &y0), &(&xe - &y0))
+                        .filter(|f| (f - 1.0).abs() > 1e-4)
+                    {
+                        attempt(
+                            &mut ev,
+                            o,
+                            Counterfactual::WeightScaled { factor: f },
+                            &mut scored,
+                        );
+                    }
+                }
+            }
+            groups.push((Some(o), scored));
+        }
+        let mut scored = Vec::new();
+        output_hypotheses(&mut ev, &mut scored, &clean, xrl, &xe, &tol);
+        groups.push((None, scored));
+        let mut best: Option<(Mechanism, Option<&String>)> = None;
+        for (owner, scored) in groups {
+            let mut trial = ev.clone();
+            choose(
+                &mut trial,
+                owner.map_or(&op.point, |o| o),
+                &scored,
+                &|cf| match cf {
+                    Counterfactual::OutputScale { factor }
+                    | Counterfactual::WeightScaled { factor } => scale_hint(*factor, xe.shape()),
+                    _ => None,
+                },
+            );
+            if let Some(m) = trial.mechanism {
+                if best.as_ref().is_none_or(|(b, _)| m.residual < b.residual) {
+                    best = Some((m, owner));
+                }
+            }
+        }
+        if let Some((m, owner)) = best {
+            ev.mechanism = Some(m);
+            ev.implicates = owner.cloned();
+        }
         Ok(ev)
     }
 
@@ -1963,6 +2228,7 @@ mod tests {
             tolerance: &tol,
             max_neighbours: 4,
             op_kernel: &|_| Some("linear".into()),
+            kernels: None,
         };
         let op = crate::ops::localize_op(
             &nodes,

@@ -128,6 +128,13 @@ pub enum Counterfactual {
     BiasMissing,
     /// Linear / conv: the bias added twice.
     BiasDoubled,
+    /// Linear / conv: the weight times `factor`, the bias kept (a dequantization scale off, a
+    /// multiplier folded into the weight alone). Solved by least squares on two replays (with
+    /// and without the bias).
+    WeightScaled {
+        /// The factor.
+        factor: f64,
+    },
     /// Linear / conv: the weight left out (zeros: a key that was never loaded).
     WeightMissing,
     /// Linear / conv: the two halves of the output rows swapped (a fused projection, K|V or
@@ -252,6 +259,13 @@ pub enum Counterfactual {
         /// The shift.
         by: i64,
     },
+    /// A table added row by row (positional embeddings added to a sequence) read `by` rows off:
+    /// row `t` of the output gets row `t + by` of the table (a position counter starting at one,
+    /// an offset applied twice). The `|by|` rows the table does not hold are not judged.
+    RowOffset {
+        /// The offset.
+        by: i64,
+    },
     /// A weightless combination of observed points (a residual add): input point `input` left
     /// out (the residual stream or the branch missing).
     InputDropped {
@@ -296,6 +310,7 @@ impl Counterfactual {
             KernelFlipped => "with its kernel flipped in time".into(),
             BiasMissing => "without its bias".into(),
             BiasDoubled => "with its bias added twice".into(),
+            WeightScaled { factor } => format!("with its weight scaled by {factor:.6}"),
             WeightMissing => "with a zero weight (never loaded)".into(),
             HalvesSwapped => "with the two halves of its output rows swapped".into(),
             OtherKey { role, key } => format!("reading its {role} from {key}"),
@@ -362,6 +377,7 @@ impl Counterfactual {
             }
             OutputShifted { by } => format!("with its output shifted by {by:+} frame(s) in time"),
             RopeOffset { by } => format!("with the queries' rotary positions shifted by {by:+}"),
+            RowOffset { by } => format!("with row t of its table read from row t{by:+}"),
             InputDropped { input } => format!("without its input {input}"),
             InputScaled { input, factor } => {
                 format!("with its input {input} multiplied by {factor:.6}")
@@ -409,6 +425,10 @@ pub enum ModuleKind {
     /// A weightless elementwise step between two observed points (an activation), replayed in
     /// Rust: the reference's function is identified on its own tensors.
     Elementwise,
+    /// Ops the reference computes inline, with no HF module around them (Whisper's encoder adds
+    /// its positional table after the convolutions' GELU), replayed through X-Ray's own kernels
+    /// for the family's declared ops once those reproduce the reference's own tensors.
+    Inline,
     /// Anything else (replayed with its own parameters only).
     Other,
 }

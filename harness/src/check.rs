@@ -1121,7 +1121,7 @@ impl Drill<'_> {
                     oracle,
                     self.model.contract(),
                     &self.opts.model,
-                    Some(self.model.graph()),
+                    Some(self.model),
                 ));
             }
             Err(e) => ev

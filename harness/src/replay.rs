@@ -17,7 +17,10 @@ use std::sync::Arc;
 use ndarray::ArrayD;
 use xray_compare::mechanism::EngineOp;
 #[cfg(feature = "oracle")]
-use xray_compare::mechanism::{apply, ReplayBatch, ReplayContext, ReplayInput, Replayer};
+use xray_compare::mechanism::{
+    apply, KernelReplayer, KernelRequest, KernelRun, ReplayBatch, ReplayContext, ReplayInput,
+    Replayer,
+};
 #[cfg(feature = "oracle")]
 use xray_compare::ops::OpDivergence;
 #[cfg(feature = "oracle")]
@@ -34,6 +37,10 @@ use xray_core::replay::Counterfactual;
 #[cfg(feature = "oracle")]
 use xray_oracle::{Oracle, ReplayRequest};
 use xray_runtime::graph::Graph;
+#[cfg(feature = "oracle")]
+use xray_runtime::models::SpeechModel;
+#[cfg(feature = "oracle")]
+use xray_runtime::weights::Weights;
 
 /// What an `xray` built without the oracle says in place of replaying `module`.
 pub fn not_built(module: &str) -> String {
@@ -84,6 +91,199 @@ impl Replayer for OracleReplayer<'_> {
         let mut outs: Vec<Result<(ArrayD<f32>, _), String>> = vec![Ok((r.output, layout))];
         outs.extend(r.also.into_iter().map(|o| o.map(|a| (a, layout))));
         Ok((r.info, outs))
+    }
+}
+
+/// The family's runtime graph and the reference model's weights as a [`KernelReplayer`]: the
+/// ops of a region the reference computes inline, run through X-Ray's kernels
+/// ([`Graph::module_spec`], [`Graph::run_module`]). A table-adding op's counterfactuals are
+/// applied to a copy of its table.
+#[cfg(feature = "oracle")]
+pub struct GraphKernels<'a> {
+    /// The family's graph.
+    pub graph: &'a Graph,
+    /// The reference model's weights (the ones its dump was computed with).
+    pub weights: &'a Weights,
+}
+
+#[cfg(feature = "oracle")]
+impl GraphKernels<'_> {
+    /// The learned table op `op` reads ([`table_of`]) and its weight key.
+    fn table(&self, op: &str) -> Option<(Table, String)> {
+        let spec = self.graph.op_spec(op).ok()?;
+        let t = table_of(&spec.kind)?;
+        let key = spec.weights.into_iter().find(|w| w.role == t.role)?.key;
+        Some((t, key))
+    }
+}
+
+/// A learned table a kernel reads, as the counterfactuals on it see it.
+#[cfg(feature = "oracle")]
+#[derive(Debug, Clone, Copy)]
+struct Table {
+    /// Its weight role.
+    role: &'static str,
+    /// Its rows are positions (its first axis): a row offset applies.
+    positions: bool,
+    /// It is added to the kernel's input: never added and scaled apply; with `positions`, its
+    /// rows are the output's rows.
+    added: bool,
+}
+
+/// The learned table of a kernel kind, if it reads one: positional tables added to a sequence
+/// (Whisper's encoder positions, Granite's Q-Former window positions and queries) and a
+/// relative-position table (the conformer's Shaw attention).
+#[cfg(feature = "oracle")]
+fn table_of(kind: &str) -> Option<Table> {
+    let (role, positions, added) = match kind {
+        "add_table" => ("table", true, true),
+        "add_window_positions" => ("window_positions", false, true),
+        "query_init" => ("query", false, true),
+        "shaw_block_attention" => ("rel_pos_emb", true, false),
+        _ => return None,
+    };
+    Some(Table {
+        role,
+        positions,
+        added,
+    })
+}
+
+#[cfg(feature = "oracle")]
+impl KernelReplayer for GraphKernels<'_> {
+    fn run(&self, req: &KernelRequest<'_>) -> Result<KernelRun, String> {
+        let (g, ops, inputs, output) = (self.graph, req.ops, req.inputs, req.output);
+        let mut keys: Vec<String> = Vec::new();
+        for o in ops {
+            let spec = g.op_spec(o).map_err(|e| e.to_string())?;
+            keys.extend(spec.weights.into_iter().map(|w| w.key));
+        }
+        // The region's weights all sit under one module (their longest common prefix).
+        let module = keys
+            .iter()
+            .map(|k| k.rsplit_once('.').map_or("", |x| x.0))
+            .reduce(|a, b| {
+                let n = a
+                    .split('.')
+                    .zip(b.split('.'))
+                    .take_while(|(x, y)| x == y)
+                    .map(|(x, _)| x.len() + 1)
+                    .sum::<usize>();
+                &a[..n.saturating_sub(1).min(a.len())]
+            })
+            .filter(|m| !m.is_empty())
+            .unwrap_or("inline");
+        let points: Vec<String> = inputs.iter().map(|(p, _, _)| p.to_string()).collect();
+        let spec = g
+            .module_spec(module, &points, output)
+            .map_err(|e| e.to_string())?;
+        let picked: Vec<&str> = spec.params["ops"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str())
+            .collect();
+        if picked.len() != ops.len() || ops.iter().any(|o| !picked.contains(&o.as_str())) {
+            return Err(format!(
+                "the graph's ops from {} to {output} are {}, not the region's {}",
+                points.join(", "),
+                picked.join(", "),
+                ops.join(", ")
+            ));
+        }
+        let tensors: Vec<ArrayD<f32>> = inputs
+            .iter()
+            .zip(&spec.inputs)
+            .map(|((p, t, l), port)| {
+                xray_compare::align::to_canonical(t, *l, port.layout, None)
+                    .map_err(|e| format!("{p}: {e}"))
+            })
+            .collect::<Result<_, String>>()?;
+        let mut unjudged = None;
+        let patched;
+        let weights = match req.cf {
+            None => self.weights,
+            Some((op, cf)) => {
+                let (kind, key) = self
+                    .table(op)
+                    .ok_or_else(|| format!("{op} reads no table"))?;
+                let table = self
+                    .weights
+                    .get(&key)
+                    .ok_or_else(|| format!("the weights hold no {key}"))?;
+                let rows = table.shape().first().copied().unwrap_or(0);
+                let mut t = table.clone();
+                match *cf {
+                    Counterfactual::WeightMissing => t.fill(0.0),
+                    Counterfactual::WeightScaled { factor } => {
+                        t.mapv_inplace(|v| v * factor as f32)
+                    }
+                    Counterfactual::RowOffset { by } => {
+                        let k = by.unsigned_abs() as usize;
+                        if k == 0 || k >= rows {
+                            return Err(format!("a table of {rows} rows read {by:+} rows off"));
+                        }
+                        use ndarray::{Axis, Slice};
+                        let (dst, src, undefined) = if by > 0 {
+                            (0..rows - k, k..rows, rows - k..rows)
+                        } else {
+                            (k..rows, 0..rows - k, 0..k)
+                        };
+                        t.slice_axis_mut(Axis(0), Slice::from(dst))
+                            .assign(&table.slice_axis(Axis(0), Slice::from(src)));
+                        // Rows past the table's end: not judged where they are the output's.
+                        let op_out = g
+                            .op_spec(op)
+                            .ok()
+                            .and_then(|s| s.outputs.into_iter().next());
+                        if kind.added && op_out.is_some_and(|p| p.edge == spec.outputs[0].edge) {
+                            unjudged = Some((0, undefined.start, undefined.end));
+                        }
+                    }
+                    _ => return Err(format!("{op}: {} is not applied here", cf.phrase())),
+                }
+                let mut m = std::collections::HashMap::new();
+                for k in &keys {
+                    if let Some(w) = self.weights.get(k) {
+                        m.insert(k.clone(), w.clone());
+                    }
+                }
+                m.insert(key, t);
+                patched = Weights::from_map(&self.weights.path().to_string_lossy(), m);
+                &patched
+            }
+        };
+        let out = g
+            .run_module(&spec, &tensors, weights, req.step, None)
+            .map_err(|e| e.to_string())?;
+        Ok(KernelRun {
+            array: out,
+            layout: spec.outputs[0].layout,
+            unjudged,
+        })
+    }
+
+    fn counterfactuals(&self, op: &str) -> Vec<Counterfactual> {
+        let kind = self
+            .graph
+            .ops()
+            .iter()
+            .find(|o| o.name == op)
+            .map(|o| o.kernel.kind());
+        // Positions read rows off; a table added never added (its scale is solved from that
+        // run: `ReplayContext::inline`).
+        let Some(t) = kind.and_then(table_of) else {
+            return Vec::new();
+        };
+        let mut v: Vec<Counterfactual> = [1i64, -1, 2, -2]
+            .into_iter()
+            .filter(|_| t.positions)
+            .map(|by| Counterfactual::RowOffset { by })
+            .collect();
+        if t.added {
+            v.push(Counterfactual::WeightMissing);
+        }
+        v
     }
 }
 
@@ -170,8 +370,9 @@ pub fn replay_origin(
     oracle: &Oracle,
     contract: &Contract,
     model_dir: &Path,
-    graph: Option<&Graph>,
+    model: Option<&dyn SpeechModel>,
 ) -> Vec<String> {
+    let graph = model.map(|m| m.graph());
     let ops = graph.map(engine_ops).unwrap_or_default();
     let kernels: HashMap<String, String> = graph
         .map(|g| {
@@ -195,6 +396,10 @@ pub fn replay_origin(
         contract: Arc::new(contract.resolved_json().to_string()),
         model_dir: model_dir.to_path_buf(),
     };
+    let kernels = model.map(|m| GraphKernels {
+        graph: m.graph(),
+        weights: m.weights(),
+    });
     let cx = ReplayContext {
         nodes,
         reference,
@@ -204,6 +409,7 @@ pub fn replay_origin(
         tolerance: &tolerance,
         max_neighbours: 12,
         op_kernel: &op_kernel,
+        kernels: kernels.as_ref().map(|k| k as &dyn KernelReplayer),
     };
     let ev = match op.side {
         Side::Out => cx.origin(op),
@@ -247,7 +453,7 @@ fn kernel_kind(k: xray_core::replay::ModuleKind) -> Option<&'static str> {
         BatchNorm => "batch_norm",
         Embedding => "embedding",
         ResidualAdd => "add",
-        Attention | Elementwise => return None,
+        Attention | Elementwise | Inline => return None,
         Other => return None,
     })
 }

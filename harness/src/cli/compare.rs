@@ -295,15 +295,7 @@ fn replay(
         };
         match xray_oracle::Oracle::discover() {
             Ok(oracle) => xray_harness::replay::replay_origin(
-                op,
-                nodes,
-                reference,
-                got,
-                policy,
-                &oracle,
-                contract,
-                dir,
-                model.map(|m| m.graph()),
+                op, nodes, reference, got, policy, &oracle, contract, dir, model,
             ),
             Err(e) => vec![format!("replay: not run, the oracle is unavailable: {e}")],
         }

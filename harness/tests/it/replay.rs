@@ -249,6 +249,27 @@ fn weights_read_wrong_are_named_by_replay() {
             "features_permuted",
         ),
         (
+            // A dequantization scale off: the weight halved, its bias untouched.
+            "fc2-weight-halved",
+            "k = 'model.encoder.layers.0.fc2.weight'; w[k] = w[k] * np.float32(0.5)",
+            "encoder.layer.0.fc2",
+            "weight_scaled",
+        ),
+        (
+            // Positions off by one where the reference adds its table inline (no HF module to
+            // re-run): replayed through X-Ray's kernels for the declared ops.
+            "enc-positions-off-by-one",
+            "k = 'model.encoder.embed_positions.weight'; w[k] = np.roll(w[k], -1, axis=0).copy()",
+            "encoder.embed_positions",
+            "row_offset",
+        ),
+        (
+            "enc-positions-never-added",
+            "k = 'model.encoder.embed_positions.weight'; w[k] = np.zeros_like(w[k])",
+            "encoder.embed_positions",
+            "weight_missing",
+        ),
+        (
             "embed-scaled",
             "k = 'model.decoder.embed_tokens.weight'; w[k] = w[k] * np.float32(8.0)",
             "decoder.embed_tokens",
@@ -267,6 +288,15 @@ fn weights_read_wrong_are_named_by_replay() {
                 "model.encoder.layers.1.fc2.weight"
             ),
             "fc1-f16" => assert_eq!(m["counterfactual"]["format"], "f16"),
+            "fc2-weight-halved" => {
+                assert!((m["counterfactual"]["factor"].as_f64().unwrap() - 0.5).abs() < 1e-4);
+            }
+            "enc-positions-off-by-one" => {
+                assert_eq!(m["counterfactual"]["by"], 1, "{m:#}");
+                let (_, r) = replay(&ev);
+                assert_eq!(r["kind"], "inline", "{r:#}");
+                assert!(r["replay_floor"].as_f64().unwrap() < 1e-5, "{r:#}");
+            }
             "q-rows-interleaved" => {
                 let slots = m["counterfactual"]["slots"].as_array().unwrap();
                 assert_eq!(slots.len(), 64);
@@ -285,8 +315,8 @@ fn weights_read_wrong_are_named_by_replay() {
     eprintln!("{}", table.join("\n"));
 }
 
-/// Granite NAR: weights of its conformer encoder read wrong (non-square input projection in the
-/// other layout, a LayerNorm's affine swapped).
+/// Granite NAR: weights read wrong (the conformer's non-square input projection in the other
+/// layout, a bias doubled, and tables its reference reads inline).
 #[test]
 fn granite_weights_read_wrong_are_named_by_replay() {
     let Some((dir, reference)) = referenced(GRANITE) else {
@@ -305,10 +335,38 @@ fn granite_weights_read_wrong_are_named_by_replay() {
             "enc.block.0.ff1.up_proj",
             "bias_doubled",
         ),
+        // Tables the reference reads inline (no HF module to re-run), replayed through X-Ray's
+        // kernels: the Q-Former's window positions never added, its queries scaled, the
+        // conformer's relative positions read one row off.
+        (
+            "window-positions-zero",
+            "k = 'projector.window_positions'; w[k] = np.zeros_like(w[k])",
+            "proj.kv_positions",
+            "weight_missing",
+        ),
+        (
+            "queries-doubled",
+            "k = 'projector.query'; w[k] = w[k] * np.float32(2)",
+            "proj.query_init",
+            "weight_scaled",
+        ),
+        (
+            "rel-pos-one-row-off",
+            "k = 'encoder.layers.1.attn.rel_pos_emb.weight'; w[k] = np.roll(w[k], 1, axis=0).copy()",
+            "enc.block.1.attn.shaw",
+            "row_offset",
+        ),
     ] {
         let bad = edited(dir.path(), GRANITE, name, edit);
         let ev = run_and_compare(dir.path(), &reference, &bad, GRANITE);
-        convicted(&ev, op, kind);
+        let m = convicted(&ev, op, kind);
+        match name {
+            "queries-doubled" => {
+                assert!((m["counterfactual"]["factor"].as_f64().unwrap() - 2.0).abs() < 1e-4)
+            }
+            "rel-pos-one-row-off" => assert_eq!(m["counterfactual"]["by"], -1, "{m:#}"),
+            _ => {}
+        }
         assert_schema_valid(&ev);
     }
 }

@@ -24,7 +24,7 @@
 //! |---|---|
 //! | linear | weight transposed (square) or its buffer read in the other layout (non-square); bias missing / doubled; weight scaled with the bias kept (solved); weight missing; halves of the output rows swapped (a fused K\|V, gate\|up split); another key of the same shape (other layers' same-role modules first, then siblings); weight on an f16 / bf16 grid or a symmetric int-k grid (k = 2..8, per row / per tensor); input rounded to f16 / bf16; output scale (solved) |
 //! | conv1d | kernel flipped; weight buffer read channels-last; padding (every split that gives the engine's length); stride; bias missing / doubled; weight grids and rounding; another key; input rounded to f16 / bf16; output scale |
-//! | layer_norm, rms_norm, batch_norm | epsilon (tried 1e-12..1, then solved); unbiased variance (LayerNorm); weight and bias swapped; affine missing, weight missing, bias missing; `1 + weight` (RMSNorm); batch statistics (BatchNorm); another key; input rounded; output scale |
+//! | layer_norm, rms_norm, batch_norm | epsilon (tried 1e-12..1, then solved); unbiased variance, mean not subtracted (LayerNorm); weight and bias swapped; affine missing, weight missing, bias missing; `1 + weight` (RMSNorm); batch statistics (BatchNorm); another key; input rounded; output scale |
 //! | embedding | scale (solved); ids shifted by +-1; another table of the same shape; table rounded to f16 / bf16 |
 //! | attention core (weightless) | softmax scale (solved); causal mask added / dropped; keys and values swapped; another layer's or step's K/V; rotary position offset |
 //! | residual add (weightless; the reference's coefficients fitted on its own tensors) | an input dropped; an input's multiplier (solved) |
@@ -574,6 +574,7 @@ pub fn hypotheses(
         ModuleKind::LayerNorm | ModuleKind::RmsNorm | ModuleKind::BatchNorm => {
             if info.kind == ModuleKind::LayerNorm {
                 v.push(C::UnbiasedVariance);
+                v.push(C::NotCentered);
             }
             if info.kind == ModuleKind::BatchNorm {
                 v.push(C::BatchStatistics);

@@ -168,6 +168,9 @@ pub enum Counterfactual {
     },
     /// LayerNorm: the variance divided by `n - 1` (unbiased) instead of `n`.
     UnbiasedVariance,
+    /// LayerNorm: the mean not subtracted (RMS statistics, `x / sqrt(mean(x^2) + eps)`, then
+    /// the affine): an RMSNorm kernel where the model has a LayerNorm.
+    NotCentered,
     /// Norm: weight and bias swapped.
     AffineSwapped,
     /// Norm: no affine transform (weight 1, bias 0).
@@ -324,6 +327,7 @@ impl Counterfactual {
             ),
             Eps { value } => format!("with eps {value:e}"),
             UnbiasedVariance => "with the unbiased (n-1) variance".into(),
+            NotCentered => "without its mean subtracted (RMS statistics)".into(),
             AffineSwapped => "with weight and bias swapped".into(),
             AffineMissing => "without its affine weight and bias".into(),
             NormWeightMissing => "without its weight (ones)".into(),

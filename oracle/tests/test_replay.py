@@ -166,6 +166,7 @@ def test_norm_counterfactuals_do_what_they_say():
     for cf, want in [
         ({"kind": "eps", "value": 0.1}, ln(var, 0.1, w, b)),
         ({"kind": "unbiased_variance"}, ln(x.var(-1, keepdim=True, unbiased=True), 1e-5, w, b)),
+        ({"kind": "not_centered"}, (x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w + b).float().numpy()),
         ({"kind": "affine_swapped"}, ln(var, 1e-5, b, w)),
         ({"kind": "affine_missing"}, ln(var, 1e-5, 1.0, 0.0)),
         ({"kind": "norm_weight_missing"}, ln(var, 1e-5, 1.0, b)),

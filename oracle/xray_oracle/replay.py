@@ -505,6 +505,15 @@ def _call(model, path: str, module, kind: str, x, cf: dict):
             if b is not None:
                 y = y + b
             return y
+        if k == "not_centered":
+            _need(kind == "layer_norm", path, kind, cf, "applies to a LayerNorm")
+            dims = tuple(range(-len(module.normalized_shape), 0))
+            y = x / torch.sqrt(x.pow(2).mean(dim=dims, keepdim=True) + module.eps)
+            if w is not None:
+                y = y * w
+            if b is not None:
+                y = y + b
+            return y
         if k == "batch_statistics":
             _need(kind == "batch_norm", path, kind, cf, "applies to a BatchNorm")
             return F.batch_norm(x, None, None, w, b, True, 0.0, module.eps)

@@ -419,6 +419,23 @@ fn a_doubled_residual_branch_in_another_engines_dump_is_solved() {
     assert_schema_valid(&ev);
 }
 
+/// Another engine's dump with an RMSNorm kernel where the model has a LayerNorm: the HF reference
+/// whose encoder layer 1 MLP norm does not subtract the mean. The norm is convicted and named.
+#[test]
+fn a_layer_norm_computed_without_its_mean_is_named() {
+    let Some((dir, reference)) = referenced(RAND) else {
+        return;
+    };
+    let forward = "def fwd(self, x):\n\
+        \x20   if not getattr(self, '_bug', False):\n\
+        \x20       return orig(self, x)\n\
+        \x20   return x / (x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt() * self.weight + self.bias\n";
+    let (class, buggy) = ("nn.LayerNorm", "encoder.layers[1].final_layer_norm");
+    let ev = patched_and_compared(dir.path(), &reference, class, forward, buggy);
+    convicted(&ev, "encoder.layer.1.mlp_norm", "not_centered");
+    assert_schema_valid(&ev);
+}
+
 /// Another engine's dump with its cross-attention cache indexed by the wrong layer: the HF
 /// reference whose decoder layer 1 reads layer 0's cross-attention keys and values from step 1
 /// on (the steps that reuse the cache). The attention core is convicted and the layer named.

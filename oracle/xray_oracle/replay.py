@@ -494,21 +494,16 @@ def _call(model, path: str, module, kind: str, x, cf: dict):
         if k == "eps":
             with _setting(module, **{eps_attr: float(cf["value"])}):
                 return module(x)
-        if k == "unbiased_variance":
+        if k in ("unbiased_variance", "not_centered"):
+            # LayerNorm's statistics computed otherwise: over n - 1, or without the mean.
             _need(kind == "layer_norm", path, kind, cf, "applies to a LayerNorm")
             dims = tuple(range(-len(module.normalized_shape), 0))
-            mean = x.mean(dim=dims, keepdim=True)
-            var = x.var(dim=dims, keepdim=True, unbiased=True)
-            y = (x - mean) / torch.sqrt(var + module.eps)
-            if w is not None:
-                y = y * w
-            if b is not None:
-                y = y + b
-            return y
-        if k == "not_centered":
-            _need(kind == "layer_norm", path, kind, cf, "applies to a LayerNorm")
-            dims = tuple(range(-len(module.normalized_shape), 0))
-            y = x / torch.sqrt(x.pow(2).mean(dim=dims, keepdim=True) + module.eps)
+            if k == "unbiased_variance":
+                x = x - x.mean(dim=dims, keepdim=True)
+                var = x.var(dim=dims, keepdim=True, unbiased=True)
+            else:
+                var = x.pow(2).mean(dim=dims, keepdim=True)
+            y = x / torch.sqrt(var + module.eps)
             if w is not None:
                 y = y * w
             if b is not None:

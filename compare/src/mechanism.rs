@@ -22,6 +22,7 @@
 //!
 //! | kind | hypotheses |
 //! |---|---|
+//! | every module whose input has its output's shape | skipped (the input passed through) |
 //! | linear | weight transposed (square) or its buffer read in the other layout (non-square); bias missing / doubled; weight scaled with the bias kept (solved); weight missing; halves of the output rows swapped (a fused K\|V, gate\|up split); another key of the same shape (other layers' same-role modules first, then siblings); weight on an f16 / bf16 grid or a symmetric int-k grid (k = 2..8, per row / per tensor); input rounded to f16 / bf16; output scale (solved) |
 //! | conv1d | kernel flipped; weight buffer read channels-last; padding (every split that gives the engine's length); stride; bias missing / doubled; weight grids and rounding; another key; input rounded to f16 / bf16; output scale |
 //! | layer_norm, rms_norm, batch_norm | epsilon (tried 1e-12..1, then solved); unbiased variance, mean not subtracted (LayerNorm); weight and bias swapped; affine missing, weight missing, bias missing; `1 + weight` (RMSNorm); batch statistics (BatchNorm); another key; input rounded; output scale |
@@ -1181,6 +1182,18 @@ impl<'a> ReplayContext<'a> {
         );
         // Scalars: an output scale by least squares on the clean replay; the output rounded.
         output_hypotheses(ev, &mut scored, &clean.0, clean.1, engine, tol);
+        // The module skipped: its input passed through (a final norm forgotten).
+        if let Some(x) = in_layout(&s.input, s.input_layout, clean.1)
+            .filter(|x| x.shape() == engine.shape() && !s.ids_from_rows)
+        {
+            judge(
+                ev,
+                &mut scored,
+                vec![(Counterfactual::Skipped, x)],
+                engine,
+                tol,
+            );
+        }
         // The weight scaled with the bias kept: `engine - b ~ f·(W x)`, where `W x` is the
         // replay without the bias and `b` its difference from the clean one.
         if matches!(info.kind, ModuleKind::Linear | ModuleKind::Conv1d)

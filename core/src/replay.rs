@@ -115,6 +115,9 @@ pub enum Counterfactual {
         /// The format.
         format: RoundFormat,
     },
+    /// Any module whose input has its output's shape: skipped, its input passed through
+    /// unchanged (a final norm or projection forgotten).
+    Skipped,
     /// Linear: the square weight read transposed (`W^T`).
     TransposeWeight,
     /// Linear (non-square) / conv: the stored weight bytes read in another layout. Linear:
@@ -308,6 +311,7 @@ impl Counterfactual {
             }
             OutputScale { factor } => format!("with its output scaled by {factor:.6}"),
             OutputRounded { format } => format!("with its output rounded to {}", format.as_str()),
+            Skipped => "skipped (its input passed through unchanged)".into(),
             TransposeWeight => "with its weight transposed".into(),
             WeightReinterpreted => "with its weight buffer read in the other layout".into(),
             KernelFlipped => "with its kernel flipped in time".into(),

@@ -436,6 +436,26 @@ fn a_layer_norm_computed_without_its_mean_is_named() {
     assert_schema_valid(&ev);
 }
 
+/// Another engine's dump whose decoder forgets its final LayerNorm (the point holds the norm's
+/// input): the norm is convicted as skipped.
+#[test]
+fn a_forgotten_final_norm_is_named_skipped() {
+    let Some((dir, reference)) = referenced(RAND) else {
+        return;
+    };
+    let forward = "def fwd(self, x):\n\
+        \x20   return x if getattr(self, '_bug', False) else orig(self, x)\n";
+    let ev = patched_and_compared(
+        dir.path(),
+        &reference,
+        "nn.LayerNorm",
+        forward,
+        "decoder.layer_norm",
+    );
+    convicted(&ev, "decoder.final_norm", "skipped");
+    assert_schema_valid(&ev);
+}
+
 /// Another engine's dump with its cross-attention cache indexed by the wrong layer: the HF
 /// reference whose decoder layer 1 reads layer 0's cross-attention keys and values from step 1
 /// on (the steps that reuse the cache). The attention core is convicted and the layer named.

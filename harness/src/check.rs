@@ -1018,6 +1018,7 @@ impl Drill<'_> {
         Ok(Some(DrillRegion {
             checkpoint: fd.checkpoint.clone(),
             step: fd.step,
+            after: after.iter().map(|a| a.to_string()).collect(),
             ops,
             names,
         }))
@@ -1078,6 +1079,28 @@ impl Drill<'_> {
             // The drill-down's own points: their alignment is reported like a full `--ops` run's.
             ev.op_points = Some(compare_points(r, x, &self.opts.policy));
         }
+        // The region's points that agree at the step (none when some failing id is not listed).
+        let agreeing: Vec<&str> = match &ev.op_points {
+            Some(p) if p.failed_count == p.failed.len() => {
+                let bad = |n: &str| {
+                    let id = xray_core::key(n, region.step).to_string();
+                    p.failed.contains(&id)
+                        || p.alignment_faults
+                            .iter()
+                            .any(|f| f.point == n && f.step == region.step)
+                };
+                let held = |n: &str| {
+                    r.entry(n, region.step).is_some() && x.entry(n, region.step).is_some()
+                };
+                region
+                    .names
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|n| held(n) && !bad(n))
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
         let Some(fd) = ev.first_divergence.as_mut() else {
             return Ok(());
         };
@@ -1089,7 +1112,23 @@ impl Drill<'_> {
         }
         match &fd.op {
             Some(op) => ev.notes.push(format!("drill-down: {}", op.summary())),
-            None => ev.notes.push(format!("drill-down: the op-level points between the last good checkpoints and {} agree; the divergence is in ops the reference exposes no tensor of: {}", xray_core::key(&region.checkpoint, region.step), region.ops.join(", "))),
+            None => {
+                // The ops no agreeing point clears (none upstream of it) are the suspects.
+                let good: Vec<&str> = region
+                    .after
+                    .iter()
+                    .map(String::as_str)
+                    .chain(agreeing)
+                    .collect();
+                let left = self.model.graph().ops_between(&good, &region.checkpoint)?;
+                let left = if left.is_empty() {
+                    region.ops.clone()
+                } else {
+                    left
+                };
+                ev.notes.push(format!("drill-down: the op-level points between the last good checkpoints and {} agree; the divergence is in ops the reference exposes no tensor of: {}", xray_core::key(&region.checkpoint, region.step), left.join(", ")));
+                fd.suspects = left;
+            }
         }
         Ok(())
     }
@@ -1141,6 +1180,8 @@ impl Drill<'_> {
 struct DrillRegion {
     checkpoint: String,
     step: Step,
+    /// The passing checkpoints bounding it.
+    after: Vec<String>,
     ops: Vec<String>,
     names: Vec<String>,
 }

@@ -608,13 +608,19 @@ impl Graph {
             .map(|(o, _)| self.ops[o].name.as_str())
     }
 
-    /// The ops that may hold a bug first seen at checkpoint `to`, given that the checkpoints
-    /// `after` are known good: every op `to` depends on that none of `after` depends on (nor
-    /// produces), in graph order. Follows the graph's edges, so weightless ops and ops without a
-    /// checkpoint are included. A name that labels no edge is an error naming it.
+    /// The ops that may hold a bug first seen at checkpoint `to`, given that the checkpoints (or
+    /// op-level points) `after` are known good: every op `to` depends on that none of `after`
+    /// upstream of `to` depends on (nor produces), in graph order. Follows the graph's edges, so weightless ops
+    /// and ops without a checkpoint are included. A name that labels no edge is an error naming
+    /// it.
     pub fn ops_between(&self, after: &[&str], to: &str) -> Result<Vec<String>> {
         let edge = |c: &str| {
-            self.checkpoint_edge(c).ok_or_else(|| {
+            let point = || {
+                self.edges
+                    .iter()
+                    .position(|e| e.points.iter().any(|p| p == c))
+            };
+            self.checkpoint_edge(c).or_else(point).ok_or_else(|| {
                 RuntimeError::Graph(format!("'{c}' labels no edge of the {} graph", self.family))
             })
         };
@@ -631,13 +637,23 @@ impl Graph {
             }
             seen
         };
+        let bad = ancestors(edge(to)?);
+        // Only a good name upstream of `to` clears ops: one downstream of its producer (an
+        // attention's context, when `to` is its probabilities) may agree while `to` does not.
+        let upstream = |e: EdgeId| self.edges[e].producer.is_none_or(|(o, _)| bad[o]);
         let mut good = vec![false; self.ops.len()];
         for a in after {
-            for (o, g) in ancestors(edge(a)?).into_iter().enumerate() {
+            let e = edge(a)?;
+            // `to` itself at an earlier step (state carried across steps, a feed here) and any
+            // name not upstream of it bound nothing.
+            if *a == to || !upstream(e) {
+                continue;
+            }
+            for (o, g) in ancestors(e).into_iter().enumerate() {
                 good[o] |= g;
             }
         }
-        Ok(ancestors(edge(to)?)
+        Ok(bad
             .into_iter()
             .enumerate()
             .filter(|(o, bad)| *bad && !good[*o])

@@ -296,3 +296,52 @@ fn reached_from_follows_the_edges_downstream_of_the_declared_ops() {
         assert_eq!(by(n), None, "{n}");
     }
 }
+
+/// `ops_between` on the real graph: the self-attention probabilities at a decode step, bounded by
+/// their checkpoint inputs (the origin's own name among them: the contract's `@previous` cache
+/// stand-in), then by agreeing op-level points, one of them downstream of the attention (its
+/// context agrees while its probabilities do not: K and V appended in the same wrong order). Only
+/// names upstream of the origin clear ops, and the origin's own name clears nothing.
+#[test]
+fn ops_between_clears_only_with_names_upstream_of_the_origin() {
+    let Some(dir) = whisper_support::fixture("fixtures/build/whisper-rand-a") else {
+        return;
+    };
+    let m = xray_runtime::models::whisper::WhisperModel::load(&dir).expect("load");
+    let g = xray_runtime::models::SpeechModel::graph(&m);
+    let to = "audio.decoder.layer.0.self_attention.probs";
+    let ids = ["audio.decoder.input_ids", "audio.decoder.position_ids"];
+    let base = g.ops_between(&ids, to).unwrap();
+    let with_self = g.ops_between(&[ids[0], ids[1], to], to).unwrap();
+    assert_eq!(with_self, base);
+    for op in [
+        "decoder.embed_tokens",
+        "decoder.layer.0.self_k_proj",
+        "decoder.layer.0.self_k_append",
+        "decoder.layer.0.self_v_append",
+        "decoder.layer.0.self_attn",
+    ] {
+        assert!(base.iter().any(|o| o == op), "{op} not in {base:?}");
+    }
+    let p = |m: &str| format!("model.decoder.layers.0.self_attn.{m}");
+    let points = [
+        p("q_proj:out"),
+        p("k_proj:out"),
+        p("v_proj:out"),
+        p("out_proj:in"),
+    ];
+    let mut good: Vec<&str> = ids.to_vec();
+    good.extend(points.iter().map(String::as_str));
+    let left = g.ops_between(&good, to).unwrap();
+    assert_eq!(
+        left,
+        [
+            "decoder.layer.0.self_q_to_head_major",
+            "decoder.layer.0.self_k_to_head_major",
+            "decoder.layer.0.self_v_to_head_major",
+            "decoder.layer.0.self_k_append",
+            "decoder.layer.0.self_v_append",
+            "decoder.layer.0.self_attn",
+        ]
+    );
+}

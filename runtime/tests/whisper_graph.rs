@@ -130,12 +130,17 @@ fn missing_and_mismatched_and_unused_weights_name_the_key_and_file() {
     assert!(msg.contains("stray.weight"), "{msg}");
 }
 
+/// The random-init Whisper fixture's model, when it is built.
+fn rand_a() -> Option<xray_runtime::models::whisper::WhisperModel> {
+    let dir = whisper_support::fixture("fixtures/build/whisper-rand-a")?;
+    Some(xray_runtime::models::whisper::WhisperModel::load(&dir).expect("load"))
+}
+
 #[test]
 fn whisper_graph_exports_edges_layouts_and_contract_labels() {
-    let Some(dir) = whisper_support::fixture("fixtures/build/whisper-rand-a") else {
+    let Some(m) = rand_a() else {
         return;
     };
-    let m = xray_runtime::models::whisper::WhisperModel::load(&dir).expect("load");
     let g = xray_runtime::models::SpeechModel::graph(&m);
     let j = g.to_json();
     let cps = j["checkpoints"].as_object().expect("checkpoints");
@@ -304,10 +309,9 @@ fn reached_from_follows_the_edges_downstream_of_the_declared_ops() {
 /// names upstream of the origin clear ops, and the origin's own name clears nothing.
 #[test]
 fn ops_between_clears_only_with_names_upstream_of_the_origin() {
-    let Some(dir) = whisper_support::fixture("fixtures/build/whisper-rand-a") else {
+    let Some(m) = rand_a() else {
         return;
     };
-    let m = xray_runtime::models::whisper::WhisperModel::load(&dir).expect("load");
     let g = xray_runtime::models::SpeechModel::graph(&m);
     let to = "audio.decoder.layer.0.self_attention.probs";
     let ids = ["audio.decoder.input_ids", "audio.decoder.position_ids"];

@@ -394,66 +394,64 @@ fn tiny_en_missing_bias_is_named_by_replay() {
     );
 }
 
-/// Another engine's dump with a weightless bug: the HF reference whose encoder layer 1 adds its
-/// MLP branch twice (a residual multiplier applied twice), dumped by the Python oracle. The
-/// residual add is convicted and its multiplier solved.
+/// Another engine's dump with a bug, the HF reference patched and dumped by the Python oracle:
+/// encoder layer 1 adding its MLP branch twice (a residual multiplier applied twice: the
+/// residual add convicted, its multiplier solved); its MLP norm an RMSNorm kernel (the mean not
+/// subtracted); the decoder's final norm forgotten (its point holds the norm's input).
 #[test]
-fn a_doubled_residual_branch_in_another_engines_dump_is_solved() {
+fn bugs_in_another_engines_dump_are_named() {
     let Some((dir, reference)) = referenced(RAND) else {
         return;
     };
-    let forward = "def fwd(self, hidden_states, attention_mask=None, **kw):\n\
+    let residual = "def fwd(self, hidden_states, attention_mask=None, **kw):\n\
         \x20   if not getattr(self, '_bug', False):\n\
         \x20       return orig(self, hidden_states, attention_mask, **kw)\n\
         \x20   h, _ = self.self_attn(hidden_states=self.self_attn_layer_norm(hidden_states), attention_mask=attention_mask, **kw)\n\
         \x20   h = hidden_states + h\n\
         \x20   return h + 2.0 * self.fc2(self.activation_fn(self.fc1(self.final_layer_norm(h))))\n";
-    let (class, buggy) = ("WhisperEncoderLayer", "encoder.layers[1]");
-    let ev = patched_and_compared(dir.path(), &reference, class, forward, buggy);
-    let m = convicted(&ev, "encoder.layer.1.residual_mlp", "input_scaled");
-    assert_eq!(
-        m["counterfactual"]["input"], "model.encoder.layers.1.fc2:out",
-        "{m:#}"
-    );
-    assert!((m["counterfactual"]["factor"].as_f64().unwrap() - 2.0).abs() < 1e-4);
-    assert_schema_valid(&ev);
-}
-
-/// Another engine's dump with an RMSNorm kernel where the model has a LayerNorm: the HF reference
-/// whose encoder layer 1 MLP norm does not subtract the mean. The norm is convicted and named.
-#[test]
-fn a_layer_norm_computed_without_its_mean_is_named() {
-    let Some((dir, reference)) = referenced(RAND) else {
-        return;
+    let norm = |bug: &str| {
+        format!(
+            "def fwd(self, x):\n\
+             \x20   return ({bug}) if getattr(self, '_bug', False) else orig(self, x)\n"
+        )
     };
-    let forward = "def fwd(self, x):\n\
-        \x20   if not getattr(self, '_bug', False):\n\
-        \x20       return orig(self, x)\n\
-        \x20   return x / (x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt() * self.weight + self.bias\n";
-    let (class, buggy) = ("nn.LayerNorm", "encoder.layers[1].final_layer_norm");
-    let ev = patched_and_compared(dir.path(), &reference, class, forward, buggy);
-    convicted(&ev, "encoder.layer.1.mlp_norm", "not_centered");
-    assert_schema_valid(&ev);
-}
-
-/// Another engine's dump whose decoder forgets its final LayerNorm (the point holds the norm's
-/// input): the norm is convicted as skipped.
-#[test]
-fn a_forgotten_final_norm_is_named_skipped() {
-    let Some((dir, reference)) = referenced(RAND) else {
-        return;
-    };
-    let forward = "def fwd(self, x):\n\
-        \x20   return x if getattr(self, '_bug', False) else orig(self, x)\n";
-    let ev = patched_and_compared(
-        dir.path(),
-        &reference,
-        "nn.LayerNorm",
-        forward,
-        "decoder.layer_norm",
-    );
-    convicted(&ev, "decoder.final_norm", "skipped");
-    assert_schema_valid(&ev);
+    let rms = "x / (x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt() * self.weight + self.bias";
+    for (class, forward, buggy, op, kind) in [
+        (
+            "WhisperEncoderLayer",
+            residual.to_string(),
+            "encoder.layers[1]",
+            "encoder.layer.1.residual_mlp",
+            "input_scaled",
+        ),
+        (
+            "nn.LayerNorm",
+            norm(rms),
+            "encoder.layers[1].final_layer_norm",
+            "encoder.layer.1.mlp_norm",
+            "not_centered",
+        ),
+        (
+            "nn.LayerNorm",
+            norm("x"),
+            "decoder.layer_norm",
+            "decoder.final_norm",
+            "skipped",
+        ),
+    ] {
+        let case = dir.path().join(kind);
+        std::fs::create_dir(&case).unwrap();
+        let ev = patched_and_compared(&case, &reference, class, &forward, buggy);
+        let m = convicted(&ev, op, kind);
+        if kind == "input_scaled" {
+            assert_eq!(
+                m["counterfactual"]["input"], "model.encoder.layers.1.fc2:out",
+                "{m:#}"
+            );
+            assert!((m["counterfactual"]["factor"].as_f64().unwrap() - 2.0).abs() < 1e-4);
+        }
+        assert_schema_valid(&ev);
+    }
 }
 
 /// Another engine's dump with its cross-attention cache indexed by the wrong layer: the HF

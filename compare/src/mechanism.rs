@@ -997,9 +997,18 @@ impl<'a> ReplayContext<'a> {
         let step = op.step;
         let module = op.module.as_str();
         let eop = (self.engine_op)(module);
-        let s = self.site(module, step, &eop).ok_or_else(|| {
-            format!("the engine dump holds no {module}:in and :out at step {step} to replay")
-        })?;
+        let Some(s) = self.site(module, step, &eop) else {
+            // No input point to re-run the module on (its wrapper pads first): the region's ops
+            // from their observed inputs, through X-Ray's kernels.
+            let why =
+                format!("the engine dump holds no {module}:in and :out at step {step} to replay");
+            let node = self
+                .nodes
+                .iter()
+                .find(|n| n.names.iter().any(|p| p == &op.point))
+                .ok_or(why.clone())?;
+            return self.inline_or(op, node, why);
+        };
         let tol = (self.tolerance)(&s.out_name);
         let input = self.input(&s);
         let (info, outs) = self

@@ -16,6 +16,13 @@ use common::{
 };
 use serde_json::Value;
 
+/// The strings of a JSON array.
+fn strs_of(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
 /// The op-level origin's replay evidence, with the op it names.
 fn replay(ev: &Value) -> (&Value, &Value) {
     let op = &ev["first_divergence"]["op"];
@@ -44,19 +51,14 @@ fn convicted<'a>(ev: &'a Value, op_name: &str, kind: &str) -> &'a Value {
     m
 }
 
-/// `xray run --model BAD --ops`, then `xray compare REF GOT --model GOOD`: the evidence.
-fn run_and_compare(dir: &Path, reference: &Path, bad: &Path, good: &str) -> Value {
-    let got = dir.join(format!(
-        "{}-dump",
-        bad.file_name().unwrap().to_string_lossy()
-    ));
-    let o = dump_to("run", s(bad), FOX, &got, &["--ops"]);
+/// `model`'s weights file edited by `edit` ([`edited`], as `dir/name`), then `xray run --model
+/// EDITED --ops` and `xray compare REFERENCE GOT --model MODEL`: the evidence.
+fn edited_and_compared(dir: &Path, reference: &Path, model: &str, name: &str, edit: &str) -> Value {
+    let bad = edited(dir, model, name, edit);
+    let got = dir.join(format!("{name}-dump"));
+    let o = dump_to("run", s(&bad), FOX, &got, &["--ops"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let ev = dir.join(format!(
-        "{}.json",
-        bad.file_name().unwrap().to_string_lossy()
-    ));
-    let (o, ev) = compare_output(reference, &got, good, &ev, 1);
+    let (o, ev) = compare_output(reference, &got, model, &dir.join(format!("{name}.json")), 1);
     let text = String::from_utf8_lossy(&o.stderr);
     assert!(text.contains("xray: replay: "), "{text}");
     ev
@@ -278,8 +280,7 @@ fn weights_read_wrong_are_named_by_replay() {
     ];
     let mut table = Vec::new();
     for (name, edit, op, kind) in cases {
-        let bad = edited(dir.path(), RAND, name, edit);
-        let ev = run_and_compare(dir.path(), &reference, &bad, RAND);
+        let ev = edited_and_compared(dir.path(), &reference, RAND, name, edit);
         let m = convicted(&ev, op, kind);
         table.push(format!("{name}: {}", m["summary"]));
         match *name {
@@ -357,8 +358,7 @@ fn granite_weights_read_wrong_are_named_by_replay() {
             "row_offset",
         ),
     ] {
-        let bad = edited(dir.path(), GRANITE, name, edit);
-        let ev = run_and_compare(dir.path(), &reference, &bad, GRANITE);
+        let ev = edited_and_compared(dir.path(), &reference, GRANITE, name, edit);
         let m = convicted(&ev, op, kind);
         match name {
             "queries-doubled" => {
@@ -369,6 +369,23 @@ fn granite_weights_read_wrong_are_named_by_replay() {
         }
         assert_schema_valid(&ev);
     }
+    // The depthwise conv's HF module takes an input its wrapper padded, which no kernel holds:
+    // its region (the GLU and the conv, from the up-projection's output) is replayed through
+    // X-Ray's kernels, and convicted.
+    let flip = "k = 'encoder.layers.0.conv.depth_conv.conv.weight'; w[k] = w[k][..., ::-1].copy()";
+    let ev = edited_and_compared(dir.path(), &reference, GRANITE, "depthwise-flipped", flip);
+    let (op, r) = replay(&ev);
+    assert_eq!(
+        op["point"], "encoder.layers.0.conv.depth_conv.conv:out",
+        "{op:#}"
+    );
+    assert_eq!(r["kind"], "inline", "{r:#}");
+    assert_eq!(r["local_error"]["verdict"], "convicted", "{r:#}");
+    assert!(
+        strs_of(&r["covers"]).contains(&"enc.block.0.conv.depth_conv"),
+        "{r:#}"
+    );
+    assert_schema_valid(&ev);
 }
 
 /// A real model: Whisper tiny.en with encoder layer 2's fc1 bias missing from its weights.
@@ -377,13 +394,8 @@ fn tiny_en_missing_bias_is_named_by_replay() {
     let Some((dir, reference)) = referenced(TINY) else {
         return;
     };
-    let bad = edited(
-        dir.path(),
-        TINY,
-        "tiny-fc1-bias",
-        "k = 'model.encoder.layers.2.fc1.bias'; w[k] = np.zeros_like(w[k])",
-    );
-    let ev = run_and_compare(dir.path(), &reference, &bad, TINY);
+    let zero = "k = 'model.encoder.layers.2.fc1.bias'; w[k] = np.zeros_like(w[k])";
+    let ev = edited_and_compared(dir.path(), &reference, TINY, "tiny-fc1-bias", zero);
     let m = convicted(&ev, "encoder.layer.2.fc1", "bias_missing");
     assert!(
         m["summary"]

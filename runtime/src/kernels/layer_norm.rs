@@ -193,6 +193,7 @@ pub struct Batch;
 impl Norm for Batch {
     const KIND: &'static str = "batch_norm";
     const ROLES: &'static [&'static str] = &["weight", "bias", "running_mean", "running_var"];
+    const POINTS: &'static [Side] = &[Side::In, Side::Out];
     fn rows(x: &[f32], c: usize, p: &[&[f32]], eps: f32, y: &mut [f32]) {
         let alpha: Vec<f32> = (0..c).map(|j| p[0][j] / (p[3][j] + eps).sqrt()).collect();
         let beta: Vec<f32> = (0..c).map(|j| p[1][j] - p[2][j] * alpha[j]).collect();

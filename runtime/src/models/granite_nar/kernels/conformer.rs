@@ -7,6 +7,7 @@ use crate::kernels::layout::ports;
 use crate::kernels::{
     bias, bias_shape, data, dims, par_ranges, same_dim, sgemm, simd, tensor, weight_roles_with_bias,
 };
+use xray_core::ops::Side;
 
 use super::{sigmoid, softmax_in_place, token_rows};
 
@@ -24,6 +25,9 @@ pub struct Pointwise {
 
 impl Kernel for Pointwise {
     ports!("pointwise_conv", [x: TokenMajor] -> [y: TokenMajor]);
+    fn points(&self) -> &'static [Side] {
+        &[Side::In, Side::Out]
+    }
     fn weight_roles(&self) -> Vec<&'static str> {
         weight_roles_with_bias(self.bias)
     }
@@ -120,6 +124,12 @@ impl DepthwiseConv {
 
 impl Kernel for DepthwiseConv {
     ports!("depthwise_conv", [x: TokenMajor] -> [y: TokenMajor], weights ["weight"]);
+    /// Its output only: the HF `nn.Conv1d` takes the input already padded by its wrapper
+    /// (`GraniteSpeechConformerDepthWiseConv1d` pads, then convolves without padding), a tensor
+    /// this kernel never holds.
+    fn points(&self) -> &'static [Side] {
+        &[Side::Out]
+    }
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         let (_, c) = token_rows(&inputs[0], "x")?;
         if weights[0] != [c, 1, self.kernel] {

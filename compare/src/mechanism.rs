@@ -30,7 +30,7 @@
 //! | attention core (weightless) | softmax scale (solved); causal mask added / dropped; keys and values swapped; another layer's or step's K/V; rotary position offset |
 //! | residual add (weightless; the reference's coefficients fitted on its own tensors) | an input dropped; an input's multiplier (solved) |
 //! | elementwise (weightless, one observed input; the reference's activation identified on its own tensors) | another activation (erf / tanh / quick GELU, SiLU, ReLU); output scale; output rounded |
-//! | inline (ops the reference computes with no HF module around them, replayed through X-Ray's kernels once they reproduce the reference's own point: [`KernelReplayer`]) | a positional table read rows off (+-1, +-2) or never added; output shifted, scaled, rounded, features permuted |
+//! | inline (ops the reference computes with no HF module around them, replayed through X-Ray's kernels once they reproduce the reference's own point: [`KernelReplayer`]) | a positional table read rows off (+-1, +-2), a table never added or scaled (solved); output shifted, scaled, rounded, features permuted |
 
 use ndarray::ArrayD;
 use serde::{Deserialize, Serialize};

@@ -893,8 +893,9 @@ pub struct ReplayContext<'a> {
     pub reference: &'a Dump,
     /// The engine's dump (its points at the step).
     pub candidate: &'a Dump,
-    /// The replayer.
-    pub replayer: &'a dyn Replayer,
+    /// The replayer, or why there is none (no oracle: the replays that re-run no HF module,
+    /// a residual add, an elementwise step, an inline region, still run).
+    pub replayer: std::result::Result<&'a dyn Replayer, &'a str>,
     /// The engine op (name, kernel) of a module, when the engine graph is known.
     pub engine_op: &'a dyn Fn(&str) -> EngineOp,
     /// Tolerance of a point (the policy's).
@@ -948,6 +949,19 @@ fn region_modules(cx: &ReplayContext<'_>, origin: &str, step: Step) -> Vec<Strin
 }
 
 impl<'a> ReplayContext<'a> {
+    /// [`Replayer::replay`] through the replayer, or why there is none.
+    fn rerun(
+        &self,
+        module: &str,
+        input: &ReplayInput<'_>,
+        cfs: &[Counterfactual],
+    ) -> std::result::Result<ReplayBatch, String> {
+        match self.replayer {
+            Ok(r) => r.replay(module, input, cfs),
+            Err(why) => Err(why.to_string()),
+        }
+    }
+
     /// The first alias of a point node held at `step` by the engine's dump and the reference's
     /// (each its own first).
     fn held_both(&self, names: &[String], step: Step) -> Option<(Held<'a>, Held<'a>)> {
@@ -983,8 +997,7 @@ impl<'a> ReplayContext<'a> {
         let eop = (self.engine_op)(module);
         let s = self.site(module, step, &eop)?;
         let (_, outs) = self
-            .replayer
-            .replay(module, &self.input(&s), &[Counterfactual::None])
+            .rerun(module, &self.input(&s), &[Counterfactual::None])
             .ok()?;
         let clean = outs.into_iter().next()?.ok()?;
         let tol = (self.tolerance)(&s.out_name);
@@ -1011,9 +1024,7 @@ impl<'a> ReplayContext<'a> {
         };
         let tol = (self.tolerance)(&s.out_name);
         let input = self.input(&s);
-        let (info, outs) = self
-            .replayer
-            .replay(module, &input, &[Counterfactual::None])?;
+        let (info, outs) = self.rerun(module, &input, &[Counterfactual::None])?;
         let clean = outs
             .into_iter()
             .next()
@@ -1026,10 +1037,7 @@ impl<'a> ReplayContext<'a> {
                 ids_from_rows: false,
                 extra: Vec::new(),
             };
-            let (_, o) = self
-                .replayer
-                .replay(module, &inp, &[Counterfactual::None])
-                .ok()?;
+            let (_, o) = self.rerun(module, &inp, &[Counterfactual::None]).ok()?;
             let (r, l) = o.into_iter().next()?.ok()?;
             let ro = in_layout(ro, s.engine_layout, l)?;
             score(&r, &ro, &tol).map(|x| x.0)
@@ -1072,8 +1080,7 @@ impl<'a> ReplayContext<'a> {
         tol: &Tolerance,
     ) -> Option<(Counterfactual, f64, f64, bool)> {
         let out = self
-            .replayer
-            .replay(module, input, &[Counterfactual::None])
+            .rerun(module, input, &[Counterfactual::None])
             .and_then(|(_, o)| {
                 o.into_iter()
                     .next()
@@ -1116,7 +1123,7 @@ impl<'a> ReplayContext<'a> {
         if cfs.is_empty() {
             return scored;
         }
-        let outs = match self.replayer.replay(module, input, cfs) {
+        let outs = match self.rerun(module, input, cfs) {
             Ok((_, o)) => o,
             Err(e) => {
                 for c in cfs {
@@ -1209,8 +1216,7 @@ impl<'a> ReplayContext<'a> {
             && info.params.iter().any(|p| p.role == "bias")
         {
             let no_bias = self
-                .replayer
-                .replay(&s.module, &input, &[Counterfactual::BiasMissing])
+                .rerun(&s.module, &input, &[Counterfactual::BiasMissing])
                 .ok()
                 .and_then(|(_, o)| o.into_iter().next()?.ok())
                 .map(|(y, _)| y)
@@ -1286,7 +1292,7 @@ impl<'a> ReplayContext<'a> {
         snap: &dyn Fn(f64) -> Option<f64>,
     ) -> Option<f64> {
         let f = |le: f64| -> f64 {
-            match self.replayer.replay(module, input, &[make(10f64.powf(le))]) {
+            match self.rerun(module, input, &[make(10f64.powf(le))]) {
                 Ok((_, o)) => match o.into_iter().next() {
                     Some(Ok((out, _))) => score(&out, engine, tol).map_or(f64::MAX, |x| x.0),
                     _ => f64::MAX,
@@ -1907,9 +1913,7 @@ impl ReplayContext<'_> {
             .rows(self.candidate, &op.point, step..=step)
             .ok_or_else(|| format!("the engine dump holds no {}", op.point))?;
         let input = qkv_input(&q, k, v);
-        let (info, outs) = self
-            .replayer
-            .replay(parent, &input, &[Counterfactual::None])?;
+        let (info, outs) = self.rerun(parent, &input, &[Counterfactual::None])?;
         let (clean, layout) = outs
             .into_iter()
             .next()
@@ -1923,10 +1927,7 @@ impl ReplayContext<'_> {
             let [rq, rk, rv] = self.qkv(self.reference, parent, step)?;
             let rx = self.rows(self.reference, &op.point, step..=step)?;
             let inp = qkv_input(&rq, rk, rv);
-            let (_, o) = self
-                .replayer
-                .replay(parent, &inp, &[Counterfactual::None])
-                .ok()?;
+            let (_, o) = self.rerun(parent, &inp, &[Counterfactual::None]).ok()?;
             let (r, l) = o.into_iter().next()?.ok()?;
             score(&r, &in_layout(&rx, Layout::TokenMajor, l)?, &tol).map(|x| x.0)
         })();
@@ -2246,7 +2247,7 @@ mod tests {
             nodes: &nodes,
             reference: &r,
             candidate: &c,
-            replayer: &lin,
+            replayer: Ok(&lin),
             engine_op: &eop,
             tolerance: &tol,
             max_neighbours: 4,

@@ -1147,31 +1147,30 @@ impl Drill<'_> {
         let Some(op) = ev.first_divergence.as_mut().and_then(|fd| fd.op.as_mut()) else {
             return;
         };
+        progress(&format!("replay: {} on the runtime's own input", op.module));
+        let mut replay = |replayer| {
+            crate::replay::replay_origin(
+                op,
+                nodes,
+                r,
+                x,
+                &self.opts.policy,
+                replayer,
+                Some(self.model),
+            )
+        };
         #[cfg(feature = "oracle")]
-        match self.refs.oracle() {
-            Ok(oracle) => {
-                progress(&format!("replay: {} on the runtime's own input", op.module));
-                ev.notes.extend(crate::replay::replay_origin(
-                    op,
-                    nodes,
-                    r,
-                    x,
-                    &self.opts.policy,
-                    oracle,
-                    self.model.contract(),
-                    &self.opts.model,
-                    Some(self.model),
-                ));
-            }
-            Err(e) => ev
-                .notes
-                .push(format!("replay: not run, the oracle is unavailable: {e:#}")),
-        }
+        let notes = match self.refs.oracle() {
+            Ok(oracle) => replay(Ok(&crate::replay::OracleReplayer::new(
+                oracle,
+                self.model.contract(),
+                &self.opts.model,
+            ))),
+            Err(e) => replay(Err(&format!("the oracle is unavailable: {e:#}"))),
+        };
         #[cfg(not(feature = "oracle"))]
-        {
-            let _ = (nodes, r, x, progress);
-            ev.notes.push(crate::replay::not_built(&op.module));
-        }
+        let notes = replay(Err(crate::replay::NOT_BUILT));
+        ev.notes.extend(notes);
     }
 }
 

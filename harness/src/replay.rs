@@ -13,41 +13,28 @@ use std::path::{Path, PathBuf};
 #[cfg(feature = "oracle")]
 use std::sync::Arc;
 
-#[cfg(feature = "oracle")]
 use ndarray::ArrayD;
-use xray_compare::mechanism::EngineOp;
-#[cfg(feature = "oracle")]
 use xray_compare::mechanism::{
-    apply, KernelReplayer, KernelRequest, KernelRun, ReplayBatch, ReplayContext, ReplayInput,
-    Replayer,
+    apply, EngineOp, KernelReplayer, KernelRequest, KernelRun, ReplayContext, Replayer,
 };
 #[cfg(feature = "oracle")]
+use xray_compare::mechanism::{ReplayBatch, ReplayInput};
 use xray_compare::ops::OpDivergence;
-#[cfg(feature = "oracle")]
 use xray_compare::tolerance::{Policy, Precision};
 #[cfg(feature = "oracle")]
 use xray_core::contract::Contract;
-#[cfg(feature = "oracle")]
 use xray_core::dump::Dump;
-#[cfg(feature = "oracle")]
 use xray_core::ops::PointNode;
 use xray_core::ops::{parse_point, Side};
-#[cfg(feature = "oracle")]
 use xray_core::replay::Counterfactual;
 #[cfg(feature = "oracle")]
 use xray_oracle::{Oracle, ReplayRequest};
 use xray_runtime::graph::Graph;
-#[cfg(feature = "oracle")]
 use xray_runtime::models::SpeechModel;
-#[cfg(feature = "oracle")]
 use xray_runtime::weights::Weights;
 
-/// What an `xray` built without the oracle says in place of replaying `module`.
-pub fn not_built(module: &str) -> String {
-    format!(
-        "replay: this xray is built without the oracle feature; with it {module} would be re-run through the HF reference on the engine's own input, clearing or convicting the op and naming the counterfactual (transposed weight, missing bias, wrong epsilon, ...) that reproduces its output"
-    )
-}
+/// Why an `xray` built without the oracle re-runs no HF module.
+pub const NOT_BUILT: &str = "this xray is built without the oracle feature: no HF module is re-run (weightless steps and regions the reference computes inline are replayed in Rust); with it the module would be re-run on the engine's own input, clearing or convicting the op and naming the counterfactual (transposed weight, missing bias, wrong epsilon, ...) that reproduces its output";
 
 /// The oracle as a [`Replayer`] of one model.
 #[cfg(feature = "oracle")]
@@ -61,6 +48,19 @@ pub struct OracleReplayer<'a> {
     pub contract: Arc<String>,
     /// The reference model directory.
     pub model_dir: PathBuf,
+}
+
+#[cfg(feature = "oracle")]
+impl<'a> OracleReplayer<'a> {
+    /// The oracle as the replayer of the model in `model_dir`, its family's contract `contract`.
+    pub fn new(oracle: &'a Oracle, contract: &Contract, model_dir: &Path) -> Self {
+        OracleReplayer {
+            oracle,
+            family: contract.family.clone(),
+            contract: Arc::new(contract.resolved_json().to_string()),
+            model_dir: model_dir.to_path_buf(),
+        }
+    }
 }
 
 #[cfg(feature = "oracle")]
@@ -98,7 +98,6 @@ impl Replayer for OracleReplayer<'_> {
 /// ops of a region the reference computes inline, run through X-Ray's kernels
 /// ([`Graph::module_spec`], [`Graph::run_module`]). A table-adding op's counterfactuals are
 /// applied to a copy of its table.
-#[cfg(feature = "oracle")]
 pub struct GraphKernels<'a> {
     /// The family's graph.
     pub graph: &'a Graph,
@@ -106,7 +105,6 @@ pub struct GraphKernels<'a> {
     pub weights: &'a Weights,
 }
 
-#[cfg(feature = "oracle")]
 impl GraphKernels<'_> {
     /// The learned table op `op` reads ([`table_of`]) and its weight key.
     fn table(&self, op: &str) -> Option<(Table, String)> {
@@ -118,7 +116,6 @@ impl GraphKernels<'_> {
 }
 
 /// A learned table a kernel reads, as the counterfactuals on it see it.
-#[cfg(feature = "oracle")]
 #[derive(Debug, Clone, Copy)]
 struct Table {
     /// Its weight role.
@@ -133,7 +130,6 @@ struct Table {
 /// The learned table of a kernel kind, if it reads one: positional tables added to a sequence
 /// (Whisper's encoder positions, Granite's Q-Former window positions and queries) and a
 /// relative-position table (the conformer's Shaw attention).
-#[cfg(feature = "oracle")]
 fn table_of(kind: &str) -> Option<Table> {
     let (role, positions, added) = match kind {
         "add_table" => ("table", true, true),
@@ -149,7 +145,6 @@ fn table_of(kind: &str) -> Option<Table> {
     })
 }
 
-#[cfg(feature = "oracle")]
 impl KernelReplayer for GraphKernels<'_> {
     fn run(&self, req: &KernelRequest<'_>) -> Result<KernelRun, String> {
         let (g, ops, inputs, output) = (self.graph, req.ops, req.inputs, req.output);
@@ -359,17 +354,13 @@ pub fn attention_points(g: &Graph, op: &str) -> Option<Vec<String>> {
 /// Replays the op-level origin `op` (when it is a module's output: the module's own computation)
 /// and records the evidence on it; a cleared op is no longer named. Returns the notes (the
 /// console line first). Replay failures become a note, never an error of the check.
-#[allow(clippy::too_many_arguments)]
-#[cfg(feature = "oracle")]
 pub fn replay_origin(
     op: &mut OpDivergence,
     nodes: &[PointNode],
     reference: &Dump,
     candidate: &Dump,
     policy: &Policy,
-    oracle: &Oracle,
-    contract: &Contract,
-    model_dir: &Path,
+    replayer: Result<&dyn Replayer, &str>,
     model: Option<&dyn SpeechModel>,
 ) -> Vec<String> {
     let graph = model.map(|m| m.graph());
@@ -390,12 +381,6 @@ pub fn replay_origin(
             .resolve_kind(p, step, Precision::F32, None, false)
             .tolerance
     };
-    let replayer = OracleReplayer {
-        oracle,
-        family: contract.family.clone(),
-        contract: Arc::new(contract.resolved_json().to_string()),
-        model_dir: model_dir.to_path_buf(),
-    };
     let kernels = model.map(|m| GraphKernels {
         graph: m.graph(),
         weights: m.weights(),
@@ -404,7 +389,7 @@ pub fn replay_origin(
         nodes,
         reference,
         candidate,
-        replayer: &replayer,
+        replayer,
         engine_op: &engine_op,
         tolerance: &tolerance,
         max_neighbours: 12,
@@ -442,7 +427,6 @@ pub fn replay_origin(
 }
 
 /// The runtime kernel kind that computes a module of this kind.
-#[cfg(feature = "oracle")]
 fn kernel_kind(k: xray_core::replay::ModuleKind) -> Option<&'static str> {
     use xray_core::replay::ModuleKind::*;
     Some(match k {

@@ -268,8 +268,9 @@ fn refine_suspects(
 
 /// Reference replay at the op-level origin (`xray_compare::mechanism`): with `--model DIR` and
 /// the oracle, the named module is re-run on the dump's own input, which clears or convicts the
-/// op and names the counterfactual that reproduces its output. Without the oracle feature: one
-/// line of what replay would add.
+/// op and names the counterfactual that reproduces its output. Without the oracle (not built in,
+/// or not starting) only the replays that re-run no HF module run (a residual add, an
+/// elementwise step, a region through X-Ray's kernels); the others say why not.
 #[allow(clippy::too_many_arguments)]
 fn replay(
     op: &mut xray_compare::ops::OpDivergence,
@@ -281,23 +282,25 @@ fn replay(
     model_dir: Option<&std::path::Path>,
     policy: &Policy,
 ) -> Vec<String> {
-    #[cfg(not(feature = "oracle"))]
-    let _ = (nodes, reference, got, contract, model, model_dir, policy);
-    #[cfg(not(feature = "oracle"))]
-    return vec![xray_harness::replay::not_built(&op.module)];
+    use xray_harness::replay::replay_origin;
+    let Some(dir) = model_dir else {
+        return vec![format!(
+            "replay: pass --model DIR (the reference model) to re-run {} on the dump's own input: it would clear or convict the op and test the mechanisms of its kind",
+            op.module
+        )];
+    };
     #[cfg(feature = "oracle")]
-    {
-        let Some(dir) = model_dir else {
-            return vec![format!(
-                "replay: pass --model DIR (the reference model) to re-run {} on the dump's own input: it would clear or convict the op and test the mechanisms of its kind",
-                op.module
-            )];
-        };
-        match xray_oracle::Oracle::discover() {
-            Ok(oracle) => xray_harness::replay::replay_origin(
-                op, nodes, reference, got, policy, &oracle, contract, dir, model,
-            ),
-            Err(e) => vec![format!("replay: not run, the oracle is unavailable: {e}")],
+    let unavailable = match xray_oracle::Oracle::discover() {
+        Ok(oracle) => {
+            let replayer = xray_harness::replay::OracleReplayer::new(&oracle, contract, dir);
+            return replay_origin(op, nodes, reference, got, policy, Ok(&replayer), model);
         }
-    }
+        Err(e) => format!("the oracle is unavailable: {e}"),
+    };
+    #[cfg(not(feature = "oracle"))]
+    let unavailable = {
+        let _ = (contract, dir);
+        xray_harness::replay::NOT_BUILT.to_string()
+    };
+    replay_origin(op, nodes, reference, got, policy, Err(&unavailable), model)
 }

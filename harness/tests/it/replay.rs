@@ -297,6 +297,21 @@ fn weights_read_wrong_are_named_by_replay() {
                 let (_, r) = replay(&ev);
                 assert_eq!(r["kind"], "inline", "{r:#}");
                 assert!(r["replay_floor"].as_f64().unwrap() < 1e-5, "{r:#}");
+                // It re-runs no HF module: the Python-free build replays it the same way.
+                let nopy = Path::new(env!("CARGO_BIN_EXE_xray")).with_file_name("xray-nopy");
+                if xray_core::testing::require_all(&[&nopy], "run `make test-nopy`") {
+                    let out = dir.path().join("nopy.json");
+                    let got = dir.path().join(format!("{name}-dump"));
+                    let o = std::process::Command::new(&nopy)
+                        .args(["compare", s(&reference), s(&got), "--model", RAND])
+                        .args(["--evidence", s(&out)])
+                        .current_dir(common::root())
+                        .output()
+                        .unwrap();
+                    assert_eq!(code(&o), 1, "{}", stderr(&o));
+                    let np = common::read_json(&out);
+                    assert_eq!(replay(&np).1["mechanism"], r["mechanism"]);
+                }
             }
             "q-rows-interleaved" => {
                 let slots = m["counterfactual"]["slots"].as_array().unwrap();

@@ -29,7 +29,7 @@ use xray_core::ops::{parse_point, Side};
 use xray_core::replay::Counterfactual;
 #[cfg(feature = "oracle")]
 use xray_oracle::{Oracle, ReplayRequest};
-use xray_runtime::graph::Graph;
+use xray_runtime::graph::{Graph, LearnedTable};
 use xray_runtime::models::SpeechModel;
 use xray_runtime::weights::Weights;
 
@@ -106,43 +106,15 @@ pub struct GraphKernels<'a> {
 }
 
 impl GraphKernels<'_> {
-    /// The learned table op `op` reads ([`table_of`]) and its weight key.
-    fn table(&self, op: &str) -> Option<(Table, String)> {
-        let spec = self.graph.op_spec(op).ok()?;
-        let t = table_of(&spec.kind)?;
-        let key = spec.weights.into_iter().find(|w| w.role == t.role)?.key;
+    /// The learned table op `op`'s kernel reads ([`Kernel::table`]) and its weight key.
+    ///
+    /// [`Kernel::table`]: xray_runtime::graph::Kernel::table
+    fn table(&self, op: &str) -> Option<(LearnedTable, String)> {
+        let o = self.graph.ops().iter().find(|o| o.name == op)?;
+        let t = o.kernel.table()?;
+        let key = o.weights.iter().find(|w| w.role == t.role)?.key.clone();
         Some((t, key))
     }
-}
-
-/// A learned table a kernel reads, as the counterfactuals on it see it.
-#[derive(Debug, Clone, Copy)]
-struct Table {
-    /// Its weight role.
-    role: &'static str,
-    /// Its rows are positions (its first axis): a row offset applies.
-    positions: bool,
-    /// It is added to the kernel's input: never added and scaled apply; with `positions`, its
-    /// rows are the output's rows.
-    added: bool,
-}
-
-/// The learned table of a kernel kind, if it reads one: positional tables added to a sequence
-/// (Whisper's encoder positions, Granite's Q-Former window positions and queries) and a
-/// relative-position table (the conformer's Shaw attention).
-fn table_of(kind: &str) -> Option<Table> {
-    let (role, positions, added) = match kind {
-        "add_table" => ("table", true, true),
-        "add_window_positions" => ("window_positions", false, true),
-        "query_init" => ("query", false, true),
-        "shaw_block_attention" => ("rel_pos_emb", true, false),
-        _ => return None,
-    };
-    Some(Table {
-        role,
-        positions,
-        added,
-    })
 }
 
 impl KernelReplayer for GraphKernels<'_> {
@@ -259,15 +231,9 @@ impl KernelReplayer for GraphKernels<'_> {
     }
 
     fn counterfactuals(&self, op: &str) -> Vec<Counterfactual> {
-        let kind = self
-            .graph
-            .ops()
-            .iter()
-            .find(|o| o.name == op)
-            .map(|o| o.kernel.kind());
         // Positions read rows off; a table added never added (its scale is solved from that
         // run: `ReplayContext::inline`).
-        let Some(t) = kind.and_then(table_of) else {
+        let Some((t, _)) = self.table(op) else {
             return Vec::new();
         };
         let mut v: Vec<Counterfactual> = [1i64, -1, 2, -2]

@@ -134,6 +134,23 @@ pub trait Kernel: Send + Sync + fmt::Debug {
     fn is_layout(&self) -> bool {
         false
     }
+    /// The learned table the kernel reads, if any, as replay's counterfactuals on it see it (a
+    /// positional table read rows off, never added, scaled). Default: none.
+    fn table(&self) -> Option<LearnedTable> {
+        None
+    }
+}
+
+/// A learned table a kernel reads ([`Kernel::table`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LearnedTable {
+    /// Its weight role.
+    pub role: &'static str,
+    /// Its rows (first axis) are positions: a row offset applies.
+    pub positions: bool,
+    /// It is added to the kernel's input: never added and scaled apply; with `positions`, its
+    /// rows are the output's rows.
+    pub added: bool,
 }
 
 /// A layout-only op ([`Kernel::is_layout`]): its edges and their layouts.

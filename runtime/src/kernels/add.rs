@@ -2,7 +2,7 @@
 
 use super::{data, dims, fixed, par_zip_map, rank, simd, tensor};
 use crate::faults::ParamFault;
-use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, LearnedTable, Shape, Tensor};
 use crate::kernels::layout::ports;
 
 /// `y = a + scale * b`, same shape and layout (residual connections: `a` = the residual stream,
@@ -122,6 +122,13 @@ pub struct AddTable;
 
 impl Kernel for AddTable {
     ports!("add_table", [x: TokenMajor] -> [y: TokenMajor], weights ["table"]);
+    fn table(&self) -> Option<LearnedTable> {
+        Some(LearnedTable {
+            role: "table",
+            positions: true,
+            added: true,
+        })
+    }
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         rank(&inputs[0], 2, "x")?;
         let r = fixed(&inputs[0][0], "x rows")?;

@@ -2,7 +2,7 @@
 //! attention (the conv module's BatchNorm is a generic channel norm, `crate::kernels::layer_norm`).
 
 use crate::faults::ParamFault;
-use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, LearnedTable, Shape, Tensor};
 use crate::kernels::layout::ports;
 use crate::kernels::{
     bias, bias_shape, data, dims, par_ranges, same_dim, sgemm, simd, tensor, weight_roles_with_bias,
@@ -206,6 +206,13 @@ pub struct ShawBlockAttention {
 
 impl Kernel for ShawBlockAttention {
     ports!("shaw_block_attention", [q: TokenMajor, kv: TokenMajor] -> [y: TokenMajor], weights ["rel_pos_emb"]);
+    fn table(&self) -> Option<LearnedTable> {
+        Some(LearnedTable {
+            role: "rel_pos_emb",
+            positions: true,
+            added: false,
+        })
+    }
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         let inner = self.heads * self.dim_head;
         let (rows, qf) = token_rows(&inputs[0], "q")?;

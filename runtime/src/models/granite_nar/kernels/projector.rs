@@ -2,7 +2,7 @@
 //! initialisation, windowed multi-head cross-attention.
 
 use crate::faults::ParamFault;
-use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};
+use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, LearnedTable, Shape, Tensor};
 use crate::kernels::layout::ports;
 use crate::kernels::{data, dims, same_dim, simd, tensor};
 
@@ -51,6 +51,13 @@ pub struct AddWindowPositions;
 
 impl Kernel for AddWindowPositions {
     ports!("add_window_positions", [x: TokenMajor] -> [y: TokenMajor], weights ["window_positions"]);
+    fn table(&self) -> Option<LearnedTable> {
+        Some(LearnedTable {
+            role: "window_positions",
+            positions: false,
+            added: true,
+        })
+    }
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         let (_, c) = token_rows(&inputs[0], "x")?;
         let w = &weights[0];
@@ -98,6 +105,13 @@ pub struct QueryInit {
 
 impl Kernel for QueryInit {
     ports!("query_init", [x: TokenMajor] -> [y: TokenMajor], weights ["query"]);
+    fn table(&self) -> Option<LearnedTable> {
+        Some(LearnedTable {
+            role: "query",
+            positions: false,
+            added: true,
+        })
+    }
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         let (_, c) = token_rows(&inputs[0], "x")?;
         let w = &weights[0];

@@ -1237,6 +1237,45 @@ impl<'a> ReplayContext<'a> {
                 }
             }
         }
+        // A norm's weight offset and scale, solved on the normalized input `x_hat` (the replay
+        // without the affine): `engine ~ clean + c·x_hat` is the weight plus `c` (a `(1 + w)`
+        // convention read the other way), `engine - b ~ f·(clean - b)` the weight times `f`, `b`
+        // the bias's share (the replay with the weight alone left out, less `x_hat`).
+        if matches!(info.kind, ModuleKind::LayerNorm | ModuleKind::RmsNorm)
+            && info.params.iter().any(|p| p.role == "weight")
+        {
+            let replay = |cf: Counterfactual| {
+                self.rerun(&s.module, &input, &[cf])
+                    .ok()
+                    .and_then(|(_, o)| o.into_iter().next()?.ok())
+                    .map(|(y, _)| y)
+                    .filter(|y| y.shape() == clean.0.shape() && y.shape() == engine.shape())
+            };
+            if let Some(x_hat) = replay(Counterfactual::AffineMissing) {
+                let bias = if info.params.iter().any(|p| p.role == "bias") {
+                    replay(Counterfactual::NormWeightMissing).map(|y| y - &x_hat)
+                } else {
+                    Some(ArrayD::zeros(x_hat.shape()))
+                };
+                let mut cands = Vec::new();
+                if let Some(c) =
+                    solve_scale(&x_hat, &(engine - &clean.0)).filter(|c| c.abs() > 1e-4)
+                {
+                    let cand = &clean.0 + &x_hat.mapv(|v| (v as f64 * c) as f32);
+                    cands.push((Counterfactual::WeightOffset { value: c }, cand));
+                }
+                if let Some(b) = bias {
+                    let wx = &clean.0 - &b;
+                    if let Some(f) =
+                        solve_scale(&wx, &(engine - &b)).filter(|f| (f - 1.0).abs() > 1e-4)
+                    {
+                        let cand = wx.mapv(|v| (v as f64 * f) as f32) + &b;
+                        cands.push((Counterfactual::WeightScaled { factor: f }, cand));
+                    }
+                }
+                judge(ev, &mut scored, cands, engine, tol);
+            }
+        }
         // A norm's epsilon: every decade, then golden section around the best.
         if info.kind.is_norm() {
             let own = info.float("eps").unwrap_or(-1.0);

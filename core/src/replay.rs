@@ -131,9 +131,9 @@ pub enum Counterfactual {
     BiasMissing,
     /// Linear / conv: the bias added twice.
     BiasDoubled,
-    /// Linear / conv: the weight times `factor`, the bias kept (a dequantization scale off, a
-    /// multiplier folded into the weight alone). Solved by least squares on two replays (with
-    /// and without the bias).
+    /// Linear / conv / norm: the weight times `factor`, the bias kept (a dequantization scale
+    /// off, a multiplier folded into the weight alone). Solved by least squares on two replays
+    /// (linear / conv: with and without the bias; norm: with and without the affine).
     WeightScaled {
         /// The factor.
         factor: f64,
@@ -185,6 +185,14 @@ pub enum Counterfactual {
     /// RMSNorm: `x * (1 + weight)` (a checkpoint storing the offset from one) where the module
     /// scales by `weight`.
     WeightPlusOne,
+    /// Norm: `value` added to the weight, `(w + value) * x_hat (+ b)`: a `(1 + w)` convention
+    /// applied to a checkpoint that stores `w` itself (`+1`), or a converter that stored `w - 1`
+    /// for an engine that does not add the one back (`-1`). Solved by least squares on the
+    /// normalized input (the replay without the affine).
+    WeightOffset {
+        /// The offset.
+        value: f64,
+    },
     /// BatchNorm: normalized with the batch's own statistics (training mode) instead of the
     /// running mean and variance.
     BatchStatistics,
@@ -300,6 +308,15 @@ pub enum Counterfactual {
     },
 }
 
+/// A solved value for people: the integer it is within `1e-4` of, else six decimals.
+fn num(v: f64) -> String {
+    if (v - v.round()).abs() <= 1e-4 * v.abs().max(1.0) {
+        format!("{}", v.round())
+    } else {
+        format!("{v:.6}")
+    }
+}
+
 impl Counterfactual {
     /// A short human phrase: `without its bias`, `with eps 0.1`.
     pub fn phrase(&self) -> String {
@@ -337,6 +354,10 @@ impl Counterfactual {
             NormWeightMissing => "without its weight (ones)".into(),
             NormBiasMissing => "without its bias".into(),
             WeightPlusOne => "scaling by (1 + weight)".into(),
+            WeightOffset { value } if *value < 0.0 => {
+                format!("with {} subtracted from its weight", num(-value))
+            }
+            WeightOffset { value } => format!("with {} added to its weight", num(*value)),
             BatchStatistics => "with batch statistics instead of the running ones".into(),
             Padding { left, right } => format!("with padding ({left}, {right})"),
             Stride { value } => format!("with stride {value}"),

@@ -272,6 +272,14 @@ fn weights_read_wrong_are_named_by_replay() {
             "weight_missing",
         ),
         (
+            // A `(1 + w)` convention read the other way: the converter stored `w - 1` for an
+            // engine that does not add the one back.
+            "ln-weight-minus-one",
+            "k = 'model.encoder.layers.0.self_attn_layer_norm.weight'; w[k] = w[k] - np.float32(1)",
+            "encoder.layer.0.self_attn_norm",
+            "weight_offset",
+        ),
+        (
             "embed-scaled",
             "k = 'model.decoder.embed_tokens.weight'; w[k] = w[k] * np.float32(8.0)",
             "decoder.embed_tokens",
@@ -289,6 +297,10 @@ fn weights_read_wrong_are_named_by_replay() {
                 "model.encoder.layers.1.fc2.weight"
             ),
             "fc1-f16" => assert_eq!(m["counterfactual"]["format"], "f16"),
+            "ln-weight-minus-one" => {
+                assert!((m["counterfactual"]["value"].as_f64().unwrap() + 1.0).abs() < 1e-4);
+                assert!(m["summary"].as_str().unwrap().contains("with 1 subtracted from its weight"), "{m:#}");
+            }
             "fc2-weight-halved" => {
                 assert!((m["counterfactual"]["factor"].as_f64().unwrap() - 0.5).abs() < 1e-4);
             }

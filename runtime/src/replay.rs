@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::error::{Result, RuntimeError};
 use crate::faults::FaultPlan;
 use crate::graph::{
-    bind_dims, bind_shape, Dim, Graph, Kernel, KernelCtx, Layout, Op, Shape, Tensor,
+    bind_dims, bind_shape, Dim, EdgeId, Graph, Kernel, KernelCtx, Layout, Op, Shape, Tensor,
 };
 use crate::weights::Weights;
 use xray_core::ops::module_of_weight_key;
@@ -76,6 +76,20 @@ fn hf_module(op: &Op) -> Option<String> {
 }
 
 impl Graph {
+    /// Edge `e` as a repro case records it, seen from the port named `port` (an op's kernel port,
+    /// or a module case's `input.{i}` / `output`).
+    fn port_spec(&self, e: EdgeId, port: String) -> PortSpec {
+        let edge = &self.edges()[e];
+        PortSpec {
+            port,
+            edge: edge.name.clone(),
+            layout: edge.layout,
+            shape: edge.shape.iter().map(|d| d.to_string()).collect(),
+            checkpoint: edge.checkpoint.clone(),
+            points: edge.points.clone(),
+        }
+    }
+
     fn op_index(&self, name: &str) -> Result<usize> {
         self.ops()
             .iter()
@@ -100,17 +114,6 @@ impl Graph {
     /// What the graph knows about op `name` (an error names an unknown op).
     pub fn op_spec(&self, name: &str) -> Result<OpSpec> {
         let op = &self.ops()[self.op_index(name)?];
-        let port = |e: usize, p: &str| {
-            let edge = &self.edges()[e];
-            PortSpec {
-                port: p.to_string(),
-                edge: edge.name.clone(),
-                layout: edge.layout,
-                shape: edge.shape.iter().map(|d| d.to_string()).collect(),
-                checkpoint: edge.checkpoint.clone(),
-                points: edge.points.clone(),
-            }
-        };
         let ins = op.kernel.inputs();
         let outs = op.kernel.outputs();
         Ok(OpSpec {
@@ -122,13 +125,13 @@ impl Graph {
                 .inputs
                 .iter()
                 .zip(&ins)
-                .map(|(&e, p)| port(e, p.name))
+                .map(|(&e, p)| self.port_spec(e, p.name.to_string()))
                 .collect(),
             outputs: op
                 .outputs
                 .iter()
                 .zip(&outs)
-                .map(|(&e, p)| port(e, p.name))
+                .map(|(&e, p)| self.port_spec(e, p.name.to_string()))
                 .collect(),
             weights: op
                 .weights
@@ -315,17 +318,6 @@ impl Graph {
                 }
             }
         }
-        let port = |e: usize, p: String| {
-            let edge = &self.edges()[e];
-            PortSpec {
-                port: p,
-                edge: edge.name.clone(),
-                layout: edge.layout,
-                shape: edge.shape.iter().map(|d| d.to_string()).collect(),
-                checkpoint: edge.checkpoint.clone(),
-                points: edge.points.clone(),
-            }
-        };
         Ok(OpSpec {
             name: module.to_string(),
             kind: MODULE_KIND.to_string(),
@@ -334,9 +326,9 @@ impl Graph {
             inputs: ins
                 .iter()
                 .enumerate()
-                .map(|(i, &e)| port(e, format!("input.{i}")))
+                .map(|(i, &e)| self.port_spec(e, format!("input.{i}")))
                 .collect(),
-            outputs: vec![port(out, "output".to_string())],
+            outputs: vec![self.port_spec(out, "output".to_string())],
             weights,
         })
     }

@@ -8,12 +8,15 @@
 //! Every helper declares exactly one op; weight keys are `<prefix>.weight` / `<prefix>.bias` in
 //! that order, the order [`Graph::check_weights`](crate::graph::Graph::check_weights) reports.
 
+use std::collections::HashMap;
 use std::fmt::Display;
 use std::path::{Path, PathBuf};
 
+use ndarray::Array1;
+
 use crate::audio::Audio;
 use crate::error::{Result, RuntimeError};
-use crate::graph::{Dim, EdgeId, GraphBuilder, Kernel, Layout, Out, Shape, Tensor};
+use crate::graph::{Dim, EdgeId, Feeds, GraphBuilder, Kernel, Layout, Out, Shape, Tensor};
 use crate::kernels::{Add, Conv1d, LayerNorm, Linear, MatmulStrategy, MergeHeads, SplitHeads};
 
 /// A config error naming the file.
@@ -50,6 +53,12 @@ pub fn check_sample_rate(audio: &Audio, rate: usize, hint: &str) -> Result<()> {
 pub fn next_output(it: &mut std::vec::IntoIter<Tensor>) -> Result<Tensor> {
     it.next()
         .ok_or_else(|| RuntimeError::Graph("formula returned fewer outputs than asked".into()))
+}
+
+/// The feeds of a formula that starts from the audio: the pcm samples as the `[samples]` feed
+/// `name` (the family's `names::PCM`).
+pub fn pcm_feeds(name: &str, pcm: &[f32]) -> Feeds {
+    HashMap::from([(name.to_string(), Array1::from_vec(pcm.to_vec()).into_dyn())])
 }
 
 /// The files `names` of a model directory, in that order; each must exist, else an error naming

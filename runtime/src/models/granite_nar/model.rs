@@ -17,7 +17,7 @@ use super::{Derived, GraniteNarConfig, ModelFiles, PreprocessorConfig};
 use crate::audio::Audio;
 use crate::error::{Result, RuntimeError};
 use crate::graph::{Feeds, RunCtx, Tensor};
-use crate::models::common::{next_output, read_json, Tokenizer};
+use crate::models::common::{next_output, pcm_feeds, read_json, Tokenizer};
 use crate::models::{Loaded, RunHooks, RunOptions, RunOutput, SpeechModel};
 use crate::weights::Weights;
 
@@ -102,10 +102,7 @@ impl GraniteNarModel {
     /// Formula `encode`: pcm samples -> capture concat and BPE-CTC logits (every `enc.*`
     /// checkpoint is produced on the way).
     pub fn encode(&self, pcm: &[f32], ctx: &mut RunCtx) -> Result<Encoded> {
-        let feeds: Feeds = HashMap::from([(
-            names::PCM.to_string(),
-            Array1::from_vec(pcm.to_vec()).into_dyn(),
-        )]);
+        let feeds = pcm_feeds(names::PCM, pcm);
         let (cat_out, bpe_logits) = take2(self.loaded.run(
             feeds,
             &[self.edges.cat_out, self.edges.bpe_logits],

@@ -14,7 +14,7 @@ use super::{GenerationConfig, ModelFiles, PreprocessorConfig, WhisperConfig};
 use crate::audio::Audio;
 use crate::error::{Result, RuntimeError};
 use crate::graph::{Feeds, RunCtx, Tensor};
-use crate::models::common::{next_output, read_json, Tokenizer};
+use crate::models::common::{next_output, pcm_feeds, read_json, Tokenizer};
 use crate::models::{Loaded, RunHooks, RunOptions, RunOutput, SpeechModel};
 use crate::weights::Weights;
 
@@ -164,19 +164,13 @@ impl WhisperModel {
 
     /// Formula `frontend`: pcm samples (at most one window) -> log-mel `[mel_bins, frames]`.
     pub fn log_mel(&self, pcm: &[f32], ctx: &mut RunCtx) -> Result<Tensor> {
-        let feeds: Feeds = HashMap::from([(
-            names::PCM.to_string(),
-            Array1::from_vec(pcm.to_vec()).into_dyn(),
-        )]);
+        let feeds = pcm_feeds(names::PCM, pcm);
         self.loaded.run_one(feeds, self.edges.mel, ctx)
     }
 
     /// Formula `encode`: pcm samples (at most one window) -> encoder memory `[enc_tokens, d_model]`.
     pub fn encode(&self, pcm: &[f32], ctx: &mut RunCtx) -> Result<Tensor> {
-        let feeds: Feeds = HashMap::from([(
-            names::PCM.to_string(),
-            Array1::from_vec(pcm.to_vec()).into_dyn(),
-        )]);
+        let feeds = pcm_feeds(names::PCM, pcm);
         self.loaded.run_one(feeds, self.edges.memory, ctx)
     }
 

@@ -299,7 +299,13 @@ fn weights_read_wrong_are_named_by_replay() {
             "fc1-f16" => assert_eq!(m["counterfactual"]["format"], "f16"),
             "ln-weight-minus-one" => {
                 assert!((m["counterfactual"]["value"].as_f64().unwrap() + 1.0).abs() < 1e-4);
-                assert!(m["summary"].as_str().unwrap().contains("with 1 subtracted from its weight"), "{m:#}");
+                assert!(
+                    m["summary"]
+                        .as_str()
+                        .unwrap()
+                        .contains("with 1 subtracted from its weight"),
+                    "{m:#}"
+                );
             }
             "fc2-weight-halved" => {
                 assert!((m["counterfactual"]["factor"].as_f64().unwrap() - 0.5).abs() < 1e-4);

@@ -579,6 +579,9 @@ pub fn hypotheses(
             }
             if info.kind == ModuleKind::BatchNorm {
                 v.push(C::BatchStatistics);
+                v.push(C::RunningVarPower { value: 0.5 });
+                v.push(C::RunningVarPower { value: 2.0 });
+                v.push(C::RunningMeanMissing);
             }
             if w.is_some() && has_bias {
                 v.push(C::AffineSwapped);

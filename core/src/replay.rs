@@ -196,6 +196,15 @@ pub enum Counterfactual {
     /// BatchNorm: normalized with the batch's own statistics (training mode) instead of the
     /// running mean and variance.
     BatchStatistics,
+    /// BatchNorm: the running variance raised to `value`: `0.5`, its square root (a standard
+    /// deviation stored where the variance belongs, or the variance read as one); `2`, squared
+    /// (a variance read where a standard deviation was expected).
+    RunningVarPower {
+        /// The power.
+        value: f64,
+    },
+    /// BatchNorm: the running mean left out (zeros).
+    RunningMeanMissing,
     /// Conv: the input padded by `left` / `right` frames instead of the module's padding.
     Padding {
         /// Frames of zeros before.
@@ -359,6 +368,14 @@ impl Counterfactual {
             }
             WeightOffset { value } => format!("with {} added to its weight", num(*value)),
             BatchStatistics => "with batch statistics instead of the running ones".into(),
+            RunningVarPower { value } if (value - 0.5).abs() < 1e-9 => {
+                "with the square root of its running variance (a standard deviation read as the variance)".into()
+            }
+            RunningVarPower { value } if (value - 2.0).abs() < 1e-9 => {
+                "with its running variance squared (the variance read as a standard deviation)".into()
+            }
+            RunningVarPower { value } => format!("with its running variance to the power {value}"),
+            RunningMeanMissing => "without its running mean".into(),
             Padding { left, right } => format!("with padding ({left}, {right})"),
             Stride { value } => format!("with stride {value}"),
             InputRounded { format } => format!("with its input rounded to {}", format.as_str()),

@@ -201,6 +201,13 @@ def test_rms_and_batch_norm_counterfactuals():
     want = (t - t.mean(1, keepdim=True)) / torch.sqrt(t.var(1, keepdim=True, unbiased=False) + b.eps)
     want = want * b.weight.detach()[:, None] + b.bias.detach()[:, None]
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-5)
+    mean, var, wb = b.running_mean.detach()[:, None], b.running_var.detach()[:, None], (b.weight.detach()[:, None], b.bias.detach()[:, None])
+    for cf, m_, v_ in [({"kind": "running_var_power", "value": 0.5}, mean, var.sqrt()),
+                       ({"kind": "running_var_power", "value": 2.0}, mean, var * var),
+                       ({"kind": "running_mean_missing"}, 0 * mean, var)]:
+        got = replay_g(bn, xb["array"], "channel_major", cf)["output"]
+        want = (t - m_) / torch.sqrt(v_ + b.eps) * wb[0] + wb[1]
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-5, err_msg=str(cf))
     # The contract declares the point channel-major: a token-major tensor is refused, naming it,
     # never transposed on a guess.
     with pytest.raises(OracleInputError, match=rf"{bn}:in arrives token_major; .* declares it channel_major"):

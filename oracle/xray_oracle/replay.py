@@ -512,6 +512,16 @@ def _call(model, path: str, module, kind: str, x, cf: dict):
         if k == "batch_statistics":
             _need(kind == "batch_norm", path, kind, cf, "applies to a BatchNorm")
             return F.batch_norm(x, None, None, w, b, True, 0.0, module.eps)
+        if k in ("running_var_power", "running_mean_missing"):
+            # The running statistics read otherwise: the variance as a standard deviation (or the
+            # other way), the mean left out.
+            _need(kind == "batch_norm", path, kind, cf, "applies to a BatchNorm")
+            mean, var = module.running_mean, module.running_var
+            if k == "running_var_power":
+                var = var.pow(float(cf["value"]))
+            else:
+                mean = torch.zeros_like(mean)
+            return F.batch_norm(x, mean, var, w, b, False, 0.0, module.eps)
         if k == "weight_plus_one":
             _need(kind == "rms_norm", path, kind, cf, "applies to an RMSNorm")
             return with_params(weight=1 + w)

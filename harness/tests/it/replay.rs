@@ -364,6 +364,13 @@ fn granite_weights_read_wrong_are_named_by_replay() {
             "weight_reinterpreted",
         ),
         (
+            // A converter that stored the standard deviation where the running variance belongs.
+            "bn-var-as-std",
+            "k = 'encoder.layers.1.conv.batch_norm.running_var'; w[k] = np.sqrt(w[k]).astype(np.float32)",
+            "enc.block.1.conv.batch_norm",
+            "running_var_power",
+        ),
+        (
             "ff1-up-bias-doubled",
             "k = 'encoder.layers.0.ff1.up_proj.bias'; w[k] = 2 * w[k]",
             "enc.block.0.ff1.up_proj",
@@ -398,6 +405,7 @@ fn granite_weights_read_wrong_are_named_by_replay() {
                 assert!((m["counterfactual"]["factor"].as_f64().unwrap() - 2.0).abs() < 1e-4)
             }
             "rel-pos-one-row-off" => assert_eq!(m["counterfactual"]["by"], -1, "{m:#}"),
+            "bn-var-as-std" => assert_eq!(m["counterfactual"]["value"], 0.5, "{m:#}"),
             _ => {}
         }
         assert_schema_valid(&ev);

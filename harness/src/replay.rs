@@ -115,6 +115,15 @@ impl GraphKernels<'_> {
         let key = o.weights.iter().find(|w| w.role == t.role)?.key.clone();
         Some((t, key))
     }
+
+    /// The weight key of the kernel op `op` convolves along time ([`Kernel::time_kernel`]).
+    ///
+    /// [`Kernel::time_kernel`]: xray_runtime::graph::Kernel::time_kernel
+    fn time_kernel(&self, op: &str) -> Option<String> {
+        let o = self.graph.ops().iter().find(|o| o.name == op)?;
+        let role = o.kernel.time_kernel()?;
+        Some(o.weights.iter().find(|w| w.role == role)?.key.clone())
+    }
 }
 
 impl KernelReplayer for GraphKernels<'_> {
@@ -171,44 +180,62 @@ impl KernelReplayer for GraphKernels<'_> {
         let weights = match req.cf {
             None => self.weights,
             Some((op, cf)) => {
-                let (kind, key) = self
-                    .table(op)
-                    .ok_or_else(|| format!("{op} reads no table"))?;
-                let table = self
-                    .weights
-                    .get(&key)
-                    .ok_or_else(|| format!("the weights hold no {key}"))?;
-                let rows = table.shape().first().copied().unwrap_or(0);
-                let mut t = table.clone();
-                match *cf {
-                    Counterfactual::WeightMissing => t.fill(0.0),
-                    Counterfactual::WeightScaled { factor } => {
-                        t.mapv_inplace(|v| v * factor as f32)
-                    }
-                    Counterfactual::RowOffset { by } => {
-                        let k = by.unsigned_abs() as usize;
-                        if k == 0 || k >= rows {
-                            return Err(format!("a table of {rows} rows read {by:+} rows off"));
+                // A kernel flipped in time, else a counterfactual on the op's table.
+                let (key, t) = if matches!(cf, Counterfactual::KernelFlipped) {
+                    let key = self
+                        .time_kernel(op)
+                        .ok_or_else(|| format!("{op} convolves no kernel along time"))?;
+                    let mut t = self
+                        .weights
+                        .get(&key)
+                        .ok_or_else(|| format!("the weights hold no {key}"))?
+                        .view();
+                    t.invert_axis(ndarray::Axis(t.ndim().saturating_sub(1)));
+                    // A standard-layout copy: the kernels read weights as contiguous rows.
+                    let t = t.as_standard_layout().into_owned();
+                    (key, t)
+                } else {
+                    let (kind, key) = self
+                        .table(op)
+                        .ok_or_else(|| format!("{op} reads no table"))?;
+                    let table = self
+                        .weights
+                        .get(&key)
+                        .ok_or_else(|| format!("the weights hold no {key}"))?;
+                    let rows = table.shape().first().copied().unwrap_or(0);
+                    let mut t = table.clone();
+                    match *cf {
+                        Counterfactual::WeightMissing => t.fill(0.0),
+                        Counterfactual::WeightScaled { factor } => {
+                            t.mapv_inplace(|v| v * factor as f32)
                         }
-                        use ndarray::{Axis, Slice};
-                        let (dst, src, undefined) = if by > 0 {
-                            (0..rows - k, k..rows, rows - k..rows)
-                        } else {
-                            (k..rows, 0..rows - k, 0..k)
-                        };
-                        t.slice_axis_mut(Axis(0), Slice::from(dst))
-                            .assign(&table.slice_axis(Axis(0), Slice::from(src)));
-                        // Rows past the table's end: not judged where they are the output's.
-                        let op_out = g
-                            .op_spec(op)
-                            .ok()
-                            .and_then(|s| s.outputs.into_iter().next());
-                        if kind.added && op_out.is_some_and(|p| p.edge == spec.outputs[0].edge) {
-                            unjudged = Some((0, undefined.start, undefined.end));
+                        Counterfactual::RowOffset { by } => {
+                            let k = by.unsigned_abs() as usize;
+                            if k == 0 || k >= rows {
+                                return Err(format!("a table of {rows} rows read {by:+} rows off"));
+                            }
+                            use ndarray::{Axis, Slice};
+                            let (dst, src, undefined) = if by > 0 {
+                                (0..rows - k, k..rows, rows - k..rows)
+                            } else {
+                                (k..rows, 0..rows - k, 0..k)
+                            };
+                            t.slice_axis_mut(Axis(0), Slice::from(dst))
+                                .assign(&table.slice_axis(Axis(0), Slice::from(src)));
+                            // Rows past the table's end: not judged where they are the output's.
+                            let op_out = g
+                                .op_spec(op)
+                                .ok()
+                                .and_then(|s| s.outputs.into_iter().next());
+                            if kind.added && op_out.is_some_and(|p| p.edge == spec.outputs[0].edge)
+                            {
+                                unjudged = Some((0, undefined.start, undefined.end));
+                            }
                         }
+                        _ => return Err(format!("{op}: {} is not applied here", cf.phrase())),
                     }
-                    _ => return Err(format!("{op}: {} is not applied here", cf.phrase())),
-                }
+                    (key, t)
+                };
                 let mut m = std::collections::HashMap::new();
                 for k in &keys {
                     if let Some(w) = self.weights.get(k) {
@@ -231,10 +258,12 @@ impl KernelReplayer for GraphKernels<'_> {
     }
 
     fn counterfactuals(&self, op: &str) -> Vec<Counterfactual> {
+        // A kernel convolved along time flipped.
+        let flipped = self.time_kernel(op).map(|_| Counterfactual::KernelFlipped);
         // Positions read rows off; a table added never added (its scale is solved from that
         // run: `ReplayContext::inline`).
         let Some((t, _)) = self.table(op) else {
-            return Vec::new();
+            return flipped.into_iter().collect();
         };
         let mut v: Vec<Counterfactual> = [1i64, -1, 2, -2]
             .into_iter()
@@ -244,6 +273,7 @@ impl KernelReplayer for GraphKernels<'_> {
         if t.added {
             v.push(Counterfactual::WeightMissing);
         }
+        v.extend(flipped);
         v
     }
 }

@@ -139,6 +139,12 @@ pub trait Kernel: Send + Sync + fmt::Debug {
     fn table(&self) -> Option<LearnedTable> {
         None
     }
+    /// The role of the weight the kernel convolves along time (its last axis the taps), if any:
+    /// replay flips it (a convolution computed where the module computes a cross-correlation, a
+    /// kernel stored in the other time order). Default: none.
+    fn time_kernel(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// A learned table a kernel reads ([`Kernel::table`]).

@@ -412,7 +412,8 @@ fn granite_weights_read_wrong_are_named_by_replay() {
     }
     // The depthwise conv's HF module takes an input its wrapper padded, which no kernel holds:
     // its region (the GLU and the conv, from the up-projection's output) is replayed through
-    // X-Ray's kernels, and convicted.
+    // X-Ray's kernels, and convicted; the kernel the conv declares it convolves along time
+    // (`Kernel::time_kernel`), flipped, reproduces the engine and names the op.
     let flip = "k = 'encoder.layers.0.conv.depth_conv.conv.weight'; w[k] = w[k][..., ::-1].copy()";
     let ev = edited_and_compared(dir.path(), &reference, GRANITE, "depthwise-flipped", flip);
     let (op, r) = replay(&ev);
@@ -426,6 +427,11 @@ fn granite_weights_read_wrong_are_named_by_replay() {
         strs_of(&r["covers"]).contains(&"enc.block.0.conv.depth_conv"),
         "{r:#}"
     );
+    assert_eq!(
+        r["mechanism"]["counterfactual"]["kind"], "kernel_flipped",
+        "{r:#}"
+    );
+    assert_eq!(op["op"], "enc.block.0.conv.depth_conv", "{op:#}");
     assert_schema_valid(&ev);
 }
 

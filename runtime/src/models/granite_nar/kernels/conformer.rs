@@ -130,6 +130,9 @@ impl Kernel for DepthwiseConv {
     fn points(&self) -> &'static [Side] {
         &[Side::Out]
     }
+    fn time_kernel(&self) -> Option<&'static str> {
+        Some("weight")
+    }
     fn infer(&self, inputs: &[Shape], weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         let (_, c) = token_rows(&inputs[0], "x")?;
         if weights[0] != [c, 1, self.kernel] {

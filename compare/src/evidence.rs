@@ -213,6 +213,11 @@ pub struct RunDumps {
     pub reference: String,
     /// The dump of the engine under test.
     pub got: String,
+    /// The weights sha256 the dump under test declares, when it is not the reference's
+    /// (`run.weights_sha256`, the evidence's identity): a converted or edited copy of the
+    /// weights, said in a note; `xray repro` holds the dump to it. Written only then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub got_weights_sha256: Option<String>,
 }
 
 /// Tolerance in force for a checkpoint and where it came from: the [`Tolerance`]'s fields

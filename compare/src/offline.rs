@@ -135,7 +135,11 @@ pub fn compare_dumps_evidence(
         isolated: !o.isolated.is_empty(),
         stats_only,
         contract_sha256: Some(contract.sha256()),
-        dumps: o.dump_paths,
+        dumps: o.dump_paths.map(|d| RunDumps {
+            got_weights_sha256: (got.manifest.weights_sha256 != reference.manifest.weights_sha256)
+                .then(|| got.manifest.weights_sha256.clone()),
+            ..d
+        }),
         engine_weights: got.manifest.engine_weights.clone(),
         ..Default::default()
     };

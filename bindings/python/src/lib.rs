@@ -310,6 +310,7 @@ fn compare(
                 dump_paths: Some(RunDumps {
                     reference: absolute(&reference),
                     got: absolute(&got),
+                    got_weights_sha256: None,
                 }),
             },
         )

@@ -154,6 +154,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if let Some(d) = &a.dumps {
         // Where `xray repro` finds the tensors of this run.
         out.evidence.run.dumps = Some(xray_compare::evidence::RunDumps {
+            got_weights_sha256: None,
             reference: super::absolute(&d.join("reference")),
             got: super::absolute(&d.join("runtime")),
         });

@@ -133,6 +133,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             dump_paths: Some(RunDumps {
                 reference: super::absolute(&a.reference),
                 got: super::absolute(&a.got),
+                got_weights_sha256: None,
             }),
         },
     )?;

@@ -20,7 +20,7 @@ use xray_compare::case::{
     self, check_case_target, weight_file, Case, CaseDivergence, CaseEngine, CaseFiles, CaseInput,
     CaseOp, CaseSource, CaseWeight, Upstream,
 };
-use xray_compare::evidence::Evidence;
+use xray_compare::evidence::{Evidence, RunDumps};
 use xray_core::dump::Dump;
 use xray_core::{Layout, Tensor};
 use xray_runtime::replay::OpSpec;
@@ -273,19 +273,31 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 d.dir.display()
             );
         }
-        for (fact, mine, theirs) in [
+        // The dump under test may declare other weights than the reference's (a converted or
+        // edited copy, said in the compare's note): the evidence records which.
+        let weights = match (what, ev.run.dumps.as_ref()) {
             (
-                "weights",
-                &d.manifest.weights_sha256,
-                &ev.run.weights_sha256,
+                "got",
+                Some(RunDumps {
+                    got_weights_sha256: Some(w),
+                    ..
+                }),
+            ) => Some(w),
+            _ => ev.run.weights_sha256.as_ref(),
+        };
+        for (fact, mine, theirs) in [
+            ("weights", &d.manifest.weights_sha256, weights),
+            (
+                "audio",
+                &d.manifest.audio_sha256,
+                ev.run.audio_sha256.as_ref(),
             ),
-            ("audio", &d.manifest.audio_sha256, &ev.run.audio_sha256),
         ] {
-            if theirs.as_ref().is_some_and(|t| t != mine) {
+            if theirs.is_some_and(|t| t != mine) {
                 bail!(
                     "the {what} dump {} was made on other {fact} than the evidence's run (sha256 {mine}, the evidence {}): not the run the evidence describes",
                     d.dir.display(),
-                    theirs.as_deref().unwrap_or("")
+                    theirs.map_or("", |t| t.as_str())
                 );
             }
         }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use common::{
     assert_schema_valid, check_injected, code, compare_dumps, compare_output, dump_to, edited,
-    oracle_dump, patched_oracle_dump, ready, ready_tempdir, s, stderr, FOX,
+    oracle_dump, patched_oracle_dump, ready, ready_tempdir, s, stderr, xray, FOX,
 };
 use serde_json::Value;
 
@@ -297,6 +297,33 @@ fn weights_read_wrong_are_named_by_replay() {
                 "model.encoder.layers.1.fc2.weight"
             ),
             "fc1-f16" => assert_eq!(m["counterfactual"]["format"], "f16"),
+            "fc1-bias-zero" => {
+                // The dump under test declares the edited weights: the evidence records them,
+                // and `xray repro` cuts a case from it (the reference's weights, the engine's
+                // output), holding that dump to them and no other.
+                let declared = ev["run"]["dumps"]["got_weights_sha256"].as_str().unwrap();
+                assert_ne!(Some(declared), ev["run"]["weights_sha256"].as_str());
+                let evidence = dir.path().join(format!("{name}.json"));
+                let case = dir.path().join("fc1-case");
+                let o = xray(&["repro", s(&evidence), "--out", s(&case)]);
+                assert_eq!(code(&o), 0, "{}", stderr(&o));
+                assert!(
+                    stderr(&o).contains("the runtime output fails"),
+                    "{}",
+                    stderr(&o)
+                );
+                let mut other = ev.clone();
+                other["run"]["dumps"]["got_weights_sha256"] = Value::from("0".repeat(64));
+                let tampered = dir.path().join("fc1-other.json");
+                std::fs::write(&tampered, other.to_string()).unwrap();
+                let o = xray(&["repro", s(&tampered), "--out", s(&dir.path().join("c2"))]);
+                assert_eq!(code(&o), 2, "{}", stderr(&o));
+                assert!(
+                    stderr(&o).contains("made on other weights"),
+                    "{}",
+                    stderr(&o)
+                );
+            }
             "ln-weight-minus-one" => {
                 assert!((m["counterfactual"]["value"].as_f64().unwrap() + 1.0).abs() < 1e-4);
                 assert!(

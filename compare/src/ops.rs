@@ -225,8 +225,11 @@ pub fn localize_op(
                 },
             })
             .collect();
-        // An input that could not be aligned was not seen to agree: the op is not named alone.
-        let cleared = inputs.iter().all(|p| p.status != Status::AlignmentFault);
+        // An input that could not be aligned, or that neither dump holds, was not seen to agree:
+        // the op is not named alone.
+        let cleared = inputs
+            .iter()
+            .all(|p| !matches!(p.status, Status::AlignmentFault | Status::Unobserved));
         let (op, suspects) = match node.ops.as_slice() {
             [one] if cleared => (Some(one.clone()), vec![one.clone()]),
             many => (None, many.to_vec()),
@@ -296,11 +299,101 @@ pub fn localize_op(
             tolerance: tol.tolerance,
             ..Default::default()
         };
-        out.explanation = Some(explain_with(&r.view(), &x.view(), &eopts, &oc));
+        out.explanation = Some(
+            carried(reference, candidate, name, step, layout, &x, &tol.tolerance)
+                .unwrap_or_else(|| explain_with(&r.view(), &x.view(), &eopts, &oc)),
+        );
         out.metrics = Some(m);
         return Some(out);
     }
     None
+}
+
+/// A decoder cache point (`:keys` / `:values`, `[heads, past+tokens, head_dim]`) at `step` whose
+/// past rows are not what the engine's own same point held at the step before, while that one
+/// agreed with the reference: the cache changed between the steps (the state an engine carries,
+/// not the append that wrote it). The rows are named, whether this step's new rows agree, and the
+/// reference's cache tensor at the step before that the past rows hold instead, if one does.
+/// `None` when it does not hold (or either step is not held).
+fn carried(
+    reference: &Dump,
+    candidate: &Dump,
+    name: &str,
+    step: Step,
+    layout: Layout,
+    x: &ArrayD<f32>,
+    tol: &crate::tolerance::Tolerance,
+) -> Option<Explanation> {
+    use ndarray::{s, Ix3};
+    let (_, Side::Keys | Side::Values) = parse_point(name)? else {
+        return None;
+    };
+    let before = step.checked_sub(1)?;
+    let (r0, _) = side(reference, name, before, layout)?;
+    let (x0, _) = side(candidate, name, before, layout)?;
+    let (x, x0, r0) = (
+        x.view().into_dimensionality::<Ix3>().ok()?,
+        x0.into_dimensionality::<Ix3>().ok()?,
+        r0.into_dimensionality::<Ix3>().ok()?,
+    );
+    let past = x0.shape()[1];
+    if x0.shape() != r0.shape() || x.shape()[1] <= past || x.shape()[0] != x0.shape()[0] {
+        return None;
+    }
+    let agrees = |a: &ndarray::ArrayViewD<f32>, b: &ndarray::ArrayViewD<f32>| {
+        compare(a, b, tol).is_ok_and(|m| m.passes(tol))
+    };
+    let read_back = x.slice(s![.., ..past, ..]).into_dyn();
+    if !agrees(&r0.view().into_dyn(), &x0.view().into_dyn())
+        || agrees(&x0.view().into_dyn(), &read_back)
+    {
+        return None;
+    }
+    let new_rows = reference.get(name, step).and_then(|r| {
+        let r = side(reference, name, step, layout).map_or(r.clone(), |(t, _)| t);
+        let r = r.into_dimensionality::<Ix3>().ok()?;
+        (r.shape() == x.shape()).then(|| {
+            agrees(
+                &r.slice(s![.., past.., ..]).into_dyn(),
+                &x.slice(s![.., past.., ..]).into_dyn(),
+            )
+        })
+    });
+    // What the past rows hold instead: another of the reference's tensors of their shape at the
+    // step before (the other half of the cache, another layer's).
+    let source = dump_points(reference, before)
+        .into_iter()
+        .filter(|p| p != name)
+        .find(|p| {
+            side(reference, p, before, layout).is_some_and(|(t, _)| {
+                t.shape() == read_back.shape() && agrees(&t.view(), &read_back)
+            })
+        })
+        .map(|p| xray_core::key(&p, before).to_string());
+    let mut detail = format!(
+        "positions 0..{} of the cache ({} rows the step reads back) are not what the engine wrote at step {before} (its own {}), which agreed with the reference: the cache changed between the steps",
+        past - 1,
+        past,
+        xray_core::key(name, before)
+    );
+    if let Some(s) = &source {
+        detail.push_str(&format!("; they hold the reference's {s}"));
+    }
+    match new_rows {
+        Some(true) => detail.push_str("; this step's new rows agree"),
+        Some(false) => detail.push_str("; this step's new rows differ too"),
+        None => {}
+    }
+    Some(Explanation {
+        signature: xray_core::signature::SignatureKind::Carried,
+        detail,
+        evidence: serde_json::json!({
+            "past_rows": past,
+            "written": xray_core::key(name, before).to_string(),
+            "source": source,
+            "new_rows_agree": new_rows,
+        }),
+    })
 }
 
 /// The module whose `:out` the node carries and whose `:in` every one of its agreeing inputs

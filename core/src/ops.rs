@@ -3,7 +3,9 @@
 //!
 //! A point is `{module}:{side}`: `module` is the HF module's dotted path from the model's root
 //! (`model.encoder.layers.3.fc2`, the prefix of its weight keys), `side` is `in` (the module's
-//! first positional input, a forward pre-hook) or `out` (its output, a forward hook). An engine
+//! first positional input, a forward pre-hook) or `out` (its output, a forward hook), or, for a
+//! decoder's self-attention, `keys` / `values`: the cache it holds after the call (the past
+//! positions and this step's), the state an engine carries from step to step. An engine
 //! maps each op that loads weights to the module its weight keys name, and observes the op's first
 //! input as `:in` and its output as `:out`; a weightless op's output is observed where the
 //! reference exposes it as some module's input (an activation's output is `fc2:in`, a residual sum
@@ -25,6 +27,11 @@ pub enum Side {
     In,
     /// The module's output (forward hook).
     Out,
+    /// The keys of the module's self-attention cache after the call, `[heads, past+tokens,
+    /// head_dim]`: what an engine's cache append writes and carries to the next step.
+    Keys,
+    /// The values of that cache.
+    Values,
 }
 
 impl Side {
@@ -33,6 +40,8 @@ impl Side {
         match self {
             Side::In => "in",
             Side::Out => "out",
+            Side::Keys => "keys",
+            Side::Values => "values",
         }
     }
 }
@@ -49,12 +58,14 @@ pub fn point_name(module: &str, side: Side) -> String {
 }
 
 /// The module and side of a point name; `None` for a contract checkpoint name (no `:in` /
-/// `:out` suffix, or an empty module).
+/// `:out` / `:keys` / `:values` suffix, or an empty module).
 pub fn parse_point(name: &str) -> Option<(&str, Side)> {
     let (module, side) = name.rsplit_once(':')?;
     let side = match side {
         "in" => Side::In,
         "out" => Side::Out,
+        "keys" => Side::Keys,
+        "values" => Side::Values,
         _ => return None,
     };
     (!module.is_empty()).then_some((module, side))

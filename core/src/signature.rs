@@ -29,6 +29,9 @@ pub enum SignatureKind {
     Subset,
     /// Another tensor's values (a wiring candidate).
     Wiring,
+    /// State carried across steps (a decoder's cache) changed between them: the rows a step
+    /// reads back are not what the previous step wrote.
+    Carried,
     /// Logits at another softmax temperature.
     Temperature,
     /// A per-row affine map.
@@ -57,7 +60,7 @@ pub enum SignatureKind {
 
 impl SignatureKind {
     /// Every kind.
-    pub const ALL: [SignatureKind; 21] = [
+    pub const ALL: [SignatureKind; 22] = [
         SignatureKind::NonFinite,
         SignatureKind::Permutation,
         SignatureKind::Shift,
@@ -67,6 +70,7 @@ impl SignatureKind {
         SignatureKind::Rounding,
         SignatureKind::Subset,
         SignatureKind::Wiring,
+        SignatureKind::Carried,
         SignatureKind::Temperature,
         SignatureKind::RowAffine,
         SignatureKind::Clamp,
@@ -93,6 +97,7 @@ impl SignatureKind {
             SignatureKind::Rounding => "rounding",
             SignatureKind::Subset => "subset",
             SignatureKind::Wiring => "wiring",
+            SignatureKind::Carried => "carried",
             SignatureKind::Temperature => "temperature",
             SignatureKind::RowAffine => "row_affine",
             SignatureKind::Clamp => "clamp",

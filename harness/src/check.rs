@@ -974,7 +974,10 @@ impl Drill<'_> {
             (r_ops, x_ops) = self.capture_points(&region, reference, progress, lookups)?;
             (&r_ops, &x_ops)
         };
-        let nodes = self.model.graph().point_nodes();
+        // Over the points both sides hold: an op between held points and an unheld one is not
+        // named on the strength of inputs nobody captured.
+        let nodes =
+            xray_compare::ops::held_graph(&self.model.graph().point_nodes(), r, x, region.step);
         self.locate_op(ev, &region, &nodes, r, x)?;
         self.replay(ev, &nodes, r, x, progress);
         Ok(())

@@ -394,7 +394,8 @@ pub fn replay_origin(
     };
     let ev = match op.side {
         Side::Out => cx.origin(op),
-        Side::In => cx.weightless(op),
+        // A weightless op's output (observed as a module's input, or a cache append's).
+        Side::In | Side::Keys | Side::Values => cx.weightless(op),
     };
     match ev {
         Ok(ev) => {

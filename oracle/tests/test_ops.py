@@ -44,8 +44,13 @@ def test_all_points_change_nothing_else():
     names = {p["name"] for p in full["op_points"]}
     per_enc, per_dec = 8, 13  # q,k,v,out, 2 norms, fc1, fc2; + cross q,k,v,out, norm
     n_modules = (2 + 1 + per_enc * config["encoder_layers"] + 1) + (2 + per_dec * config["decoder_layers"] + 1) + 1
-    assert len(names) == 2 * n_modules
-    assert all(n.endswith((":in", ":out")) for n in names)
+    # Plus each decoder self-attention's cache after the call, keys and values (the contract
+    # declares them): the state carried between steps.
+    caches = {n for n in names if n.endswith((":keys", ":values"))}
+    assert caches == {f"model.decoder.layers.{i}.self_attn:{s}" for i in range(config["decoder_layers"])
+                      for s in ("keys", "values")}
+    assert len(names) == 2 * n_modules + len(caches)
+    assert all(n.endswith((":in", ":out")) for n in names - caches)
     steps = [p["step"] for p in full["op_points"]]
     assert steps == sorted(steps)
 
@@ -97,6 +102,19 @@ def test_decoder_points_at_every_step_and_cross_kv_once():
     # The logits point is the contract's logits checkpoint.
     logits = {c["step"]: c["array"] for c in res["checkpoints"] if c["name"] == "audio.decoder.logits"}
     assert all(np.array_equal(got[("proj_out:out", s)]["array"], logits[s]) for s in range(steps))
+    # Each self-attention's cache after the call, head-major [heads, past+tokens, head_dim]: the
+    # rows of the step before, then this step's keys / values (the projection split into heads).
+    heads = json.loads((RAND_A / "config.json").read_text())["decoder_attention_heads"]
+    for side, proj in (("keys", "k_proj"), ("values", "v_proj")):
+        name = f"model.decoder.layers.1.self_attn:{side}"
+        for s in range(steps):
+            cache = got[(name, s)]
+            new = got[(f"model.decoder.layers.1.self_attn.{proj}:out", s)]["array"]
+            t, d = new.shape
+            assert cache["layout"] == "head_major" and cache["array"].shape[1] == len(res["step_tokens"][0]) + s
+            np.testing.assert_array_equal(cache["array"][:, -t:], new.reshape(t, heads, d // heads).transpose(1, 0, 2))
+            if s:
+                np.testing.assert_array_equal(cache["array"][:, :-t], got[(name, s - 1)]["array"])
 
 
 def test_explicit_list_is_exactly_those_points():

@@ -67,7 +67,9 @@ def replay_g(module: str, array, layout: str, cf=None, **kw):
 
 def test_every_module_replays_its_own_output_exactly():
     pts = whisper_points()
-    modules = sorted({n.rsplit(":", 1)[0] for n in pts})
+    # Every module with an input and an output (a self-attention's cache points are no module's
+    # input or output).
+    modules = sorted({n.rsplit(":", 1)[0] for n in pts if n.endswith((":in", ":out"))})
     assert len(modules) > 30
     for mod in modules:
         out = pts[f"{mod}:out"]

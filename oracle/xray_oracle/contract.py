@@ -130,6 +130,10 @@ class Contract:
                 return r
         raise ContractError(f"op-level point {point!r}: no rule of the contract's 'points' declares its layout")
 
+    def declares(self, point: str) -> bool:
+        """Whether a rule declares op-level point `point`."""
+        return any(r.matches(point) for r in self.points)
+
     def by_name(self) -> dict[str, Checkpoint]:
         return {c.name: c for c in self.checkpoints}
 

@@ -9,6 +9,10 @@ recorder passes its decode-step counter; a single-pass model (granite_nar) passe
 Rules (each checked where it can fail):
 - `in` is the module's first positional input (forward pre-hook, `args[0]`); `out` is its output
   (forward hook; a tuple or a transformers ModelOutput gives its element 0).
+- `keys` / `values` are a decoder self-attention's cache after the call (forward hook): its `cache`
+  keyword argument (an EncoderDecoderCache's `self_attention_cache`), layer `module.layer_idx`,
+  `.keys` / `.values`. They exist only where a contract rule declares them (`ops="all"` hooks those
+  modules too); a call without a cache is a CaptureError naming the point.
 - integer and boolean tensors (token ids, positions) become float32; float16/bfloat16 become
   float32; float32/float64 are kept as computed.
 - shape and layout are declared, never guessed: each point is brought to the engine's form by the
@@ -33,6 +37,8 @@ from .recorder import Hooks
 
 ALL = "all"
 SIDES = ("in", "out")
+CACHE_SIDES = ("keys", "values")
+ALL_SIDES = SIDES + CACHE_SIDES
 
 OpsArg = Union[None, str, list, tuple]
 
@@ -57,10 +63,10 @@ def parse_ops(ops: OpsArg) -> Union[None, str, list[str]]:
         if not isinstance(name, str):
             raise OracleInputError(f"op-level point {name!r} is a {type(name).__name__}, not a name")
         module, sep, side = name.rpartition(":")
-        if not sep or not module or side not in SIDES:
+        if not sep or not module or side not in ALL_SIDES:
             raise OracleInputError(
-                f"op-level point {name!r}: not '{{module}}:in' or '{{module}}:out' (a module's dotted path "
-                "from the model root, e.g. 'model.encoder.layers.3.fc2:out')"
+                f"op-level point {name!r}: not '{{module}}:in', ':out', ':keys' or ':values' (a module's dotted "
+                "path from the model root, e.g. 'model.encoder.layers.3.fc2:out')"
             )
         if name not in names:
             names.append(name)
@@ -96,8 +102,12 @@ class OpRecorder(Hooks):
             return
         if self.selection == ALL:
             for path, mod in model.named_modules():
-                if path and _has_own_parameters(mod):
-                    self.targets.append((path, mod, SIDES))
+                # A module's in/out where it has parameters of its own; a cache where the
+                # contract declares one.
+                sides = (SIDES if _has_own_parameters(mod) else ()) + tuple(
+                    s for s in CACHE_SIDES if contract.declares(f"{path}:{s}"))
+                if path and sides:
+                    self.targets.append((path, mod, sides))
             return
         wanted: dict[str, list[str]] = {}
         for name in self.selection:
@@ -111,7 +121,7 @@ class OpRecorder(Hooks):
                     f"op-level point {path}:{sides[0]}: the model ({type(model).__name__}) has no module {path!r}"
                     f"{_nearby(model, path)}"
                 ) from None
-            self.targets.append((path, mod, tuple(s for s in SIDES if s in sides)))
+            self.targets.append((path, mod, tuple(s for s in ALL_SIDES if s in sides)))
 
     def install(self) -> "OpRecorder":
         for path, mod, sides in self.targets:
@@ -124,6 +134,13 @@ class OpRecorder(Hooks):
             if "out" in sides:
                 self._handles.append(
                     mod.register_forward_hook(lambda m, args, out, p=path: self._take(m, p, "out", out, None))
+                )
+            for side in (s for s in CACHE_SIDES if s in sides):
+                self._handles.append(
+                    mod.register_forward_hook(
+                        lambda m, args, kwargs, out, p=path, s=side: self._take(m, p, s, _cache(m, p, s, kwargs), None),
+                        with_kwargs=True,
+                    )
                 )
         return self
 
@@ -145,6 +162,9 @@ class OpRecorder(Hooks):
                 )
             t = value[0]
             what = "first positional input"
+        elif side in CACHE_SIDES:
+            t = value
+            what = f"cache's {side}"
         else:
             t = value
             if isinstance(value, (tuple, list)):
@@ -185,6 +205,22 @@ class OpRecorder(Hooks):
             a = transforms.apply(c["array"], rule.transform, where, self.contract.dims, symbols)
             aligned.append({"name": c["name"], "step": c["step"], "layout": rule.layout, "array": a})
         return aligned
+
+
+def _cache(module, path: str, side: str, kwargs: dict):
+    """The `keys` or `values` of the self-attention cache `module` updated in its call."""
+    name = f"{path}:{side}"
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    if cache is None:
+        raise CaptureError(f"op-level point {name}: {path} was called without a cache (keyword `cache`); "
+                           f"`{side}` is a decoder self-attention's cache after the call")
+    cache = getattr(cache, "self_attention_cache", cache)
+    idx = getattr(module, "layer_idx", None)
+    layers = getattr(cache, "layers", None)
+    if idx is None or layers is None or not 0 <= idx < len(layers):
+        raise CaptureError(f"op-level point {name}: {type(cache).__name__} has no layer {idx!r} "
+                           f"({type(module).__name__}.layer_idx) to read the {side} from")
+    return getattr(layers[idx], side)
 
 
 def _nearby(model, path: str) -> str:

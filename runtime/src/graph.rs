@@ -462,7 +462,8 @@ impl GraphBuilder {
             for &side in sides {
                 let edge = match side {
                     Side::In => op.inputs.first(),
-                    Side::Out => op.outputs.first(),
+                    // A cache append's output: the cache after the call.
+                    Side::Out | Side::Keys | Side::Values => op.outputs.first(),
                 };
                 if let Some(&e) = edge {
                     named.push((e, point_name(&module, side)));
@@ -668,8 +669,13 @@ impl Graph {
         for a in after {
             let e = edge(a)?;
             // `to` itself at an earlier step (state carried across steps, a feed here) and any
-            // name not upstream of it bound nothing.
-            if *a == to || !upstream(e) {
+            // name not upstream of it bound nothing; nor does an output of an op with several
+            // (an attention's probabilities agree while its context, which reads the values
+            // they never read, may not: which inputs each output reads is not declared).
+            let several = self.edges[e]
+                .producer
+                .is_some_and(|(o, _)| self.ops[o].outputs.len() > 1);
+            if *a == to || !upstream(e) || several {
                 continue;
             }
             for (o, g) in ancestors(e).into_iter().enumerate() {

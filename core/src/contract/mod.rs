@@ -320,7 +320,7 @@ pub fn vocabulary() -> serde_json::Value {
         "step_refs": serde_names(&[StepRef::Same, StepRef::Prefill, StepRef::Previous]),
         "layouts": serde_names(&[Layout::TokenMajor, Layout::HeadMajor, Layout::ChannelMajor, Layout::Plain]),
         "hooks": serde_names(&[Hook::Forward, Hook::Pre]),
-        "sides": serde_names(&[Side::In, Side::Out]),
+        "sides": serde_names(&[Side::In, Side::Out, Side::Keys, Side::Values]),
         "transforms": serde_names(&[
             Transform::SqueezeBatch,
             Transform::FlattenWindows { per_window: String::new() },

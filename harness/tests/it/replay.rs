@@ -573,3 +573,44 @@ fn a_cross_attention_cache_of_another_layer_is_named() {
     assert_eq!(m["counterfactual"]["layer"], 0, "{m:#}");
     assert_schema_valid(&ev);
 }
+
+/// Another engine's dump whose decoder carries its self-attention cache wrong between steps: from
+/// step 1 on, layer 1 reads back its keys where its values were (a host-side bug: the append
+/// writes them right). The values point is the op-level origin, with the `carried` signature: the
+/// rows read back are not what the engine wrote at step 0, they hold the reference's keys, and
+/// the step's own row agrees.
+#[test]
+fn a_self_attention_cache_carried_wrong_is_named() {
+    let Some((dir, reference)) = referenced(RAND) else {
+        return;
+    };
+    let forward = "def fwd(self, hidden_states, key_value_states=None, cache=None, **kw):\n\
+        \x20   if getattr(self, '_bug', False) and cache is not None and hidden_states.shape[1] == 1:\n\
+        \x20       layer = cache.self_attention_cache.layers[self.layer_idx]\n\
+        \x20       layer.values = layer.keys.clone()\n\
+        \x20   return orig(self, hidden_states, key_value_states=key_value_states, cache=cache, **kw)\n";
+    let (class, buggy) = ("WhisperAttention", "decoder.layers[1].self_attn");
+    let ev = patched_and_compared(dir.path(), &reference, class, forward, buggy);
+    let op = &ev["first_divergence"]["op"];
+    assert_eq!(
+        op["point"], "model.decoder.layers.1.self_attn:values",
+        "{op:#}"
+    );
+    assert_eq!(op["step"], 1, "{op:#}");
+    assert!(
+        strs_of(&op["suspects"]).contains(&"decoder.layer.1.self_v_append"),
+        "{op:#}"
+    );
+    let x = &op["explanation"];
+    assert_eq!(x["signature"], "carried", "{x:#}");
+    assert_eq!(
+        x["evidence"]["written"],
+        "model.decoder.layers.1.self_attn:values@step0"
+    );
+    assert_eq!(
+        x["evidence"]["source"],
+        "model.decoder.layers.1.self_attn:keys@step0"
+    );
+    assert_eq!(x["evidence"]["new_rows_agree"], true, "{x:#}");
+    assert_schema_valid(&ev);
+}

@@ -3,14 +3,36 @@
 use super::{data, dims, rank, same_dim, tensor};
 use crate::graph::{Dim, Kernel, KernelCtx, KernelOut, Shape, Tensor};
 use crate::kernels::layout::ports;
+use xray_core::ops::Side;
 
 /// head_major past `[H, P, D]` + new `[H, T, D]` -> `[H, P + T, D]`. The cache is a feed and
 /// this op's output is the updated cache (a formula output), never a hidden buffer.
 ///
+/// Its output is the attention module's `:keys` or `:values` op-level point (the module set with
+/// [`GraphBuilder::hf_module`](crate::graph::GraphBuilder::hf_module)): [`KvAppend::keys`],
+/// [`KvAppend::values`]; the default names none.
+///
 /// Upstream: transformers v5.24.0 src/transformers/cache_utils.py `DynamicLayer.update`
 /// (`torch.cat([self.keys, key_states], dim=-2)`).
 #[derive(Debug, Clone, Default)]
-pub struct KvAppend;
+pub struct KvAppend {
+    points: &'static [Side],
+}
+
+impl KvAppend {
+    /// The append of the keys: its output is the module's `:keys` point.
+    pub fn keys() -> Self {
+        KvAppend {
+            points: &[Side::Keys],
+        }
+    }
+    /// The append of the values: its output is the module's `:values` point.
+    pub fn values() -> Self {
+        KvAppend {
+            points: &[Side::Values],
+        }
+    }
+}
 
 fn sum_dim(a: &Dim, b: &Dim) -> Dim {
     match (a, b) {
@@ -21,6 +43,9 @@ fn sum_dim(a: &Dim, b: &Dim) -> Dim {
 
 impl Kernel for KvAppend {
     ports!("kv_append", [past: HeadMajor, new: HeadMajor] -> [y: HeadMajor]);
+    fn points(&self) -> &'static [Side] {
+        self.points
+    }
     fn infer(&self, inputs: &[Shape], _weights: &[Vec<usize>]) -> Result<Vec<Shape>, String> {
         rank(&inputs[0], 3, "past")?;
         rank(&inputs[1], 3, "new")?;

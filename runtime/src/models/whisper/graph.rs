@@ -289,20 +289,23 @@ fn decoder_layer(
     let proj = self_attn_qkv(g, &p, "self_", &vb, h, geo)?;
     let hm = qkv_heads(g, &p, "self_", proj, geo)?;
     let mut cache = Vec::with_capacity(2);
-    for (n, past, new, out_name) in [
-        ("k", kp, hm[1], names::self_k(i)),
-        ("v", vp, hm[2], names::self_v(i)),
+    for (n, past, new, out_name, append) in [
+        ("k", kp, hm[1], names::self_k(i), KvAppend::keys()),
+        ("v", vp, hm[2], names::self_v(i), KvAppend::values()),
     ] {
         let shape = shape![dh, "past+tokens", dhd];
+        let op = format!("{p}.self_{n}_append");
         cache.push(
             g.op(
-                &format!("{p}.self_{n}_append"),
-                Box::new(KvAppend),
+                &op,
+                Box::new(append),
                 &[past, new],
                 &[],
                 vec![named(&out_name, shape, Layout::HeadMajor)],
             )?[0],
         );
+        // The cache after the call is the attention module's `:keys` / `:values` point.
+        g.hf_module(&op, sa.path())?;
     }
     let (k_all, v_all) = (cache[0], cache[1]);
     g.output(k_all);

@@ -433,20 +433,27 @@ pub fn with_same_as(mut nodes: Vec<PointNode>, same_as: &[(String, String)]) -> 
 /// as its ops (in graph order), so an engine that exposes few points (candle: its encoder's input
 /// and output) is localized between the points it does expose, never to the one op next to an
 /// unobserved input. A path reaching an unobserved node with no inputs (a feed) keeps it, as
-/// unobserved; a node none of whose paths reaches a held one is left as it was.
+/// unobserved; a node none of whose paths reaches a held one is left as it was. A point both
+/// hold at step 0 only (a prefill-time tensor the later steps read) counts as held at every step.
 pub fn held_graph(
     nodes: &[PointNode],
     reference: &Dump,
     candidate: &Dump,
     step: Step,
 ) -> Vec<PointNode> {
+    // A point both dumps hold only at the prefill (a cross-attention projection the decode steps
+    // reuse) bounds a later step's region as well: what those steps read is that tensor.
+    let both =
+        |p: &str, k: Step| reference.entry(p, k).is_some() && candidate.entry(p, k).is_some();
+    let prefill_only = |p: &str| {
+        step > 0
+            && both(p, 0)
+            && reference.entry(p, step).is_none()
+            && candidate.entry(p, step).is_none()
+    };
     let held: Vec<bool> = nodes
         .iter()
-        .map(|n| {
-            n.names
-                .iter()
-                .any(|p| reference.entry(p, step).is_some() && candidate.entry(p, step).is_some())
-        })
+        .map(|n| n.names.iter().any(|p| both(p, step) || prefill_only(p)))
         .collect();
     let mut out = nodes.to_vec();
     for (i, n) in nodes.iter().enumerate() {

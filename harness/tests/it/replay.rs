@@ -540,26 +540,41 @@ fn bugs_in_another_engines_dump_are_named() {
     }
 }
 
+/// The random-init Whisper's reference with `WhisperAttention.forward` patched on module `buggy`
+/// (under the model's `model.`): `body` runs first (indented lines with `self`, `hidden_states`,
+/// `key_value_states`, `cache` and `kw` in scope), then the original forward; compared with the
+/// reference ([`patched_and_compared`]): the evidence.
+fn attention_patched(body: &str, buggy: &str) -> Option<Value> {
+    let (dir, reference) = referenced(RAND)?;
+    let forward = format!(
+        "def fwd(self, hidden_states, key_value_states=None, cache=None, **kw):\n{body}\
+         \x20   return orig(self, hidden_states, key_value_states=key_value_states, cache=cache, **kw)\n"
+    );
+    Some(patched_and_compared(
+        dir.path(),
+        &reference,
+        "WhisperAttention",
+        &forward,
+        buggy,
+    ))
+}
+
 /// Another engine's dump with its cross-attention cache indexed by the wrong layer: the HF
 /// reference whose decoder layer 1 reads layer 0's cross-attention keys and values from step 1
 /// on (the steps that reuse the cache). The attention core is convicted and the layer named.
 #[test]
 fn a_cross_attention_cache_of_another_layer_is_named() {
-    let Some((dir, reference)) = referenced(RAND) else {
-        return;
-    };
-    let forward = "def fwd(self, hidden_states, key_value_states=None, cache=None, **kw):\n\
-        \x20   if getattr(self, '_bug', False) and key_value_states is not None and cache is not None and cache.is_updated.get(self.layer_idx):\n\
+    let body = "\x20   if getattr(self, '_bug', False) and key_value_states is not None and cache is not None and cache.is_updated.get(self.layer_idx):\n\
         \x20       layers = cache.cross_attention_cache.layers\n\
         \x20       own = layers[self.layer_idx]\n\
         \x20       layers[self.layer_idx] = layers[0]\n\
         \x20       try:\n\
         \x20           return orig(self, hidden_states, key_value_states=key_value_states, cache=cache, **kw)\n\
         \x20       finally:\n\
-        \x20           layers[self.layer_idx] = own\n\
-        \x20   return orig(self, hidden_states, key_value_states=key_value_states, cache=cache, **kw)\n";
-    let (class, buggy) = ("WhisperAttention", "decoder.layers[1].encoder_attn");
-    let ev = patched_and_compared(dir.path(), &reference, class, forward, buggy);
+        \x20           layers[self.layer_idx] = own\n";
+    let Some(ev) = attention_patched(body, "decoder.layers[1].encoder_attn") else {
+        return;
+    };
     assert_eq!(
         ev["first_divergence"]["step"], 1,
         "{:#}",
@@ -581,16 +596,12 @@ fn a_cross_attention_cache_of_another_layer_is_named() {
 /// the step's own row agrees.
 #[test]
 fn a_self_attention_cache_carried_wrong_is_named() {
-    let Some((dir, reference)) = referenced(RAND) else {
+    let body = "\x20   if getattr(self, '_bug', False) and cache is not None and hidden_states.shape[1] == 1:\n\
+        \x20       layer = cache.self_attention_cache.layers[self.layer_idx]\n\
+        \x20       layer.values = layer.keys.clone()\n";
+    let Some(ev) = attention_patched(body, "decoder.layers[1].self_attn") else {
         return;
     };
-    let forward = "def fwd(self, hidden_states, key_value_states=None, cache=None, **kw):\n\
-        \x20   if getattr(self, '_bug', False) and cache is not None and hidden_states.shape[1] == 1:\n\
-        \x20       layer = cache.self_attention_cache.layers[self.layer_idx]\n\
-        \x20       layer.values = layer.keys.clone()\n\
-        \x20   return orig(self, hidden_states, key_value_states=key_value_states, cache=cache, **kw)\n";
-    let (class, buggy) = ("WhisperAttention", "decoder.layers[1].self_attn");
-    let ev = patched_and_compared(dir.path(), &reference, class, forward, buggy);
     let op = &ev["first_divergence"]["op"];
     assert_eq!(
         op["point"], "model.decoder.layers.1.self_attn:values",

@@ -102,6 +102,7 @@ pub fn compare_dumps_evidence(
     o: OfflineOptions<'_>,
 ) -> Result<Offline, OfflineError> {
     check_sides(reference, got, &o.isolated)?;
+    check_step_numbering(reference, got, &o.policy)?;
     let from_model = o.config.is_some();
     let (contract, config) = contract_of(reference, o.config)?;
     let suppression = match o.suppression {
@@ -197,6 +198,59 @@ fn check_sides(reference: &Dump, got: &Dump, isolated: &[&Dump]) -> Result<(), O
                     d.dir.display()
                 )));
             }
+        }
+    }
+    Ok(())
+}
+
+/// A dump under test whose steps are numbered off from the reference's (an adapter that counts
+/// decode steps from 1, or from the prefill's last position): its step `k` holds the reference's
+/// step `k + d`. Told from the data: over every entry both dumps hold past step 0, in the same
+/// layout and shape, the ones that agree with the reference `d` steps away against the ones that
+/// agree at their own step. An input error naming the shift, before anything is compared; `Ok`
+/// when the steps line up or too little is held to tell (stats-only dumps: no tensors).
+fn check_step_numbering(reference: &Dump, got: &Dump, policy: &Policy) -> Result<(), OfflineError> {
+    use crate::tolerance::Precision;
+    let agree = |name: &str, step: Step, at: Step| -> Option<bool> {
+        let (er, ex) = (reference.entry(name, at)?, got.entry(name, step)?);
+        let (r, x) = (reference.get(name, at)?, got.get(name, step)?);
+        if er.layout != ex.layout || r.shape() != x.shape() {
+            return None;
+        }
+        let tol = policy
+            .resolve_kind(name, at, Precision::F32, None, false)
+            .tolerance;
+        Some(crate::metrics::compare(&r.view(), &x.view(), &tol).is_ok_and(|m| m.passes(&tol)))
+    };
+    // (agreeing, compared) at the entry's own step, one step later and one step earlier.
+    let mut own = (0usize, 0usize);
+    let mut off = [(0usize, 0usize); 2];
+    for e in got.manifest.checkpoints.iter().filter(|e| e.step > 0) {
+        let tally = |t: &mut (usize, usize), a: Option<bool>| {
+            if let Some(a) = a {
+                t.0 += usize::from(a);
+                t.1 += 1;
+            }
+        };
+        tally(&mut own, agree(&e.name, e.step, e.step));
+        tally(&mut off[0], agree(&e.name, e.step, e.step + 1));
+        if e.step > 1 {
+            tally(&mut off[1], agree(&e.name, e.step, e.step - 1));
+        }
+    }
+    for ((agreeing, compared), d) in off.into_iter().zip([1i64, -1]) {
+        if compared >= 8 && agreeing * 10 >= compared * 9 && own.0 * 10 <= own.1 {
+            let (k, held) = if d > 0 {
+                ("k + 1", "later")
+            } else {
+                ("k - 1", "earlier")
+            };
+            return Err(OfflineError::Input(format!(
+                "{}: its steps are numbered off by one from the reference's: step k holds the reference's step {k} ({agreeing} of {compared} entries past step 0 agree with the reference's one step {held}, {} of {} at their own step); number the steps as the reference does (step 0 the prefill, then one step per generated token: docs/dump-format.md)",
+                got.dir.display(),
+                own.0,
+                own.1
+            )));
         }
     }
     Ok(())

@@ -228,6 +228,27 @@ fn refusals_name_what_is_wrong() {
     let (c, _, err) = compare(&fed, dir.path(), &[]);
     assert_eq!(c, 2, "{err}");
     assert!(err.contains("audio.encoder.mem"), "{err}");
+    // Steps numbered off by one (an adapter counting decode steps from 1: its step k holds the
+    // reference's k - 1), told from the data, before anything is compared.
+    let shifted = variant(dir.path(), "steps-from-one", |d| {
+        let last = d.tensors.keys().map(|(_, s)| *s).max().unwrap();
+        let tensors = std::mem::take(&mut d.tensors);
+        d.tensors = tensors
+            .into_iter()
+            .filter(|((_, s), _)| *s < last)
+            .map(|((n, s), t)| ((n, if s > 0 { s + 1 } else { 0 }), t))
+            .collect();
+        for e in d.manifest.checkpoints.iter_mut().filter(|e| e.step > 0) {
+            e.step += 1;
+        }
+    });
+    let (c, _, err) = compare(&shifted, dir.path(), &[]);
+    assert_eq!(c, 2, "{err}");
+    assert!(
+        err.contains("numbered off by one")
+            && err.contains("step k holds the reference's step k - 1"),
+        "{err}"
+    );
 }
 
 /// With `--model DIR` the suspects behind a gap are the runtime graph's ops between the last

@@ -337,7 +337,11 @@ fn carried(
         r0.into_dimensionality::<Ix3>().ok()?,
     );
     let past = x0.shape()[1];
-    if x0.shape() != r0.shape() || x.shape()[1] <= past || x.shape()[0] != x0.shape()[0] {
+    if past == 0
+        || x0.shape() != r0.shape()
+        || x.shape()[1] <= past
+        || x.shape()[0] != x0.shape()[0]
+    {
         return None;
     }
     let agrees = |a: &ndarray::ArrayViewD<f32>, b: &ndarray::ArrayViewD<f32>| {
@@ -349,8 +353,7 @@ fn carried(
     {
         return None;
     }
-    let new_rows = reference.get(name, step).and_then(|r| {
-        let r = side(reference, name, step, layout).map_or(r.clone(), |(t, _)| t);
+    let new_rows = side(reference, name, step, layout).and_then(|(r, _)| {
         let r = r.into_dimensionality::<Ix3>().ok()?;
         (r.shape() == x.shape()).then(|| {
             agrees(

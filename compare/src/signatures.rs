@@ -336,6 +336,24 @@ pub enum Signature {
         /// A known cause matching the slopes (the unbiased variance: `sqrt((n-1)/n)`), if any.
         hint: Option<String>,
     },
+    /// `X = a·R + b` with one `a` and `b` over every element above both sides' floors (each
+    /// side's minimum, which many elements sit at: a clamp), the floors apart: a log of another
+    /// base, or another scale and offset, before the clamp (a log-mel's).
+    Affine {
+        /// Slope.
+        a: f64,
+        /// Offset.
+        b: f64,
+        /// Elements fitted (above both floors).
+        fitted: u64,
+        /// All elements.
+        of: u64,
+        /// Relative residual over the fitted elements.
+        residual: f64,
+        /// A known cause matching the slope (`ln(10)`: a natural log where the reference takes
+        /// log10), if any.
+        hint: Option<String>,
+    },
     /// Differences only where the reference is beyond a threshold: a wrong clamp.
     Clamp {
         /// Below (a floor) or above (a ceiling).
@@ -397,6 +415,7 @@ impl Signature {
             Signature::Wiring { .. } => SignatureKind::Wiring,
             Signature::Temperature { .. } => SignatureKind::Temperature,
             Signature::RowAffine { .. } => SignatureKind::RowAffine,
+            Signature::Affine { .. } => SignatureKind::Affine,
             Signature::Clamp { .. } => SignatureKind::Clamp,
             Signature::Elementwise { .. } => SignatureKind::Elementwise,
             Signature::GridQuantization { .. } => SignatureKind::GridQuantization,
@@ -586,6 +605,22 @@ impl Signature {
                 format!(
                     "per-row affine over {rows} rows of {row_len}: X{c} = a_r·(R{c}) + b_r with a_r in {:.6}..{:.6} (median {a_median:.6}), b_r in {:.3e}..{:.3e} ({}): normalization statistics{h}",
                     a_range[0], a_range[1], b_range[0], b_range[1], resid_text(*residual)
+                )
+            }
+            Signature::Affine {
+                a,
+                b,
+                fitted,
+                of,
+                residual,
+                hint,
+            } => {
+                let h = hint.as_ref().map(|h| format!(": {h}")).unwrap_or_default();
+                format!(
+                    "X = {a:.6}·R {} {:.6} over the {fitted} of {of} elements above both sides' floors ({}); the floored elements apart{h}",
+                    if *b < 0.0 { "-" } else { "+" },
+                    b.abs(),
+                    resid_text(*residual)
                 )
             }
             Signature::Clamp {
@@ -1293,6 +1328,7 @@ pub fn diagnose_with(
         }
         _ => {}
     }
+    out.extend(fits::affine_above_floor(&c));
     let elementwise = fits::elementwise(&c);
     let named = elementwise.as_ref().filter(|s| {
         matches!(

@@ -231,6 +231,42 @@ fn log_mel(v: &[f64], floor: f64) -> Vec<f64> {
     v.iter().map(|x| (x.max(m - floor) + 4.0) / 4.0).collect()
 }
 
+/// A natural log where the reference takes log10, before Whisper's floor `max - 8` and `(v+4)/4`:
+/// one affine map above both floors (slope ln 10), the floored elements apart; none when the only
+/// difference is the floor (a `clamp`) or the map is the identity.
+#[test]
+fn a_log_of_another_base_before_a_floor_is_one_affine_map() {
+    let shape = [16, 40];
+    // log10 values over 12 decades: both floors hold many elements.
+    let v: Vec<f64> = uniform(640, 5).iter().map(|u| -6.0 + 6.0 * u).collect();
+    let r = arr(&shape, log_mel(&v, 8.0));
+    let ln: Vec<f64> = v.iter().map(|x| x * std::f64::consts::LN_10).collect();
+    let x = arr(&shape, log_mel(&ln, 8.0));
+    let oc = OpContext::default();
+    match best(&r, &x, &oc) {
+        Signature::Affine {
+            a,
+            b,
+            fitted,
+            of,
+            hint,
+            ..
+        } => {
+            assert!((a - std::f64::consts::LN_10).abs() < 1e-4, "{a}");
+            assert!((b - (1.0 - std::f64::consts::LN_10)).abs() < 1e-4, "{b}");
+            assert!(fitted < of && fitted >= 64, "{fitted} of {of}");
+            assert!(hint.unwrap().contains("natural log"));
+        }
+        s => panic!("{s:?}"),
+    }
+    // Only the floor differs: a clamp, not an affine map.
+    assert!(!names(&r, &arr(&shape, log_mel(&v, 10.0)), &oc).contains(&"affine"));
+    // No floor at all: a plain scale, said as such.
+    let plain = arr(&shape, v.clone());
+    let scaled = arr(&shape, ln);
+    assert!(!names(&plain, &scaled, &oc).contains(&"affine"));
+}
+
 #[test]
 fn clamp_reports_the_floor() {
     let shape = [16, 40];

@@ -36,6 +36,8 @@ pub enum SignatureKind {
     Temperature,
     /// A per-row affine map.
     RowAffine,
+    /// One affine map above both sides' floors (a log of another base before a clamp).
+    Affine,
     /// Values clamped.
     Clamp,
     /// Another element-wise function.
@@ -60,7 +62,7 @@ pub enum SignatureKind {
 
 impl SignatureKind {
     /// Every kind.
-    pub const ALL: [SignatureKind; 22] = [
+    pub const ALL: [SignatureKind; 23] = [
         SignatureKind::NonFinite,
         SignatureKind::Permutation,
         SignatureKind::Shift,
@@ -73,6 +75,7 @@ impl SignatureKind {
         SignatureKind::Carried,
         SignatureKind::Temperature,
         SignatureKind::RowAffine,
+        SignatureKind::Affine,
         SignatureKind::Clamp,
         SignatureKind::Elementwise,
         SignatureKind::GridQuantization,
@@ -100,6 +103,7 @@ impl SignatureKind {
             SignatureKind::Carried => "carried",
             SignatureKind::Temperature => "temperature",
             SignatureKind::RowAffine => "row_affine",
+            SignatureKind::Affine => "affine",
             SignatureKind::Clamp => "clamp",
             SignatureKind::Elementwise => "elementwise",
             SignatureKind::GridQuantization => "grid_quantization",

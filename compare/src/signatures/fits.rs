@@ -265,6 +265,71 @@ pub(super) fn row_affine(c: &Ctx) -> Option<Signature> {
     })
 }
 
+/// Elements fitted at the least, and the least share of them, for [`affine_above_floor`].
+const MIN_FITTED: usize = 64;
+
+/// `X = a·R + b` over the elements above both sides' floors: each side's minimum, held by at
+/// least one element in a hundred (a clamp's floor: a log-mel's `max - 8`, padding's silence);
+/// the floored elements are left out, as the floors themselves need not map onto each other (a
+/// floor `8` below each side's own maximum). Not stated when there is no floor (a per-row or
+/// global affine says it), when the map is the identity (then only the clamp differs: `clamp`),
+/// or when fewer than [`MIN_FITTED`] elements (or one in a hundred) are above both floors.
+pub(super) fn affine_above_floor(c: &Ctx) -> Option<Signature> {
+    let (rs, xs) = (c.r.as_slice()?, c.x.as_slice()?);
+    let n = rs.len();
+    let floor = |v: &[f32]| -> Option<(f64, usize)> {
+        let m = v.iter().copied().fold(f32::INFINITY, f32::min) as f64;
+        let at = v
+            .iter()
+            .filter(|&&u| (u as f64 - m).abs() <= 1e-6 * m.abs().max(1.0))
+            .count();
+        (at * 100 >= n && at > 1).then_some((m, at))
+    };
+    let (fr, fx) = (floor(rs), floor(xs));
+    if fr.is_none() && fx.is_none() {
+        return None;
+    }
+    let above = |v: f32, f: Option<(f64, usize)>| {
+        f.is_none_or(|(m, _)| (v as f64 - m).abs() > 1e-6 * m.abs().max(1.0))
+    };
+    let (mut r, mut x) = (Vec::new(), Vec::new());
+    for (&a, &b) in rs.iter().zip(xs) {
+        if above(a, fr) && above(b, fx) {
+            r.push(a as f64);
+            x.push(b as f64);
+        }
+    }
+    if r.len() < MIN_FITTED || r.len() * 100 < n {
+        return None;
+    }
+    let (a, b) = line(&r, &x)?;
+    let xx: f64 = x.iter().map(|v| v * v).sum();
+    let sq: f64 = r.iter().zip(&x).map(|(u, v)| (v - a * u - b).powi(2)).sum();
+    let identity = (a - 1.0).abs() <= 1e-3 && b.abs() <= 1e-3 * c.scale.max(1e-30);
+    if identity || xx <= 0.0 || sq > c.opts.explain_rel.powi(2) * xx {
+        return None;
+    }
+    let near = |v: f64| (a - v).abs() <= 1e-3 * v;
+    let ln10 = std::f64::consts::LN_10;
+    let hint = if near(ln10) {
+        Some("a = ln(10): a natural log where the reference takes log10".to_string())
+    } else if near(1.0 / ln10) {
+        Some("a = 1/ln(10): log10 where the reference takes a natural log".to_string())
+    } else if near(std::f64::consts::LOG2_10) {
+        Some("a = log2(10): log2 where the reference takes log10".to_string())
+    } else {
+        scale_hint(a)
+    };
+    Some(Signature::Affine {
+        a,
+        b,
+        fitted: r.len() as u64,
+        of: n as u64,
+        residual: (sq / xx).sqrt(),
+        hint,
+    })
+}
+
 /// `sum (d_i - mean of its 4 nearest neighbours by key)^2` over the pairs sorted by key, relative
 /// to the spread of `d`: small when `d` is a smooth function of the key.
 fn roughness(mut pts: Vec<(f64, f64)>) -> Option<f64> {

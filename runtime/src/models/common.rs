@@ -160,6 +160,19 @@ pub fn check_model_type(path: &Path, model_type: &str, family: &str) -> Result<(
     ))
 }
 
+/// `(key, value)` pairs of config fields, each key spelled from the field itself (`d_model`, or
+/// `encoder_config.input_dim` under a section): the name an error gives cannot drift from the
+/// field it reads (the fields are config.json's keys, none renamed).
+macro_rules! config_facts {
+    ($cfg:expr; $($field:ident),+ $(,)?) => {
+        [$((stringify!($field), $cfg.$field)),+]
+    };
+    ($($cfg:expr, $section:literal; $($field:ident),+);+ $(;)?) => {
+        [$($((concat!($section, ".", stringify!($field)), $cfg.$field)),+),+]
+    };
+}
+pub(crate) use config_facts;
+
 /// Every config fact of `facts` (name, value) must be positive and at most core's
 /// [`MAX_CONFIG_INT`](xray_core::contract::MAX_CONFIG_INT) (the bound the contract resolver
 /// applies to the same keys): the first that is 0 is an error naming it, `{name} must be

@@ -33,7 +33,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::Result;
-use crate::models::common::{cfg_err, check_layers, check_model_type, check_positive, model_files};
+use crate::models::common::{
+    cfg_err, check_layers, check_model_type, check_positive, config_facts, model_files,
+};
 
 pub use crate::models::common::TokenIds;
 pub use frontend::PreprocessorConfig;
@@ -305,52 +307,24 @@ impl GraniteNarConfig {
         check_model_type(path, &self.model_type, NAME)?;
         check_positive(
             path,
-            &[
-                ("encoder_config.input_dim", enc.input_dim),
-                ("encoder_config.num_layers", enc.num_layers),
-                ("encoder_config.hidden_dim", enc.hidden_dim),
-                ("encoder_config.feedforward_mult", enc.feedforward_mult),
-                ("encoder_config.num_heads", enc.num_heads),
-                ("encoder_config.dim_head", enc.dim_head),
-                ("encoder_config.output_dim", enc.output_dim),
-                ("encoder_config.context_size", enc.context_size),
-                ("encoder_config.max_pos_emb", enc.max_pos_emb),
-                ("encoder_config.conv_kernel_size", enc.conv_kernel_size),
-                (
-                    "encoder_config.conv_expansion_factor",
-                    enc.conv_expansion_factor,
-                ),
-                ("encoder_config.bpe_pooling_window", enc.bpe_pooling_window),
-                ("projector_config.encoder_dim", prj.encoder_dim),
-                ("projector_config.llm_dim", prj.llm_dim),
-                ("projector_config.downsample_rate", prj.downsample_rate),
-                (
-                    "projector_config.num_encoder_layers",
-                    prj.num_encoder_layers,
-                ),
-                ("projector_config.hidden_size", prj.hidden_size),
-                ("projector_config.num_heads", prj.num_heads),
-                ("projector_config.num_layers", prj.num_layers),
-                ("projector_config.block_size", prj.block_size),
-                ("text_config.vocab_size", txt.vocab_size),
-                ("text_config.hidden_size", txt.hidden_size),
-                ("text_config.intermediate_size", txt.intermediate_size),
-                ("text_config.num_hidden_layers", txt.num_hidden_layers),
-                ("text_config.num_attention_heads", txt.num_attention_heads),
-                (
-                    "text_config.max_position_embeddings",
-                    txt.max_position_embeddings,
-                ),
-            ],
+            &config_facts!(
+                enc, "encoder_config"; input_dim, num_layers, hidden_dim, feedforward_mult,
+                    num_heads, dim_head, output_dim, context_size, max_pos_emb, conv_kernel_size,
+                    conv_expansion_factor, bpe_pooling_window;
+                prj, "projector_config"; encoder_dim, llm_dim, downsample_rate,
+                    num_encoder_layers, hidden_size, num_heads, num_layers, block_size;
+                txt, "text_config"; vocab_size, hidden_size, intermediate_size,
+                    num_hidden_layers, num_attention_heads, max_position_embeddings;
+            ),
             "",
         )?;
         check_layers(
             path,
-            &[
-                ("encoder_config.num_layers", enc.num_layers),
-                ("projector_config.num_layers", prj.num_layers),
-                ("text_config.num_hidden_layers", txt.num_hidden_layers),
-            ],
+            &config_facts!(
+                enc, "encoder_config"; num_layers;
+                prj, "projector_config"; num_layers;
+                txt, "text_config"; num_hidden_layers;
+            ),
         )?;
         // GraniteSpeechConformerAttention.__init__ raises on this.
         if enc.context_size > enc.max_pos_emb {

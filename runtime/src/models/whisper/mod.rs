@@ -26,7 +26,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::Result;
-use crate::models::common::{cfg_err, check_layers, check_model_type, check_positive, model_files};
+use crate::models::common::{
+    cfg_err, check_layers, check_model_type, check_positive, config_facts, model_files,
+};
 
 pub use crate::models::common::TokenIds;
 pub use decode::DecoderSession;
@@ -160,28 +162,12 @@ impl WhisperConfig {
         check_model_type(path, &self.model_type, NAME)?;
         check_positive(
             path,
-            &[
-                ("d_model", self.d_model),
-                ("encoder_layers", self.encoder_layers),
-                ("decoder_layers", self.decoder_layers),
-                ("encoder_attention_heads", self.encoder_attention_heads),
-                ("decoder_attention_heads", self.decoder_attention_heads),
-                ("encoder_ffn_dim", self.encoder_ffn_dim),
-                ("decoder_ffn_dim", self.decoder_ffn_dim),
-                ("num_mel_bins", self.num_mel_bins),
-                ("max_source_positions", self.max_source_positions),
-                ("max_target_positions", self.max_target_positions),
-                ("vocab_size", self.vocab_size),
-            ],
+            &config_facts!(self; d_model, encoder_layers, decoder_layers, encoder_attention_heads,
+                decoder_attention_heads, encoder_ffn_dim, decoder_ffn_dim, num_mel_bins,
+                max_source_positions, max_target_positions, vocab_size),
             " (an encoder-decoder graph needs every geometry fact)",
         )?;
-        check_layers(
-            path,
-            &[
-                ("encoder_layers", self.encoder_layers),
-                ("decoder_layers", self.decoder_layers),
-            ],
-        )?;
+        check_layers(path, &config_facts!(self; encoder_layers, decoder_layers))?;
         for (name, h) in [
             ("encoder_attention_heads", self.encoder_attention_heads),
             ("decoder_attention_heads", self.decoder_attention_heads),

@@ -136,11 +136,10 @@ fn signature_at(
             runtime,
             ..
         } => {
-            let eopts = ExplainOptions {
-                axis_names: axis_names_of(&meta, reference.ndim()),
-                tolerance: judged.checkpoints[o].tolerance.tolerance(),
-                ..Default::default()
-            };
+            let eopts = ExplainOptions::judged_by(
+                axis_names_of(&meta, reference.ndim()),
+                judged.checkpoints[o].tolerance.tolerance(),
+            );
             let oc = origin_context(graph, src, o);
             let mut e = explain_with(&reference, &runtime, &eopts, &oc);
             add_failing_steps(graph, loc, o, &mut e);

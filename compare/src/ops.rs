@@ -294,11 +294,7 @@ pub fn localize_op(
             candidates: others.iter().map(|(n, t)| (n.clone(), t.view())).collect(),
             ..Default::default()
         };
-        let eopts = ExplainOptions {
-            axis_names: layout_axis_names(layout, r.ndim()),
-            tolerance: tol.tolerance,
-            ..Default::default()
-        };
+        let eopts = ExplainOptions::judged_by(layout_axis_names(layout, r.ndim()), tol.tolerance);
         out.explanation = Some(
             carried(reference, candidate, name, step, layout, &x, &tol.tolerance)
                 .unwrap_or_else(|| explain_with(&r.view(), &x.view(), &eopts, &oc)),

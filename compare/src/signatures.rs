@@ -26,10 +26,13 @@
 //! | `row_affine` | `X = a_r·R + b_r` per row of the last axis, optionally about a per-feature centre `β` (`X - β = a_r (R - β) + b_r`, a LayerNorm's bias): normalization statistics |
 //! | `elementwise` (named) | `X = g(U)` and `R = f(U)` for two known activations `f ≠ g` (erf/tanh/quick GELU, SiLU, ReLU) of the op's input `U`; without `U`, `X = g(f⁻¹(R))` |
 //! | `grid_quantization` (ctx) | `X - R` of a linear op `y = x·Wᵀ + b` is `x·(W_q - W)ᵀ` for `W_q` on a symmetric uniform grid (per tensor or per row, 2..=8 bits); needs the op's input `x` and either `W` or more rows than input features (then `W` is recovered by least squares) |
+//! | `affine` | `X = a·R + b` over the elements above both sides' floors (a clamp's), the floored elements apart |
+//! | `channel_offset` | `X = R + o_c`: one offset per slice along one axis (above both floors when there are floors): a per-channel bias, or a per-channel gain before a log |
 //! | `clamp` (after `rounding`) | the differing elements are exactly those whose reference is below (or above) a threshold: a wrong clamp floor or ceiling |
 //! | `elementwise` (unnamed, after `clamp`) | `X - R` is a smooth function of the op's input (or of `R`): the nearest known variant is named |
 //!
-//! "Equals" means a residual `||X - C(R)|| <= explain_rel * ||X||` (default `1e-3`) and at most a
+//! "Equals" means a residual `||X - C(R)|| <= explain_rel * ||X||` (default `1e-3`, or the
+//! tensor's tolerance `max_rel_l2` when looser: [`ExplainOptions::judged_by`]) and at most a
 //! tenth of the unexplained difference `||X - R||`, so a plain noisy tensor never qualifies.
 
 mod context;
@@ -61,6 +64,22 @@ pub struct ExplainOptions {
     pub tolerance: Tolerance,
     /// Relative residual below which a candidate explains the difference.
     pub explain_rel: f64,
+}
+
+impl ExplainOptions {
+    /// The options for a tensor judged by `tolerance`: a candidate may leave as much unexplained
+    /// as the tolerance accepts (its `max_rel_l2`, when looser than the default `explain_rel`).
+    /// An engine accepted at f16 precision carries that much error into every op from upstream,
+    /// so its scaled output is `X = a·R` to within 3e-3, not 1e-3; the candidate must still
+    /// explain all but a hundredth of the squared difference.
+    pub fn judged_by(axis_names: Vec<String>, tolerance: Tolerance) -> ExplainOptions {
+        let base = ExplainOptions::default().explain_rel;
+        ExplainOptions {
+            axis_names,
+            explain_rel: tolerance.max_rel_l2.map_or(base, |b| b.max(base)),
+            tolerance,
+        }
+    }
 }
 
 impl Default for ExplainOptions {
@@ -354,6 +373,26 @@ pub enum Signature {
         /// log10), if any.
         hint: Option<String>,
     },
+    /// `X = R + o_c`: one offset per slice along one axis (over the elements above both sides'
+    /// floors when there are floors): a per-channel bias, or a per-channel gain before a log.
+    ChannelOffset {
+        /// The axis.
+        axis: usize,
+        /// Its name (`channels`, `features`, or `axis i`).
+        axis_name: String,
+        /// Slices with fitted elements (one offset each).
+        slices: u64,
+        /// Smallest and largest offset.
+        range: [f64; 2],
+        /// Elements fitted.
+        fitted: u64,
+        /// All elements.
+        of: u64,
+        /// Whether elements at either side's floor were left out.
+        floors: bool,
+        /// Relative residual over the fitted elements.
+        residual: f64,
+    },
     /// Differences only where the reference is beyond a threshold: a wrong clamp.
     Clamp {
         /// Below (a floor) or above (a ceiling).
@@ -416,6 +455,7 @@ impl Signature {
             Signature::Temperature { .. } => SignatureKind::Temperature,
             Signature::RowAffine { .. } => SignatureKind::RowAffine,
             Signature::Affine { .. } => SignatureKind::Affine,
+            Signature::ChannelOffset { .. } => SignatureKind::ChannelOffset,
             Signature::Clamp { .. } => SignatureKind::Clamp,
             Signature::Elementwise { .. } => SignatureKind::Elementwise,
             Signature::GridQuantization { .. } => SignatureKind::GridQuantization,
@@ -621,6 +661,26 @@ impl Signature {
                     if *b < 0.0 { "-" } else { "+" },
                     b.abs(),
                     resid_text(*residual)
+                )
+            }
+            Signature::ChannelOffset {
+                axis_name,
+                slices,
+                range,
+                fitted,
+                of,
+                floors,
+                residual,
+                ..
+            } => {
+                let over = if *floors {
+                    format!("the {fitted} of {of} elements above both sides' floors")
+                } else {
+                    format!("all {of} elements")
+                };
+                format!(
+                    "X = R + o_c, one offset per slice along {axis_name} ({slices} offsets in {:.4e}..{:.4e}) over {over} ({}): a per-{axis_name} bias, or a per-{axis_name} gain before a log",
+                    range[0], range[1], resid_text(*residual)
                 )
             }
             Signature::Clamp {
@@ -1328,7 +1388,22 @@ pub fn diagnose_with(
         }
         _ => {}
     }
-    out.extend(fits::affine_above_floor(&c));
+    let affine = fits::affine_above_floor(&c);
+    let plain = affine.is_none()
+        && general
+        && !out.iter().any(|s| {
+            matches!(
+                s,
+                Signature::Shift { .. }
+                    | Signature::Permutation { .. }
+                    | Signature::RowAffine { .. }
+                    | Signature::Wiring { .. }
+            )
+        });
+    out.extend(affine);
+    if plain {
+        out.extend(fits::channel_offset(&c));
+    }
     let elementwise = fits::elementwise(&c);
     let named = elementwise.as_ref().filter(|s| {
         matches!(

@@ -267,6 +267,74 @@ fn a_log_of_another_base_before_a_floor_is_one_affine_map() {
     assert!(!names(&plain, &scaled, &oc).contains(&"affine"));
 }
 
+/// A log-mel whose filter bank is scaled filter by filter (a converter that leaves out Slaney's
+/// area normalization): `log10(g_c·m) = log10(m) + log10(g_c)`, one offset per mel bin above both
+/// floors (the floors `max - 8` move with the largest gain). A per-feature bias without floors is
+/// the same statement over every element; one offset for all is not (`affine` or nothing), nor
+/// is f32 noise.
+#[test]
+fn a_gain_per_channel_before_a_log_is_one_offset_per_channel() {
+    let (bins, frames) = (20, 64);
+    let shape = [bins, frames];
+    let v: Vec<f64> = uniform(bins * frames, 11)
+        .iter()
+        .map(|u| -5.0 + 5.0 * u)
+        .collect();
+    let gain = |c: usize| 10f64.powf(0.05 * c as f64);
+    let g: Vec<f64> = v
+        .iter()
+        .enumerate()
+        .map(|(i, x)| x + gain(i / frames).log10())
+        .collect();
+    let (r, x) = (arr(&shape, log_mel(&v, 8.0)), arr(&shape, log_mel(&g, 8.0)));
+    let oc = OpContext::default();
+    match best(&r, &x, &oc) {
+        Signature::ChannelOffset {
+            axis,
+            slices,
+            range,
+            fitted,
+            of,
+            floors,
+            ..
+        } => {
+            assert_eq!((axis, slices), (0, bins as u64));
+            // (v + 4) / 4 divides each log10 offset by four.
+            let (lo, hi) = (0.0, 0.05 * (bins - 1) as f64 / 4.0);
+            assert!(
+                (range[0] - lo).abs() < 1e-5 && (range[1] - hi).abs() < 1e-5,
+                "{range:?}"
+            );
+            assert!(floors && fitted < of && fitted >= 64, "{fitted} of {of}");
+        }
+        s => panic!("{s:?}"),
+    }
+    // A bias per feature of [tokens, features], no floor: every element fitted, axis 1.
+    let t = arr(&[32, 12], normal(32 * 12, 12));
+    let biased = arr(
+        &[32, 12],
+        t.iter()
+            .enumerate()
+            .map(|(i, v)| *v as f64 + 0.1 * ((i % 12) as f64 - 5.0))
+            .collect(),
+    );
+    match best(&t, &biased, &oc) {
+        Signature::ChannelOffset {
+            axis,
+            floors,
+            of,
+            fitted,
+            ..
+        } => assert_eq!((axis, floors, fitted), (1, false, of)),
+        s => panic!("{s:?}"),
+    }
+    // One offset for every element: not per channel.
+    let shifted = arr(&[32, 12], t.iter().map(|v| *v as f64 + 0.25).collect());
+    assert!(!names(&t, &shifted, &oc).contains(&"channel_offset"));
+    // f32 noise: nothing.
+    assert!(!names(&t, &f32_noise(&t, 13), &oc).contains(&"channel_offset"));
+}
+
 #[test]
 fn clamp_reports_the_floor() {
     let shape = [16, 40];

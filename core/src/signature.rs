@@ -38,6 +38,8 @@ pub enum SignatureKind {
     RowAffine,
     /// One affine map above both sides' floors (a log of another base before a clamp).
     Affine,
+    /// One offset per slice along an axis (a per-channel bias, or gain before a log).
+    ChannelOffset,
     /// Values clamped.
     Clamp,
     /// Another element-wise function.
@@ -62,7 +64,7 @@ pub enum SignatureKind {
 
 impl SignatureKind {
     /// Every kind.
-    pub const ALL: [SignatureKind; 23] = [
+    pub const ALL: [SignatureKind; 24] = [
         SignatureKind::NonFinite,
         SignatureKind::Permutation,
         SignatureKind::Shift,
@@ -76,6 +78,7 @@ impl SignatureKind {
         SignatureKind::Temperature,
         SignatureKind::RowAffine,
         SignatureKind::Affine,
+        SignatureKind::ChannelOffset,
         SignatureKind::Clamp,
         SignatureKind::Elementwise,
         SignatureKind::GridQuantization,
@@ -104,6 +107,7 @@ impl SignatureKind {
             SignatureKind::Temperature => "temperature",
             SignatureKind::RowAffine => "row_affine",
             SignatureKind::Affine => "affine",
+            SignatureKind::ChannelOffset => "channel_offset",
             SignatureKind::Clamp => "clamp",
             SignatureKind::Elementwise => "elementwise",
             SignatureKind::GridQuantization => "grid_quantization",

@@ -274,30 +274,40 @@ const MIN_FITTED: usize = 64;
 /// floor `8` below each side's own maximum). Not stated when there is no floor (a per-row or
 /// global affine says it), when the map is the identity (then only the clamp differs: `clamp`),
 /// or when fewer than [`MIN_FITTED`] elements (or one in a hundred) are above both floors.
-pub(super) fn affine_above_floor(c: &Ctx) -> Option<Signature> {
-    let (rs, xs) = (c.r.as_slice()?, c.x.as_slice()?);
+/// Which elements sit above both sides' floors (each side's minimum, when at least one element
+/// in a hundred holds it: a clamp's floor), or `None` when neither side has a floor.
+fn above_floors(rs: &[f32], xs: &[f32]) -> Option<Vec<bool>> {
     let n = rs.len();
-    let floor = |v: &[f32]| -> Option<(f64, usize)> {
+    let floor = |v: &[f32]| -> Option<f64> {
         let m = v.iter().copied().fold(f32::INFINITY, f32::min) as f64;
         let at = v
             .iter()
             .filter(|&&u| (u as f64 - m).abs() <= 1e-6 * m.abs().max(1.0))
             .count();
-        (at * 100 >= n && at > 1).then_some((m, at))
+        (at * 100 >= n && at > 1).then_some(m)
     };
     let (fr, fx) = (floor(rs), floor(xs));
     if fr.is_none() && fx.is_none() {
         return None;
     }
-    let above = |v: f32, f: Option<(f64, usize)>| {
-        f.is_none_or(|(m, _)| (v as f64 - m).abs() > 1e-6 * m.abs().max(1.0))
-    };
+    let above =
+        |v: f32, f: Option<f64>| f.is_none_or(|m| (v as f64 - m).abs() > 1e-6 * m.abs().max(1.0));
+    Some(
+        rs.iter()
+            .zip(xs)
+            .map(|(&a, &b)| above(a, fr) && above(b, fx))
+            .collect(),
+    )
+}
+
+pub(super) fn affine_above_floor(c: &Ctx) -> Option<Signature> {
+    let (rs, xs) = (c.r.as_slice()?, c.x.as_slice()?);
+    let n = rs.len();
+    let keep = above_floors(rs, xs)?;
     let (mut r, mut x) = (Vec::new(), Vec::new());
-    for (&a, &b) in rs.iter().zip(xs) {
-        if above(a, fr) && above(b, fx) {
-            r.push(a as f64);
-            x.push(b as f64);
-        }
+    for ((&a, &b), _) in rs.iter().zip(xs).zip(&keep).filter(|(_, &k)| k) {
+        r.push(a as f64);
+        x.push(b as f64);
     }
     if r.len() < MIN_FITTED || r.len() * 100 < n {
         return None;
@@ -590,4 +600,85 @@ pub(super) fn clamp(c: &Ctx) -> Option<Signature> {
         });
     }
     None
+}
+
+/// `X = R + o_c`: one offset per slice along one axis, over the elements above both sides' floors
+/// when there are floors (else all of them): a per-channel bias, or a per-channel gain before a
+/// log (a log-mel whose filters are scaled row by row). The axis whose offsets leave the least
+/// unexplained is the one named; the offsets must differ (one offset for all is `affine`), more
+/// than half of them must be off zero (else it is a `subset`), and the fit must explain the
+/// difference as every fit here does.
+pub(super) fn channel_offset(c: &Ctx) -> Option<Signature> {
+    let (rs, xs) = (c.r.as_slice()?, c.x.as_slice()?);
+    let (n, shape) = (rs.len(), c.r.shape());
+    if shape.len() < 2 {
+        return None;
+    }
+    let keep = above_floors(rs, xs);
+    let kept = |i: usize| keep.as_ref().is_none_or(|k| k[i]);
+    let fitted = (0..n).filter(|&i| kept(i)).count();
+    if fitted < MIN_FITTED || fitted * 100 < n {
+        return None;
+    }
+    let (mut xx, mut orig) = (0f64, 0f64);
+    for i in (0..n).filter(|&i| kept(i)) {
+        let (r, x) = (rs[i] as f64, xs[i] as f64);
+        xx += x * x;
+        orig += (x - r).powi(2);
+    }
+    if orig <= 0.0 || xx <= 0.0 {
+        return None;
+    }
+    // (axis, offsets, residual sum of squares)
+    let mut best: Option<(usize, Vec<f64>, f64)> = None;
+    for (axis, &m) in shape.iter().enumerate() {
+        if m < 2 || m * 4 > fitted {
+            continue;
+        }
+        let inner: usize = shape[axis + 1..].iter().product();
+        let slice = |i: usize| (i / inner) % m;
+        let (mut sum, mut count) = (vec![0f64; m], vec![0u64; m]);
+        for i in (0..n).filter(|&i| kept(i)) {
+            sum[slice(i)] += xs[i] as f64 - rs[i] as f64;
+            count[slice(i)] += 1;
+        }
+        let off: Vec<f64> = sum
+            .iter()
+            .zip(&count)
+            .map(|(s, &k)| if k > 0 { s / k as f64 } else { f64::NAN })
+            .collect();
+        let sq: f64 = (0..n)
+            .filter(|&i| kept(i))
+            .map(|i| (xs[i] as f64 - rs[i] as f64 - off[slice(i)]).powi(2))
+            .sum();
+        if best.as_ref().is_none_or(|b| sq < b.2) {
+            best = Some((axis, off, sq));
+        }
+    }
+    let (axis, off, sq) = best?;
+    let held: Vec<f64> = off.iter().copied().filter(|o| o.is_finite()).collect();
+    let lo = held.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = held.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let rms = (sq / fitted as f64).sqrt();
+    let tiny = (10.0 * rms).max(1e-3 * c.scale.max(1e-30));
+    // Offsets on a few slices only are a `subset` (one head off by a constant is said as such).
+    let moved = held.iter().filter(|o| o.abs() > tiny).count();
+    if held.len() < 2
+        || hi - lo <= tiny
+        || moved * 2 <= held.len()
+        || sq > c.opts.explain_rel.powi(2) * xx
+        || sq > 0.01 * orig
+    {
+        return None;
+    }
+    Some(Signature::ChannelOffset {
+        axis,
+        axis_name: super::axis_label(&c.opts.axis_names, axis),
+        slices: held.len() as u64,
+        range: [lo, hi],
+        fitted: fitted as u64,
+        of: n as u64,
+        floors: keep.is_some(),
+        residual: (sq / xx).sqrt(),
+    })
 }

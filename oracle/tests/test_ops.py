@@ -99,6 +99,12 @@ def test_decoder_points_at_every_step_and_cross_kv_once():
     for s in range(steps):
         ids = got[("model.decoder.embed_tokens:in", s)]["array"]
         assert ids.dtype == np.float32 and ids.tolist() == res["step_tokens"][s]
+    # The positional lookup's `in` is the keyword its rule names (`position_ids`), the positions
+    # each step reads, not its first input (the token ids): the checkpoint of the same hook.
+    positions = {c["step"]: c["array"] for c in res["checkpoints"] if c["name"] == "audio.decoder.position_ids"}
+    for s in range(steps):
+        pos = got[("model.decoder.embed_positions:in", s)]["array"]
+        assert np.array_equal(pos, positions[s]) and pos.tolist() != got[("model.decoder.embed_tokens:in", s)]["array"].tolist()
     # The logits point is the contract's logits checkpoint.
     logits = {c["step"]: c["array"] for c in res["checkpoints"] if c["name"] == "audio.decoder.logits"}
     assert all(np.array_equal(got[("proj_out:out", s)]["array"], logits[s]) for s in range(steps))

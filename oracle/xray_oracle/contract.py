@@ -93,6 +93,7 @@ class PointRule:
     sides: list[str]
     layout: str
     transform: list
+    kwarg: Optional[str] = None  # `in` is this keyword argument, not the first positional input
 
     def matches(self, point: str) -> bool:
         module, sep, side = point.rpartition(":")
@@ -129,6 +130,11 @@ class Contract:
             if r.matches(point):
                 return r
         raise ContractError(f"op-level point {point!r}: no rule of the contract's 'points' declares its layout")
+
+    def point_kwarg(self, point: str) -> Optional[str]:
+        """The keyword argument the first rule declaring `point` takes its `in` from, if any (no
+        rule: None; `points()` then refuses the point by name)."""
+        return next((r.kwarg for r in self.points if r.matches(point)), None)
 
     def declares(self, point: str) -> bool:
         """Whether a rule declares op-level point `point`."""
@@ -286,4 +292,7 @@ def _point_rule(raw: Any, i: int, voc: Vocabulary) -> PointRule:
     if not sides or any(s not in voc.sides for s in sides):
         raise ContractError(f"{where}: sides {sides!r} are not a non-empty list of {voc.sides}")
     layout = _one_of(raw, "layout", voc.layouts, "layout", where)
-    return PointRule(module, list(sides), layout, _transform_list(raw, voc, where))
+    kwarg = raw.get("kwarg")
+    if kwarg is not None and (not isinstance(kwarg, str) or not kwarg or sides != ["in"]):
+        raise ContractError(f"{where}: kwarg {kwarg!r} needs a non-empty name and the side 'in' alone")
+    return PointRule(module, list(sides), layout, _transform_list(raw, voc, where), kwarg)

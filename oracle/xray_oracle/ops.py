@@ -7,7 +7,8 @@ copies each firing out, in firing order, tagged with `step()` at the time it fir
 recorder passes its decode-step counter; a single-pass model (granite_nar) passes nothing (step 0).
 
 Rules (each checked where it can fail):
-- `in` is the module's first positional input (forward pre-hook, `args[0]`); `out` is its output
+- `in` is the module's first positional input (forward pre-hook, `args[0]`), or the keyword argument
+  its rule names (`kwarg`: WhisperPositionalEmbedding looks up `position_ids`); `out` is its output
   (forward hook; a tuple or a transformers ModelOutput gives its element 0).
 - `keys` / `values` are a decoder self-attention's cache after the call (forward hook): its `cache`
   keyword argument (an EncoderDecoderCache's `self_attention_cache`), layer `module.layer_idx`,
@@ -154,7 +155,16 @@ class OpRecorder(Hooks):
                 f"op-level point {name}: {path} ran twice at step {step}; a point is one firing per step"
             )
         self._seen.add((name, step))
-        if side == "in":
+        kwarg = self.contract.point_kwarg(name) if side == "in" else None
+        if kwarg is not None:
+            if kwarg not in (kwargs or {}):
+                raise CaptureError(
+                    f"op-level point {name}: its rule takes the keyword argument {kwarg!r}, and {path} was "
+                    f"called without it (keyword arguments: {sorted(kwargs or {})})"
+                )
+            t = kwargs[kwarg]
+            what = f"keyword argument {kwarg!r}"
+        elif side == "in":
             if not value:
                 raise CaptureError(
                     f"op-level point {name}: {path} was called with no positional input "

@@ -882,12 +882,17 @@ impl Contract {
             Hook::Forward => crate::ops::Side::Out,
             Hook::Pre => crate::ops::Side::In,
         };
-        if r.index != 0 || r.kwarg.is_some() {
+        // The point is the hook's tensor: element 0, or the keyword argument its rule names.
+        if r.kwarg.is_none() && r.index != 0 {
             return vec![];
         }
         let point = crate::ops::point_name(&r.module, side);
         match rule_for(&self.points, &point) {
-            Some(rule) if rule.layout == c.layout && rule.transform == r.transform => {
+            Some(rule)
+                if rule.kwarg == r.kwarg
+                    && rule.layout == c.layout
+                    && rule.transform == r.transform =>
+            {
                 self.point_aliases(&point)
             }
             _ => vec![],
@@ -1217,8 +1222,13 @@ mod tests {
             c.checkpoint_points("audio.decoder.input_ids"),
             ["model.decoder.embed_tokens:in"]
         );
-        // A keyword input, and split heads (no rule gives that form): not points.
-        assert!(c.checkpoint_points("audio.decoder.position_ids").is_empty());
+        // A keyword input the point's rule names: the point (WhisperPositionalEmbedding looks up
+        // its `position_ids`, not its first input).
+        assert_eq!(
+            c.checkpoint_points("audio.decoder.position_ids"),
+            ["model.decoder.embed_positions:in"]
+        );
+        // Split heads (no rule gives that form): not points.
         assert!(c
             .checkpoint_points("audio.decoder.layer.0.cross_k")
             .is_empty());

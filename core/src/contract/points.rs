@@ -43,6 +43,11 @@ pub struct PointRule {
     /// either (`Contract::checkpoint_points`, the drill-down's module boundaries).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub same_as: Option<String>,
+    /// `in` is this keyword argument of the call, not the first positional input: the tensor
+    /// the module computes from (WhisperPositionalEmbedding's first input is the token ids, only
+    /// counted; it looks up `position_ids`). Only on a rule declaring `in` alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kwarg: Option<String>,
 }
 
 fn both_sides() -> Vec<Side> {
@@ -81,6 +86,14 @@ impl PointRule {
         }
         if self.sides.is_empty() {
             return Err(format!("points rule '{}': no sides", self.module));
+        }
+        if let Some(k) = &self.kwarg {
+            if self.sides != [Side::In] || k.is_empty() {
+                return Err(format!(
+                    "points rule '{}': kwarg '{k}' needs a non-empty name and the side 'in' alone",
+                    self.module
+                ));
+            }
         }
         if let Some(other) = &self.same_as {
             if segs.iter().any(|s| s.contains('*')) || self.sides.len() != 1 {
@@ -134,7 +147,20 @@ mod tests {
             transform: vec![],
             why: None,
             same_as: None,
+            kwarg: None,
         }
+    }
+
+    #[test]
+    fn a_kwarg_is_for_the_in_side_alone() {
+        let mut r = rule("model.decoder.embed_positions", vec![Side::In]);
+        r.kwarg = Some("position_ids".into());
+        assert!(r.check().is_ok());
+        r.sides = both_sides();
+        assert!(r.check().unwrap_err().contains("the side 'in' alone"));
+        r.sides = vec![Side::In];
+        r.kwarg = Some(String::new());
+        assert!(r.check().is_err());
     }
 
     #[test]

@@ -1169,6 +1169,28 @@ impl<'g> Recognizer<'g> {
             "the position rows' ids",
         )?;
         self.shape(embd, [t, 1, 1, 1], "audio.decoder.input_ids")?;
+        self.shape(te, ne2(w, t), what)?;
+        self.shape(pe, ne2(w, t), what)?;
+        // The two lookups' rows (nn.Embedding's outputs in HF): a bad table row (a converter's
+        // off-by-one, a wrong vocabulary) stands out at its lookup, not at the sum.
+        self.points(
+            &[tu, wu],
+            [
+                (
+                    te,
+                    "model.decoder.embed_tokens".into(),
+                    "out",
+                    "decoder.embed_tokens".into(),
+                ),
+                (
+                    pe,
+                    "model.decoder.embed_positions".into(),
+                    "out",
+                    "decoder.embed_positions".into(),
+                ),
+            ],
+        );
+        // The ids are fed: checkpoints, which the contract makes the lookups' `:in` points too.
         for (id, name, op) in [
             (embd, "audio.decoder.input_ids", "feed:decoder.input_ids"),
             (

@@ -243,6 +243,38 @@ fn whisper_cpp_under_xray_on_real_tiny_en() {
     );
 }
 
+/// The f32 ggml file converted with `plant` (fixtures/make_ggml.py --plant), run on fox with
+/// every op-level point, and compared under the f16 policy: the evidence.
+fn planted(dir: &Path, plant: &str) -> Value {
+    let tag = plant.split('=').next().unwrap();
+    let ggml = dir.join(format!("{tag}.bin"));
+    let o = Command::new(root().join(".venv/bin/python"))
+        .current_dir(root())
+        .args(["fixtures/make_ggml.py", "--model", MODEL, "--out"])
+        .arg(&ggml)
+        .args(["--plant", plant])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "converter: {}", stderr(&o));
+    let got = dir.join(tag);
+    let o = engine(
+        ggml.to_str().unwrap(),
+        &got,
+        // A broken decoder runs on to max_length: the reference's 12 tokens are enough.
+        &[
+            "--im2col-stub",
+            "--ops",
+            "--no-neutrality",
+            "--max-new-tokens",
+            "12",
+        ],
+    );
+    assert!(o.status.success(), "engine {tag}: {}", stderr(&o));
+    let d = Dump::load(&got).unwrap();
+    assert_eq!(d.manifest.extra["ggml_model"]["planted"][0]["kind"], tag);
+    compare(reference(), &got, dir, tag, &["--policy", F16_POLICY])
+}
+
 /// Converter bugs planted in the f32 ggml file (fixtures/make_ggml.py --plant) are found at the
 /// op they corrupt, with the mechanism, once f16-level error is accepted (without the policy the
 /// first departure is whisper.cpp's own f16 conv/GELU and every later op is `propagated`).
@@ -252,8 +284,6 @@ fn planted_converter_bugs_are_found_at_the_op_with_a_mechanism() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let reference = reference().to_path_buf();
-    let py = root().join(".venv/bin/python");
     for (plant, origin, op, mechanism) in [
         (
             "wrong_layer=encoder.blocks.1.mlp.0.weight",
@@ -273,34 +303,17 @@ fn planted_converter_bugs_are_found_at_the_op_with_a_mechanism() {
             "decoder.layer.0.fc2",
             serde_json::json!({"kind": "bias_missing"}),
         ),
+        // The first checkpoint the positions reach is the first layer's attention; the lookup is
+        // found by the embedding's op-level points.
+        (
+            "shift_rows=decoder.positional_embedding",
+            "audio.decoder.layer.0.self_attention.probs",
+            "decoder.embed_positions",
+            serde_json::json!({"kind": "id_offset", "by": 1}),
+        ),
     ] {
         let tag = plant.split('=').next().unwrap();
-        let ggml = dir.path().join(format!("{tag}.bin"));
-        let o = Command::new(&py)
-            .current_dir(root())
-            .args(["fixtures/make_ggml.py", "--model", MODEL, "--out"])
-            .arg(&ggml)
-            .args(["--plant", plant])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "converter: {}", stderr(&o));
-        let got = dir.path().join(tag);
-        let o = engine(
-            ggml.to_str().unwrap(),
-            &got,
-            // A broken decoder runs on to max_length: the reference's 12 tokens are enough.
-            &[
-                "--im2col-stub",
-                "--ops",
-                "--no-neutrality",
-                "--max-new-tokens",
-                "12",
-            ],
-        );
-        assert!(o.status.success(), "engine {tag}: {}", stderr(&o));
-        let d = Dump::load(&got).unwrap();
-        assert_eq!(d.manifest.extra["ggml_model"]["planted"][0]["kind"], tag);
-        let e = compare(&reference, &got, dir.path(), tag, &["--policy", F16_POLICY]);
+        let e = planted(dir.path(), plant);
         let fd = &e["first_divergence"];
         assert_eq!(fd["checkpoint"], origin, "{tag}: {fd}");
         assert_eq!(fd["op"]["op"], op, "{tag}: {fd}");
@@ -311,4 +324,26 @@ fn planted_converter_bugs_are_found_at_the_op_with_a_mechanism() {
             "{tag}: {replay}"
         );
     }
+}
+
+/// A filter bank converted without Slaney's area normalization (every filter at peak 1): the
+/// log-mel departs at whisper.cpp's own frontend, and the difference is one offset per mel bin
+/// above the floors (log10 of each filter's gain, over 4), which is what X-Ray says.
+#[test]
+fn an_unnormalized_filter_bank_is_one_offset_per_mel_bin() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let e = planted(dir.path(), "unnormalized=filters");
+    let fd = &e["first_divergence"];
+    assert_eq!(fd["checkpoint"], "audio.frontend.mel", "{fd}");
+    assert_eq!(fd["op"]["op"], "frontend.log_mel", "{fd}");
+    let x = &fd["explanation"];
+    assert_eq!(x["signature"], "channel_offset", "{x}");
+    assert_eq!(x["evidence"]["axis_name"], "mel_bins", "{x}");
+    assert_eq!(x["evidence"]["slices"], 80, "{x}");
+    // Every filter got louder: 10^(4 o) = 1/area > 1 for each bin.
+    let lo = x["evidence"]["range"][0].as_f64().unwrap();
+    assert!(lo > 0.0, "{x}");
 }

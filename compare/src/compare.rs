@@ -272,6 +272,7 @@ impl Comparison {
             op_points: None,
             reference_variants: vec![],
             precision: None,
+            local_errors: None,
         };
         e.verdict = e.derive_verdict();
         if e.verdict == Verdict::Diverged && e.first_divergence.is_none() {

@@ -478,6 +478,11 @@ pub struct Evidence {
     /// policy accepted of them (absent when it declares none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub precision: Option<crate::precision::PrecisionEvidence>,
+    /// Every module's local error (`xray compare --local-errors`): each re-run on the engine's
+    /// own input, judged at f32 bounds; a convicted op the engine declares no reduced precision
+    /// for makes the verdict `diverged`. Written only when asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_errors: Option<crate::mechanism::LocalErrors>,
 }
 
 /// Parses JSON text whose `schema` must be `expected` (checked before the rest is read, so a file
@@ -518,7 +523,8 @@ impl Evidence {
             .iter()
             .any(|c| c.status.is_observed() && c.status != Status::Pass)
             || self.capture_neutral == Some(false)
-            || self.transcript.as_ref().is_some_and(|t| !t.tokens_equal);
+            || self.transcript.as_ref().is_some_and(|t| !t.tokens_equal)
+            || self.undeclared_local_errors() > 0;
         if diverged {
             Verdict::Diverged
         } else {
@@ -563,6 +569,12 @@ impl Evidence {
         if self.transcript.as_ref().is_some_and(|t| !t.tokens_equal) {
             why.push("tokens differ".into());
         }
+        let local = self.undeclared_local_errors();
+        if local > 0 {
+            why.push(format!(
+                "{local} local error(s) of ops declared f32 beyond f32 bounds"
+            ));
+        }
         if derived == Verdict::Error {
             why.push(format!(
                 "no observed checkpoint among {}",
@@ -578,6 +590,14 @@ impl Evidence {
             why.join(", "),
             derived.as_str()
         ))
+    }
+
+    /// Module-steps whose local error convicts an op the engine declares no reduced precision
+    /// for ([`crate::mechanism::LocalErrors::undeclared`]; 0 without `local_errors`).
+    pub fn undeclared_local_errors(&self) -> usize {
+        self.local_errors
+            .as_ref()
+            .map_or(0, |l| l.undeclared().count())
     }
 
     /// Pretty JSON text (with a trailing newline).
@@ -874,6 +894,7 @@ pub(crate) mod tests {
             op_points: None,
             reference_variants: vec![],
             precision: None,
+            local_errors: None,
         }
     }
 

@@ -155,6 +155,110 @@ pub struct LocalError {
     pub shapes: Option<(Vec<usize>, Vec<usize>)>,
 }
 
+/// One module's local error at one step, from [`ReplayContext::sweep`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SweptError {
+    /// The step.
+    pub step: Step,
+    /// The precision the engine declares for the op (`f16`, `bf16`: its error there is
+    /// expected), or none: an op the engine says it computes in f32.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declared: Option<String>,
+    /// The module replayed on the engine's own input, against the engine's output.
+    #[serde(flatten)]
+    pub local_error: LocalError,
+    /// The counterfactual that reproduces the engine's output there (searched at each module's
+    /// worst step declared f32, for the first [`LocalErrors::EXPLAINED`] such modules).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mechanism: Option<Mechanism>,
+}
+
+/// Every module's local error (`--local-errors`): each module whose `:out` the engine's dump holds,
+/// at every step, re-run on the engine's own input and judged at the point's f32 bounds. An op
+/// convicted there that the engine declares no reduced precision for makes an error of its own,
+/// whatever the checkpoints downstream say (a policy's accepted precision cannot hide it).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LocalErrors {
+    /// Module-steps replayed.
+    pub replayed: u64,
+    /// Module-steps that could not be replayed alone (no input point, a module the replay does
+    /// not re-run alone, a replay error).
+    pub skipped: u64,
+    /// The convicted ones, in step and dump order.
+    pub convicted: Vec<SweptError>,
+}
+
+impl LocalErrors {
+    /// How many modules declared f32 and convicted get a mechanism search (each a few dozen
+    /// replays).
+    pub const EXPLAINED: usize = 8;
+
+    /// The convicted module-steps of ops the engine declares no reduced precision for.
+    pub fn undeclared(&self) -> impl Iterator<Item = &SweptError> {
+        self.convicted.iter().filter(|s| s.declared.is_none())
+    }
+
+    /// One line: the counts, then each module convicted where it is declared f32 (its worst
+    /// local error, first step and steps counted, and the mechanism found), e.g. `local errors:
+    /// 619 module-steps replayed (0 skipped), 1 convicted at f32 bounds, 0 of them declared below
+    /// f32; declared f32 and convicted: encoder.layer.2.fc1 (model.encoder.layers.2.fc1) rel_l2
+    /// 4.8e-4 from step 0 (1 step): runtime == model.encoder.layers.2.fc1 with its weight rounded
+    /// to bf16 (residual 9.5e-8)`.
+    pub fn summary(&self) -> String {
+        let declared = self.convicted.len() - self.undeclared().count();
+        let mut s = format!(
+            "local errors: {} module-steps replayed ({} skipped), {} convicted at f32 bounds, {declared} of them declared below f32",
+            self.replayed,
+            self.skipped,
+            self.convicted.len()
+        );
+        // (module, first step, worst rel_l2, steps)
+        let mut by: Vec<(&SweptError, Option<f64>, usize)> = Vec::new();
+        for e in self.undeclared() {
+            let r = e.local_error.rel_l2;
+            match by
+                .iter_mut()
+                .find(|(f, _, _)| f.local_error.module == e.local_error.module)
+            {
+                Some((_, worst, n)) => {
+                    *n += 1;
+                    if r.is_some_and(|r| worst.is_none_or(|w| r > w)) {
+                        *worst = r;
+                    }
+                }
+                None => by.push((e, r, 1)),
+            }
+        }
+        if by.is_empty() {
+            s.push_str("; no op declared f32 convicted");
+            return s;
+        }
+        let named: Vec<String> = by
+            .iter()
+            .map(|(f, worst, n)| {
+                let op = f.local_error.op.as_deref().unwrap_or("?");
+                let r = worst.map_or("shapes differ".into(), |r| format!("rel_l2 {r:.1e}"));
+                let m = self
+                    .undeclared()
+                    .filter(|e| e.local_error.module == f.local_error.module)
+                    .find_map(|e| e.mechanism.as_ref())
+                    .map_or(String::new(), |m| format!(": {}", m.summary));
+                format!(
+                    "{op} ({}) {r} from step {} ({n} step{}){m}",
+                    f.local_error.module,
+                    f.step,
+                    if *n == 1 { "" } else { "s" }
+                )
+            })
+            .collect();
+        s.push_str(&format!(
+            "; declared f32 and convicted: {}",
+            named.join(", ")
+        ));
+        s
+    }
+}
+
 /// A counterfactual and how well it reproduces the engine's output.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Tried {
@@ -1007,6 +1111,35 @@ impl<'a> ReplayContext<'a> {
         Some(local_error(&s, &clean, &tol, &eop).0)
     }
 
+    /// The local error of every module whose `:out` point the engine's dump holds at `step` (in
+    /// the dump's order): each re-run on the engine's own input (the same clean replay as the
+    /// origin's), which tells the error an op makes from the error it is handed. Returns them and
+    /// how many modules could not be replayed (no input point, a module the replay does not
+    /// re-run alone, a replay error).
+    pub fn sweep(&self, step: Step) -> (Vec<LocalError>, u64) {
+        let mut done: std::collections::HashSet<&str> = std::collections::HashSet::new();
+        let (mut out, mut skipped) = (Vec::new(), 0u64);
+        for e in self
+            .candidate
+            .manifest
+            .checkpoints
+            .iter()
+            .filter(|e| e.step == step)
+        {
+            let Some((module, Side::Out)) = parse_point(&e.name) else {
+                continue;
+            };
+            if !done.insert(module) {
+                continue;
+            }
+            match self.local(module, step) {
+                Some(le) => out.push(le),
+                None => skipped += 1,
+            }
+        }
+        (out, skipped)
+    }
+
     /// Replay evidence for the op-level origin `op` (its module's `:out` point), or why there is
     /// none (the origin is a module input, no input point, the replay failed).
     pub fn origin(&self, op: &OpDivergence) -> std::result::Result<ReplayEvidence, String> {
@@ -1025,14 +1158,39 @@ impl<'a> ReplayContext<'a> {
                 .ok_or(why.clone())?;
             return self.inline_or(op, node, why);
         };
+        self.at_site(module, step, &eop, &s, true)
+    }
+
+    /// Replay evidence for `module` at `step` on its site: the clean replay, the replay floor,
+    /// (with `neighbours`) the region's local errors, and the mechanism search when convicted.
+    pub fn module_evidence(
+        &self,
+        module: &str,
+        step: Step,
+    ) -> std::result::Result<ReplayEvidence, String> {
+        let eop = (self.engine_op)(module);
+        let s = self.site(module, step, &eop).ok_or_else(|| {
+            format!("the engine dump holds no {module}:in and :out at step {step} to replay")
+        })?;
+        self.at_site(module, step, &eop, &s, false)
+    }
+
+    fn at_site(
+        &self,
+        module: &str,
+        step: Step,
+        eop: &EngineOp,
+        s: &Site<'_>,
+        neighbours: bool,
+    ) -> std::result::Result<ReplayEvidence, String> {
         let tol = (self.tolerance)(&s.out_name);
-        let input = self.input(&s);
+        let input = self.input(s);
         let (info, outs) = self.rerun(module, &input, &[Counterfactual::None])?;
         let clean = outs
             .into_iter()
             .next()
             .ok_or("the replay returned nothing")??;
-        let (local, engine) = local_error(&s, &clean, &tol, &eop);
+        let (local, engine) = local_error(s, &clean, &tol, eop);
         let replay_floor = s.reference.and_then(|(ri, rl, ro)| {
             let inp = ReplayInput {
                 array: ri,
@@ -1045,10 +1203,14 @@ impl<'a> ReplayContext<'a> {
             let ro = in_layout(ro, s.engine_layout, l)?;
             score(&r, &ro, &tol).map(|x| x.0)
         });
-        let neighbours = region_modules(self, module, step)
-            .into_iter()
-            .filter_map(|m| self.local(&m, step))
-            .collect();
+        let neighbours = if neighbours {
+            region_modules(self, module, step)
+                .into_iter()
+                .filter_map(|m| self.local(&m, step))
+                .collect()
+        } else {
+            vec![]
+        };
         let mut ev = ReplayEvidence {
             kernel: eop.kernel.clone(),
             params: info.params.iter().map(|p| p.key.clone()).collect(),
@@ -1065,7 +1227,7 @@ impl<'a> ReplayContext<'a> {
             Some(e) => e,
             None => s.engine_out.clone(),
         };
-        self.search(&mut ev, &info, &s, &clean, &engine, &tol);
+        self.search(&mut ev, &info, s, &clean, &engine, &tol);
         Ok(ev)
     }
 

@@ -253,6 +253,9 @@ pub fn partial_lines(e: &Evidence) -> Vec<String> {
         }
         out.push(line);
     }
+    if let Some(l) = &e.local_errors {
+        out.push(l.summary());
+    }
     for d in &e.independent {
         out.push(format!(
             "Independent divergence at {}{}; suspects: {}",
@@ -370,10 +373,7 @@ pub fn markdown(e: &Evidence) -> String {
             }
         }
     } else if e.effective_verdict() != Verdict::Pass {
-        let _ = writeln!(
-            s,
-            "### First divergence\n\nNot localized: no failing checkpoint has all its inputs passing (see missing or alignment-fault checkpoints).\n"
-        );
+        let _ = writeln!(s, "### First divergence\n\n{}\n", not_localized(e));
     }
     if let Some(d) = &e.drill_down {
         let _ = writeln!(
@@ -605,6 +605,17 @@ pub fn svg_plot(e: &Evidence) -> String {
     s
 }
 
+/// Why a verdict other than pass has no first divergence.
+fn not_localized(e: &Evidence) -> String {
+    match e.local_errors.as_ref().filter(|_| e.undeclared_local_errors() > 0) {
+        Some(l) => format!(
+            "No checkpoint fails; ops the engine declares f32 make errors of their own beyond f32 bounds ({})",
+            l.summary()
+        ),
+        None => "Not localized: no failing checkpoint has all its inputs passing (see missing or alignment-fault checkpoints).".into(),
+    }
+}
+
 /// The self-contained HTML report.
 pub fn html(e: &Evidence) -> String {
     let verdict = e.effective_verdict();
@@ -663,7 +674,11 @@ pub fn html(e: &Evidence) -> String {
         }
         s.push_str("</section>");
     } else if verdict != Verdict::Pass {
-        s.push_str("<section class=\"box origin\"><h2>First divergence: not localized</h2><p>No failing checkpoint has all its inputs passing; see missing or alignment-fault checkpoints below.</p></section>");
+        let _ = write!(
+            s,
+            "<section class=\"box origin\"><h2>First divergence: not localized</h2><p>{}</p></section>",
+            esc_html(&not_localized(e))
+        );
     }
     if let Some(d) = &e.drill_down {
         let _ = write!(
@@ -1000,6 +1015,9 @@ pub fn summary(e: &Evidence) -> String {
     }
     if let Some(p) = &e.op_points {
         s.push_str(&format!("\nxray: {}", p.summary()));
+    }
+    if let Some(l) = &e.local_errors {
+        s.push_str(&format!("\nxray: {}", l.summary()));
     }
     let mut printed: Vec<&Vec<String>> = Vec::new();
     if let Some(f) = &e.first_divergence {

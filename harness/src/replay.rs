@@ -15,7 +15,8 @@ use std::sync::Arc;
 
 use ndarray::ArrayD;
 use xray_compare::mechanism::{
-    apply, EngineOp, KernelReplayer, KernelRequest, KernelRun, ReplayContext, Replayer,
+    apply, EngineOp, KernelReplayer, KernelRequest, KernelRun, LocalErrors, ReplayContext,
+    ReplayVerdict, Replayer, SweptError,
 };
 #[cfg(feature = "oracle")]
 use xray_compare::mechanism::{ReplayBatch, ReplayInput};
@@ -27,6 +28,7 @@ use xray_core::dump::Dump;
 use xray_core::ops::PointNode;
 use xray_core::ops::{parse_point, Side};
 use xray_core::replay::Counterfactual;
+use xray_core::Step;
 #[cfg(feature = "oracle")]
 use xray_oracle::{Oracle, ReplayRequest};
 use xray_runtime::graph::{Graph, LearnedTable};
@@ -359,39 +361,133 @@ pub fn replay_origin(
     replayer: Result<&dyn Replayer, &str>,
     model: Option<&dyn SpeechModel>,
 ) -> Vec<String> {
-    let graph = model.map(|m| m.graph());
-    let ops = graph.map(engine_ops).unwrap_or_default();
-    let kernels: HashMap<String, String> = graph
-        .map(|g| {
-            g.ops()
-                .iter()
-                .map(|o| (o.name.clone(), o.kernel.kind().to_string()))
-                .collect()
-        })
-        .unwrap_or_default();
-    let op_kernel = |o: &str| kernels.get(o).cloned();
-    let engine_op = |m: &str| ops.get(m).cloned().unwrap_or_default();
-    let step = op.step;
-    let tolerance = |p: &str| {
-        policy
-            .resolve_kind(p, step, Precision::F32, None, false)
-            .tolerance
-    };
-    let kernels = model.map(|m| GraphKernels {
-        graph: m.graph(),
-        weights: m.weights(),
-    });
-    let cx = ReplayContext {
+    let sides = Sides {
         nodes,
         reference,
         candidate,
+        policy,
         replayer,
-        engine_op: &engine_op,
-        tolerance: &tolerance,
-        max_neighbours: 12,
-        op_kernel: &op_kernel,
-        kernels: kernels.as_ref().map(|k| k as &dyn KernelReplayer),
+        model,
     };
+    sides.with_context(op.step, |cx| origin_notes(op, cx))
+}
+
+/// What a [`ReplayContext`] is built from: the points' graph, the two dumps, the policy (its f32
+/// bounds judge a replay), the replayer and the model whose graph names the engine's ops.
+pub struct Sides<'a> {
+    /// The points' graph.
+    pub nodes: &'a [PointNode],
+    /// The reference dump.
+    pub reference: &'a Dump,
+    /// The engine's dump.
+    pub candidate: &'a Dump,
+    /// The tolerance policy.
+    pub policy: &'a Policy,
+    /// The replayer, or why there is none.
+    pub replayer: Result<&'a dyn Replayer, &'a str>,
+    /// X-Ray's model of the family (its graph's ops and kernels).
+    pub model: Option<&'a dyn SpeechModel>,
+}
+
+impl Sides<'_> {
+    /// `f` on the replay context of `step` (points judged at the policy's f32 bounds there).
+    pub fn with_context<R>(&self, step: Step, f: impl FnOnce(&ReplayContext<'_>) -> R) -> R {
+        let graph = self.model.map(|m| m.graph());
+        let ops = graph.map(engine_ops).unwrap_or_default();
+        let kernels: HashMap<String, String> = graph
+            .map(|g| {
+                g.ops()
+                    .iter()
+                    .map(|o| (o.name.clone(), o.kernel.kind().to_string()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let op_kernel = |o: &str| kernels.get(o).cloned();
+        let engine_op = |m: &str| ops.get(m).cloned().unwrap_or_default();
+        let tolerance = |p: &str| {
+            self.policy
+                .resolve_kind(p, step, Precision::F32, None, false)
+                .tolerance
+        };
+        let kernels = self.model.map(|m| GraphKernels {
+            graph: m.graph(),
+            weights: m.weights(),
+        });
+        let cx = ReplayContext {
+            nodes: self.nodes,
+            reference: self.reference,
+            candidate: self.candidate,
+            replayer: self.replayer,
+            engine_op: &engine_op,
+            tolerance: &tolerance,
+            max_neighbours: 12,
+            op_kernel: &op_kernel,
+            kernels: kernels.as_ref().map(|k| k as &dyn KernelReplayer),
+        };
+        f(&cx)
+    }
+
+    /// Every module the engine's dump holds the `:out` of, at every step, re-run on the engine's
+    /// own input and judged at f32 bounds ([`ReplayContext::sweep`]); `declared` maps an engine
+    /// op to the precision its dump declares for it. The convicted ones, and the counts.
+    pub fn sweep(&self, declared: &dyn Fn(&str) -> Option<String>) -> LocalErrors {
+        let mut steps: Vec<Step> = self
+            .candidate
+            .manifest
+            .checkpoints
+            .iter()
+            .filter(|e| parse_point(&e.name).is_some_and(|(_, s)| s == Side::Out))
+            .map(|e| e.step)
+            .collect();
+        steps.sort_unstable();
+        steps.dedup();
+        let mut all = LocalErrors::default();
+        for step in steps {
+            let (les, skipped) = self.with_context(step, |cx| cx.sweep(step));
+            all.skipped += skipped;
+            all.replayed += les.len() as u64;
+            for le in les {
+                if le.verdict == ReplayVerdict::Convicted {
+                    let declared = le.op.as_deref().and_then(declared);
+                    all.convicted.push(SweptError {
+                        step,
+                        declared,
+                        local_error: le,
+                        mechanism: None,
+                    });
+                }
+            }
+        }
+        // Each module's worst step declared f32: what reproduces the engine's output there.
+        let mut worst: Vec<usize> = Vec::new();
+        for (i, e) in all.convicted.iter().enumerate() {
+            if e.declared.is_some() {
+                continue;
+            }
+            let r = |k: usize| all.convicted[k].local_error.rel_l2.unwrap_or(f64::INFINITY);
+            match worst
+                .iter_mut()
+                .find(|k| all.convicted[**k].local_error.module == e.local_error.module)
+            {
+                Some(k) if r(i) > r(*k) => *k = i,
+                Some(_) => {}
+                None => worst.push(i),
+            }
+        }
+        for k in worst.into_iter().take(LocalErrors::EXPLAINED) {
+            let (module, step) = (
+                all.convicted[k].local_error.module.clone(),
+                all.convicted[k].step,
+            );
+            let found = self.with_context(step, |cx| cx.module_evidence(&module, step));
+            all.convicted[k].mechanism = found.ok().and_then(|ev| ev.mechanism);
+        }
+        all
+    }
+}
+
+/// The replay at the op-level origin `op`, recorded on it: the notes (the console line first).
+fn origin_notes(op: &mut OpDivergence, cx: &ReplayContext<'_>) -> Vec<String> {
     let ev = match op.side {
         Side::Out => cx.origin(op),
         // A weightless op's output (observed as a module's input, or a cache append's).
@@ -408,7 +504,7 @@ pub fn replay_origin(
                     ));
                 }
             }
-            let cleared = ev.local_error.verdict == xray_compare::mechanism::ReplayVerdict::Cleared;
+            let cleared = ev.local_error.verdict == ReplayVerdict::Cleared;
             let module = ev.module.clone();
             let line = apply(op, ev);
             notes.insert(0, line);

@@ -244,8 +244,12 @@ fn whisper_cpp_under_xray_on_real_tiny_en() {
 }
 
 /// The f32 ggml file converted with `plant` (fixtures/make_ggml.py --plant), run on fox with
-/// every op-level point, and compared under the f16 policy: the evidence.
+/// every op-level point, and compared under the f16 policy (and `extra` arguments): the evidence.
 fn planted(dir: &Path, plant: &str) -> Value {
+    planted_with(dir, plant, &[])
+}
+
+fn planted_with(dir: &Path, plant: &str, extra: &[&str]) -> Value {
     let tag = plant.split('=').next().unwrap();
     let ggml = dir.join(format!("{tag}.bin"));
     let o = Command::new(root().join(".venv/bin/python"))
@@ -272,7 +276,13 @@ fn planted(dir: &Path, plant: &str) -> Value {
     assert!(o.status.success(), "engine {tag}: {}", stderr(&o));
     let d = Dump::load(&got).unwrap();
     assert_eq!(d.manifest.extra["ggml_model"]["planted"][0]["kind"], tag);
-    compare(reference(), &got, dir, tag, &["--policy", F16_POLICY])
+    compare(
+        reference(),
+        &got,
+        dir,
+        tag,
+        &[&["--policy", F16_POLICY], extra].concat(),
+    )
 }
 
 /// Converter bugs planted in the f32 ggml file (fixtures/make_ggml.py --plant) are found at the
@@ -346,4 +356,55 @@ fn an_unnormalized_filter_bank_is_one_offset_per_mel_bin() {
     // Every filter got louder: 10^(4 o) = 1/area > 1 for each bin.
     let lo = x["evidence"]["range"][0].as_f64().unwrap();
     assert!(lo > 0.0, "{x}");
+}
+
+/// One weight rounded to bf16 by the converter (an f32 file): under the f16 policy every
+/// checkpoint passes, since its error is below what the declared f16 ops upstream make; the local
+/// errors (every module re-run on whisper.cpp's own input) convict that op alone, the one the
+/// engine declares f32, and name the rounding. On the clean file they convict no op declared f32.
+#[test]
+fn a_weight_rounded_to_bf16_is_a_local_error_no_policy_hides() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let e = planted_with(
+        dir.path(),
+        "bf16=encoder.blocks.2.mlp.0.weight",
+        &["--local-errors"],
+    );
+    let cks = e["checkpoints"].as_array().unwrap();
+    assert!(
+        cks.iter().all(|c| c["status"] == "pass"),
+        "{}",
+        e["verdict"]
+    );
+    assert_eq!(e["verdict"], "diverged");
+    let l = &e["local_errors"];
+    let undeclared: Vec<&Value> = l["convicted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c.get("declared").is_none())
+        .collect();
+    assert_eq!(undeclared.len(), 1, "{l}");
+    assert_eq!(undeclared[0]["op"], "encoder.layer.2.fc1", "{l}");
+    assert_eq!(
+        undeclared[0]["mechanism"]["counterfactual"],
+        serde_json::json!({"kind": "weight_rounded", "format": "bf16"}),
+        "{l}"
+    );
+    // The clean file: nothing declared f32 is convicted, and the run passes.
+    let got = dir.path().join("clean");
+    let o = engine(F32, &got, &["--im2col-stub", "--ops", "--no-neutrality"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = compare(
+        reference(),
+        &got,
+        dir.path(),
+        "clean",
+        &["--policy", F16_POLICY, "--local-errors"],
+    );
+    assert_eq!(e["verdict"], "pass", "{}", e["local_errors"]);
+    assert!(e["local_errors"]["replayed"].as_u64().unwrap() > 500);
 }

@@ -53,6 +53,12 @@ pub struct Args {
     /// Repeatable.
     #[arg(long, value_name = "DIR")]
     pub variant: Vec<PathBuf>,
+    /// Re-run every module whose `:out` the dump under test holds, at every step, on its own
+    /// input, and judge each at f32 bounds (`local_errors`; needs --model and the oracle): an op
+    /// the engine declares f32 whose own error is beyond them makes the verdict `diverged`, even
+    /// when the checkpoints downstream pass under a policy's accepted precision.
+    #[arg(long)]
+    pub local_errors: bool,
 }
 
 /// Compares two dumps (full or stats-only: the same evidence, report and Markdown outputs either
@@ -74,6 +80,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         outputs.input("model directory", m);
     }
     outputs.input_if("policy", a.policy.as_deref());
+    if a.local_errors && a.model.is_none() {
+        anyhow::bail!(
+            "--local-errors needs --model DIR: the reference model whose modules are re-run on the dump's own inputs"
+        );
+    }
     outputs.check()?;
     let reference = Dump::load(&a.reference)?;
     let got = Dump::load(&a.got)?;
@@ -119,6 +130,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         Some(dir) => Some(xray_runtime::models::load(dir)?),
         None => None,
     };
+    // Local errors are judged at the policy's own bounds, before any accepted precision.
+    let own_policy = policy.clone();
     let (policy, precision) = declared_precision(policy, &got, &a.got, model.as_deref())?;
     let offline = compare_dumps_evidence(
         &reference,
@@ -156,6 +169,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if let (Some(m), Some(dir)) = (&model, &a.model) {
         refine_suspects(&mut ev, m.as_ref(), dir)?;
     }
+    if stats_only && a.local_errors {
+        anyhow::bail!(
+            "--local-errors: the dumps hold summaries, not tensors (stats-only): there is no input to re-run a module on"
+        );
+    }
     if !stats_only {
         let m = model.as_deref();
         let lookup =
@@ -192,6 +210,20 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 )
             },
         );
+        if a.local_errors {
+            let nodes = nodes(0);
+            let sides = xray_harness::replay::Sides {
+                nodes: &nodes,
+                reference: &reference,
+                candidate: &got,
+                policy: &own_policy,
+                replayer: Err(""),
+                model: m,
+            };
+            let l = local_errors(&sides, &contract, a.model.as_deref(), ev.precision.as_ref())?;
+            ev.local_errors = Some(l);
+            ev.verdict = ev.derive_verdict();
+        }
     }
     // The evidence first, then the reports; a failed write does not stop the rest.
     if let Some(p) = &a.evidence {
@@ -304,4 +336,42 @@ fn replay(
         xray_harness::replay::NOT_BUILT.to_string()
     };
     replay_origin(op, nodes, reference, got, policy, Err(&unavailable), model)
+}
+
+/// `--local-errors`: every module the dump under test holds the `:out` of, re-run through the
+/// oracle on its own input at every step ([`xray_harness::replay::Sides::sweep`]). Without the
+/// oracle it is an error: the check asked for cannot run.
+fn local_errors(
+    sides: &xray_harness::replay::Sides<'_>,
+    contract: &Contract,
+    model_dir: Option<&std::path::Path>,
+    precision: Option<&xray_compare::precision::PrecisionEvidence>,
+) -> anyhow::Result<xray_compare::mechanism::LocalErrors> {
+    let declared = |op: &str| {
+        precision.and_then(|p| {
+            p.declared
+                .iter()
+                .find(|d| d.op == op)
+                .map(|d| d.dtype.as_str().to_string())
+        })
+    };
+    let Some(dir) = model_dir else {
+        anyhow::bail!("--local-errors needs --model DIR");
+    };
+    #[cfg(feature = "oracle")]
+    {
+        let oracle = xray_oracle::Oracle::discover()
+            .map_err(|e| anyhow!("--local-errors: the oracle is unavailable: {e}"))?;
+        let replayer = xray_harness::replay::OracleReplayer::new(&oracle, contract, dir);
+        let sides = xray_harness::replay::Sides {
+            replayer: Ok(&replayer),
+            ..*sides
+        };
+        Ok(sides.sweep(&declared))
+    }
+    #[cfg(not(feature = "oracle"))]
+    {
+        let _ = (sides, contract, dir, declared);
+        anyhow::bail!("--local-errors: {}", xray_harness::replay::NOT_BUILT)
+    }
 }

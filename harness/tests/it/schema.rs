@@ -119,6 +119,68 @@ fn engine_weights_and_reference_variants_are_valid() {
     assert!(!validator().is_valid(&v));
 }
 
+/// `local_errors` (`xray compare --local-errors`) validates and round-trips; a convicted op
+/// declared f32 makes the content's verdict `diverged` though every checkpoint passes, one
+/// declared f16 does not; an entry without its step is invalid.
+#[test]
+fn local_errors_are_valid_and_decide_the_verdict() {
+    use xray_compare::evidence::Verdict;
+    use xray_compare::mechanism::{LocalError, LocalErrors, Mechanism, ReplayVerdict, SweptError};
+    let mut e = common::whisper_evidence(false);
+    assert_eq!(e.derive_verdict(), Verdict::Pass);
+    let swept = |declared: Option<&str>| SweptError {
+        step: 0,
+        declared: declared.map(String::from),
+        local_error: LocalError {
+            module: "model.encoder.layers.2.fc1".into(),
+            op: Some("encoder.layer.2.fc1".into()),
+            inputs: vec!["model.encoder.layers.2.fc1:in".into()],
+            output: "model.encoder.layers.2.fc1:out".into(),
+            rel_l2: Some(4.8e-4),
+            max_abs: Some(2e-3),
+            passes: false,
+            verdict: ReplayVerdict::Convicted,
+            shapes: None,
+        },
+        mechanism: declared.is_none().then(|| Mechanism {
+            counterfactual: xray_core::replay::Counterfactual::WeightRounded {
+                format: xray_core::replay::RoundFormat::Bf16,
+            },
+            residual: 9.5e-8,
+            max_abs: 1e-6,
+            clean_residual: Some(4.8e-4),
+            hint: None,
+            summary: "runtime == fc1 with its weight rounded to bf16".into(),
+            also: vec![],
+        }),
+    };
+    e.local_errors = Some(LocalErrors {
+        replayed: 619,
+        skipped: 0,
+        convicted: vec![swept(Some("f16"))],
+    });
+    assert_eq!(e.derive_verdict(), Verdict::Pass);
+    e.local_errors.as_mut().unwrap().convicted.push(swept(None));
+    assert_eq!(e.derive_verdict(), Verdict::Diverged);
+    e.verdict = Verdict::Diverged;
+    let text = e.to_json().unwrap();
+    assert_eq!(
+        xray_compare::evidence::Evidence::from_json(&text, "mem").unwrap(),
+        e
+    );
+    let mut v: Value = serde_json::from_str(&text).unwrap();
+    assert_valid(&v);
+    // The content decides: a recorded pass over it is refused on read.
+    v["verdict"] = Value::from("pass");
+    assert!(xray_compare::evidence::Evidence::from_json(&v.to_string(), "mem").is_err());
+    v["verdict"] = Value::from("diverged");
+    v["local_errors"]["convicted"][1]
+        .as_object_mut()
+        .unwrap()
+        .remove("step");
+    assert!(!validator().is_valid(&v));
+}
+
 /// The counterfactuals solved on the clean replay (heads permuted, output shifted) validate
 /// against the schema's `counterfactual`, and a field it does not declare does not.
 #[test]

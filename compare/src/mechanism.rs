@@ -259,6 +259,15 @@ impl LocalErrors {
     }
 }
 
+/// The roundings a weight is tried at: the two formats, and the two shortcuts converters take to
+/// bfloat16 (truncation, ties away from zero).
+const WEIGHT_ROUNDINGS: [RoundFormat; 4] = [
+    RoundFormat::F16,
+    RoundFormat::Bf16,
+    RoundFormat::Bf16Truncated,
+    RoundFormat::Bf16TiesAway,
+];
+
 /// A counterfactual and how well it reproduces the engine's output.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Tried {
@@ -607,7 +616,7 @@ pub fn hypotheses(
         }
     };
     let grids = |v: &mut Vec<C>| {
-        for format in [RoundFormat::F16, RoundFormat::Bf16] {
+        for format in WEIGHT_ROUNDINGS {
             v.push(C::WeightRounded { format });
         }
         for bits in (2..=8).rev() {
@@ -707,7 +716,7 @@ pub fn hypotheses(
             v.push(C::IdOffset { by: 1 });
             v.push(C::IdOffset { by: -1 });
             other_keys(&mut v, &[("weight", 4)]);
-            for format in [RoundFormat::F16, RoundFormat::Bf16] {
+            for format in WEIGHT_ROUNDINGS {
                 v.push(C::WeightRounded { format });
             }
         }
@@ -2026,12 +2035,7 @@ impl ReplayContext<'_> {
         // Another function, or any function (the reference's too) through a half-precision
         // lookup table: the input rounded, the table's value rounded (a precision, not a logic,
         // departure when the function is the reference's).
-        let rounded = |t: &ArrayD<f32>, fmt: RoundFormat| {
-            t.mapv(|v| match fmt {
-                RoundFormat::F16 => half::f16::from_f32(v).to_f32(),
-                RoundFormat::Bf16 => half::bf16::from_f32(v).to_f32(),
-            })
-        };
+        let rounded = |t: &ArrayD<f32>, fmt: RoundFormat| t.mapv(|v| fmt.round(v));
         let mut cands: Vec<(Counterfactual, ArrayD<f32>)> = Activation::ALL
             .into_iter()
             .filter(|g| *g != f)

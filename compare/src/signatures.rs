@@ -45,7 +45,6 @@ pub use fits::Activation;
 pub use linear::linear_grid;
 pub use relations::{compress_ranges, AxisSegment};
 
-use half::{bf16, f16};
 use ndarray::{ArrayD, ArrayView2, ArrayViewD, Axis, IxDyn, Slice};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -159,8 +158,6 @@ pub use xray_core::replay::RoundFormat;
 
 /// What the rounding signature needs of a format.
 trait Rounding {
-    /// `v` rounded to the format and back.
-    fn round(self, v: f32) -> f32;
     /// Half an ULP relative to the value (2^-11 for f16, 2^-8 for bf16).
     fn half_ulp(self) -> f64;
     /// Smallest normal value.
@@ -168,22 +165,18 @@ trait Rounding {
 }
 
 impl Rounding for RoundFormat {
-    fn round(self, v: f32) -> f32 {
-        match self {
-            RoundFormat::F16 => f16::from_f32(v).to_f32(),
-            RoundFormat::Bf16 => bf16::from_f32(v).to_f32(),
-        }
-    }
     fn half_ulp(self) -> f64 {
         match self {
             RoundFormat::F16 => 2f64.powi(-11),
-            RoundFormat::Bf16 => 2f64.powi(-8),
+            RoundFormat::Bf16 | RoundFormat::Bf16TiesAway => 2f64.powi(-8),
+            // Truncation errs by up to a whole ULP.
+            RoundFormat::Bf16Truncated => 2f64.powi(-7),
         }
     }
     fn min_normal(self) -> f64 {
         match self {
             RoundFormat::F16 => 6.103_515_625e-5,
-            RoundFormat::Bf16 => f32::MIN_POSITIVE as f64,
+            _ => f32::MIN_POSITIVE as f64,
         }
     }
 }
@@ -1500,6 +1493,7 @@ pub fn steps_subset(per_step: &[(Step, bool)]) -> Option<Signature> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::{bf16, f16};
     use ndarray::Array;
 
     /// Deterministic pseudo-random tensor in [-1, 1).

@@ -18,16 +18,36 @@ use serde::{Deserialize, Serialize};
 pub enum RoundFormat {
     /// IEEE half precision.
     F16,
-    /// bfloat16.
+    /// bfloat16 (to nearest, ties to even: torch's `.to(torch.bfloat16)`).
     Bf16,
+    /// bfloat16 by dropping the low 16 bits of the f32 (toward zero): a converter's shortcut.
+    Bf16Truncated,
+    /// bfloat16 to nearest with ties away from zero (`(bits + 0x8000) >> 16`): another
+    /// converter's; it differs from `bf16` on exact ties only, which f16-valued weights hold often.
+    Bf16TiesAway,
 }
 
 impl RoundFormat {
-    /// `f16` / `bf16`.
+    /// `f16` / `bf16` / `bf16_truncated` / `bf16_ties_away`.
     pub fn as_str(self) -> &'static str {
         match self {
             RoundFormat::F16 => "f16",
             RoundFormat::Bf16 => "bf16",
+            RoundFormat::Bf16Truncated => "bf16_truncated",
+            RoundFormat::Bf16TiesAway => "bf16_ties_away",
+        }
+    }
+
+    /// `v` rounded to the format and back to f32 (NaN and infinities kept).
+    pub fn round(self, v: f32) -> f32 {
+        match self {
+            RoundFormat::F16 => half::f16::from_f32(v).to_f32(),
+            RoundFormat::Bf16 => half::bf16::from_f32(v).to_f32(),
+            _ if !v.is_finite() => v,
+            RoundFormat::Bf16Truncated => f32::from_bits(v.to_bits() & 0xFFFF_0000),
+            RoundFormat::Bf16TiesAway => {
+                f32::from_bits(v.to_bits().wrapping_add(0x8000) & 0xFFFF_0000)
+            }
         }
     }
 }
@@ -555,6 +575,25 @@ impl ModuleInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The two converter shortcuts against bfloat16 proper: truncation drops the low bits (toward
+    /// zero, either sign); ties away differs from ties to even on an exact tie only.
+    #[test]
+    fn bf16_shortcuts() {
+        let up = f32::from_bits(0x3F80_C000); // 1 + 0.75 ULP of bf16
+        assert_eq!(RoundFormat::Bf16Truncated.round(up).to_bits(), 0x3F80_0000);
+        assert_eq!(RoundFormat::Bf16.round(up).to_bits(), 0x3F81_0000);
+        assert_eq!(RoundFormat::Bf16Truncated.round(-up).to_bits(), 0xBF80_0000);
+        let tie = f32::from_bits(0x3F80_8000); // exactly half an ULP above 1, even below
+        assert_eq!(RoundFormat::Bf16.round(tie).to_bits(), 0x3F80_0000);
+        assert_eq!(RoundFormat::Bf16TiesAway.round(tie).to_bits(), 0x3F81_0000);
+        assert_eq!(RoundFormat::Bf16TiesAway.round(-tie).to_bits(), 0xBF81_0000);
+        assert!(RoundFormat::Bf16TiesAway.round(f32::NAN).is_nan());
+        assert_eq!(
+            RoundFormat::Bf16Truncated.round(f32::INFINITY),
+            f32::INFINITY
+        );
+    }
 
     #[test]
     fn counterfactuals_are_kind_tagged() {

@@ -389,6 +389,16 @@ def _round(t, fmt: str):
         return t.to(torch.float16).to(t.dtype)
     if fmt == "bf16":
         return t.to(torch.bfloat16).to(t.dtype)
+    if fmt in ("bf16_truncated", "bf16_ties_away"):
+        # A converter's bfloat16 on the f32 bits (xray-core's RoundFormat::round): the low 16
+        # bits dropped, or rounded half away from zero first; NaN and infinities kept.
+        a = t.detach().to(torch.float32).cpu().numpy()
+        bits = np.ascontiguousarray(a).view(np.uint32).astype(np.uint64)
+        if fmt == "bf16_ties_away":
+            bits = bits + 0x8000
+        r = (bits & 0xFFFF0000).astype(np.uint32).view(np.float32)
+        r = np.where(np.isfinite(a), r, a)
+        return torch.from_numpy(r).to(t.dtype).to(t.device)
     raise ReplayError(f"unknown rounding format {fmt!r}")
 
 

@@ -368,32 +368,38 @@ fn a_weight_rounded_to_bf16_is_a_local_error_no_policy_hides() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let e = planted_with(
-        dir.path(),
-        "bf16=encoder.blocks.2.mlp.0.weight",
-        &["--local-errors"],
-    );
-    let cks = e["checkpoints"].as_array().unwrap();
-    assert!(
-        cks.iter().all(|c| c["status"] == "pass"),
-        "{}",
-        e["verdict"]
-    );
-    assert_eq!(e["verdict"], "diverged");
-    let l = &e["local_errors"];
-    let undeclared: Vec<&Value> = l["convicted"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c.get("declared").is_none())
-        .collect();
-    assert_eq!(undeclared.len(), 1, "{l}");
-    assert_eq!(undeclared[0]["op"], "encoder.layer.2.fc1", "{l}");
-    assert_eq!(
-        undeclared[0]["mechanism"]["counterfactual"],
-        serde_json::json!({"kind": "weight_rounded", "format": "bf16"}),
-        "{l}"
-    );
+    // A truncating converter too, on a decoder weight: convicted at its steps and named.
+    for (plant, op, format) in [
+        (
+            "bf16=encoder.blocks.2.mlp.0.weight",
+            "encoder.layer.2.fc1",
+            "bf16",
+        ),
+        (
+            "bf16_truncated=decoder.blocks.1.mlp.2.weight",
+            "decoder.layer.1.fc2",
+            "bf16_truncated",
+        ),
+    ] {
+        let e = planted_with(dir.path(), plant, &["--local-errors"]);
+        let cks = e["checkpoints"].as_array().unwrap();
+        assert!(cks.iter().all(|c| c["status"] == "pass"), "{plant}");
+        assert_eq!(e["verdict"], "diverged");
+        let l = &e["local_errors"];
+        let undeclared: Vec<&Value> = l["convicted"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c.get("declared").is_none())
+            .collect();
+        assert!(!undeclared.is_empty(), "{plant}: {l}");
+        assert!(undeclared.iter().all(|c| c["op"] == op), "{plant}: {l}");
+        assert!(
+            undeclared.iter().any(|c| c["mechanism"]["counterfactual"]
+                == serde_json::json!({"kind": "weight_rounded", "format": format})),
+            "{plant}: {l}"
+        );
+    }
     // The clean file: nothing declared f32 is convicted, and the run passes.
     let got = dir.path().join("clean");
     let o = engine(F32, &got, &["--im2col-stub", "--ops", "--no-neutrality"]);

@@ -50,6 +50,8 @@ enum Command {
     Replay(cli::replay::Args),
     /// Merge corpus evidence directories (shards) into one summary.
     Summarize(cli::summarize::Args),
+    /// Compare two safetensors weight tables tensor by tensor, naming each difference.
+    Weights(cli::weights::Args),
     /// Measure the comparison throughput (GB/s per core).
     BenchCompare(cli::bench_compare::Args),
     #[cfg(feature = "oracle")]
@@ -120,6 +122,7 @@ fn main() -> ExitCode {
         Command::List(a) => cli::list::run(a),
         Command::Contract(a) => cli::contract::run(a),
         Command::Summarize(a) => cli::summarize::run(a),
+        Command::Weights(a) => cli::weights::run(a),
         Command::Repro(a) => cli::repro::run(a),
         Command::Replay(a) => cli::replay::run(a),
         Command::Faults(a) => cli::faults::run(a),

@@ -49,6 +49,7 @@ pub mod run;
 #[cfg(feature = "oracle")]
 pub mod selftest;
 pub mod summarize;
+pub mod weights;
 
 /// Peak resident set size of this process so far, in bytes (`VmHWM` of /proc/self/status, what
 /// getrusage's `ru_maxrss` reports, read without unsafe code); `None` off Linux.

@@ -41,3 +41,4 @@ mod trust_gate;
 mod trust_inject;
 mod trust_numerics;
 mod trust_outputs;
+mod weights;

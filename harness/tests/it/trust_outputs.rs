@@ -627,6 +627,15 @@ fn an_output_that_is_an_input_is_refused() {
         &c1.join("summary.json"),
     );
 
+    // weights: its JSON onto the table it reads (refused before the table is read).
+    let table = d("other.safetensors");
+    std::fs::write(&table, b"not read").unwrap();
+    refused(
+        &["weights", s(&table), s(&table), "--json", s(&table)],
+        "--json",
+        &table,
+    );
+
     // compare: onto a file of a dump it reads.
     let (_k, r) = dumped();
     let manifest = r.join("manifest.json");

@@ -285,33 +285,79 @@ fn planted_with(dir: &Path, plant: &str, extra: &[&str]) -> Value {
     )
 }
 
+/// The ggml file `dir/{tag}.bin` read back under HF names (fixtures/ggml_to_hf.py) and compared
+/// with the HF weights (`xray weights`): the keys that differ, with their signatures.
+fn weights_differ(dir: &Path, tag: &str) -> Vec<(String, String)> {
+    let hf = dir.join(format!("{tag}.safetensors"));
+    let o = Command::new(root().join(".venv/bin/python"))
+        .current_dir(root())
+        .args(["fixtures/ggml_to_hf.py", "--model", MODEL, "--ggml"])
+        .arg(dir.join(format!("{tag}.bin")))
+        .arg("--out")
+        .arg(&hf)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "ggml_to_hf: {}", stderr(&o));
+    let json = dir.join(format!("{tag}.weights.json"));
+    let o = run(
+        &xray_bin(),
+        &[
+            "weights",
+            MODEL,
+            hf.to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    v["differs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            (
+                d["key"].as_str().unwrap().to_string(),
+                d["signature"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
 /// Converter bugs planted in the f32 ggml file (fixtures/make_ggml.py --plant) are found at the
 /// op they corrupt, with the mechanism, once f16-level error is accepted (without the policy the
-/// first departure is whisper.cpp's own f16 conv/GELU and every later op is `propagated`).
+/// first departure is whisper.cpp's own f16 conv/GELU and every later op is `propagated`). Read
+/// back from the file (`xray weights`), each is the one tensor that differs, with its signature.
 #[test]
 fn planted_converter_bugs_are_found_at_the_op_with_a_mechanism() {
     if !ready() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    for (plant, origin, op, mechanism) in [
+    for (plant, origin, op, mechanism, weights) in [
         (
             "wrong_layer=encoder.blocks.1.mlp.0.weight",
             "audio.encoder.layer.1.out",
             "encoder.layer.1.fc1",
             serde_json::json!({"kind": "other_key", "role": "weight", "key": "model.encoder.layers.2.fc1.weight"}),
+            ("model.encoder.layers.1.fc1.weight", "wiring"),
         ),
         (
             "transpose=encoder.blocks.2.attn.out.weight",
             "audio.encoder.layer.2.out",
             "encoder.layer.2.out_proj",
             serde_json::json!({"kind": "transpose_weight"}),
+            (
+                "model.encoder.layers.2.self_attn.out_proj.weight",
+                "permutation",
+            ),
         ),
         (
             "drop_bias=decoder.blocks.0.mlp.2.bias",
             "audio.decoder.layer.0.out",
             "decoder.layer.0.fc2",
             serde_json::json!({"kind": "bias_missing"}),
+            ("model.decoder.layers.0.fc2.bias", "scale"),
         ),
         // The first checkpoint the positions reach is the first layer's attention; the lookup is
         // found by the embedding's op-level points.
@@ -320,6 +366,7 @@ fn planted_converter_bugs_are_found_at_the_op_with_a_mechanism() {
             "audio.decoder.layer.0.self_attention.probs",
             "decoder.embed_positions",
             serde_json::json!({"kind": "id_offset", "by": 1}),
+            ("model.decoder.embed_positions.weight", "shift"),
         ),
     ] {
         let tag = plant.split('=').next().unwrap();
@@ -332,6 +379,12 @@ fn planted_converter_bugs_are_found_at_the_op_with_a_mechanism() {
         assert_eq!(
             replay["mechanism"]["counterfactual"], mechanism,
             "{tag}: {replay}"
+        );
+        let (key, signature) = weights;
+        assert_eq!(
+            weights_differ(dir.path(), tag),
+            [(key.to_string(), signature.to_string())],
+            "{tag}"
         );
     }
 }

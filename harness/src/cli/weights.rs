@@ -69,18 +69,27 @@ fn file_of(p: &Path) -> PathBuf {
     }
 }
 
-/// Candidates for `wiring`: the reference's other tensors of the same shape (at most 24, keys
-/// sharing the most trailing segments first: `layers.2.fc1.weight` before `layers.2.fc2.weight`).
+/// Candidates for `wiring`: the reference's other tensors of the same shape, at most 24, the
+/// nearest names first (most leading and trailing segments shared: the same module's other
+/// parameter, `layers.3.norm.weight` for `layers.3.norm.bias`, and the same parameter of the
+/// other layers, `layers.2.norm.bias`).
 fn candidates<'a>(
     r: &'a Weights,
     key: &str,
     shape: &[usize],
 ) -> Vec<(String, &'a xray_core::Tensor)> {
-    let tail = |k: &str| {
-        k.rsplit('.')
+    let shared = |k: &str| {
+        let lead = k
+            .split('.')
+            .zip(key.split('.'))
+            .take_while(|(a, b)| a == b)
+            .count();
+        let tail = k
+            .rsplit('.')
             .zip(key.rsplit('.'))
             .take_while(|(a, b)| a == b)
-            .count()
+            .count();
+        (lead + tail, lead)
     };
     let mut v: Vec<(&str, &xray_core::Tensor)> = r
         .keys()
@@ -88,7 +97,7 @@ fn candidates<'a>(
         .filter_map(|k| r.get(k).map(|t| (k, t)))
         .filter(|(_, t)| t.shape() == shape)
         .collect();
-    v.sort_by(|a, b| tail(b.0).cmp(&tail(a.0)).then(a.0.cmp(b.0)));
+    v.sort_by(|a, b| shared(b.0).cmp(&shared(a.0)).then(a.0.cmp(b.0)));
     v.into_iter()
         .take(24)
         .map(|(k, t)| (k.to_string(), t))

@@ -9,6 +9,7 @@
 //! | `non_finite` | `X` is NaN/Inf where `R` is finite (first index reported) |
 //! | `permutation` | `X`'s data equals `R` with axes permuted, optionally after splitting one axis in two, read back in `X`'s shape (checks data, not shape) |
 //! | `shift` | `X[t] = R[t±1]` along one axis on the overlap |
+//! | `reversed` | `X[t] = R[n-1-t]` along one axis (a kernel flipped in time) |
 //! | `sign_flip` | `X = -R` |
 //! | `scale` | `X = αR` for a least-squares `α ≠ 1` |
 //! | `mask` | on the last two axes (`[.., rows, cols]`) the differences sit in the strict upper or lower triangle only, or one side is masked (zero or ≤ -1e4) above the causal diagonal and the other is not |
@@ -228,6 +229,14 @@ pub enum Signature {
         /// Relative residual on the overlap.
         residual: f64,
     },
+    /// `X` is `R` read backwards along one axis: `X[t] = R[n-1-t]` (a kernel flipped in time, a
+    /// table or sequence reversed).
+    Reversed {
+        /// Axis.
+        axis: usize,
+        /// Relative residual.
+        residual: f64,
+    },
     /// Integer values (ids, positions, lengths) off by a constant: `X = R + by` everywhere (a
     /// position fed one ahead, a token id from the wrong table offset). Named `shift` too.
     Offset {
@@ -439,6 +448,7 @@ impl Signature {
             Signature::NonFinite { .. } => SignatureKind::NonFinite,
             Signature::Permutation { .. } => SignatureKind::Permutation,
             Signature::Shift { .. } | Signature::Offset { .. } => SignatureKind::Shift,
+            Signature::Reversed { .. } => SignatureKind::Reversed,
             Signature::SignFlip { .. } => SignatureKind::SignFlip,
             Signature::Scale { .. } => SignatureKind::Scale,
             Signature::Mask { .. } => SignatureKind::Mask,
@@ -493,6 +503,11 @@ impl Signature {
                 }
                 s + &format!("; {}", resid_text(*residual))
             }
+            Signature::Reversed { axis, residual } => format!(
+                "runtime is the reference reversed along {}: X[t] = R[n-1-t] ({})",
+                ax(*axis),
+                resid_text(*residual)
+            ),
             Signature::Shift {
                 axis,
                 offset,
@@ -1014,6 +1029,25 @@ fn shift(c: &Ctx) -> Option<Signature> {
     best.map(|(_, s)| s)
 }
 
+/// `X[t] = R[n-1-t]` along the axis that explains the difference best (axes of 2 or more).
+fn reversed(c: &Ctx) -> Option<Signature> {
+    let mut best: Option<(f64, Signature)> = None;
+    let xx = c.xx;
+    for a in 0..c.r.ndim() {
+        if c.r.shape()[a] < 2 {
+            continue;
+        }
+        let rv = c.r.slice_axis(Axis(a), Slice::new(0, None, -1));
+        let sq = sumsq(c.x.iter().zip(rv.iter()));
+        let ok = sq <= c.opts.explain_rel.powi(2) * xx && sq <= 0.01 * c.orig && c.orig > 0.0;
+        if ok && best.as_ref().is_none_or(|(b, _)| sq < *b) {
+            let residual = if xx > 0.0 { (sq / xx).sqrt() } else { 0.0 };
+            best = Some((sq, Signature::Reversed { axis: a, residual }));
+        }
+    }
+    best.map(|(_, s)| s)
+}
+
 /// Recognizable closed forms near `f` (`k`, `1/k`, `sqrt(k)`, `1/sqrt(k)` for `k` in 2..=1024),
 /// joined with ` = ` (e.g. `1/8 = 1/sqrt(64)`).
 fn scale_hint(f: f64) -> Option<String> {
@@ -1360,6 +1394,7 @@ pub fn diagnose_with(
         return out;
     }
     out.extend(shift(&c));
+    out.extend(reversed(&c));
     let global = scale_and_sign(&c);
     // A global scale or sign is also a per-row affine and a smooth function of the value: only
     // the more specific statement is made, unless the per-row affine fits ten times better (a
@@ -1388,6 +1423,7 @@ pub fn diagnose_with(
             matches!(
                 s,
                 Signature::Shift { .. }
+                    | Signature::Reversed { .. }
                     | Signature::Permutation { .. }
                     | Signature::RowAffine { .. }
                     | Signature::Wiring { .. }
@@ -1755,6 +1791,23 @@ mod tests {
             }
             s => panic!("{s:?}"),
         }
+    }
+
+    /// A kernel read backwards along its last axis (a conv flipped in time): `reversed`, that
+    /// axis; noise is not, nor is a tensor symmetric along the axis (no difference to explain).
+    #[test]
+    fn read_backwards_along_one_axis() {
+        let r = rand(&[6, 5, 3], 23);
+        let mut x = r.clone();
+        x.invert_axis(Axis(2));
+        match best(&r, &x) {
+            Signature::Reversed { axis, residual } => {
+                assert_eq!(axis, 2);
+                assert!(residual < 1e-7, "{residual}");
+            }
+            s => panic!("{s:?}"),
+        }
+        assert!(!names(&r, &noisy(&r, 1e-1, 24)).contains(&"reversed"));
     }
 
     #[test]

@@ -27,6 +27,8 @@ pub enum SignatureKind {
     Rounding,
     /// Only a subset (of heads, channels, steps) differs.
     Subset,
+    /// Read backwards along one axis.
+    Reversed,
     /// Another tensor's values (a wiring candidate).
     Wiring,
     /// State carried across steps (a decoder's cache) changed between them: the rows a step
@@ -64,7 +66,7 @@ pub enum SignatureKind {
 
 impl SignatureKind {
     /// Every kind.
-    pub const ALL: [SignatureKind; 24] = [
+    pub const ALL: [SignatureKind; 25] = [
         SignatureKind::NonFinite,
         SignatureKind::Permutation,
         SignatureKind::Shift,
@@ -73,6 +75,7 @@ impl SignatureKind {
         SignatureKind::Mask,
         SignatureKind::Rounding,
         SignatureKind::Subset,
+        SignatureKind::Reversed,
         SignatureKind::Wiring,
         SignatureKind::Carried,
         SignatureKind::Temperature,
@@ -102,6 +105,7 @@ impl SignatureKind {
             SignatureKind::Mask => "mask",
             SignatureKind::Rounding => "rounding",
             SignatureKind::Subset => "subset",
+            SignatureKind::Reversed => "reversed",
             SignatureKind::Wiring => "wiring",
             SignatureKind::Carried => "carried",
             SignatureKind::Temperature => "temperature",

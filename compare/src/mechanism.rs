@@ -212,7 +212,7 @@ impl LocalErrors {
             self.skipped,
             self.convicted.len()
         );
-        // (module, first step, worst rel_l2, steps)
+        // Per module: its first convicted entry, its worst rel_l2, its steps.
         let mut by: Vec<(&SweptError, Option<f64>, usize)> = Vec::new();
         for e in self.undeclared() {
             let r = e.local_error.rel_l2;
@@ -570,6 +570,11 @@ fn site<'a>(
         engine_layout,
         reference,
     })
+}
+
+/// Why `module` is not replayed at `step`: no input and output points to replay it on.
+fn no_site(module: &str, step: Step) -> String {
+    format!("the engine dump holds no {module}:in and :out at step {step} to replay")
 }
 
 /// Local error of one site from its clean replay (output, layout).
@@ -1158,8 +1163,7 @@ impl<'a> ReplayContext<'a> {
         let Some(s) = self.site(module, step, &eop) else {
             // No input point to re-run the module on (its wrapper pads first): the region's ops
             // from their observed inputs, through X-Ray's kernels.
-            let why =
-                format!("the engine dump holds no {module}:in and :out at step {step} to replay");
+            let why = no_site(module, step);
             let node = self
                 .nodes
                 .iter()
@@ -1178,9 +1182,9 @@ impl<'a> ReplayContext<'a> {
         step: Step,
     ) -> std::result::Result<ReplayEvidence, String> {
         let eop = (self.engine_op)(module);
-        let s = self.site(module, step, &eop).ok_or_else(|| {
-            format!("the engine dump holds no {module}:in and :out at step {step} to replay")
-        })?;
+        let s = self
+            .site(module, step, &eop)
+            .ok_or_else(|| no_site(module, step))?;
         self.at_site(module, step, &eop, &s, false)
     }
 

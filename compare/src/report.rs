@@ -606,13 +606,11 @@ pub fn svg_plot(e: &Evidence) -> String {
 }
 
 /// Why a verdict other than pass has no first divergence.
-fn not_localized(e: &Evidence) -> String {
-    match e.local_errors.as_ref().filter(|_| e.undeclared_local_errors() > 0) {
-        Some(l) => format!(
-            "No checkpoint fails; ops the engine declares f32 make errors of their own beyond f32 bounds ({})",
-            l.summary()
-        ),
-        None => "Not localized: no failing checkpoint has all its inputs passing (see missing or alignment-fault checkpoints).".into(),
+fn not_localized(e: &Evidence) -> &'static str {
+    if e.undeclared_local_errors() > 0 {
+        "No checkpoint fails; ops the engine declares f32 make errors of their own beyond f32 bounds (the local errors above)."
+    } else {
+        "Not localized: no failing checkpoint has all its inputs passing (see missing or alignment-fault checkpoints)."
     }
 }
 
@@ -677,7 +675,7 @@ pub fn html(e: &Evidence) -> String {
         let _ = write!(
             s,
             "<section class=\"box origin\"><h2>First divergence: not localized</h2><p>{}</p></section>",
-            esc_html(&not_localized(e))
+            esc_html(not_localized(e))
         );
     }
     if let Some(d) = &e.drill_down {

@@ -1794,7 +1794,7 @@ mod tests {
     }
 
     /// A kernel read backwards along its last axis (a conv flipped in time): `reversed`, that
-    /// axis; noise is not, nor is a tensor symmetric along the axis (no difference to explain).
+    /// axis; noise is not.
     #[test]
     fn read_backwards_along_one_axis() {
         let r = rand(&[6, 5, 3], 23);

@@ -451,3 +451,17 @@ def test_a_whole_encoder_is_replayed_by_its_declared_boundaries():
     assert r["layout"] == "token_major"
     np.testing.assert_array_equal(r["output"], pts["model.encoder.layer_norm:out"]["array"])
     assert isinstance(r["outputs"][0], str) and "does not apply" in r["outputs"][0]
+
+
+def test_converter_bf16_roundings_match_the_rust_ones():
+    """`bf16_truncated` drops the low 16 bits, `bf16_ties_away` rounds half away from zero (the
+    bit patterns of xray-core's RoundFormat::round test); NaN and infinities are kept."""
+    bits = np.array([0x3F80C000, 0xBF80C000, 0x3F808000, 0xBF808000], dtype=np.uint32)
+    t = torch.from_numpy(bits.view(np.float32).copy())
+    out = lambda fmt: rp._round(t, fmt).numpy().view(np.uint32).tolist()  # noqa: E731
+    assert out("bf16_truncated") == [0x3F800000, 0xBF800000, 0x3F800000, 0xBF800000]
+    assert out("bf16_ties_away") == [0x3F810000, 0xBF810000, 0x3F810000, 0xBF810000]
+    assert out("bf16") == [0x3F810000, 0xBF810000, 0x3F800000, 0xBF800000]
+    special = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    r = rp._round(special, "bf16_ties_away")
+    assert torch.isnan(r[0]) and r[1] == float("inf") and r[2] == -float("inf")

@@ -97,6 +97,7 @@ class OpRecorder(Hooks):
         super().__init__()
         self.captured: list[dict] = []
         self._seen: set[tuple[str, int]] = set()
+        self._kwargs: dict[str, Optional[str]] = {}  # point -> its rule's kwarg, looked up once
         # (module path, module, sides) in the model's module order
         self.targets: list[tuple[str, Any, tuple[str, ...]]] = []
         if self.selection is None:
@@ -145,6 +146,13 @@ class OpRecorder(Hooks):
                 )
         return self
 
+    def _kwarg(self, name: str) -> Optional[str]:
+        """The keyword argument point `name`'s rule takes its `in` from (contract.point_kwarg),
+        looked up once per point rather than at every firing."""
+        if name not in self._kwargs:
+            self._kwargs[name] = self.contract.point_kwarg(name)
+        return self._kwargs[name]
+
     def _take(self, module, path: str, side: str, value: Any, kwargs: Optional[dict]) -> None:
         import torch
 
@@ -155,7 +163,7 @@ class OpRecorder(Hooks):
                 f"op-level point {name}: {path} ran twice at step {step}; a point is one firing per step"
             )
         self._seen.add((name, step))
-        kwarg = self.contract.point_kwarg(name) if side == "in" else None
+        kwarg = self._kwarg(name) if side == "in" else None
         if kwarg is not None:
             if kwarg not in (kwargs or {}):
                 raise CaptureError(

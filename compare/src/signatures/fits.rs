@@ -268,12 +268,6 @@ pub(super) fn row_affine(c: &Ctx) -> Option<Signature> {
 /// Elements fitted at the least, and the least share of them, for [`affine_above_floor`].
 const MIN_FITTED: usize = 64;
 
-/// `X = a·R + b` over the elements above both sides' floors: each side's minimum, held by at
-/// least one element in a hundred (a clamp's floor: a log-mel's `max - 8`, padding's silence);
-/// the floored elements are left out, as the floors themselves need not map onto each other (a
-/// floor `8` below each side's own maximum). Not stated when there is no floor (a per-row or
-/// global affine says it), when the map is the identity (then only the clamp differs: `clamp`),
-/// or when fewer than [`MIN_FITTED`] elements (or one in a hundred) are above both floors.
 /// Which elements sit above both sides' floors (each side's minimum, when at least one element
 /// in a hundred holds it: a clamp's floor), or `None` when neither side has a floor.
 fn above_floors(rs: &[f32], xs: &[f32]) -> Option<Vec<bool>> {
@@ -300,6 +294,12 @@ fn above_floors(rs: &[f32], xs: &[f32]) -> Option<Vec<bool>> {
     )
 }
 
+/// `X = a·R + b` over the elements above both sides' floors: each side's minimum, held by at
+/// least one element in a hundred (a clamp's floor: a log-mel's `max - 8`, padding's silence);
+/// the floored elements are left out, as the floors themselves need not map onto each other (a
+/// floor `8` below each side's own maximum). Not stated when there is no floor (a per-row or
+/// global affine says it), when the map is the identity (then only the clamp differs: `clamp`),
+/// or when fewer than [`MIN_FITTED`] elements (or one in a hundred) are above both floors.
 pub(super) fn affine_above_floor(c: &Ctx) -> Option<Signature> {
     let (rs, xs) = (c.r.as_slice()?, c.x.as_slice()?);
     let n = rs.len();
@@ -615,13 +615,15 @@ pub(super) fn channel_offset(c: &Ctx) -> Option<Signature> {
         return None;
     }
     let keep = above_floors(rs, xs);
-    let kept = |i: usize| keep.as_ref().is_none_or(|k| k[i]);
-    let fitted = (0..n).filter(|&i| kept(i)).count();
+    let idx: Vec<usize> = (0..n)
+        .filter(|&i| keep.as_ref().is_none_or(|k| k[i]))
+        .collect();
+    let fitted = idx.len();
     if fitted < MIN_FITTED || fitted * 100 < n {
         return None;
     }
     let (mut xx, mut orig) = (0f64, 0f64);
-    for i in (0..n).filter(|&i| kept(i)) {
+    for &i in &idx {
         let (r, x) = (rs[i] as f64, xs[i] as f64);
         xx += x * x;
         orig += (x - r).powi(2);
@@ -638,7 +640,7 @@ pub(super) fn channel_offset(c: &Ctx) -> Option<Signature> {
         let inner: usize = shape[axis + 1..].iter().product();
         let slice = |i: usize| (i / inner) % m;
         let (mut sum, mut count) = (vec![0f64; m], vec![0u64; m]);
-        for i in (0..n).filter(|&i| kept(i)) {
+        for &i in &idx {
             sum[slice(i)] += xs[i] as f64 - rs[i] as f64;
             count[slice(i)] += 1;
         }
@@ -647,9 +649,9 @@ pub(super) fn channel_offset(c: &Ctx) -> Option<Signature> {
             .zip(&count)
             .map(|(s, &k)| if k > 0 { s / k as f64 } else { f64::NAN })
             .collect();
-        let sq: f64 = (0..n)
-            .filter(|&i| kept(i))
-            .map(|i| (xs[i] as f64 - rs[i] as f64 - off[slice(i)]).powi(2))
+        let sq: f64 = idx
+            .iter()
+            .map(|&i| (xs[i] as f64 - rs[i] as f64 - off[slice(i)]).powi(2))
             .sum();
         if best.as_ref().is_none_or(|b| sq < b.2) {
             best = Some((axis, off, sq));

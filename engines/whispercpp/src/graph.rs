@@ -1190,7 +1190,8 @@ impl<'g> Recognizer<'g> {
                 ),
             ],
         );
-        // The ids are fed: checkpoints, which the contract makes the lookups' `:in` points too.
+        // The ids are fed (checkpoints); a replay of a lookup recovers them from the reference's
+        // rows, as it does on X-Ray's runtime.
         for (id, name, op) in [
             (embd, "audio.decoder.input_ids", "feed:decoder.input_ids"),
             (

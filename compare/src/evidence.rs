@@ -479,8 +479,9 @@ pub struct Evidence {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub precision: Option<crate::precision::PrecisionEvidence>,
     /// Every module's local error (`xray compare --local-errors`): each re-run on the engine's
-    /// own input, judged at f32 bounds; a convicted op the engine declares no reduced precision
-    /// for makes the verdict `diverged`. Written only when asked for.
+    /// own input, judged at f32 bounds; a convicted op no declaration accounts for (declared f32,
+    /// or declared below f32 and not reproduced by that precision replayed) makes the verdict
+    /// `diverged`. Written only when asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local_errors: Option<crate::mechanism::LocalErrors>,
 }
@@ -524,7 +525,7 @@ impl Evidence {
             .any(|c| c.status.is_observed() && c.status != Status::Pass)
             || self.capture_neutral == Some(false)
             || self.transcript.as_ref().is_some_and(|t| !t.tokens_equal)
-            || self.undeclared_local_errors() > 0;
+            || self.unaccounted_local_errors() > 0;
         if diverged {
             Verdict::Diverged
         } else {
@@ -569,10 +570,10 @@ impl Evidence {
         if self.transcript.as_ref().is_some_and(|t| !t.tokens_equal) {
             why.push("tokens differ".into());
         }
-        let local = self.undeclared_local_errors();
+        let local = self.unaccounted_local_errors();
         if local > 0 {
             why.push(format!(
-                "{local} local error(s) of ops declared f32 beyond f32 bounds"
+                "{local} local error(s) beyond f32 bounds that no declared precision accounts for"
             ));
         }
         if derived == Verdict::Error {
@@ -592,12 +593,12 @@ impl Evidence {
         ))
     }
 
-    /// Module-steps whose local error convicts an op the engine declares no reduced precision
-    /// for ([`crate::mechanism::LocalErrors::undeclared`]; 0 without `local_errors`).
-    pub fn undeclared_local_errors(&self) -> usize {
+    /// Module-steps whose local error convicts an op no declaration accounts for
+    /// ([`crate::mechanism::LocalErrors::unaccounted`]; 0 without `local_errors`).
+    pub fn unaccounted_local_errors(&self) -> usize {
         self.local_errors
             .as_ref()
-            .map_or(0, |l| l.undeclared().count())
+            .map_or(0, |l| l.unaccounted().count())
     }
 
     /// Pretty JSON text (with a trailing newline).

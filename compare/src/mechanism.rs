@@ -34,6 +34,7 @@
 
 use ndarray::ArrayD;
 use serde::{Deserialize, Serialize};
+use xray_core::contract::{core_of, AttentionRule, Operand};
 use xray_core::dump::Dump;
 use xray_core::ops::{parse_point, PointNode, Side};
 use xray_core::replay::{
@@ -167,10 +168,45 @@ pub struct SweptError {
     /// The module replayed on the engine's own input, against the engine's output.
     #[serde(flatten)]
     pub local_error: LocalError,
+    /// The declared precision replayed (an op declared below f32): whether it accounts for the
+    /// error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<DeclaredReplay>,
     /// The counterfactual that reproduces the engine's output there (searched at each module's
-    /// worst step declared f32, for the first [`LocalErrors::EXPLAINED`] such modules).
+    /// worst step not accounted for, for the first [`LocalErrors::EXPLAINED`] such modules).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mechanism: Option<Mechanism>,
+}
+
+impl SweptError {
+    /// No declaration accounts for this conviction: the engine declares no reduced precision for
+    /// the op, or its declared precision, replayed, does not reproduce it. (A declared op whose
+    /// precision could not be replayed is excused: its `precision` says why.)
+    pub fn unaccounted(&self) -> bool {
+        self.declared.is_none()
+            || self
+                .precision
+                .as_ref()
+                .is_some_and(|p| p.residual.is_some() && !p.accounts)
+    }
+}
+
+/// An op's declared precision replayed: the module computed the way the engine says it computes
+/// it ([`Counterfactual::ComputedIn`]: weight and input rounded to the declared format, products
+/// accumulated in f32), on the engine's own input, against the engine's output. Within the
+/// point's f32 bounds, the declaration accounts for the op's error; beyond them, the op makes an
+/// error its precision does not explain (a logic bug, or a coarser rounding than it declares).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeclaredReplay {
+    /// The computation replayed.
+    pub counterfactual: Counterfactual,
+    /// `||engine - replay|| / ||replay||`; null when it could not be replayed (`why`).
+    pub residual: Option<f64>,
+    /// Whether the engine's output is within the point's f32 bounds of that replay.
+    pub accounts: bool,
+    /// Why it could not be replayed (a module kind the format's replay does not apply to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
 }
 
 /// Every module's local error (`--local-errors`): each module whose `:out` the engine's dump holds,
@@ -189,32 +225,52 @@ pub struct LocalErrors {
 }
 
 impl LocalErrors {
-    /// How many modules declared f32 and convicted get a mechanism search (each a few dozen
+    /// How many modules convicted and not accounted for get a mechanism search (each a few dozen
     /// replays).
     pub const EXPLAINED: usize = 8;
 
-    /// The convicted module-steps of ops the engine declares no reduced precision for.
-    pub fn undeclared(&self) -> impl Iterator<Item = &SweptError> {
-        self.convicted.iter().filter(|s| s.declared.is_none())
+    /// The convicted module-steps no declaration accounts for ([`SweptError::unaccounted`]).
+    pub fn unaccounted(&self) -> impl Iterator<Item = &SweptError> {
+        self.convicted.iter().filter(|s| s.unaccounted())
     }
 
-    /// One line: the counts, then each module convicted where it is declared f32 (its worst
-    /// local error, first step and steps counted, and the mechanism found), e.g. `local errors:
-    /// 619 module-steps replayed (0 skipped), 1 convicted at f32 bounds, 0 of them declared below
-    /// f32; declared f32 and convicted: encoder.layer.2.fc1 (model.encoder.layers.2.fc1) rel_l2
-    /// 4.8e-4 from step 0 (1 step): runtime == model.encoder.layers.2.fc1 with its weight rounded
-    /// to bf16 (residual 9.5e-8)`.
+    /// One line: the counts (the declared ones: how many their precision accounts for, how many
+    /// it could not be replayed for), then each module convicted that no declaration accounts for
+    /// (its worst local error, first step and steps counted, and the mechanism found), e.g.
+    /// `local errors: 619 module-steps replayed (0 skipped), 1 convicted at f32 bounds, 0 of them
+    /// declared below f32; not accounted for: encoder.layer.2.fc1 (model.encoder.layers.2.fc1)
+    /// rel_l2 4.8e-4 from step 0 (1 step): runtime == model.encoder.layers.2.fc1 with its weight
+    /// rounded to bf16 (residual 9.5e-8)`.
     pub fn summary(&self) -> String {
-        let declared = self.convicted.len() - self.undeclared().count();
+        let declared: Vec<&SweptError> = self
+            .convicted
+            .iter()
+            .filter(|e| e.declared.is_some())
+            .collect();
         let mut s = format!(
-            "local errors: {} module-steps replayed ({} skipped), {} convicted at f32 bounds, {declared} of them declared below f32",
+            "local errors: {} module-steps replayed ({} skipped), {} convicted at f32 bounds, {} of them declared below f32",
             self.replayed,
             self.skipped,
-            self.convicted.len()
+            self.convicted.len(),
+            declared.len()
         );
+        if !declared.is_empty() {
+            let count = |f: &dyn Fn(&DeclaredReplay) -> bool| {
+                declared
+                    .iter()
+                    .filter(|e| e.precision.as_ref().is_some_and(f))
+                    .count()
+            };
+            s.push_str(&format!(
+                " ({} accounted for by their declared precision replayed, {} not, {} not replayable)",
+                count(&|p| p.accounts),
+                count(&|p| p.residual.is_some() && !p.accounts),
+                declared.len() - count(&|p| p.residual.is_some())
+            ));
+        }
         // Per module: its first convicted entry, its worst rel_l2, its steps.
         let mut by: Vec<(&SweptError, Option<f64>, usize)> = Vec::new();
-        for e in self.undeclared() {
+        for e in self.unaccounted() {
             let r = e.local_error.rel_l2;
             match by
                 .iter_mut()
@@ -230,7 +286,7 @@ impl LocalErrors {
             }
         }
         if by.is_empty() {
-            s.push_str("; no op declared f32 convicted");
+            s.push_str("; every convicted op accounted for");
             return s;
         }
         let named: Vec<String> = by
@@ -239,22 +295,26 @@ impl LocalErrors {
                 let op = f.local_error.op.as_deref().unwrap_or("?");
                 let r = worst.map_or("shapes differ".into(), |r| format!("rel_l2 {r:.1e}"));
                 let m = self
-                    .undeclared()
+                    .unaccounted()
                     .filter(|e| e.local_error.module == f.local_error.module)
                     .find_map(|e| e.mechanism.as_ref())
                     .map_or(String::new(), |m| format!(": {}", m.summary));
+                let d = match (&f.declared, &f.precision) {
+                    (Some(d), Some(p)) => format!(
+                        ", declared {d}: computed in {d} leaves {}",
+                        p.residual.map_or("?".into(), |r| format!("{r:.1e}"))
+                    ),
+                    _ => String::new(),
+                };
                 format!(
-                    "{op} ({}) {r} from step {} ({n} step{}){m}",
+                    "{op} ({}) {r} from step {} ({n} step{}{d}){m}",
                     f.local_error.module,
                     f.step,
                     if *n == 1 { "" } else { "s" }
                 )
             })
             .collect();
-        s.push_str(&format!(
-            "; declared f32 and convicted: {}",
-            named.join(", ")
-        ));
+        s.push_str(&format!("; not accounted for: {}", named.join(", ")));
         s
     }
 }
@@ -1028,6 +1088,9 @@ pub struct ReplayContext<'a> {
     /// X-Ray's kernels for the family's declared ops, when the engine graph is known: the
     /// replay of a region the reference computes inline ([`ModuleKind::Inline`]).
     pub kernels: Option<&'a dyn KernelReplayer>,
+    /// The contract's attention rules: which points feed and leave each attention core
+    /// ([`AttentionRule`]); a core no rule declares is not replayed as one.
+    pub attention: &'a [AttentionRule],
 }
 
 /// The modules of the region around the origin: those whose `:out` point the engine dump holds
@@ -1114,23 +1177,53 @@ impl<'a> ReplayContext<'a> {
     }
 
     /// The local error of `module` at `step` (one clean replay), with its site.
-    fn local(&self, module: &str, step: Step) -> Option<LocalError> {
+    fn local(
+        &self,
+        module: &str,
+        step: Step,
+        declared: &dyn Fn(&str) -> Option<RoundFormat>,
+    ) -> Option<(LocalError, Option<DeclaredReplay>)> {
         let eop = (self.engine_op)(module);
         let s = self.site(module, step, &eop)?;
-        let (_, outs) = self
-            .rerun(module, &self.input(&s), &[Counterfactual::None])
-            .ok()?;
-        let clean = outs.into_iter().next()?.ok()?;
+        // An op declared below f32: the computation it declares, in the same replay call.
+        let format = eop.op.as_deref().and_then(declared);
+        let mut cfs = vec![Counterfactual::None];
+        cfs.extend(format.map(|format| Counterfactual::ComputedIn { format }));
+        let (_, outs) = self.rerun(module, &self.input(&s), &cfs).ok()?;
+        let mut outs = outs.into_iter();
+        let clean = outs.next()?.ok()?;
         let tol = (self.tolerance)(&s.out_name);
-        Some(local_error(&s, &clean, &tol, &eop).0)
+        let (le, engine) = local_error(&s, &clean, &tol, &eop);
+        let precision = cfs.get(1).map(|cf| {
+            let (residual, accounts, why) = match outs.next() {
+                Some(Ok((y, _))) => match engine.as_ref().and_then(|e| score(&y, e, &tol)) {
+                    Some((r, _, passes)) => (Some(r), passes, None),
+                    None => (None, false, Some("shapes differ".to_string())),
+                },
+                Some(Err(why)) => (None, false, Some(why)),
+                None => (None, false, Some("the replay returned nothing".into())),
+            };
+            DeclaredReplay {
+                counterfactual: cf.clone(),
+                residual,
+                accounts,
+                why,
+            }
+        });
+        Some((le, precision))
     }
 
     /// The local error of every module whose `:out` point the engine's dump holds at `step` (in
     /// the dump's order): each re-run on the engine's own input (the same clean replay as the
-    /// origin's), which tells the error an op makes from the error it is handed. Returns them and
-    /// how many modules could not be replayed (no input point, a module the replay does not
-    /// re-run alone, a replay error).
-    pub fn sweep(&self, step: Step) -> (Vec<LocalError>, u64) {
+    /// origin's), which tells the error an op makes from the error it is handed; for an op the
+    /// engine declares below f32 (`declared`: its format by engine op), also the computation it
+    /// declares ([`DeclaredReplay`]). Returns them and how many modules could not be replayed
+    /// (no input point, a module the replay does not re-run alone, a replay error).
+    pub fn sweep(
+        &self,
+        step: Step,
+        declared: &dyn Fn(&str) -> Option<RoundFormat>,
+    ) -> (Vec<(LocalError, Option<DeclaredReplay>)>, u64) {
         let mut done: std::collections::HashSet<&str> = std::collections::HashSet::new();
         let (mut out, mut skipped) = (Vec::new(), 0u64);
         for e in self
@@ -1146,7 +1239,7 @@ impl<'a> ReplayContext<'a> {
             if !done.insert(module) {
                 continue;
             }
-            match self.local(module, step) {
+            match self.local(module, step, declared) {
                 Some(le) => out.push(le),
                 None => skipped += 1,
             }
@@ -1219,7 +1312,7 @@ impl<'a> ReplayContext<'a> {
         let neighbours = if neighbours {
             region_modules(self, module, step)
                 .into_iter()
-                .filter_map(|m| self.local(&m, step))
+                .filter_map(|m| self.local(&m, step, &|_| None).map(|(le, _)| le))
                 .collect()
         } else {
             vec![]
@@ -1644,14 +1737,26 @@ impl ReplayContext<'_> {
             .find(|n| n.names.iter().any(|p| p == &op.point))
             .ok_or_else(|| format!("{} is in no node of the points' graph", op.point))?;
         let kernels: Vec<Option<String>> = node.ops.iter().map(|o| (self.op_kernel)(o)).collect();
-        let last = op.module.rsplit('.').next().unwrap_or_default();
         let attention_kernel = kernels
             .iter()
             .any(|k| k.as_deref().is_some_and(|k| k.contains("attention")));
-        if matches!(last, "out_proj" | "o_proj")
-            && (attention_kernel || kernels.iter().all(Option::is_none))
-        {
-            return self.attention(op, &node.ops);
+        if let Some((rule, parent)) = core_of(self.attention, &op.point) {
+            if attention_kernel || kernels.iter().all(Option::is_none) {
+                let core = self.attention(op, &node.ops, rule, parent);
+                // Convicted with no mechanism of the core's own: the tables the region reads,
+                // through X-Ray's kernels (a relative-position table read a row off).
+                if let (Ok(ev), Some(k)) = (&core, self.kernels) {
+                    if ev.local_error.verdict == ReplayVerdict::Convicted && ev.mechanism.is_none()
+                    {
+                        if let Ok(inline) = self.inline(op, node, k) {
+                            if inline.mechanism.is_some() {
+                                return Ok(inline);
+                            }
+                        }
+                    }
+                }
+                return core;
+            }
         }
         let adds = kernels
             .iter()
@@ -2093,34 +2198,44 @@ impl ReplayContext<'_> {
         ndarray::concatenate(ndarray::Axis(0), &views).ok()
     }
 
-    /// The q / k / v projections' outputs of attention module `parent` at `step` in `d` (keys
-    /// and values: every step's rows up to this one that the dump holds).
-    fn qkv(&self, d: &Dump, parent: &str, step: Step) -> Option<[ArrayD<f32>; 3]> {
-        let p = |proj: &str| format!("{parent}.{proj}:out");
+    /// The points `rule` declares for the queries, keys and values of attention module `parent`
+    /// at `step` in `d`, each whole (a chunk is the replay's to take; keys and values: every
+    /// step's rows up to this one that the dump holds).
+    fn qkv(
+        &self,
+        d: &Dump,
+        rule: &AttentionRule,
+        parent: &str,
+        step: Step,
+    ) -> Option<[ArrayD<f32>; 3]> {
+        let p = |o: &Operand| format!("{parent}.{}", o.point);
         Some([
-            self.rows(d, &p("q_proj"), step..=step)?,
-            self.rows(d, &p("k_proj"), 0..=step)?,
-            self.rows(d, &p("v_proj"), 0..=step)?,
+            self.rows(d, &p(&rule.queries), step..=step)?,
+            self.rows(d, &p(&rule.keys), 0..=step)?,
+            self.rows(d, &p(&rule.values), 0..=step)?,
         ])
     }
 
-    /// Replay of an attention core: from the q / k / v projections' outputs (the engine's own)
-    /// to the output projection's input, through transformers' attention function; convicted, its
-    /// mask, key/value order, rotary offset and softmax scale (solved) are tried.
+    /// Replay of the core of attention module `parent` (its contract `rule`): from the queries',
+    /// keys' and values' points (the engine's own) to the core's output point, through the
+    /// reference's attention computation; convicted, its mask, key/value order, rotary offset,
+    /// relative distances and softmax scale (solved) are tried.
     fn attention(
         &self,
         op: &OpDivergence,
         ops: &[String],
+        rule: &AttentionRule,
+        parent: &str,
     ) -> std::result::Result<ReplayEvidence, String> {
         let step = op.step;
-        let parent = op
-            .module
-            .rsplit_once('.')
-            .map(|(p, _)| p)
-            .ok_or("no parent module")?;
-        let [q, k, v] = self.qkv(self.candidate, parent, step).ok_or_else(|| {
-            format!("the engine dump holds no q/k/v projection outputs of {parent}")
-        })?;
+        let [q, k, v] = self
+            .qkv(self.candidate, rule, parent, step)
+            .ok_or_else(|| {
+                format!(
+                    "the engine dump holds no {} of {parent}",
+                    rule.operands().map(|o| o.point.as_str()).join(" / ")
+                )
+            })?;
         let tk = k.shape()[0];
         let (k_shape, v_shape) = (k.shape().to_vec(), v.shape().to_vec());
         let x = self
@@ -2138,7 +2253,7 @@ impl ReplayContext<'_> {
         let tol = (self.tolerance)(&op.point);
         let sc = score(&clean, &x, &tol);
         let replay_floor = (|| {
-            let [rq, rk, rv] = self.qkv(self.reference, parent, step)?;
+            let [rq, rk, rv] = self.qkv(self.reference, rule, parent, step)?;
             let rx = self.rows(self.reference, &op.point, step..=step)?;
             let inp = qkv_input(&rq, rk, rv);
             let (_, o) = self.rerun(parent, &inp, &[Counterfactual::None]).ok()?;
@@ -2149,10 +2264,16 @@ impl ReplayContext<'_> {
         let local = LocalError::scored(
             parent.to_string(),
             ops.first().cloned(),
-            ["q_proj", "k_proj", "v_proj"]
-                .iter()
-                .map(|p| format!("{parent}.{p}:out"))
-                .collect(),
+            {
+                // A fused projection (keys and values chunks of one point) is one input.
+                let mut v: Vec<String> = rule
+                    .operands()
+                    .iter()
+                    .map(|o| format!("{parent}.{}", o.point))
+                    .collect();
+                v.dedup();
+                v
+            },
             op.point.clone(),
             sc,
             [clean.shape(), x.shape()],
@@ -2171,11 +2292,19 @@ impl ReplayContext<'_> {
         let causal = info.flag("causal");
         let own = info.float("scaling").unwrap_or(1.0);
         let hd = info.ints("head_dim").first().copied().unwrap_or(1).max(1) as f64;
-        let mut cfs = vec![
-            Counterfactual::CausalMask { on: !causal },
-            Counterfactual::KvSwapped,
-        ];
-        if !causal {
+        let relative = info.flag("relative");
+        let mut cfs = vec![Counterfactual::KvSwapped];
+        if relative {
+            // Block-local attention with Shaw relative positions: no causal mask or key padding
+            // to get wrong; its distance lookup instead.
+            cfs.extend([
+                Counterfactual::DistanceMirrored,
+                Counterfactual::RelativePositionsDropped,
+            ]);
+        } else {
+            cfs.insert(0, Counterfactual::CausalMask { on: !causal });
+        }
+        if !causal && !relative {
             // The keys padded to a block size and attended whole.
             let mut pads: Vec<usize> = [32usize, 64, 128, 256, 512]
                 .iter()
@@ -2233,8 +2362,9 @@ impl ReplayContext<'_> {
         // A K/V cache of another layer: this module replayed on its own queries and another
         // layer's keys and values (the engine's own projections there).
         let held_at = |p: &str| self.rows(self.candidate, p, 0..=step).is_some();
-        for (layer, other) in other_layers(&held_at, parent) {
-            let Some([_, kj, vj]) = self.qkv(self.candidate, &other, step) else {
+        let keys = format!(".{}", rule.keys.point);
+        for (layer, other) in other_layers(&held_at, parent, &keys) {
+            let Some([_, kj, vj]) = self.qkv(self.candidate, rule, &other, step) else {
                 continue;
             };
             if kj.shape() != k_shape.as_slice() || vj.shape() != v_shape.as_slice() {
@@ -2265,6 +2395,8 @@ impl ReplayContext<'_> {
                 m.counterfactual,
                 Counterfactual::KvOtherLayer { .. }
                     | Counterfactual::KvSwapped
+                    | Counterfactual::DistanceMirrored
+                    | Counterfactual::RelativePositionsDropped
                     | Counterfactual::CausalMask { .. }
                     | Counterfactual::KeysPadded { .. }
                     | Counterfactual::AttentionScale { .. }
@@ -2288,10 +2420,11 @@ impl ReplayContext<'_> {
     }
 }
 
-/// The same attention module in the other layers whose `k_proj:out` the engine dump holds
-/// (`held_at`) (`model.decoder.layers.1.encoder_attn` -> layer 0's, 2's, ..): `(layer, module)`,
-/// found by the module path's first numeric segment and the points held, never by a count.
-fn other_layers(held_at: &dyn Fn(&str) -> bool, parent: &str) -> Vec<(usize, String)> {
+/// The same attention module in the other layers whose keys' point (`keys`, `.k_proj:out`) the
+/// engine dump holds (`held_at`) (`model.decoder.layers.1.encoder_attn` -> layer 0's, 2's, ..):
+/// `(layer, module)`, found by the module path's first numeric segment and the points held,
+/// never by a count.
+fn other_layers(held_at: &dyn Fn(&str) -> bool, parent: &str, keys: &str) -> Vec<(usize, String)> {
     let segs: Vec<&str> = parent.split('.').collect();
     let Some(i) = segs
         .iter()
@@ -2306,7 +2439,7 @@ fn other_layers(held_at: &dyn Fn(&str) -> bool, parent: &str) -> Vec<(usize, Str
         let js = j.to_string();
         m[i] = &js;
         let module = m.join(".");
-        if !held_at(&format!("{module}.k_proj:out")) {
+        if !held_at(&format!("{module}{keys}")) {
             break;
         }
         if j != own {
@@ -2467,6 +2600,7 @@ mod tests {
             max_neighbours: 4,
             op_kernel: &|_| Some("linear".into()),
             kernels: None,
+            attention: &[],
         };
         let op = crate::ops::localize_op(
             &nodes,

@@ -607,8 +607,8 @@ pub fn svg_plot(e: &Evidence) -> String {
 
 /// Why a verdict other than pass has no first divergence.
 fn not_localized(e: &Evidence) -> &'static str {
-    if e.undeclared_local_errors() > 0 {
-        "No checkpoint fails; ops the engine declares f32 make errors of their own beyond f32 bounds (the local errors above)."
+    if e.unaccounted_local_errors() > 0 {
+        "No checkpoint fails; ops make errors of their own beyond f32 bounds that no declared precision accounts for (the local errors above)."
     } else {
         "Not localized: no failing checkpoint has all its inputs passing (see missing or alignment-fault checkpoints)."
     }

@@ -526,6 +526,9 @@ impl Signature {
             Signature::SignFlip { residual } => {
                 format!("runtime = -reference ({})", resid_text(*residual))
             }
+            Signature::Scale { factor, .. } if *factor == 0.0 => {
+                "runtime is all zeros where the reference is not (runtime = 0 × reference): never written, or never loaded (a bias or table left out)".into()
+            }
             Signature::Scale {
                 factor,
                 residual,

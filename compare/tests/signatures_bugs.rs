@@ -778,3 +778,22 @@ fn plain_noise_and_unrelated_data_still_match_nothing() {
     };
     assert!(diagnose_with(&r.view(), &noisy.view(), &ExplainOptions::default(), &oc).is_empty());
 }
+
+/// A tensor left all zeros (a bias never loaded) is the scale 0, said as what it is, not as
+/// "0 × reference"; a tensor scaled by a small factor is still a scale.
+#[test]
+fn an_all_zero_tensor_is_said_to_be_zeros() {
+    let r = arr(&[384], normal(384, 7));
+    let zeros = ArrayD::<f32>::zeros(IxDyn(&[384]));
+    let oc = OpContext::default();
+    let s = best(&r, &zeros, &oc);
+    assert!(
+        matches!(s, Signature::Scale { factor, .. } if factor == 0.0),
+        "{s:?}"
+    );
+    let text = s.detail(&[]);
+    assert!(text.starts_with("runtime is all zeros"), "{text}");
+    let small = r.mapv(|v| v * 0.25);
+    let text = best(&r, &small, &oc).detail(&[]);
+    assert!(text.contains("0.250000 × reference"), "{text}");
+}

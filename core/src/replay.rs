@@ -237,6 +237,14 @@ pub enum Counterfactual {
         /// The stride.
         value: usize,
     },
+    /// Linear / conv: the module computed in this format as a half-precision matmul computes it:
+    /// its weight and its input rounded to the format, the products accumulated in f32 (ggml's
+    /// f16 weights with its f16 conversion of the activations; the bias kept in f32). What an
+    /// engine's declared precision for an op says; `--local-errors` replays it.
+    ComputedIn {
+        /// The format.
+        format: RoundFormat,
+    },
     /// Conv / any: the module's input rounded to this format first.
     InputRounded {
         /// The format.
@@ -261,6 +269,12 @@ pub enum Counterfactual {
     },
     /// Attention core: keys and values swapped.
     KvSwapped,
+    /// Attention core with relative positions (Shaw's): the query-key distance taken with its
+    /// sign flipped (`j - i` where the module looks up `i - j`: the distance table transposed).
+    DistanceMirrored,
+    /// Attention core with relative positions (Shaw's): the positional term left out of the
+    /// scores (content attention only).
+    RelativePositionsDropped,
     /// Attention core: the keys and values of another layer's same attention (a K/V cache
     /// indexed by the wrong layer), from the engine's own projections of that layer. Computed by
     /// replaying the module on those inputs, not by the oracle.
@@ -399,11 +413,20 @@ impl Counterfactual {
             Padding { left, right } => format!("with padding ({left}, {right})"),
             Stride { value } => format!("with stride {value}"),
             InputRounded { format } => format!("with its input rounded to {}", format.as_str()),
+            ComputedIn { format } => format!(
+                "computed in {0} (its weight and input rounded to {0}, accumulated in f32)",
+                format.as_str()
+            ),
             IdOffset { by } => format!("with every id shifted by {by:+}"),
             AttentionScale { value } => format!("with softmax scale {value:.6}"),
             CausalMask { on: true } => "with a causal mask".into(),
             CausalMask { on: false } => "without its causal mask".into(),
             KvSwapped => "with keys and values swapped".into(),
+            DistanceMirrored => {
+                "with its relative distances mirrored (j - i for i - j: the distance table transposed)"
+                    .into()
+            }
+            RelativePositionsDropped => "without its relative-position scores".into(),
             KvOtherLayer { layer } => {
                 format!(
                     "attending to layer {layer}'s keys and values (a K/V cache of another layer)"

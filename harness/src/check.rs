@@ -1005,7 +1005,8 @@ impl Drill<'_> {
         // One op that mirrors an HF module is drilled into too, and an origin an attention core
         // produces is drilled into at the points around the core (its q / k / v projections'
         // outputs and its output projection's input): replay tests their mechanism.
-        let attention = crate::replay::attention_points(g, &fd.producer);
+        let attention =
+            crate::replay::attention_points(g, &fd.producer, &self.model.contract().attention);
         if ops.len() < 2
             && attention.is_none()
             && !(ops.len() == 1 && crate::replay::mirrors_module(g, &ops[0]))
@@ -1152,15 +1153,16 @@ impl Drill<'_> {
         };
         progress(&format!("replay: {} on the runtime's own input", op.module));
         let mut replay = |replayer| {
-            crate::replay::replay_origin(
-                op,
+            let sides = crate::replay::Sides {
                 nodes,
-                r,
-                x,
-                &self.opts.policy,
+                reference: r,
+                candidate: x,
+                policy: &self.opts.policy,
                 replayer,
-                Some(self.model),
-            )
+                model: Some(self.model),
+                attention: &self.model.contract().attention,
+            };
+            crate::replay::replay_origin(op, &sides)
         };
         #[cfg(feature = "oracle")]
         let notes = match self.refs.oracle() {

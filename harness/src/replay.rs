@@ -24,10 +24,11 @@ use xray_compare::ops::OpDivergence;
 use xray_compare::tolerance::{Policy, Precision};
 #[cfg(feature = "oracle")]
 use xray_core::contract::Contract;
+use xray_core::contract::{core_of, AttentionRule};
 use xray_core::dump::Dump;
 use xray_core::ops::PointNode;
 use xray_core::ops::{parse_point, Side};
-use xray_core::replay::Counterfactual;
+use xray_core::replay::{Counterfactual, RoundFormat};
 use xray_core::Step;
 #[cfg(feature = "oracle")]
 use xray_oracle::{Oracle, ReplayRequest};
@@ -323,22 +324,18 @@ pub fn mirrors_module(g: &Graph, op: &str) -> bool {
 
 /// When runtime op `op` is an attention core (its kernel kind names attention), the op-level
 /// points around it: the first name of the point-carrying edge it feeds through weightless ops
-/// (the output projection's input) and of that edge's observed inputs (the q / k / v
-/// projections' outputs). A drill-down capturing them lets replay test an attention origin the
-/// contract exposes as a checkpoint of its own (its probabilities or context).
-pub fn attention_points(g: &Graph, op: &str) -> Option<Vec<String>> {
+/// (the core's output point, as the contract's attention `rules` declare it: the output
+/// projection's input) and of that edge's observed inputs (the q / k / v projections' outputs).
+/// A drill-down capturing them lets replay test an attention origin the contract exposes as a
+/// checkpoint of its own (its probabilities or context).
+pub fn attention_points(g: &Graph, op: &str, rules: &[AttentionRule]) -> Option<Vec<String>> {
     let kernel = g.ops().iter().find(|o| o.name == op)?.kernel.kind();
     if !kernel.contains("attention") {
         return None;
     }
     let nodes = g.point_nodes();
     let (i, n) = nodes.iter().enumerate().find(|(_, n)| {
-        n.ops.iter().any(|o| o == op)
-            && n.names.iter().any(|p| {
-                parse_point(p).is_some_and(|(m, s)| {
-                    s == Side::In && (m.ends_with(".out_proj") || m.ends_with(".o_proj"))
-                })
-            })
+        n.ops.iter().any(|o| o == op) && n.names.iter().any(|p| core_of(rules, p).is_some())
     })?;
     let mut names: Vec<String> = n
         .inputs
@@ -352,23 +349,7 @@ pub fn attention_points(g: &Graph, op: &str) -> Option<Vec<String>> {
 /// Replays the op-level origin `op` (when it is a module's output: the module's own computation)
 /// and records the evidence on it; a cleared op is no longer named. Returns the notes (the
 /// console line first). Replay failures become a note, never an error of the check.
-pub fn replay_origin(
-    op: &mut OpDivergence,
-    nodes: &[PointNode],
-    reference: &Dump,
-    candidate: &Dump,
-    policy: &Policy,
-    replayer: Result<&dyn Replayer, &str>,
-    model: Option<&dyn SpeechModel>,
-) -> Vec<String> {
-    let sides = Sides {
-        nodes,
-        reference,
-        candidate,
-        policy,
-        replayer,
-        model,
-    };
+pub fn replay_origin(op: &mut OpDivergence, sides: &Sides<'_>) -> Vec<String> {
     sides.with_context(op.step, |cx| origin_notes(op, cx))
 }
 
@@ -387,6 +368,8 @@ pub struct Sides<'a> {
     pub replayer: Result<&'a dyn Replayer, &'a str>,
     /// X-Ray's model of the family (its graph's ops and kernels).
     pub model: Option<&'a dyn SpeechModel>,
+    /// The contract's attention rules ([`ReplayContext::attention`]).
+    pub attention: &'a [AttentionRule],
 }
 
 impl Sides<'_> {
@@ -423,14 +406,16 @@ impl Sides<'_> {
             max_neighbours: 12,
             op_kernel: &op_kernel,
             kernels: kernels.as_ref().map(|k| k as &dyn KernelReplayer),
+            attention: self.attention,
         };
         f(&cx)
     }
 
     /// Every module the engine's dump holds the `:out` of, at every step, re-run on the engine's
     /// own input and judged at f32 bounds ([`ReplayContext::sweep`]); `declared` maps an engine
-    /// op to the precision its dump declares for it. The convicted ones, and the counts.
-    pub fn sweep(&self, declared: &dyn Fn(&str) -> Option<String>) -> LocalErrors {
+    /// op to the precision its dump declares for it, which is replayed too. The convicted ones,
+    /// and the counts.
+    pub fn sweep(&self, declared: &dyn Fn(&str) -> Option<RoundFormat>) -> LocalErrors {
         let mut steps: Vec<Step> = self
             .candidate
             .manifest
@@ -443,25 +428,31 @@ impl Sides<'_> {
         steps.dedup();
         let mut all = LocalErrors::default();
         for step in steps {
-            let (les, skipped) = self.with_context(step, |cx| cx.sweep(step));
+            let (les, skipped) = self.with_context(step, |cx| cx.sweep(step, declared));
             all.skipped += skipped;
             all.replayed += les.len() as u64;
-            for le in les {
+            for (le, precision) in les {
                 if le.verdict == ReplayVerdict::Convicted {
-                    let declared = le.op.as_deref().and_then(declared);
+                    let declared = le
+                        .op
+                        .as_deref()
+                        .and_then(declared)
+                        .map(|f| f.as_str().to_string());
                     all.convicted.push(SweptError {
                         step,
                         declared,
                         local_error: le,
+                        precision,
                         mechanism: None,
                     });
                 }
             }
         }
-        // Each module's worst step declared f32: what reproduces the engine's output there.
+        // Each module's worst step no declaration accounts for: what reproduces the engine's
+        // output there.
         let mut worst: Vec<usize> = Vec::new();
         for (i, e) in all.convicted.iter().enumerate() {
-            if e.declared.is_some() {
+            if !e.unaccounted() {
                 continue;
             }
             let r = |k: usize| all.convicted[k].local_error.rel_l2.unwrap_or(f64::INFINITY);

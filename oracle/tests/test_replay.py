@@ -322,6 +322,73 @@ def test_attention_counterfactuals_change_the_output():
     assert np.abs(shifted - base).max() > 1e-5
 
 
+def _shaw(parent: str, cf=None) -> tuple[dict, np.ndarray]:
+    """The conformer attention core of `parent` replayed from the reference's own to_q:out and
+    to_kv:out (keys and values: its halves, as the contract's attention rule declares), and the
+    reference's to_out:in."""
+    g = granite_points()
+    q, kv = g[f"{parent}.to_q:out"], g[f"{parent}.to_kv:out"]
+    r = rp.replay("granite_nar", str(GRANITE), parent, q["array"], q["layout"], json.dumps(cf or {}),
+                  extra={"key": (kv["array"], kv["layout"]), "value": (kv["array"], kv["layout"])},
+                  contract=resolved_contract(GRANITE))
+    assert r["points"] == {"inputs": [f"{parent}.to_q:out", f"{parent}.to_kv:out", f"{parent}.to_kv:out"],
+                           "output": f"{parent}.to_out:in"}
+    return r, g[f"{parent}.to_out:in"]["array"]
+
+
+def test_the_conformer_attention_core_replays_by_its_declared_points():
+    # 43 frames: the core pads the last of its 10-frame blocks, as HF does.
+    for parent in ("encoder.layers.0.attn", "encoder.layers.1.attn"):
+        r, want = _shaw(parent)
+        assert r["info"]["kind"] == "attention" and r["info"]["settings"]["relative"], r["info"]
+        assert r["output"].shape == want.shape == (FRAMES, want.shape[1])
+        assert np.abs(r["output"] - want).max() <= 1e-6, parent
+    parent = "encoder.layers.0.attn"
+    clean = _shaw(parent)[0]["output"]
+    # Mirrored distances are the table stored reversed (the clamp is symmetric): the clean
+    # core of a model whose rel_pos_emb is reversed, computed by HF's own forward.
+    m = rp.load_model("granite_nar", str(GRANITE))
+    table = m.get_submodule(f"{parent}.rel_pos_emb").weight
+    own = table.detach().clone()
+    try:
+        with torch.no_grad():
+            table.copy_(own.flip(0))
+        reversed_table = _shaw(parent)[0]["output"]
+    finally:
+        with torch.no_grad():
+            table.copy_(own)
+    mirrored = _shaw(parent, {"kind": "distance_mirrored"})[0]["output"]
+    assert np.abs(mirrored - reversed_table).max() <= 1e-6
+    assert np.abs(mirrored - clean).max() > 1e-3
+    # Keys and values swapped: the halves of to_kv:out the other way round.
+    g = granite_points()
+    kv = g[f"{parent}.to_kv:out"]["array"]
+    half = kv.shape[1] // 2
+    swapped = np.ascontiguousarray(np.concatenate([kv[:, half:], kv[:, :half]], axis=1))
+    q = g[f"{parent}.to_q:out"]
+    by_input = rp.replay("granite_nar", str(GRANITE), parent, q["array"], q["layout"],
+                         extra={"key": (swapped, "token_major"), "value": (swapped, "token_major")},
+                         contract=resolved_contract(GRANITE))["output"]
+    np.testing.assert_allclose(_shaw(parent, {"kind": "kv_swapped"})[0]["output"], by_input, rtol=0, atol=1e-6)
+    dropped = _shaw(parent, {"kind": "relative_positions_dropped"})[0]["output"]
+    assert np.abs(dropped - clean).max() > 1e-3
+    with pytest.raises(rp.ReplayError, match="causal_mask.*does not apply to a Shaw attention core"):
+        _shaw(parent, {"kind": "causal_mask", "on": True})
+
+
+def test_an_attention_module_no_rule_declares_is_not_a_core():
+    # The rules gone: Whisper's attention is a module of kind `other` (replayed whole, never
+    # from q / k / v by a guess at its sub-modules' names).
+    d = json.loads(resolved_contract(RAND_A))
+    d["attention"] = []
+    mod = "model.encoder.layers.0.self_attn"
+    # What the module takes: its layer's self_attn_layer_norm output.
+    p = whisper_points()["model.encoder.layers.0.self_attn_layer_norm:out"]
+    r = rp.replay("whisper", str(RAND_A), mod, p["array"], p["layout"], contract=d)
+    assert r["info"]["kind"] == "other" and r["points"] == {"inputs": [f"{mod}:in"], "output": f"{mod}:out"}
+    assert rp.module_kind(rp.load_model("whisper", str(RAND_A)).get_submodule(mod)) == "other"
+
+
 def _contract_with(model_dir, points) -> dict:
     """The model's resolved contract with its point rules replaced by `points` (a function of
     the resolved rules)."""

@@ -100,6 +100,41 @@ class PointRule:
         return bool(sep) and side in self.sides and _glob(self.module.split("."), module.split("."))
 
 
+@dataclass
+class Operand:
+    """One operand of an attention core (xray-core's `contract::Operand`): a point relative to the
+    attention module, or chunk `index` of `count` along its last axis."""
+
+    point: str
+    chunk: Optional[tuple[int, int]] = None
+
+    def take(self, t):
+        """This operand of `t`, the module's tensor at `point` (a torch tensor or an array)."""
+        if self.chunk is None:
+            return t
+        i, n = self.chunk
+        d = t.shape[-1]
+        if d % n:
+            raise ContractError(f"attention operand {self.point}: its last axis {d} is no {n} equal chunks")
+        return t[..., i * (d // n):(i + 1) * (d // n)]
+
+
+@dataclass
+class AttentionRule:
+    """Which points feed and leave the core of the attention modules `module` matches (xray-core's
+    `contract::AttentionRule`): queries, keys and values, each a sub-module's point or a chunk
+    of one; `output`, the point the core's output is."""
+
+    module: str
+    queries: Operand
+    keys: Operand
+    values: Operand
+    output: str
+
+    def matches(self, module: str) -> bool:
+        return _glob(self.module.split("."), module.split("."))
+
+
 def _glob(p: list[str], m: list[str]) -> bool:
     if not p:
         return not m
@@ -121,7 +156,12 @@ class Contract:
     checkpoints: list[Checkpoint] = field(default_factory=list)
     sha256: str = ""
     points: list[PointRule] = field(default_factory=list)
+    attention: list[AttentionRule] = field(default_factory=list)
     vocabulary: Optional[Vocabulary] = None  # always set by `load_resolved`
+
+    def attention_rule(self, module: str) -> Optional[AttentionRule]:
+        """The first attention rule matching module path `module`, or None (not a declared core)."""
+        return next((r for r in self.attention if r.matches(module)), None)
 
     def point_rule(self, point: str) -> PointRule:
         """The first rule declaring op-level point `point`; a ContractError naming it when none
@@ -281,8 +321,29 @@ def load_resolved(contract_json: str | os.PathLike | dict, family: Optional[str]
         checkpoints=cks,
         sha256=str(data.get("contract_sha256", "")),
         points=[_point_rule(r, i, voc) for i, r in enumerate(data.get("points") or [])],
+        attention=[_attention_rule(r, i) for i, r in enumerate(data.get("attention") or [])],
         vocabulary=voc,
     )
+
+
+def _attention_rule(raw: Any, i: int) -> AttentionRule:
+    module = _named(raw, "module", f"resolved contract attention rule {i}")
+    where = f"resolved contract attention rule {module!r}"
+
+    def operand(role: str) -> Operand:
+        o = _field(raw, role, dict, where)
+        point = _named(o, "point", f"{where} {role}")
+        chunk = o.get("chunk")
+        if chunk is not None:
+            ok = (isinstance(chunk, list) and len(chunk) == 2
+                  and all(isinstance(x, int) and not isinstance(x, bool) for x in chunk)
+                  and chunk[1] >= 2 and 0 <= chunk[0] < chunk[1])
+            if not ok:
+                raise ContractError(f"{where}: {role} chunk {chunk!r} is not [index, count] of two or more chunks")
+            chunk = (chunk[0], chunk[1])
+        return Operand(point, chunk)
+
+    return AttentionRule(module, operand("queries"), operand("keys"), operand("values"), _named(raw, "output", where))
 
 
 def _point_rule(raw: Any, i: int, voc: Vocabulary) -> PointRule:

@@ -21,7 +21,9 @@ Rules:
   to the engine's form by its own point's rule (`transforms.apply`) and returned in its layout.
   A point no rule declares is an error naming it, never a guessed layout. Which points: a
   module's `{module}:in` and `{module}:out` (an embedding fed rows: its `:out` both ways); an
-  attention core's `q_proj:out`, `k_proj:out`, `v_proj:out` and `out_proj:in` / `o_proj:in`;
+  attention core's queries, keys, values and output, the points (or chunks of points) the
+  contract's `attention` rule for its module declares (`contract.AttentionRule`): a module no
+  rule declares is never replayed as a core;
 - a crop the input's rule declares (the reference padded that axis) is undone as the engine's
   entries only, so it is replayed only for a module that maps those entries one by one (a
   linear or a norm over the last axis); the crop's symbol is bound to the engine tensor's length
@@ -51,7 +53,7 @@ from typing import Any, Optional
 import numpy as np
 
 from . import transforms
-from .errors import OracleInputError
+from .errors import ContractError, OracleInputError
 
 _models: dict[tuple, Any] = {}
 _row_index: dict[tuple, dict] = {}
@@ -102,8 +104,6 @@ def module_kind(module) -> str:
         return "batch_norm"
     if isinstance(module, nn.Embedding):
         return "embedding"
-    if _is_attention(module):
-        return "attention"
     rms = getattr(nn, "RMSNorm", None)
     if rms is not None and isinstance(module, rms):
         return "rms_norm"
@@ -112,34 +112,81 @@ def module_kind(module) -> str:
     return "other"
 
 
-def _is_attention(module) -> bool:
-    from torch import nn
-
-    return all(isinstance(getattr(module, n, None), nn.Linear) for n in ("q_proj", "k_proj", "v_proj")) and (
-        isinstance(getattr(module, "out_proj", None), nn.Linear) or isinstance(getattr(module, "o_proj", None), nn.Linear)
-    )
-
-
 def _attention_setup(model, path: str, module) -> dict:
-    """What the attention core of `module` does: its softmax scale, whether it is causal, whether
-    it applies rotary positions (and the model's rotary table), and its attention function (the
-    module file's own `eager_attention_forward`)."""
+    """What the attention core of `module` (a module the contract's `attention` rules declare)
+    does: its softmax scale, whether it is causal, whether it applies rotary positions (and the
+    model's rotary table) or Shaw relative positions (and the encoder's distance table), its head
+    size, and its attention function (the module file's own `eager_attention_forward`)."""
     import sys
 
     cls = type(module).__name__
+    if cls == "GraniteSpeechConformerAttention":
+        # The core pads the engine's rows to whole context blocks itself: HF pads the normed
+        # input before to_q / to_kv, which have no bias, so the padded rows are zeros there.
+        if module.to_q.bias is not None or module.to_kv.bias is not None:
+            raise ReplayError(f"replay {path}: a {cls} with biased to_q / to_kv: its padded rows are not zeros")
+        return {"scaling": float(module.scale), "causal": False, "rope": None, "shaw": _distances(model, path),
+                "head_dim": int(module.dim_head), "pads": True}
     fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
     if fn is None:
         raise ReplayError(f"replay {path}: {cls}'s module has no eager_attention_forward")
     if cls == "WhisperAttention":
         cross = ".encoder_attn" in f".{path}" or path.endswith("encoder_attn")
         return {"scaling": float(module.scaling), "causal": bool(module.is_causal) and not cross, "rope": None,
-                "prescale": True, "fn": fn}
+                "shaw": None, "head_dim": int(module.head_dim), "pads": False, "prescale": True, "fn": fn}
     if cls == "GraniteAttention":
         rope = model.get_submodule("language_model.model.rotary_emb")
         return {"scaling": float(module.scaling), "causal": bool(module.is_causal), "rope": rope,
-                "prescale": False, "fn": fn}
-    raise ReplayError(f"replay {path}: the attention core of a {cls} is not implemented (Whisper and Granite LM "
-                      "attention are)")
+                "shaw": None, "head_dim": int(module.head_dim), "pads": False, "prescale": False, "fn": fn}
+    raise ReplayError(f"replay {path}: the attention core of a {cls} is not implemented (Whisper's, the Granite "
+                      "LM's and Granite's conformer attention are)")
+
+
+def _distances(model, path: str):
+    """The Shaw distance table (`attention_dists`, ids into `rel_pos_emb`) of the conformer
+    encoder holding attention module `path`: the nearest enclosing module's buffer."""
+    parts = path.split(".")
+    for n in range(len(parts) - 1, -1, -1):
+        d = getattr(model.get_submodule(".".join(parts[:n])), "attention_dists", None)
+        if d is not None:
+            return d
+    raise ReplayError(f"replay {path}: no enclosing module holds the conformer's attention_dists")
+
+
+def _shaw_call(module, setup: dict, q, k, v, kind: str, cf: dict):
+    """GraniteSpeechConformerAttention.forward's core, from `to_q` and `to_kv`'s outputs
+    (`[1, T, inner]`, the engine's T rows) to `to_out`'s input: block-local attention over
+    `context_size` frames with Shaw relative positions, HF's own operations in its order."""
+    import math
+
+    import torch
+    import torch.nn.functional as F
+
+    scale, dists = setup["scaling"], setup["shaw"]
+    if kind == "kv_swapped":
+        k, v = v, k
+    elif kind == "attention_scale":
+        scale = float(cf["value"])
+    elif kind == "distance_mirrored":
+        dists = dists.transpose(0, 1)
+    elif kind not in ("none", "output_scale", "relative_positions_dropped"):
+        raise ReplayError(f"counterfactual {kind!r} does not apply to a Shaw attention core")
+    c, t = int(module.context_size), q.shape[1]
+    blocks, remainder = math.ceil(t / c), t % c
+    q, k, v = (F.pad(x, (0, 0, 0, blocks * c - t)) for x in (q, k, v))
+    qs, ks, vs = (x.reshape(blocks, c, module.num_heads, -1).transpose(1, 2) for x in (q, k, v))
+    rel = module.rel_pos_emb(dists)
+    pos = torch.einsum("b h c d, c r d -> b h c r", qs, rel) * scale
+    if kind == "relative_positions_dropped":
+        pos = torch.zeros_like(pos)
+    if remainder > 0:
+        mask = torch.ones(c, c, dtype=bool)
+        mask[:remainder, :remainder] = 0
+        pos[blocks - 1: pos.shape[0]: blocks].masked_fill_(mask, -torch.finfo(pos.dtype).max)
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=pos, scale=scale)
+    out = out.transpose(1, 2).reshape(1, blocks * c, -1)[:, :t]
+    return out * float(cf["factor"]) if kind == "output_scale" else out
 
 
 def _attention_call(model, path: str, module, q, k, v, cf: dict):
@@ -150,6 +197,14 @@ def _attention_call(model, path: str, module, q, k, v, cf: dict):
 
     setup = _attention_setup(model, path, module)
     kind = cf.get("kind", "none")
+    if not (q.dim() == k.dim() == v.dim() == 3 and q.shape[0] == k.shape[0] == v.shape[0] == 1):
+        raise ReplayError(f"replay {path}: the attention core takes [1, T, D] projections, got "
+                          f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+    if setup["shaw"] is not None:
+        try:
+            return _shaw_call(module, setup, q, k, v, kind, cf)
+        except ReplayError as e:
+            raise ReplayError(f"replay {path}: {e}") from None
     scale, causal = setup["scaling"], setup["causal"]
     if kind == "kv_swapped":
         k, v = v, k
@@ -172,10 +227,7 @@ def _attention_call(model, path: str, module, q, k, v, cf: dict):
         pass
     elif kind != "none":
         raise ReplayError(f"replay {path}: counterfactual {kind!r} does not apply to an attention core")
-    hd = int(module.head_dim)
-    if not (q.dim() == k.dim() == v.dim() == 3 and q.shape[0] == k.shape[0] == v.shape[0] == 1):
-        raise ReplayError(f"replay {path}: the attention core takes [1, T, D] projections, got "
-                          f"{list(q.shape)}, {list(k.shape)}, {list(v.shape)}")
+    hd = setup["head_dim"]
     tq, tk = q.shape[1], k.shape[1]
     qs = q.reshape(1, tq, -1, hd).transpose(1, 2)
     ks = k.reshape(1, tk, -1, hd).transpose(1, 2)
@@ -241,9 +293,10 @@ def _same_shape(model, key: str, shape, limit: int = SAME_SHAPE_MAX) -> list[str
     return sorted(same, key=rank)[:limit]
 
 
-def module_info(model, path: str, module) -> dict:
-    """`xray_core::replay::ModuleInfo` as a dict."""
-    kind = module_kind(module)
+def module_info(model, path: str, module, kind: Optional[str] = None) -> dict:
+    """`xray_core::replay::ModuleInfo` as a dict; `kind` when the contract says (an attention
+    core), otherwise [`module_kind`]."""
+    kind = kind or module_kind(module)
     params = []
     for role, p in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
         if p is None or not p.is_floating_point():
@@ -269,7 +322,7 @@ def module_info(model, path: str, module) -> dict:
         try:
             setup = _attention_setup(model, path, module)
             settings.update(scaling=setup["scaling"], causal=setup["causal"], rope=setup["rope"] is not None,
-                            head_dim=int(module.head_dim))
+                            relative=setup["shaw"] is not None, head_dim=setup["head_dim"])
         except ReplayError:
             pass
     return {"module": path, "class": type(module).__name__, "kind": kind, "params": params, "settings": settings}
@@ -314,9 +367,10 @@ def _rule(contract, point: str):
         raise ReplayError(f"replay: {e}") from None
 
 
-def _to_module(contract, point: str, array, layout: str, symbols: dict, kind: str) -> np.ndarray:
+def _to_module(contract, point: str, array, layout: str, symbols: dict, kind: str, pads: bool = False) -> np.ndarray:
     """Engine point `point` (in `layout`) in the form the reference module takes it: its rule's
-    layout required, its transforms undone."""
+    layout required, its transforms undone. `pads`: the module pads a cropped axis back itself
+    (an attention core whose padded rows are zeros)."""
     from .errors import CaptureError, ContractError
 
     rule = _rule(contract, point)
@@ -324,7 +378,7 @@ def _to_module(contract, point: str, array, layout: str, symbols: dict, kind: st
         raise ReplayError(f"replay: op-level point {point} arrives {layout}; the contract's points rule "
                           f"{rule.module!r} declares it {rule.layout}")
     crops = [t for t in rule.transform if isinstance(t, dict) and "crop" in t]
-    if crops and kind not in _ROW_WISE:
+    if crops and kind not in _ROW_WISE and not pads:
         raise ReplayError(f"replay: op-level point {point}: the reference pads it ({transforms.describe(crops[0])}) "
                           f"and a {kind} mixes entries along it; its padded input is not the engine's")
     where = f"replay: op-level point {point} (rule {rule.module!r})"
@@ -488,6 +542,10 @@ def _call(model, path: str, module, kind: str, x, cf: dict):
             return with_params(**params)
         if k == "weight_rounded":
             return with_params(weight=_round(w, cf["format"]))
+        if k == "computed_in":
+            # A half-precision matmul: weight and input rounded, products summed in f32 (the
+            # module's own dtype), the bias as it is.
+            return functional_call(module, {"weight": _round(w, cf["format"])}, (_round(x, cf["format"]),))
         if k == "weight_grid":
             return with_params(weight=_grid(w, cf["bits"], cf["granularity"]))
     if kind == "conv1d":
@@ -575,13 +633,14 @@ def _embedding_call(model, path: str, module, ids, cf: dict):
     return out
 
 
-def _points(module: str, mod, kind: str, ids_from_rows: bool) -> tuple[dict, str]:
+def _points(module: str, rule, ids_from_rows: bool) -> tuple[dict, str]:
     """The op-level points a replay of `module` receives (by role: `input`, an attention core's
-    `input` (queries), `key`, `value`) and the one it returns."""
-    if kind == "attention":
-        o = "out_proj" if hasattr(mod, "out_proj") else "o_proj"
-        return ({"input": f"{module}.q_proj:out", "key": f"{module}.k_proj:out", "value": f"{module}.v_proj:out"},
-                f"{module}.{o}:in")
+    `input` (queries), `key`, `value`, as its contract rule `rule` declares them) and the one it
+    returns."""
+    if rule is not None:
+        return ({role: f"{module}.{o.point}" for role, o in (("input", rule.queries), ("key", rule.keys),
+                                                             ("value", rule.values))},
+                f"{module}.{rule.output}")
     return {"input": f"{module}:out" if ids_from_rows else f"{module}:in"}, f"{module}:out"
 
 
@@ -597,10 +656,12 @@ def replay(family: str, model_dir: str, module: str, array, layout: str, counter
     Returns `{"info": ModuleInfo dict, "output": float32 array, "layout": str, "points": {"inputs":
     [...], "output": name}}`, the output in its point's declared form and layout; with
     `counterfactuals` (a list of JSON texts or dicts) also `"outputs"`: one array per entry, or a
-    one-line string saying why that counterfactual does not apply. An attention module's core is
-    replayed from its projections' outputs: `array` is the queries (`q_proj:out`), `extra` maps
-    `key` and `value` to `(array, layout)` (`k_proj:out`, `v_proj:out`, every step's rows up to
-    this one for a decoder's self-attention); the output is `out_proj:in` / `o_proj:in`."""
+    one-line string saying why that counterfactual does not apply. The core of an attention module
+    the contract's `attention` rules declare is replayed from its projections' outputs: `array` is
+    the queries' point (`q_proj:out`), `extra` maps `key` and `value` to `(array, layout)` of the
+    keys' and values' points (`k_proj:out`, `v_proj:out`, every step's rows up to this one for a
+    decoder's self-attention; Granite's conformer: `to_kv:out` for both, chunked as declared); the
+    output is the rule's `output` point (`out_proj:in`)."""
     import torch
 
     model = load_model(family, model_dir, dtype)
@@ -611,11 +672,13 @@ def replay(family: str, model_dir: str, module: str, array, layout: str, counter
         from .ops import _nearby
 
         raise ReplayError(f"replay: the {type(model).__name__} has no module {module!r}{_nearby(model, module)}") from None
-    kind = module_kind(mod)
-    info = module_info(model, module, mod)
+    rule = c.attention_rule(module)
+    kind = "attention" if rule is not None else module_kind(mod)
+    info = module_info(model, module, mod, kind)
     if ids_from_rows and kind != "embedding":
         raise ReplayError(f"replay {module}: ids_from_rows is for an embedding; this is a {kind} ({type(mod).__name__})")
-    ins, out_point = _points(module, mod, kind, ids_from_rows)
+    ins, out_point = _points(module, rule, ids_from_rows)
+    pads = rule is not None and _attention_setup(model, module, mod)["pads"]
     given = {"input": (array, layout)}
     if kind == "attention":
         if not extra or "key" not in extra or "value" not in extra:
@@ -626,7 +689,7 @@ def replay(family: str, model_dir: str, module: str, array, layout: str, counter
                 raise ReplayError(f"replay {module}: extra {name!r} is not (array, layout)")
             given[name] = (v[0], v[1])
     symbols: dict = {}
-    x = {role: _to_module(c, ins[role], *given[role], symbols, kind) for role in ins}
+    x = {role: _to_module(c, ins[role], *given[role], symbols, kind, pads) for role in ins}
 
     def parse(cf):
         if isinstance(cf, str):
@@ -639,6 +702,12 @@ def replay(family: str, model_dir: str, module: str, array, layout: str, counter
         ids = _ids(mod, module, x["input"], ids_from_rows)
     else:
         t = {role: _tensor(mod, a) for role, a in x.items()}
+        if rule is not None:
+            try:
+                t = {role: o.take(t[role]) for role, o in (("input", rule.queries), ("key", rule.keys),
+                                                           ("value", rule.values))}
+            except ContractError as e:
+                raise ReplayError(f"replay {module}: {e}") from None
 
     def one(cf):
         with torch.no_grad():

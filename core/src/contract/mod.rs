@@ -11,8 +11,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::{CoreError, Result};
 use crate::Layout;
 
+mod attention;
 mod expr;
 mod points;
+pub use attention::{core_of, AttentionRule, Operand};
 pub use expr::{eval_expr, Lookup};
 pub use points::{rule_for, PointRule};
 
@@ -230,6 +232,9 @@ pub struct ContractFile {
     /// How the reference's op-level points map to the engine's layout ([`PointRule`]).
     #[serde(default)]
     pub points: Vec<PointRule>,
+    /// Which points feed and leave each attention module's core ([`AttentionRule`]).
+    #[serde(default)]
+    pub attention: Vec<AttentionRule>,
 }
 
 /// An integer list from the config, wrapped Python-style into `[0, wrap)`.
@@ -361,6 +366,8 @@ pub struct Contract {
     pub symbols: BTreeMap<String, String>,
     /// The op-level point rules, in file order ([`PointRule`]).
     pub points: Vec<PointRule>,
+    /// The attention cores' points, in file order ([`AttentionRule`]).
+    pub attention: Vec<AttentionRule>,
     /// The raw contract text (handed to the oracle).
     pub text: String,
 }
@@ -826,6 +833,7 @@ impl Contract {
             checkpoints,
             symbols: file.symbols.clone(),
             points: file.points.clone(),
+            attention: file.attention.clone(),
             text: text.to_string(),
         };
         contract.check_relations_parse()?;
@@ -848,6 +856,7 @@ impl Contract {
             "symbols": self.symbols,
             "checkpoints": self.checkpoints,
             "points": self.points,
+            "attention": self.attention,
             "vocabulary": vocabulary(),
         })
     }
@@ -957,6 +966,24 @@ impl Contract {
         }
         for c in &self.checkpoints {
             self.check_transforms(&c.reference.transform, &format!("checkpoint '{}'", c.name))?;
+        }
+        // An attention core's points are op-level points: each has a declared layout (checked on
+        // one module the pattern matches: every wildcard a segment `0`).
+        for r in &self.attention {
+            r.check().map_err(|e| cerr(&self.family, e))?;
+            let module = r.module.replace("**", "0").replace('*', "0");
+            for p in r.operands().iter().map(|o| &o.point).chain([&r.output]) {
+                let point = format!("{module}.{p}");
+                if rule_for(&self.points, &point).is_none() {
+                    return Err(cerr(
+                        &self.family,
+                        format!(
+                            "attention rule '{}': {point}: no rule of the contract's 'points' declares its layout",
+                            r.module
+                        ),
+                    ));
+                }
+            }
         }
         Ok(())
     }

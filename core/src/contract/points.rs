@@ -63,27 +63,10 @@ impl PointRule {
         self.sides.contains(&side) && glob_segments(&self.module, module)
     }
 
-    /// A pattern's syntax: non-empty segments, `**` not doubled.
+    /// A pattern's syntax ([`check_pattern`]), its sides, its `kwarg` and `same_as`.
     pub(crate) fn check(&self) -> std::result::Result<(), String> {
+        check_pattern(&format!("points rule '{}'", self.module), &self.module)?;
         let segs: Vec<&str> = self.module.split('.').collect();
-        if self.module.is_empty() || segs.iter().any(|s| s.is_empty()) {
-            return Err(format!(
-                "points rule '{}': an empty module path segment",
-                self.module
-            ));
-        }
-        if let Some(seg) = segs
-            .iter()
-            .find(|s| s.contains('*') && **s != "*" && **s != "**")
-        {
-            return Err(format!(
-                "points rule '{}': '{seg}' (a wildcard is a whole segment: '*' or '**')",
-                self.module
-            ));
-        }
-        if segs.windows(2).any(|w| w[0] == "**" && w[1] == "**") {
-            return Err(format!("points rule '{}': '**.**'", self.module));
-        }
         if self.sides.is_empty() {
             return Err(format!("points rule '{}': no sides", self.module));
         }
@@ -113,8 +96,29 @@ impl PointRule {
     }
 }
 
+/// A module path pattern's syntax: non-empty segments, a wildcard a whole segment, `**` not
+/// doubled; `what` names the rule in the error.
+pub(crate) fn check_pattern(what: &str, pattern: &str) -> std::result::Result<(), String> {
+    let segs: Vec<&str> = pattern.split('.').collect();
+    if pattern.is_empty() || segs.iter().any(|s| s.is_empty()) {
+        return Err(format!("{what}: an empty module path segment"));
+    }
+    if let Some(seg) = segs
+        .iter()
+        .find(|s| s.contains('*') && **s != "*" && **s != "**")
+    {
+        return Err(format!(
+            "{what}: '{seg}' (a wildcard is a whole segment: '*' or '**')"
+        ));
+    }
+    if segs.windows(2).any(|w| w[0] == "**" && w[1] == "**") {
+        return Err(format!("{what}: '**.**'"));
+    }
+    Ok(())
+}
+
 /// `pattern` (dotted, `*` one segment, `**` one or more) against a dotted module path.
-fn glob_segments(pattern: &str, module: &str) -> bool {
+pub(crate) fn glob_segments(pattern: &str, module: &str) -> bool {
     fn go(p: &[&str], m: &[&str]) -> bool {
         match p.split_first() {
             None => m.is_empty(),

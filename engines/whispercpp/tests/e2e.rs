@@ -250,11 +250,24 @@ fn planted(dir: &Path, plant: &str) -> Value {
 }
 
 fn planted_with(dir: &Path, plant: &str, extra: &[&str]) -> Value {
-    let tag = plant.split('=').next().unwrap();
+    planted_as(dir, plant, "f32", extra)
+}
+
+/// [`planted_with`] converting to `ftype` (`f32`, `f16`).
+fn planted_as(dir: &Path, plant: &str, ftype: &str, extra: &[&str]) -> Value {
+    let tag = format!("{}-{ftype}", plant.split('=').next().unwrap());
+    let tag = tag.as_str();
     let ggml = dir.join(format!("{tag}.bin"));
     let o = Command::new(root().join(".venv/bin/python"))
         .current_dir(root())
-        .args(["fixtures/make_ggml.py", "--model", MODEL, "--out"])
+        .args([
+            "fixtures/make_ggml.py",
+            "--model",
+            MODEL,
+            "--ftype",
+            ftype,
+            "--out",
+        ])
         .arg(&ggml)
         .args(["--plant", plant])
         .output()
@@ -275,7 +288,10 @@ fn planted_with(dir: &Path, plant: &str, extra: &[&str]) -> Value {
     );
     assert!(o.status.success(), "engine {tag}: {}", stderr(&o));
     let d = Dump::load(&got).unwrap();
-    assert_eq!(d.manifest.extra["ggml_model"]["planted"][0]["kind"], tag);
+    assert_eq!(
+        d.manifest.extra["ggml_model"]["planted"][0]["kind"],
+        plant.split('=').next().unwrap()
+    );
     compare(
         reference(),
         &got,
@@ -466,4 +482,70 @@ fn a_weight_rounded_to_bf16_is_a_local_error_no_policy_hides() {
     );
     assert_eq!(e["verdict"], "pass", "{}", e["local_errors"]);
     assert!(e["local_errors"]["replayed"].as_u64().unwrap() > 500);
+}
+
+/// Precision told from logic inside the ops whisper.cpp declares f16. The local errors replay
+/// each declared op the way its declaration says it computes (weight and input rounded to f16,
+/// accumulated in f32): on the clean f16 file that reproduces every op convicted at f32 bounds
+/// (the run passes). An f16 file whose fc1 weight went through bf16 first (a coarser rounding
+/// than declared, in an op declared f16) passes every checkpoint under the f16 policy, but its
+/// declared precision does not account for that op: convicted, and the verdict diverges.
+#[test]
+fn a_declared_f16_op_is_convicted_when_f16_does_not_account_for_it() {
+    if !ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let got = dir.path().join("clean-f16");
+    let o = engine(F16, &got, &["--im2col-stub", "--ops", "--no-neutrality"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let args = ["--policy", F16_POLICY, "--local-errors"];
+    let e = compare(reference(), &got, dir.path(), "clean-f16", &args);
+    assert_eq!(e["verdict"], "pass", "{}", e["local_errors"]);
+    let convicted = e["local_errors"]["convicted"].as_array().unwrap();
+    assert!(convicted.len() > 100, "{}", e["local_errors"]);
+    for c in convicted {
+        assert_eq!(c["declared"], "f16", "{c}");
+        let p = &c["precision"];
+        assert_eq!(
+            p["counterfactual"],
+            serde_json::json!({"kind": "computed_in", "format": "f16"}),
+            "{c}"
+        );
+        assert_eq!(p["accounts"], true, "{c}");
+        // The declared computation reproduces the op a hundred times closer than f32 does.
+        assert!(
+            p["residual"].as_f64().unwrap() < 0.01 * c["rel_l2"].as_f64().unwrap(),
+            "{c}"
+        );
+    }
+    let e = planted_as(
+        dir.path(),
+        "bf16=encoder.blocks.2.mlp.0.weight",
+        "f16",
+        &["--local-errors"],
+    );
+    let cks = e["checkpoints"].as_array().unwrap();
+    assert!(cks.iter().all(|c| c["status"] == "pass"));
+    assert_eq!(e["verdict"], "diverged", "{}", e["local_errors"]);
+    let l = &e["local_errors"];
+    let beyond: Vec<&Value> = l["convicted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["precision"]["accounts"] == false)
+        .collect();
+    assert!(!beyond.is_empty(), "{l}");
+    for c in &beyond {
+        assert_eq!(c["op"], "encoder.layer.2.fc1", "{c}");
+        assert_eq!(c["declared"], "f16", "{c}");
+    }
+    assert!(
+        l["convicted"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c.get("declared").is_some()),
+        "{l}"
+    );
 }

@@ -14,9 +14,10 @@ use xray_compare::offline::{
     compare_dumps_evidence, op_level, Offline, OfflineOptions, PointGraph,
 };
 use xray_compare::suppression::Suppression;
-use xray_compare::tolerance::Policy;
+use xray_compare::tolerance::{Policy, Precision};
 use xray_core::contract::Contract;
 use xray_core::dump::Dump;
+use xray_core::replay::RoundFormat;
 use xray_runtime::models::SpeechModel;
 
 /// Arguments of `xray compare`.
@@ -219,6 +220,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 policy: &own_policy,
                 replayer: Err(""),
                 model: m,
+                attention: &contract.attention,
             };
             let l = local_errors(&sides, &contract, a.model.as_deref(), ev.precision.as_ref())?;
             ev.local_errors = Some(l);
@@ -315,7 +317,16 @@ fn replay(
     model_dir: Option<&std::path::Path>,
     policy: &Policy,
 ) -> Vec<String> {
-    use xray_harness::replay::replay_origin;
+    use xray_harness::replay::{replay_origin, Sides};
+    let sides = |replayer| Sides {
+        nodes,
+        reference,
+        candidate: got,
+        policy,
+        replayer,
+        model,
+        attention: &contract.attention,
+    };
     let Some(dir) = model_dir else {
         return vec![format!(
             "replay: pass --model DIR (the reference model) to re-run {} on the dump's own input: it would clear or convict the op and test the mechanisms of its kind",
@@ -326,7 +337,7 @@ fn replay(
     let unavailable = match xray_oracle::Oracle::discover() {
         Ok(oracle) => {
             let replayer = xray_harness::replay::OracleReplayer::new(&oracle, contract, dir);
-            return replay_origin(op, nodes, reference, got, policy, Ok(&replayer), model);
+            return replay_origin(op, &sides(Ok(&replayer)));
         }
         Err(e) => format!("the oracle is unavailable: {e}"),
     };
@@ -335,7 +346,7 @@ fn replay(
         let _ = (contract, dir);
         xray_harness::replay::NOT_BUILT.to_string()
     };
-    replay_origin(op, nodes, reference, got, policy, Err(&unavailable), model)
+    replay_origin(op, &sides(Err(&unavailable)))
 }
 
 /// `--local-errors`: every module the dump under test holds the `:out` of, re-run through the
@@ -349,10 +360,15 @@ fn local_errors(
 ) -> anyhow::Result<xray_compare::mechanism::LocalErrors> {
     let declared = |op: &str| {
         precision.and_then(|p| {
+            // `precision::declared` admits f16 and bf16 alone; anything else is judged as f32.
             p.declared
                 .iter()
                 .find(|d| d.op == op)
-                .map(|d| d.dtype.as_str().to_string())
+                .and_then(|d| match d.dtype {
+                    Precision::F16 => Some(RoundFormat::F16),
+                    Precision::Bf16 => Some(RoundFormat::Bf16),
+                    _ => None,
+                })
         })
     };
     let Some(dir) = model_dir else {

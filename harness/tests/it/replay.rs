@@ -418,6 +418,15 @@ fn granite_weights_read_wrong_are_named_by_replay() {
             "proj.query_init",
             "weight_scaled",
         ),
+        // The conformer's attention core, re-run by the oracle from the runtime's own q and kv
+        // (the contract's attention rule: keys and values are the halves of to_kv:out): its
+        // relative-position table stored reversed is the distance looked up as j - i.
+        (
+            "rel-pos-reversed",
+            "k = 'encoder.layers.0.attn.rel_pos_emb.weight'; w[k] = w[k][::-1].copy()",
+            "enc.block.0.attn.shaw",
+            "distance_mirrored",
+        ),
         (
             "rel-pos-one-row-off",
             "k = 'encoder.layers.1.attn.rel_pos_emb.weight'; w[k] = np.roll(w[k], 1, axis=0).copy()",

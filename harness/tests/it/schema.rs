@@ -121,11 +121,15 @@ fn engine_weights_and_reference_variants_are_valid() {
 
 /// `local_errors` (`xray compare --local-errors`) validates and round-trips; a convicted op
 /// declared f32 makes the content's verdict `diverged` though every checkpoint passes, one
-/// declared f16 does not; an entry without its step is invalid.
+/// declared f16 that its precision replayed accounts for (or could not be replayed for) does
+/// not, one that it does not account for does; an entry without its step is invalid.
 #[test]
 fn local_errors_are_valid_and_decide_the_verdict() {
     use xray_compare::evidence::Verdict;
-    use xray_compare::mechanism::{LocalError, LocalErrors, Mechanism, ReplayVerdict, SweptError};
+    use xray_compare::mechanism::{
+        DeclaredReplay, LocalError, LocalErrors, Mechanism, ReplayVerdict, SweptError,
+    };
+    use xray_core::replay::{Counterfactual, RoundFormat};
     let mut e = common::whisper_evidence(false);
     assert_eq!(e.derive_verdict(), Verdict::Pass);
     let swept = |declared: Option<&str>| SweptError {
@@ -142,6 +146,14 @@ fn local_errors_are_valid_and_decide_the_verdict() {
             verdict: ReplayVerdict::Convicted,
             shapes: None,
         },
+        precision: declared.map(|_| DeclaredReplay {
+            counterfactual: Counterfactual::ComputedIn {
+                format: RoundFormat::F16,
+            },
+            residual: Some(1e-7),
+            accounts: true,
+            why: None,
+        }),
         mechanism: declared.is_none().then(|| Mechanism {
             counterfactual: xray_core::replay::Counterfactual::WeightRounded {
                 format: xray_core::replay::RoundFormat::Bf16,
@@ -159,6 +171,22 @@ fn local_errors_are_valid_and_decide_the_verdict() {
         skipped: 0,
         convicted: vec![swept(Some("f16"))],
     });
+    assert_eq!(e.derive_verdict(), Verdict::Pass);
+    // Declared f16, and f16 not replayable there: excused, and said why.
+    let l = e.local_errors.as_mut().unwrap();
+    let p = l.convicted[0].precision.as_mut().unwrap();
+    (p.residual, p.accounts, p.why) = (None, false, Some("does not apply".into()));
+    assert_eq!(e.derive_verdict(), Verdict::Pass);
+    // Declared f16, and f16 replayed does not reproduce it: an error of its own.
+    let l = e.local_errors.as_mut().unwrap();
+    let p = l.convicted[0].precision.as_mut().unwrap();
+    (p.residual, p.accounts, p.why) = (Some(4.8e-4), false, None);
+    assert_eq!(e.derive_verdict(), Verdict::Diverged);
+    assert!(e.local_errors.as_ref().unwrap().summary().contains(
+        "1 not, 0 not replayable); not accounted for: encoder.layer.2.fc1 (model.encoder.layers.2.fc1) rel_l2 4.8e-4 from step 0 (1 step, declared f16: computed in f16 leaves 4.8e-4)"
+    ));
+    let l = e.local_errors.as_mut().unwrap();
+    l.convicted[0].precision.as_mut().unwrap().accounts = true;
     assert_eq!(e.derive_verdict(), Verdict::Pass);
     e.local_errors.as_mut().unwrap().convicted.push(swept(None));
     assert_eq!(e.derive_verdict(), Verdict::Diverged);

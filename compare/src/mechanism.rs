@@ -680,6 +680,34 @@ pub fn hypotheses(
             }
         }
     };
+    // The same module of other layers (a path differing only in numeric segments), from the
+    // weight's same-shape keys: every parameter read from there at once.
+    let other_modules = |v: &mut Vec<C>, n: usize| {
+        let own: Vec<&str> = info.module.split('.').collect();
+        let numeric = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        let same_structure = |m: &str| {
+            let segs: Vec<&str> = m.split('.').collect();
+            segs.len() == own.len()
+                && m != info.module
+                && segs
+                    .iter()
+                    .zip(&own)
+                    .all(|(a, b)| a == b || (numeric(a) && numeric(b)))
+        };
+        if info.params.len() < 2 {
+            return; // one parameter: OtherKey says it
+        }
+        let Some(w) = w else { return };
+        for m in w
+            .same_shape
+            .iter()
+            .filter_map(|k| k.strip_suffix(".weight"))
+            .filter(|m| same_structure(m))
+            .take(n)
+        {
+            v.push(C::OtherModule { module: m.into() });
+        }
+    };
     let grids = |v: &mut Vec<C>| {
         for format in WEIGHT_ROUNDINGS {
             v.push(C::WeightRounded { format });
@@ -713,6 +741,7 @@ pub fn hypotheses(
                 v.push(C::HalvesSwapped);
             }
             other_keys(&mut v, &[("weight", 8), ("bias", 4)]);
+            other_modules(&mut v, 4);
             grids(&mut v);
             inputs_rounded(&mut v);
         }
@@ -747,6 +776,7 @@ pub fn hypotheses(
                 v.push(C::BiasDoubled);
             }
             other_keys(&mut v, &[("weight", 6), ("bias", 4)]);
+            other_modules(&mut v, 4);
             inputs_rounded(&mut v);
             grids(&mut v);
         }
@@ -775,6 +805,7 @@ pub fn hypotheses(
                 v.push(C::WeightPlusOne);
             }
             other_keys(&mut v, &[("weight", 6), ("bias", 4)]);
+            other_modules(&mut v, 4);
             inputs_rounded(&mut v);
         }
         ModuleKind::Embedding => {
@@ -2300,6 +2331,8 @@ impl ReplayContext<'_> {
             cfs.extend([
                 Counterfactual::DistanceMirrored,
                 Counterfactual::RelativePositionsDropped,
+                Counterfactual::RelativeScale { value: 1.0 },
+                Counterfactual::RelativeScale { value: own * own },
             ]);
         } else {
             cfs.insert(0, Counterfactual::CausalMask { on: !causal });
@@ -2397,6 +2430,7 @@ impl ReplayContext<'_> {
                     | Counterfactual::KvSwapped
                     | Counterfactual::DistanceMirrored
                     | Counterfactual::RelativePositionsDropped
+                    | Counterfactual::RelativeScale { .. }
                     | Counterfactual::CausalMask { .. }
                     | Counterfactual::KeysPadded { .. }
                     | Counterfactual::AttentionScale { .. }

@@ -171,6 +171,13 @@ pub enum Counterfactual {
         /// The state-dict key read instead.
         key: String,
     },
+    /// Linear / conv / norm / embedding: every parameter read from another module of the same
+    /// structure, one whose path differs only in its layer indices (layers loaded in the wrong
+    /// order, a layer index off by one): `OtherKey` for all of its parameters at once.
+    OtherModule {
+        /// The module whose parameters were read.
+        module: String,
+    },
     /// Linear / conv: the weight rounded to this format.
     WeightRounded {
         /// The format.
@@ -275,6 +282,13 @@ pub enum Counterfactual {
     /// Attention core with relative positions (Shaw's): the positional term left out of the
     /// scores (content attention only).
     RelativePositionsDropped,
+    /// Attention core with relative positions (Shaw's): the positional scores multiplied by
+    /// `value` where the module multiplies them by its softmax scale (1: left unscaled; the
+    /// scale squared: scaled twice), the content scores as the module scales them.
+    RelativeScale {
+        /// The multiplier of the positional scores.
+        value: f64,
+    },
     /// Attention core: the keys and values of another layer's same attention (a K/V cache
     /// indexed by the wrong layer), from the engine's own projections of that layer. Computed by
     /// replaying the module on those inputs, not by the oracle.
@@ -381,6 +395,7 @@ impl Counterfactual {
             WeightMissing => "with a zero weight (never loaded)".into(),
             HalvesSwapped => "with the two halves of its output rows swapped".into(),
             OtherKey { role, key } => format!("reading its {role} from {key}"),
+            OtherModule { module } => format!("reading every parameter from {module} (the same module of another layer)"),
             WeightRounded { format } => format!("with its weight rounded to {}", format.as_str()),
             WeightGrid { bits, granularity } => format!(
                 "with its weight on a {bits}-bit symmetric grid ({})",
@@ -427,6 +442,9 @@ impl Counterfactual {
                     .into()
             }
             RelativePositionsDropped => "without its relative-position scores".into(),
+            RelativeScale { value } => {
+                format!("with its relative-position scores multiplied by {value:.6}")
+            }
             KvOtherLayer { layer } => {
                 format!(
                     "attending to layer {layer}'s keys and values (a K/V cache of another layer)"

@@ -372,6 +372,10 @@ def test_the_conformer_attention_core_replays_by_its_declared_points():
     np.testing.assert_allclose(_shaw(parent, {"kind": "kv_swapped"})[0]["output"], by_input, rtol=0, atol=1e-6)
     dropped = _shaw(parent, {"kind": "relative_positions_dropped"})[0]["output"]
     assert np.abs(dropped - clean).max() > 1e-3
+    # The positional scores at the module's own scale are the clean core; at 0, no positions.
+    own = _shaw(parent)[0]["info"]["settings"]["scaling"]
+    np.testing.assert_array_equal(_shaw(parent, {"kind": "relative_scale", "value": own})[0]["output"], clean)
+    np.testing.assert_array_equal(_shaw(parent, {"kind": "relative_scale", "value": 0.0})[0]["output"], dropped)
     with pytest.raises(rp.ReplayError, match="causal_mask.*does not apply to a Shaw attention core"):
         _shaw(parent, {"kind": "causal_mask", "on": True})
 

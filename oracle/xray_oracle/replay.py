@@ -163,12 +163,15 @@ def _shaw_call(module, setup: dict, q, k, v, kind: str, cf: dict):
     import torch.nn.functional as F
 
     scale, dists = setup["scaling"], setup["shaw"]
+    pos_scale = scale
     if kind == "kv_swapped":
         k, v = v, k
     elif kind == "attention_scale":
         scale = float(cf["value"])
     elif kind == "distance_mirrored":
         dists = dists.transpose(0, 1)
+    elif kind == "relative_scale":
+        pos_scale = float(cf["value"])
     elif kind not in ("none", "output_scale", "relative_positions_dropped"):
         raise ReplayError(f"counterfactual {kind!r} does not apply to a Shaw attention core")
     c, t = int(module.context_size), q.shape[1]
@@ -176,7 +179,7 @@ def _shaw_call(module, setup: dict, q, k, v, kind: str, cf: dict):
     q, k, v = (F.pad(x, (0, 0, 0, blocks * c - t)) for x in (q, k, v))
     qs, ks, vs = (x.reshape(blocks, c, module.num_heads, -1).transpose(1, 2) for x in (q, k, v))
     rel = module.rel_pos_emb(dists)
-    pos = torch.einsum("b h c d, c r d -> b h c r", qs, rel) * scale
+    pos = torch.einsum("b h c d, c r d -> b h c r", qs, rel) * pos_scale
     if kind == "relative_positions_dropped":
         pos = torch.zeros_like(pos)
     if remainder > 0:
@@ -514,6 +517,19 @@ def _call(model, path: str, module, kind: str, x, cf: dict):
         _need(tuple(sd[key].shape) == tuple(own[role].shape), path, kind, cf,
               f"reads {key} {list(sd[key].shape)} for {role} {list(own[role].shape)}")
         return with_params(**{role: sd[key]})
+    if k == "other_module":
+        # Every parameter and buffer from another module of the same structure (another layer's).
+        other, sd = cf["module"], model.state_dict()
+        own = dict(module.named_parameters(recurse=False)) | dict(module.named_buffers(recurse=False))
+        params = {}
+        for role, p in own.items():
+            if p is None or not p.is_floating_point():
+                continue
+            key = f"{other}.{role}"
+            _need(key in sd and tuple(sd[key].shape) == tuple(p.shape), path, kind, cf,
+                  f"needs {key} of shape {list(p.shape)}")
+            params[role] = sd[key]
+        return with_params(**params)
     if weighted:
         if k == "transpose_weight":
             _need(kind == "linear" and w.shape[0] == w.shape[1], path, kind, cf, "needs a square linear weight")

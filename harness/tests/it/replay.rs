@@ -213,6 +213,14 @@ fn weights_read_wrong_are_named_by_replay() {
             "other_key",
         ),
         (
+            // Whole layers loaded in the wrong order: the first module of layer 0 reads every
+            // parameter from layer 1's.
+            "layers-swapped",
+            "for k in [k for k in w if k.startswith('model.encoder.layers.0.')]:\n    o = k.replace('layers.0.', 'layers.1.'); w[k], w[o] = w[o].copy(), w[k].copy()",
+            "encoder.layer.0.self_attn_norm",
+            "other_module",
+        ),
+        (
             "ln-affine-swapped",
             "p = 'model.encoder.layers.0.final_layer_norm.'; w[p + 'weight'], w[p + 'bias'] = w[p + 'bias'].copy(), w[p + 'weight'].copy()",
             "encoder.layer.0.mlp_norm",

@@ -255,9 +255,14 @@ fn planted_with(dir: &Path, plant: &str, extra: &[&str]) -> Value {
     planted_as(dir, plant, "f32", extra)
 }
 
-/// [`planted_with`] converting to `ftype` (`f32`, `f16`).
+/// [`planted_with`] converting to `ftype` (`f32`, `f16`); the files are `dir/{kind}.bin` (f32) or
+/// `dir/{kind}-{ftype}.bin`.
 fn planted_as(dir: &Path, plant: &str, ftype: &str, extra: &[&str]) -> Value {
-    let tag = format!("{}-{ftype}", plant.split('=').next().unwrap());
+    let kind = plant.split('=').next().unwrap();
+    let tag = match ftype {
+        "f32" => kind.to_string(),
+        _ => format!("{kind}-{ftype}"),
+    };
     let tag = tag.as_str();
     let ggml = dir.join(format!("{tag}.bin"));
     let o = Command::new(root().join(".venv/bin/python"))
@@ -290,10 +295,7 @@ fn planted_as(dir: &Path, plant: &str, ftype: &str, extra: &[&str]) -> Value {
     );
     assert!(o.status.success(), "engine {tag}: {}", stderr(&o));
     let d = Dump::load(&got).unwrap();
-    assert_eq!(
-        d.manifest.extra["ggml_model"]["planted"][0]["kind"],
-        plant.split('=').next().unwrap()
-    );
+    assert_eq!(d.manifest.extra["ggml_model"]["planted"][0]["kind"], kind);
     compare(
         reference(),
         &got,

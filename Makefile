@@ -103,15 +103,17 @@ selftest: build fixtures
 # refuses a check without a reference cache or with a miss (.ci/nopy-check; its warm-cache check
 # is in harness/tests/it/e2e.rs, which needs an oracle build to fill the cache). A binary of its
 # own name (harness/src/nopy.rs, feature `nopy`) in the same target directory: building it never
-# touches target/release/xray.
+# touches target/release/xray. Resolved over the whole workspace, with the features core/Cargo.toml
+# unifies (.ci/unified), so it shares every crate but xray's own with test-rust's build.
 test-nopy: fixtures
-	$(CARGO) build --release -p xray --no-default-features --features nopy --bin xray-nopy
+	$(CARGO) build --release --workspace --no-default-features --features xray/nopy --bin xray-nopy
 	bash .ci/nopy-check target/release/xray-nopy
 
 # Fails on unformatted Rust, any clippy warning (every target of every member, and of the bindings'
 # own workspace; --release shares the proc-macros and build scripts of the release build) and
 # ruff's findings in oracle/, fixtures/, engines/, bindings/python/
-# (ruff.toml; ruff is pinned in oracle/requirements.txt).
+# (ruff.toml; ruff is pinned in oracle/requirements.txt), and on a crate whose features differ
+# with and without the dev-dependencies (.ci/unified: the build would compile it twice).
 RUFF ?= $(VENV)/bin/ruff
 LINT_TARGETS := demo test corpus bench candle whispercpp ctranslate2 wheel
 lint: venv whispercpp-tools
@@ -125,6 +127,7 @@ lint: venv whispercpp-tools
 	@# printed by make -n here and in a copy of the tracked files, parsed by bash -n, nothing run.
 	bash .ci/make-n $(LINT_TARGETS)
 	$(RUFF) check --no-cache oracle fixtures engines $(BINDINGS)
+	$(PY_BASE) .ci/unified
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
 	CARGO_TARGET_DIR=$(CURDIR)/target/python-bindings $(CARGO) clippy --manifest-path $(BINDINGS)/Cargo.toml --all-targets --release -- -D warnings
 

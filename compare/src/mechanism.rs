@@ -180,10 +180,12 @@ pub struct SweptError {
 
 impl SweptError {
     /// No declaration accounts for this conviction: the engine declares no reduced precision for
-    /// the op, or its declared precision, replayed, does not reproduce it. (A declared op whose
-    /// precision could not be replayed is excused: its `precision` says why.)
+    /// the op, its output has another shape than the module's (no precision explains that), or
+    /// its declared precision, replayed, does not reproduce it. (A declared op whose precision
+    /// could not be replayed is excused: its `precision` says why.)
     pub fn unaccounted(&self) -> bool {
         self.declared.is_none()
+            || self.local_error.rel_l2.is_none()
             || self
                 .precision
                 .as_ref()

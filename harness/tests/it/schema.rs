@@ -188,6 +188,12 @@ fn local_errors_are_valid_and_decide_the_verdict() {
     let l = e.local_errors.as_mut().unwrap();
     l.convicted[0].precision.as_mut().unwrap().accounts = true;
     assert_eq!(e.derive_verdict(), Verdict::Pass);
+    // Declared f16 and of another shape than the module's output: no precision excuses that.
+    let l = e.local_errors.as_mut().unwrap();
+    l.convicted[0].local_error.rel_l2 = None;
+    assert_eq!(e.derive_verdict(), Verdict::Diverged);
+    let l = e.local_errors.as_mut().unwrap();
+    l.convicted[0].local_error.rel_l2 = Some(4.8e-4);
     e.local_errors.as_mut().unwrap().convicted.push(swept(None));
     assert_eq!(e.derive_verdict(), Verdict::Diverged);
     e.verdict = Verdict::Diverged;

@@ -192,13 +192,12 @@ def _shaw_call(module, setup: dict, q, k, v, kind: str, cf: dict):
     return out * float(cf["factor"]) if kind == "output_scale" else out
 
 
-def _attention_call(model, path: str, module, q, k, v, cf: dict):
+def _attention_call(path: str, module, setup: dict, q, k, v, cf: dict):
     """The weightless core of an attention module from its projections' outputs (`[1, T, D]`
     each, as the module computes them) to its output projection's input (`[1, T, D]`), under
-    counterfactual `cf`."""
+    counterfactual `cf`, with its `setup` ([`_attention_setup`])."""
     import torch
 
-    setup = _attention_setup(model, path, module)
     kind = cf.get("kind", "none")
     if not (q.dim() == k.dim() == v.dim() == 3 and q.shape[0] == k.shape[0] == v.shape[0] == 1):
         raise ReplayError(f"replay {path}: the attention core takes [1, T, D] projections, got "
@@ -694,7 +693,9 @@ def replay(family: str, model_dir: str, module: str, array, layout: str, counter
     if ids_from_rows and kind != "embedding":
         raise ReplayError(f"replay {module}: ids_from_rows is for an embedding; this is a {kind} ({type(mod).__name__})")
     ins, out_point = _points(module, rule, ids_from_rows)
-    pads = rule is not None and _attention_setup(model, module, mod)["pads"]
+    # The core's setup, found once for every counterfactual of the call.
+    setup = _attention_setup(model, module, mod) if rule is not None else None
+    pads = setup is not None and setup["pads"]
     given = {"input": (array, layout)}
     if kind == "attention":
         if not extra or "key" not in extra or "value" not in extra:
@@ -728,7 +729,7 @@ def replay(family: str, model_dir: str, module: str, array, layout: str, counter
     def one(cf):
         with torch.no_grad():
             if kind == "attention":
-                out = _attention_call(model, module, mod, t["input"], t["key"], t["value"], cf)
+                out = _attention_call(module, mod, setup, t["input"], t["key"], t["value"], cf)
             elif kind == "embedding":
                 out = _embedding_call(model, module, mod, ids, cf)
             else:
